@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Idempotent set-up: a Python virtual environment in .venv with the torch wheel whose libtorch
+# flotilla links against (torch 2.11.0 <-> tch 0.24.0) and hydra-core, the oracle the config
+# tests compare against; then .venv/libtorch pointing at the wheel's torch/ folder.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+TORCH_VERSION=2.11.0
+HYDRA_VERSION=1.3.8
+PYTHON=${PYTHON:-python3}
+
+if ! command -v cargo >/dev/null 2>&1; then
+    echo "setup: cargo is not on PATH; install a Rust toolchain (https://rustup.rs) first" >&2
+    exit 1
+fi
+if [ ! -x .venv/bin/python ]; then
+    echo "setup: creating .venv with $($PYTHON --version)"
+    "$PYTHON" -m venv .venv
+fi
+
+installed() { .venv/bin/python -c "import importlib.metadata as m, sys; sys.exit(m.version('$1') != '$2')" 2>/dev/null; }
+want=()
+installed torch "$TORCH_VERSION" || want+=("torch==$TORCH_VERSION")
+installed hydra-core "$HYDRA_VERSION" || want+=("hydra-core==$HYDRA_VERSION")
+if [ ${#want[@]} -gt 0 ]; then
+    echo "setup: installing ${want[*]} into .venv"
+    .venv/bin/python -m pip install --quiet --disable-pip-version-check "${want[@]}"
+fi
+
+torch_dir=$(.venv/bin/python -c "import os, torch; print(os.path.dirname(torch.__file__))" 2>/dev/null | tail -n 1)
+if [ ! -f "$torch_dir/lib/libtorch_cpu.so" ]; then
+    echo "setup: torch is installed but $torch_dir/lib/libtorch_cpu.so is missing" >&2
+    exit 1
+fi
+ln -sfn "$torch_dir" .venv/libtorch
+echo "setup: ready (torch $TORCH_VERSION at .venv/libtorch, hydra-core $HYDRA_VERSION)"

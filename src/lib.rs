@@ -1,0 +1,8 @@
+//! flotilla: compose experiment configs Hydra-style, expand sweeps, launch jobs, and train
+//! Llama-style models with DDP or FSDP. This crate root only wires the modules together.
+
+pub mod config;
+pub mod sweep;
+
+/// The libtorch version this build links against (tch 0.24.0 binds libtorch 2.11.0).
+pub const LIBTORCH_VERSION: &str = "2.11.0";

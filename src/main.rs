@@ -1,0 +1,2 @@
+//! The `flotilla` command line.
+fn main() {}

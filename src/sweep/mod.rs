@@ -1,0 +1,1 @@
+//! Multirun sweep expansion in the order Hydra's BasicSweeper produces jobs.
