@@ -13,9 +13,7 @@ fn main() {
     let lib_dir = PathBuf::from(libtorch).join("lib");
     let lib_dir = lib_dir.canonicalize().unwrap_or(lib_dir);
     println!("cargo:rustc-link-arg=-Wl,-rpath,{}", lib_dir.display());
-    // libtorch_cuda is only reached through registration at load time; keep it linked so that
-    // CUDA is available to the binary whenever the wheel has it.
-    if lib_dir.join("libtorch_cuda.so").exists() {
-        println!("cargo:rustc-link-arg=-Wl,--no-as-needed,-ltorch_cuda,--as-needed");
-    }
+    // libtorch_cuda is deliberately not forced into the link: composing and planning on a login
+    // node must not pay for loading the CUDA libraries. The trainer loads it at run time when a
+    // GPU is asked for.
 }

@@ -163,7 +163,8 @@ impl Node {
 
     /// The node at a path of key segments, if every segment exists.
     pub fn get_path<S: AsRef<str>>(&self, path: &[S]) -> Option<&Node> {
-        path.iter().try_fold(self, |node, key| node.child(key.as_ref()))
+        path.iter()
+            .try_fold(self, |node, key| node.child(key.as_ref()))
     }
 
     pub fn get_path_mut<S: AsRef<str>>(&mut self, path: &[S]) -> Option<&mut Node> {
@@ -221,7 +222,11 @@ pub fn python_float_repr(x: f64) -> String {
         return if x > 0.0 { "inf".into() } else { "-inf".into() };
     }
     if x == 0.0 {
-        return if x.is_sign_negative() { "-0.0".into() } else { "0.0".into() };
+        return if x.is_sign_negative() {
+            "-0.0".into()
+        } else {
+            "0.0".into()
+        };
     }
     // Shortest round-trip digits and decimal exponent, from Rust's `{:e}` formatting.
     let sci = format!("{:e}", x);
@@ -234,7 +239,11 @@ pub fn python_float_repr(x: f64) -> String {
         let n = digits.len() as i32;
         let body = if exp >= 0 {
             if n > exp + 1 {
-                format!("{}.{}", &digits[..(exp + 1) as usize], &digits[(exp + 1) as usize..])
+                format!(
+                    "{}.{}",
+                    &digits[..(exp + 1) as usize],
+                    &digits[(exp + 1) as usize..]
+                )
             } else {
                 format!("{}{}.0", digits, "0".repeat((exp + 1 - n) as usize))
             }

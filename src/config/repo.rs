@@ -1,0 +1,171 @@
+//! The config repository: a config directory on disk, its groups and options, and a cache of
+//! loaded config files (parsed once per process, shared by every job of a sweep).
+
+use super::defaults::{parse_defaults_list, InputDefault};
+use super::node::{Node, Value};
+use super::yaml::{load_str, parse_header};
+use super::ConfigError;
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::rc::Rc;
+
+/// One config file as loaded: its body (without `defaults`), its defaults list and header.
+#[derive(Debug)]
+pub struct LoadedConfig {
+    /// Path of the file as shown to users (relative to the working directory when possible).
+    pub display_path: String,
+    pub body: Node,
+    pub defaults: Vec<InputDefault>,
+    /// `# @package` header, normalised as Hydra does (`foo` → `_global_.foo`).
+    pub package_header: Option<String>,
+}
+
+/// A directory of configs, laid out as Hydra's file config source.
+pub struct ConfigRepo {
+    root: PathBuf,
+    cache: RefCell<HashMap<String, Option<Rc<LoadedConfig>>>>,
+    options_cache: RefCell<HashMap<String, Rc<Vec<String>>>>,
+}
+
+impl ConfigRepo {
+    pub fn new(root: impl Into<PathBuf>) -> ConfigRepo {
+        ConfigRepo {
+            root: root.into(),
+            cache: RefCell::new(HashMap::new()),
+            options_cache: RefCell::new(HashMap::new()),
+        }
+    }
+
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    fn file_for(&self, config_path: &str) -> Option<PathBuf> {
+        let name = normalize_config_name(config_path);
+        let path = self.root.join(&name);
+        path.is_file().then_some(path)
+    }
+
+    /// True when `config_path` (e.g. `model/tiny`) names a config file.
+    pub fn config_exists(&self, config_path: &str) -> bool {
+        if let Some(cached) = self.cache.borrow().get(config_path) {
+            return cached.is_some();
+        }
+        self.file_for(config_path).is_some()
+    }
+
+    /// True when `group` (e.g. `trainer/dist`) is a directory of the repository.
+    pub fn group_exists(&self, group: &str) -> bool {
+        let group = group.trim_start_matches('/');
+        !group.is_empty() && self.root.join(group).is_dir()
+    }
+
+    /// The options of a group: its config files without extension, sorted.
+    pub fn group_options(&self, group: &str) -> Rc<Vec<String>> {
+        let group = group.trim_start_matches('/');
+        if let Some(found) = self.options_cache.borrow().get(group) {
+            return found.clone();
+        }
+        let mut options = Vec::new();
+        if let Ok(entries) = std::fs::read_dir(self.root.join(group)) {
+            for entry in entries.flatten() {
+                let name = entry.file_name().to_string_lossy().into_owned();
+                if !entry.path().is_file() {
+                    continue;
+                }
+                if let Some(stem) = name
+                    .strip_suffix(".yaml")
+                    .or_else(|| name.strip_suffix(".yml"))
+                {
+                    options.push(stem.to_string());
+                }
+            }
+        }
+        options.sort();
+        options.dedup();
+        let options = Rc::new(options);
+        self.options_cache
+            .borrow_mut()
+            .insert(group.to_string(), options.clone());
+        options
+    }
+
+    /// Loads (once) the config at `config_path`; `None` when no such file exists.
+    pub fn load(&self, config_path: &str) -> Result<Option<Rc<LoadedConfig>>, ConfigError> {
+        if let Some(cached) = self.cache.borrow().get(config_path) {
+            return Ok(cached.clone());
+        }
+        let loaded = match self.file_for(config_path) {
+            None => None,
+            Some(file) => Some(Rc::new(self.read(config_path, &file)?)),
+        };
+        self.cache
+            .borrow_mut()
+            .insert(config_path.to_string(), loaded.clone());
+        Ok(loaded)
+    }
+
+    fn read(&self, config_path: &str, file: &Path) -> Result<LoadedConfig, ConfigError> {
+        let display_path = display_path(file);
+        let text = std::fs::read_to_string(file).map_err(|e| ConfigError::Io {
+            path: display_path.clone(),
+            message: e.to_string(),
+        })?;
+        let header = parse_header(&text, &display_path)?;
+        let mut body = load_str(&text, &display_path)?;
+        // OmegaConf reads a file holding a lone string as a mapping with that key set to null.
+        if let Value::Str(key) = &body.value {
+            let mut d = super::node::Dict::new();
+            d.insert(key.clone(), Node::new(Value::Null, body.origin.clone()));
+            body.value = Value::Dict(d);
+        }
+        let defaults_node = match &mut body.value {
+            Value::Dict(d) => d.shift_remove("defaults"),
+            _ => {
+                return Err(ConfigError::Composition(format!(
+                    "{display_path}: a config must be a mapping at the top level, found a {}",
+                    body.value.type_name()
+                )))
+            }
+        };
+        let defaults = match defaults_node {
+            None => Vec::new(),
+            Some(node) => parse_defaults_list(&node, config_path, &display_path)?,
+        };
+        let package_header = header.package.map(|p| {
+            if p == "_global_" || p.starts_with("_global_.") {
+                p
+            } else if p.is_empty() {
+                "_global_".to_string()
+            } else {
+                format!("_global_.{p}")
+            }
+        });
+        Ok(LoadedConfig {
+            display_path,
+            body,
+            defaults,
+            package_header,
+        })
+    }
+}
+
+/// Adds `.yaml` unless the name already ends in `.yaml` or `.yml` (Hydra's rule).
+fn normalize_config_name(name: &str) -> String {
+    if name.ends_with(".yaml") || name.ends_with(".yml") {
+        name.to_string()
+    } else {
+        format!("{name}.yaml")
+    }
+}
+
+/// A path as users should see it: relative to the working directory when it lies below it.
+pub fn display_path(path: &Path) -> String {
+    if let Ok(cwd) = std::env::current_dir() {
+        if let Ok(rel) = path.strip_prefix(&cwd) {
+            return rel.display().to_string();
+        }
+    }
+    path.display().to_string()
+}

@@ -1,0 +1,183 @@
+//! The command-line contract: output formats, exit codes, and errors that name their culprit.
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+fn flotilla(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_flotilla"))
+        .args(args)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .expect("run flotilla")
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+fn json(o: &Output) -> serde_json::Value {
+    assert!(o.status.success(), "flotilla failed: {}", stderr(o));
+    serde_json::from_str(&stdout(o)).expect("valid JSON on stdout")
+}
+
+fn assert_config_error(o: &Output, needles: &[&str]) {
+    assert_eq!(o.status.code(), Some(2), "stderr: {}", stderr(o));
+    let err = stderr(o);
+    assert!(!err.contains("panicked"), "{err}");
+    for n in needles {
+        assert!(err.contains(n), "expected {n:?} in: {err}");
+    }
+}
+
+#[test]
+fn compose_default_config_as_json() {
+    let cfg = json(&flotilla(&["compose", "--format", "json"]));
+    let keys: Vec<&str> = cfg
+        .as_object()
+        .unwrap()
+        .keys()
+        .map(|k| k.as_str())
+        .collect();
+    assert_eq!(keys, ["model", "trainer", "data", "compute", "seed"]);
+    assert!(cfg.get("flotilla").is_none() && cfg.get("hydra").is_none());
+    assert_eq!(cfg["trainer"]["dist"]["mode"], "none");
+    // trainer.seed interpolates the top-level seed.
+    assert_eq!(cfg["trainer"]["seed"], cfg["seed"]);
+}
+
+#[test]
+fn compose_applies_overrides_with_hydra_typing() {
+    let cfg = json(&flotilla(&[
+        "compose",
+        "--format",
+        "json",
+        "trainer.lr=1e-4",
+        "trainer/dist=fsdp",
+        "+extra.tag='007'",
+        "seed=7",
+    ]));
+    assert_eq!(cfg["trainer"]["lr"], serde_json::json!(0.0001));
+    assert_eq!(cfg["trainer"]["dist"]["mode"], "fsdp");
+    assert_eq!(cfg["extra"]["tag"], "007");
+    assert_eq!(cfg["seed"], 7);
+    assert_eq!(cfg["trainer"]["seed"], 7);
+}
+
+#[test]
+fn compose_yaml_with_provenance_names_files_and_overrides() {
+    let out = flotilla(&["compose", "--provenance", "trainer.max_steps=5"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&out);
+    assert!(
+        text.contains("max_steps: 5  # override 'trainer.max_steps=5'"),
+        "{text}"
+    );
+    assert!(text.contains("conf/model/tiny.yaml:"), "{text}");
+}
+
+#[test]
+fn unknown_key_suggests_near_miss() {
+    let out = flotilla(&["compose", "trainer.lrr=0.1"]);
+    assert_config_error(
+        &out,
+        &[
+            "trainer.lrr",
+            "did you mean 'trainer.lr'?",
+            "+trainer.lrr=0.1",
+        ],
+    );
+}
+
+#[test]
+fn unknown_group_option_lists_options() {
+    let out = flotilla(&["compose", "model=tiny2"]);
+    assert_config_error(&out, &["model/tiny2", "tiny"]);
+}
+
+#[test]
+fn malformed_override_is_a_clean_error() {
+    let out = flotilla(&["compose", "trainer.lr=[1,2"]);
+    assert_config_error(&out, &["trainer.lr=[1,2"]);
+}
+
+#[test]
+fn sweep_without_multirun_is_refused() {
+    let out = flotilla(&["compose", "trainer.lr=1,2"]);
+    assert_config_error(&out, &["--multirun"]);
+}
+
+#[test]
+fn missing_config_dir_is_a_config_error() {
+    let out = flotilla(&["compose", "--config-dir", "no/such/dir"]);
+    assert_config_error(&out, &["no/such/dir"]);
+}
+
+#[test]
+fn malformed_yaml_names_file_and_line() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("config.yaml"), "a: 1\nb: [1, 2\nc: 3\n").unwrap();
+    let out = flotilla(&["compose", "--config-dir", dir.path().to_str().unwrap()]);
+    assert_config_error(&out, &["config.yaml:"]);
+}
+
+#[test]
+fn plan_multirun_orders_jobs_like_hydra() {
+    let plan = json(&flotilla(&[
+        "plan",
+        "-m",
+        "--format",
+        "json",
+        "trainer.lr=0.1,0.2",
+        "+tag=a,b,c",
+    ]));
+    let jobs = plan["jobs"].as_array().unwrap();
+    assert_eq!(jobs.len(), 6);
+    let overrides: Vec<Vec<String>> = jobs
+        .iter()
+        .map(|j| {
+            j["overrides"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|v| v.as_str().unwrap().to_string())
+                .collect()
+        })
+        .collect();
+    assert_eq!(overrides[0], ["trainer.lr=0.1", "+tag=a"]);
+    assert_eq!(overrides[1], ["trainer.lr=0.1", "+tag=b"]);
+    assert_eq!(overrides[5], ["trainer.lr=0.2", "+tag=c"]);
+    for (i, j) in jobs.iter().enumerate() {
+        assert_eq!(j["num"], i);
+    }
+    assert_eq!(jobs[4]["config"]["trainer"]["lr"], 0.2);
+    assert_eq!(jobs[4]["config"]["tag"], "b");
+}
+
+#[test]
+fn plan_with_named_sweep_file() {
+    assert!(Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("sweeps/lr.yaml")
+        .exists());
+    let plan = json(&flotilla(&[
+        "plan",
+        "-m",
+        "--sweep",
+        "sweeps/lr.yaml",
+        "--format",
+        "json",
+    ]));
+    assert!(plan["jobs"].as_array().unwrap().len() >= 2);
+}
+
+#[test]
+fn plan_table_lists_one_line_per_job() {
+    let out = flotilla(&["plan", "-m", "+x=range(0,3)"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&out);
+    assert!(text.contains("+x=0") && text.contains("+x=2"), "{text}");
+    assert!(text.trim_end().ends_with("3 jobs"), "{text}");
+}
