@@ -259,11 +259,12 @@ impl Composer {
             return Ok(tree.clone());
         };
         let mut out = Dict::with_capacity(root.len());
+        let mut resolver = interp::Resolver::new(tree, &self.ctx);
         for key in root.keys() {
             if RUNTIME_KEYS.contains(&key.as_str()) {
                 continue;
             }
-            let resolved = interp::resolve_at(tree, std::slice::from_ref(key), &self.ctx)?;
+            let resolved = resolver.resolve_at(std::slice::from_ref(key))?;
             out.insert(key.clone(), resolved);
         }
         Ok(Node::new(Value::Dict(out), tree.origin.clone()))

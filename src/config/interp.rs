@@ -20,6 +20,7 @@ use std::borrow::Cow;
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::fmt::{self, Write as _};
+use std::hash::{BuildHasherDefault, Hasher};
 use std::ops::Range;
 use std::rc::Rc;
 
@@ -29,12 +30,15 @@ use super::node::{python_float_repr, python_repr, python_str, Dict, Node, Origin
 // Public API
 // ------------------------------------------------------------------------------------------
 
+/// Environment lookup: the value of a variable, if set.
+pub type EnvLookup = Box<dyn Fn(&str) -> Option<String>>;
+
 /// What resolution may consult besides the tree: the clock and the environment.
 pub struct ResolveContext {
     /// One instant per composition, used by every `${now:...}`.
     pub now: chrono::DateTime<chrono::Local>,
     /// Environment lookup for `${oc.env:...}` (tests inject their own).
-    pub env: Box<dyn Fn(&str) -> Option<String>>,
+    pub env: EnvLookup,
 }
 
 impl ResolveContext {
@@ -66,17 +70,20 @@ pub struct InterpError {
     pub text: String,
     /// Where the node holding the interpolation came from.
     pub origin: Origin,
-    /// What went wrong.
-    pub kind: InterpErrorKind,
+    /// What went wrong (boxed to keep `Result<_, InterpError>` small).
+    pub kind: Box<InterpErrorKind>,
     /// Keys whose resolution needed this one, innermost first.
     pub via: Vec<String>,
 }
 
 impl fmt::Display for InterpError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self.kind {
-            InterpErrorKind::Syntax(_) => write!(f, "invalid interpolation {}", self.text)?,
-            _ => write!(f, "cannot resolve {}", self.text)?,
+        match *self.kind {
+            InterpErrorKind::Syntax(_) => write!(f, "invalid interpolation")?,
+            _ => write!(f, "cannot resolve")?,
+        }
+        if !self.text.is_empty() {
+            write!(f, " {}", self.text)?;
         }
         if !self.key.is_empty() {
             write!(f, " at {}", self.key)?;
@@ -166,47 +173,101 @@ pub fn resolve_tree(root: &Node, ctx: &ResolveContext) -> Result<Node, InterpErr
     let mut engine = Engine::new(root, ctx);
     let mut path = Vec::new();
     engine
-        .resolve_full(&mut path, root)
+        .resolved_copy(&mut path, root)
         .map_err(|f| f.into_error(root))
 }
 
 /// Resolves the single node at `path` (key segments; list items by index) inside `root`.
 pub fn resolve_at(root: &Node, path: &[String], ctx: &ResolveContext) -> Result<Node, InterpError> {
-    let mut segs: Vec<Seg<'_>> = Vec::with_capacity(path.len());
-    let mut node = root;
-    for key in path {
-        let next = match &node.value {
-            Value::Dict(d) => d.get_key_value(key.as_str()).map(|(k, n)| (Seg::Key(k), n)),
-            Value::List(items) => key
-                .parse::<usize>()
-                .ok()
-                .and_then(|i| items.get(i).map(|n| (Seg::Idx(i), n))),
-            _ => None,
-        };
-        match next {
-            Some((seg, child)) => {
-                segs.push(seg);
-                node = child;
-            }
-            None => {
-                let wanted = path.join(".");
-                return Err(InterpError {
-                    key: wanted.clone(),
-                    text: String::new(),
-                    origin: node.origin.clone(),
-                    kind: InterpErrorKind::KeyNotFound {
-                        suggestion: suggest_key(root, &wanted),
-                        key: wanted,
-                    },
-                    via: Vec::new(),
-                });
-            }
+    Resolver::new(root, ctx).resolve_at(path)
+}
+
+/// Resolves several nodes of one tree, sharing the work: each interpolation is evaluated
+/// once however many of the requested nodes depend on it. (Each [`resolve_at`] call starts
+/// afresh.)
+pub struct Resolver<'t> {
+    engine: Engine<'t>,
+}
+
+impl<'t> Resolver<'t> {
+    pub fn new(root: &'t Node, ctx: &'t ResolveContext) -> Self {
+        Resolver {
+            engine: Engine::new(root, ctx),
         }
     }
-    let mut engine = Engine::new(root, ctx);
-    engine
-        .resolve_full(&mut segs, node)
-        .map_err(|f| f.into_error(root))
+
+    /// The resolved copy of the whole tree, as [`resolve_tree`] gives it.
+    pub fn resolve_tree(&mut self) -> Result<Node, InterpError> {
+        let root = self.engine.root;
+        let mut path = Vec::new();
+        let r = self.engine.resolved_copy(&mut path, root);
+        self.engine.reset();
+        r.map_err(|f| f.into_error(root))
+    }
+
+    /// The resolved copy of the node at `path` (key segments; list items by index).
+    pub fn resolve_at(&mut self, path: &[String]) -> Result<Node, InterpError> {
+        let root = self.engine.root;
+        let mut segs: Vec<Seg<'_>> = Vec::with_capacity(path.len());
+        let mut node = root;
+        for key in path {
+            let next = match &node.value {
+                Value::Dict(d) => d.get_key_value(key.as_str()).map(|(k, n)| (Seg::Key(k), n)),
+                Value::List(items) => key
+                    .parse::<usize>()
+                    .ok()
+                    .and_then(|i| items.get(i).map(|n| (Seg::Idx(i), n))),
+                _ => None,
+            };
+            match next {
+                Some((seg, child)) => {
+                    segs.push(seg);
+                    node = child;
+                }
+                None => {
+                    let wanted = path.join(".");
+                    return Err(InterpError {
+                        key: wanted.clone(),
+                        text: String::new(),
+                        origin: node.origin.clone(),
+                        kind: Box::new(InterpErrorKind::KeyNotFound {
+                            suggestion: suggest_key(root, &wanted),
+                            key: wanted,
+                        }),
+                        via: Vec::new(),
+                    });
+                }
+            }
+        }
+        let r = self.engine.resolved_copy(&mut segs, node);
+        self.engine.reset();
+        r.map_err(|f| f.into_error(root))
+    }
+}
+
+/// Rejects trees nested deeper than resolution (and OmegaConf) handles, before anything
+/// recurses through them (the recursion here stops at the limit).
+fn check_depth(root: &Node) -> R<()> {
+    fn too_deep(node: &Node, remaining: usize) -> Option<&Node> {
+        let children: &mut dyn Iterator<Item = &Node> = match &node.value {
+            Value::Dict(d) => &mut d.values(),
+            Value::List(items) => &mut items.iter(),
+            _ => return None,
+        };
+        if remaining == 0 {
+            return Some(node);
+        }
+        for child in children {
+            if let Some(deep) = too_deep(child, remaining - 1) {
+                return Some(deep);
+            }
+        }
+        None
+    }
+    match too_deep(root, MAX_TREE_DEPTH) {
+        None => Ok(()),
+        Some(_) => Err(InterpErrorKind::TooDeep(MAX_TREE_DEPTH).into()),
+    }
 }
 
 /// Parses a config string into its interpolation AST.
@@ -218,7 +279,7 @@ pub fn parse(text: &str) -> Result<Template, InterpError> {
         key: String::new(),
         text: text.to_string(),
         origin: Origin::Unknown,
-        kind: InterpErrorKind::Syntax(message),
+        kind: Box::new(InterpErrorKind::Syntax(message)),
         via: Vec::new(),
     })
 }
@@ -1272,8 +1333,52 @@ const MAX_TREE_DEPTH: usize = 128;
 /// Parsed strings kept per thread (sweeps resolve the same strings again and again).
 const TEMPLATE_CACHE_SIZE: usize = 4096;
 
+/// A small multiplicative hasher (FxHash) for the module's own maps, keyed by node
+/// addresses and short strings; SipHash's DoS resistance buys nothing here.
+#[derive(Default, Clone, Copy)]
+struct FxHasher(u64);
+
+impl FxHasher {
+    fn add(&mut self, word: u64) {
+        self.0 = (self.0.rotate_left(5) ^ word).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+    }
+}
+
+impl Hasher for FxHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        let mut chunks = bytes.chunks_exact(8);
+        for chunk in &mut chunks {
+            let mut word = [0u8; 8];
+            word.copy_from_slice(chunk);
+            self.add(u64::from_le_bytes(word));
+        }
+        let rest = chunks.remainder();
+        if !rest.is_empty() {
+            let mut word = [0u8; 8];
+            word[..rest.len()].copy_from_slice(rest);
+            self.add(u64::from_le_bytes(word));
+        }
+    }
+
+    fn write_u8(&mut self, i: u8) {
+        self.add(u64::from(i));
+    }
+
+    fn write_usize(&mut self, i: usize) {
+        self.add(i as u64);
+    }
+
+    fn finish(&self) -> u64 {
+        // The multiply leaves the low bits of aligned addresses poor; hash tables index by
+        // them, so fold the high bits in.
+        self.0 ^ (self.0 >> 29)
+    }
+}
+
+type FastMap<K, V> = HashMap<K, V, BuildHasherDefault<FxHasher>>;
+
 thread_local! {
-    static TEMPLATES: RefCell<HashMap<String, Rc<Template>>> = RefCell::new(HashMap::new());
+    static TEMPLATES: RefCell<FastMap<String, Rc<Template>>> = RefCell::new(FastMap::default());
 }
 
 fn cached_template(text: &str) -> Result<Rc<Template>, String> {
@@ -1363,10 +1468,31 @@ impl LazyValues<'_> {
     }
 }
 
-/// Where a selection walk stands.
+/// Where a selection walk stands: a node of the tree (its path is kept alongside), or a
+/// container made by a resolver.
 enum Cursor<'t> {
-    Tree(Vec<Seg<'t>>, &'t Node),
+    Tree(&'t Node),
     Owned(Rc<Node>),
+}
+
+/// A key segment, whether split from text or taken from a parsed key.
+trait SegText {
+    fn seg_text(&self) -> &str;
+}
+
+impl SegText for &str {
+    fn seg_text(&self) -> &str {
+        self
+    }
+}
+
+impl SegText for KeyItem {
+    fn seg_text(&self) -> &str {
+        match &self.key {
+            KeyPart::Name(n) => n,
+            KeyPart::Interp(_) => "",
+        }
+    }
 }
 
 /// The outcome of selecting a key.
@@ -1400,7 +1526,7 @@ impl Fail {
                 key: String::new(),
                 text: String::new(),
                 origin: root.origin.clone(),
-                kind,
+                kind: Box::new(kind),
                 via: Vec::new(),
             },
         }
@@ -1418,13 +1544,16 @@ struct Engine<'t> {
     root: &'t Node,
     ctx: &'t ResolveContext,
     /// Resolved value of every interpolation string evaluated so far, by node address.
-    memo: HashMap<*const Node, Val<'t>>,
+    memo: FastMap<*const Node, Val<'t>>,
     /// Interpolation strings being evaluated (for cycles), innermost last.
-    active: Vec<(*const Node, Rc<[Seg<'t>]>)>,
-    /// Containers being materialized (for containers that would contain themselves).
-    building: Vec<*const Node>,
+    active: Vec<*const Node>,
+    /// Containers (and `oc.dict.values` lists) being materialized, by address: one that
+    /// would contain itself is a cycle.
+    building: Vec<*const ()>,
     /// Nesting of interpolations inside one string (and `oc.decode` inside it).
     nest: usize,
+    /// Spare path buffers for selections (they nest, so one is not enough).
+    spare_paths: Vec<Vec<Seg<'t>>>,
 }
 
 impl<'t> Engine<'t> {
@@ -1432,11 +1561,19 @@ impl<'t> Engine<'t> {
         Engine {
             root,
             ctx,
-            memo: HashMap::new(),
+            memo: FastMap::with_capacity_and_hasher(64, Default::default()),
             active: Vec::new(),
             building: Vec::new(),
             nest: 0,
+            spare_paths: Vec::new(),
         }
+    }
+
+    /// Clears what an aborted evaluation may leave on the stacks (the memo stays valid).
+    fn reset(&mut self) {
+        self.active.clear();
+        self.building.clear();
+        self.nest = 0;
     }
 
     fn node_at(&self, path: &[Seg<'t>]) -> &'t Node {
@@ -1458,7 +1595,7 @@ impl<'t> Engine<'t> {
             key: render_path(path),
             text: text.to_string(),
             origin: node.origin.clone(),
-            kind,
+            kind: Box::new(kind),
             via: Vec::new(),
         }))
     }
@@ -1472,7 +1609,7 @@ impl<'t> Engine<'t> {
                 let key = render_path(path);
                 if e.key != key
                     && e.via.last() != Some(&key)
-                    && !matches!(e.kind, InterpErrorKind::Cycle(_))
+                    && !matches!(*e.kind, InterpErrorKind::Cycle(_))
                 {
                     e.via.push(key);
                 }
@@ -1482,62 +1619,79 @@ impl<'t> Engine<'t> {
     }
 
     /// The resolved copy of `node` (at `path`), every interpolation below it resolved.
-    fn resolve_full(&mut self, path: &mut Vec<Seg<'t>>, node: &'t Node) -> R<Node> {
+    fn resolved_copy(&mut self, path: &mut Vec<Seg<'t>>, node: &'t Node) -> R<Node> {
         match &node.value {
             Value::Str(s) if s.contains("${") => {
                 let v = self.eval_node(path, node, s)?;
                 self.materialize(v, &node.origin)
                     .map_err(|f| self.attribute(f, path, node, s))
             }
-            Value::Dict(d) => {
-                self.enter_container(path, node)?;
-                let mut out = Dict::with_capacity(d.len());
-                for (k, child) in d {
-                    path.push(Seg::Key(k));
-                    let r = self.resolve_full(path, child);
-                    path.pop();
-                    match r {
-                        Ok(n) => {
-                            out.insert(k.clone(), n);
-                        }
-                        Err(e) => {
-                            self.building.pop();
-                            return Err(e);
-                        }
-                    }
-                }
-                self.building.pop();
-                Ok(Node::new(Value::Dict(out), node.origin.clone()))
-            }
-            Value::List(items) => {
-                self.enter_container(path, node)?;
-                let mut out = Vec::with_capacity(items.len());
-                for (i, child) in items.iter().enumerate() {
-                    path.push(Seg::Idx(i));
-                    let r = self.resolve_full(path, child);
-                    path.pop();
-                    match r {
-                        Ok(n) => out.push(n),
-                        Err(e) => {
-                            self.building.pop();
-                            return Err(e);
-                        }
-                    }
-                }
-                self.building.pop();
-                Ok(Node::new(Value::List(out), node.origin.clone()))
+            Value::Dict(_) | Value::List(_) => {
+                // Cloning keeps the dictionaries' hash tables (no re-hashing of keys); the
+                // interpolations are then replaced in place. Cloning recurses, so the depth is
+                // checked first.
+                check_depth(node)?;
+                let mut out = node.clone();
+                self.patch(path, node, &mut out)?;
+                Ok(out)
             }
             _ => Ok(node.clone()),
         }
     }
 
-    fn enter_container(&mut self, path: &[Seg<'t>], node: &'t Node) -> R<()> {
-        let ptr = node as *const Node;
-        if self.building.contains(&ptr) {
-            return Err(InterpErrorKind::SelfContaining {
-                key: render_path(path),
+    /// Replaces, in `out` (a copy of the container `node`), every interpolation below
+    /// `node` by its resolved value.
+    fn patch(&mut self, path: &mut Vec<Seg<'t>>, node: &'t Node, out: &mut Node) -> R<()> {
+        self.enter_container(path, node)?;
+        let r = self.patch_children(path, node, out);
+        self.building.pop();
+        r
+    }
+
+    fn patch_children(&mut self, path: &mut Vec<Seg<'t>>, node: &'t Node, out: &mut Node) -> R<()> {
+        match (&node.value, &mut out.value) {
+            (Value::Dict(d), Value::Dict(od)) => {
+                for ((k, child), slot) in d.iter().zip(od.values_mut()) {
+                    path.push(Seg::Key(k));
+                    let r = self.patch_child(path, child, slot);
+                    path.pop();
+                    r?;
+                }
             }
-            .into());
+            (Value::List(items), Value::List(oi)) => {
+                for (i, (child, slot)) in items.iter().zip(oi.iter_mut()).enumerate() {
+                    path.push(Seg::Idx(i));
+                    let r = self.patch_child(path, child, slot);
+                    path.pop();
+                    r?;
+                }
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+
+    fn patch_child(&mut self, path: &mut Vec<Seg<'t>>, child: &'t Node, slot: &mut Node) -> R<()> {
+        match &child.value {
+            Value::Str(s) if s.contains("${") => {
+                let v = self.eval_node(path, child, s)?;
+                *slot = self
+                    .materialize(v, &child.origin)
+                    .map_err(|f| self.attribute(f, path, child, s))?;
+                Ok(())
+            }
+            Value::Dict(_) | Value::List(_) => self.patch(path, child, slot),
+            _ => Ok(()),
+        }
+    }
+
+    fn enter_container(&mut self, path: &[Seg<'t>], node: &'t Node) -> R<()> {
+        self.enter_building((node as *const Node).cast(), || render_path(path))
+    }
+
+    fn enter_building(&mut self, ptr: *const (), key: impl FnOnce() -> String) -> R<()> {
+        if self.building.contains(&ptr) {
+            return Err(InterpErrorKind::SelfContaining { key: key() }.into());
         }
         if self.building.len() >= MAX_TREE_DEPTH {
             return Err(InterpErrorKind::TooDeep(MAX_TREE_DEPTH).into());
@@ -1553,7 +1707,7 @@ impl<'t> Engine<'t> {
             Val::Prim(value) => Ok(Node::new(value, origin.clone())),
             Val::Tree(loc) => {
                 let mut path = loc.path.to_vec();
-                let mut n = self.resolve_full(&mut path, loc.node)?;
+                let mut n = self.resolved_copy(&mut path, loc.node)?;
                 n.origin = origin.clone();
                 Ok(n)
             }
@@ -1563,14 +1717,23 @@ impl<'t> Engine<'t> {
                 Ok(n)
             }
             Val::Values(lazy) => {
-                let mut items = Vec::with_capacity(lazy.keys.len());
-                for k in &lazy.keys {
-                    let v = self.dict_value(&lazy, k)?;
-                    items.push(self.materialize(v, origin)?);
-                }
-                Ok(Node::new(Value::List(items), origin.clone()))
+                self.enter_building(Rc::as_ptr(&lazy).cast(), || {
+                    format!("${{oc.dict.values:{}}}", lazy.key)
+                })?;
+                let r = self.materialize_values(&lazy, origin);
+                self.building.pop();
+                r
             }
         }
+    }
+
+    fn materialize_values(&mut self, lazy: &LazyValues<'t>, origin: &Origin) -> R<Node> {
+        let mut items = Vec::with_capacity(lazy.keys.len());
+        for k in &lazy.keys {
+            let v = self.dict_value(lazy, k)?;
+            items.push(self.materialize(v, origin)?);
+        }
+        Ok(Node::new(Value::List(items), origin.clone()))
     }
 
     /// One entry of an `oc.dict.values` list: the interpolation `${key.k}`.
@@ -1616,10 +1779,10 @@ impl<'t> Engine<'t> {
         if let Some(v) = self.memo.get(&ptr) {
             return Ok(v.clone());
         }
-        if let Some(i) = self.active.iter().position(|(p, _)| *p == ptr) {
+        if let Some(i) = self.active.iter().position(|p| *p == ptr) {
             let mut cycle: Vec<String> = self.active[i..]
                 .iter()
-                .map(|(_, p)| render_path(p))
+                .map(|p| path_of(self.root, *p).unwrap_or_else(|| "?".to_string()))
                 .collect();
             cycle.push(render_path(path));
             return Err(self.error_at(path, node, s, InterpErrorKind::Cycle(cycle)));
@@ -1634,9 +1797,8 @@ impl<'t> Engine<'t> {
             Ok(t) => t,
             Err(m) => return Err(self.error_at(path, node, s, InterpErrorKind::Syntax(m))),
         };
-        let home: Rc<[Seg<'t>]> = Rc::from(path);
-        self.active.push((ptr, home.clone()));
-        let r = self.eval_template(&tpl, &home, node);
+        self.active.push(ptr);
+        let r = self.eval_template(&tpl, path, node);
         self.active.pop();
         match r {
             Ok(v) => {
@@ -1647,7 +1809,7 @@ impl<'t> Engine<'t> {
         }
     }
 
-    fn eval_template(&mut self, tpl: &Template, home: &Rc<[Seg<'t>]>, node: &Node) -> R<Val<'t>> {
+    fn eval_template(&mut self, tpl: &Template, home: &[Seg<'t>], node: &Node) -> R<Val<'t>> {
         let at = |this: &Self, f: Fail, it: &Interp| {
             let text = tpl.source.get(it.span.clone()).unwrap_or(&tpl.source);
             this.attribute(f, home, node, text)
@@ -1668,7 +1830,7 @@ impl<'t> Engine<'t> {
         Ok(Val::Prim(Value::Str(out)))
     }
 
-    fn eval_parts_str(&mut self, parts: &[Part], home: &Rc<[Seg<'t>]>) -> R<String> {
+    fn eval_parts_str(&mut self, parts: &[Part], home: &[Seg<'t>]) -> R<String> {
         let mut out = String::new();
         for part in parts {
             match part {
@@ -1682,7 +1844,7 @@ impl<'t> Engine<'t> {
         Ok(out)
     }
 
-    fn eval_interp(&mut self, it: &Interp, home: &Rc<[Seg<'t>]>) -> R<Val<'t>> {
+    fn eval_interp(&mut self, it: &Interp, home: &[Seg<'t>]) -> R<Val<'t>> {
         if self.nest >= MAX_NEST {
             return Err(InterpErrorKind::TooDeep(MAX_NEST).into());
         }
@@ -1695,7 +1857,8 @@ impl<'t> Engine<'t> {
         r
     }
 
-    fn eval_node_interp(&mut self, kp: &KeyPath, home: &Rc<[Seg<'t>]>) -> R<Val<'t>> {
+    fn eval_node_interp(&mut self, kp: &KeyPath, home: &[Seg<'t>]) -> R<Val<'t>> {
+        let base = &home[..home.len() - 1];
         let key: Cow<'_, str> = match &kp.text {
             Some(t) => Cow::Borrowed(t),
             None => {
@@ -1707,8 +1870,15 @@ impl<'t> Engine<'t> {
                 Cow::Owned(s)
             }
         };
-        let base = &home[..home.len() - 1];
-        match self.select(base, &key, true)? {
+        let selected = match &kp.text {
+            // A key without nested interpolations: its segments are the parsed names.
+            Some(_) => {
+                let start = start_of(base, kp.dots, &key)?;
+                self.select_segs(&base[..start], &kp.items, true)?
+            }
+            None => self.select(base, &key, true)?,
+        };
+        match selected {
             Sel::Found(v) => {
                 if let Val::Tree(loc) = &v {
                     if base.starts_with(&loc.path) {
@@ -1734,12 +1904,7 @@ impl<'t> Engine<'t> {
     }
 
     /// A key or resolver-name part; a nested interpolation must give a string.
-    fn key_part<'a>(
-        &mut self,
-        part: &'a KeyPart,
-        home: &Rc<[Seg<'t>]>,
-        what: &str,
-    ) -> R<Cow<'a, str>> {
+    fn key_part<'a>(&mut self, part: &'a KeyPart, home: &[Seg<'t>], what: &str) -> R<Cow<'a, str>> {
         match part {
             KeyPart::Name(n) => Ok(Cow::Borrowed(n)),
             KeyPart::Interp(it) => match self.eval_interp(it, home)? {
@@ -1757,27 +1922,13 @@ impl<'t> Engine<'t> {
     /// OmegaConf's `_resolve_key_and_root` + `_select_impl`: leading dots climb from `base`
     /// (one dot is `base` itself); otherwise the key starts at the root.
     fn select(&mut self, base: &[Seg<'t>], key: &str, throw_on_missing: bool) -> R<Sel<'t>> {
-        let (start, rest) = match key.strip_prefix('.') {
-            None => (0, key),
-            Some(mut rest) => {
-                let mut len = base.len();
-                while let Some(r) = rest.strip_prefix('.') {
-                    if len == 0 {
-                        return Err(InterpErrorKind::AboveRoot {
-                            key: key.to_string(),
-                        }
-                        .into());
-                    }
-                    len -= 1;
-                    rest = r;
-                }
-                (len, rest)
-            }
-        };
-        let start_path = &base[..start];
-        let start_node = self.node_at(start_path);
+        let dots = key.bytes().take_while(|&c| c == b'.').count();
+        let rest = &key[dots..];
+        let start = start_of(base, dots, key)?;
         if rest.is_empty() {
-            return Ok(Sel::Found(self.value_at(start_path, start_node)?));
+            let start_path = &base[..start];
+            let node = self.node_at(start_path);
+            return Ok(Sel::Found(self.value_at(start_path, node)?));
         }
         let segs = split_key(rest);
         if segs.is_empty() {
@@ -1788,120 +1939,140 @@ impl<'t> Engine<'t> {
             }
             .into());
         }
-        let mut cursor = Cursor::Tree(start_path.to_vec(), start_node);
-        let last = segs.len() - 1;
+        self.select_segs(&base[..start], &segs, throw_on_missing)
+    }
+
+    /// Walks `segs` from the container at `start_path` (OmegaConf's `_select_impl`).
+    fn select_segs<S: SegText>(
+        &mut self,
+        start_path: &[Seg<'t>],
+        segs: &[S],
+        throw_on_missing: bool,
+    ) -> R<Sel<'t>> {
+        let mut path = self.spare_paths.pop().unwrap_or_default();
+        path.clear();
+        path.extend_from_slice(start_path);
+        let r = self.walk_segs(start_path, &mut path, segs, throw_on_missing);
+        self.spare_paths.push(path);
+        r
+    }
+
+    fn walk_segs<S: SegText>(
+        &mut self,
+        start_path: &[Seg<'t>],
+        path: &mut Vec<Seg<'t>>,
+        segs: &[S],
+        throw_on_missing: bool,
+    ) -> R<Sel<'t>> {
+        let mut cursor = Cursor::Tree(self.node_at(path));
+        let so_far = |i: usize| {
+            segs[..=i]
+                .iter()
+                .map(|s| s.seg_text())
+                .collect::<Vec<_>>()
+                .join(".")
+        };
         for (i, seg) in segs.iter().enumerate() {
-            let child = match self.select_one(&cursor, seg, throw_on_missing, &segs[..=i])? {
-                Some(c) => c,
-                None => {
-                    let mut absolute = dotted(start_path);
-                    for s in &segs {
-                        if !absolute.is_empty() {
-                            absolute.push('.');
-                        }
-                        absolute.push_str(s);
-                    }
-                    return Ok(Sel::NotFound(absolute));
-                }
+            let seg = seg.seg_text();
+            let last = i + 1 == segs.len();
+            let bad_index = || InterpErrorKind::BadIndex {
+                key: so_far(i),
+                index: seg.to_string(),
             };
-            if i == last {
-                return Ok(match child {
-                    Cursor::Tree(path, node) => match node.value {
-                        Value::Missing => Sel::Missing,
-                        _ => Sel::Found(self.value_at(&path, node)?),
-                    },
-                    Cursor::Owned(n) => Sel::Found(owned_val(n)),
-                });
-            }
-            let next = match child {
-                Cursor::Tree(path, node) => match &node.value {
-                    Value::Dict(_) | Value::List(_) => Some(Cursor::Tree(path, node)),
-                    Value::Str(s) if s.contains("${") => match self.eval_node(&path, node, s)? {
-                        Val::Tree(loc) => Some(Cursor::Tree(loc.path.to_vec(), loc.node)),
-                        Val::Owned(n, true) => Some(Cursor::Owned(n)),
-                        lazy @ Val::Values(_) => {
-                            let n = self.materialize(lazy, &node.origin)?;
-                            Some(Cursor::Owned(Rc::new(n)))
+            let not_found = || {
+                let mut absolute = dotted(start_path);
+                for s in segs {
+                    if !absolute.is_empty() {
+                        absolute.push('.');
+                    }
+                    absolute.push_str(s.seg_text());
+                }
+                Sel::NotFound(absolute)
+            };
+            let not_container = || {
+                Sel::NotContainer(InterpErrorKind::NotAContainer {
+                    key: so_far(segs.len() - 1),
+                    parent: so_far(i),
+                    child: segs.get(i + 1).map_or("", |s| s.seg_text()).to_string(),
+                })
+            };
+            let next = match &cursor {
+                Cursor::Tree(node) => {
+                    let found = match &node.value {
+                        Value::Dict(d) => d.get_key_value(seg).map(|(k, c)| (Seg::Key(k), c)),
+                        Value::List(items) => {
+                            let i = python_int(seg).ok_or_else(bad_index)?;
+                            usize::try_from(i)
+                                .ok()
+                                .and_then(|i| items.get(i).map(|c| (Seg::Idx(i), c)))
                         }
                         _ => None,
-                    },
-                    _ => None,
-                },
-                Cursor::Owned(n) => n.value.is_container().then_some(Cursor::Owned(n)),
-            };
-            match next {
-                Some(c) => cursor = c,
-                None => {
-                    return Ok(Sel::NotContainer(InterpErrorKind::NotAContainer {
-                        key: rest.to_string(),
-                        parent: segs[..=i].join("."),
-                        child: segs[i + 1].to_string(),
-                    }))
+                    };
+                    let Some((step, child)) = found else {
+                        return Ok(not_found());
+                    };
+                    if child.value == Value::Missing {
+                        if throw_on_missing {
+                            return Err(InterpErrorKind::MissingValue { key: so_far(i) }.into());
+                        }
+                        return Ok(if last { Sel::Missing } else { not_container() });
+                    }
+                    path.push(step);
+                    if last {
+                        return Ok(Sel::Found(self.value_at(path, child)?));
+                    }
+                    match &child.value {
+                        Value::Dict(_) | Value::List(_) => Cursor::Tree(child),
+                        Value::Str(s) if s.contains("${") => {
+                            match self.eval_node(path, child, s)? {
+                                Val::Tree(loc) => {
+                                    path.clear();
+                                    path.extend_from_slice(&loc.path);
+                                    Cursor::Tree(loc.node)
+                                }
+                                Val::Owned(n, true) => Cursor::Owned(n),
+                                lazy @ Val::Values(_) => {
+                                    Cursor::Owned(Rc::new(self.materialize(lazy, &child.origin)?))
+                                }
+                                _ => return Ok(not_container()),
+                            }
+                        }
+                        _ => return Ok(not_container()),
+                    }
                 }
-            }
+                Cursor::Owned(n) => {
+                    let found = match &n.value {
+                        Value::Dict(d) => d.get(seg),
+                        Value::List(items) => {
+                            let i = python_int(seg).ok_or_else(bad_index)?;
+                            usize::try_from(i).ok().and_then(|i| items.get(i))
+                        }
+                        _ => None,
+                    };
+                    let Some(child) = found else {
+                        return Ok(not_found());
+                    };
+                    if child.value == Value::Missing {
+                        if throw_on_missing {
+                            return Err(InterpErrorKind::MissingValue { key: so_far(i) }.into());
+                        }
+                        return Ok(if last { Sel::Missing } else { not_container() });
+                    }
+                    if last {
+                        return Ok(Sel::Found(owned_val(Rc::new(child.clone()))));
+                    }
+                    if !child.value.is_container() {
+                        return Ok(not_container());
+                    }
+                    Cursor::Owned(Rc::new(child.clone()))
+                }
+            };
+            cursor = next;
         }
-        unreachable!("split_key never returns an empty list")
+        unreachable!("segs is never empty")
     }
 
-    /// OmegaConf's `_select_one`: one key in a dictionary, or an index in a list.
-    fn select_one(
-        &self,
-        cursor: &Cursor<'t>,
-        key: &str,
-        throw_on_missing: bool,
-        so_far: &[&str],
-    ) -> R<Option<Cursor<'t>>> {
-        let bad_index = || InterpErrorKind::BadIndex {
-            key: so_far.join("."),
-            index: key.to_string(),
-        };
-        let found = match cursor {
-            Cursor::Tree(path, node) => {
-                let child = match &node.value {
-                    Value::Dict(d) => d.get_key_value(key).map(|(k, c)| (Seg::Key(k), c)),
-                    Value::List(items) => {
-                        let i = python_int(key).ok_or_else(bad_index)?;
-                        usize::try_from(i)
-                            .ok()
-                            .and_then(|i| items.get(i).map(|c| (Seg::Idx(i), c)))
-                    }
-                    _ => None,
-                };
-                child.map(|(seg, c)| {
-                    let mut p = path.clone();
-                    p.push(seg);
-                    Cursor::Tree(p, c)
-                })
-            }
-            Cursor::Owned(n) => {
-                let child = match &n.value {
-                    Value::Dict(d) => d.get(key),
-                    Value::List(items) => {
-                        let i = python_int(key).ok_or_else(bad_index)?;
-                        usize::try_from(i).ok().and_then(|i| items.get(i))
-                    }
-                    _ => None,
-                };
-                child.map(|c| Cursor::Owned(Rc::new(c.clone())))
-            }
-        };
-        if throw_on_missing {
-            let missing = match &found {
-                Some(Cursor::Tree(_, n)) => n.value == Value::Missing,
-                Some(Cursor::Owned(n)) => n.value == Value::Missing,
-                None => false,
-            };
-            if missing {
-                return Err(InterpErrorKind::MissingValue {
-                    key: so_far.join("."),
-                }
-                .into());
-            }
-        }
-        Ok(found)
-    }
-
-    fn eval_element(&mut self, el: &Element, home: &Rc<[Seg<'t>]>) -> R<Val<'t>> {
+    fn eval_element(&mut self, el: &Element, home: &[Seg<'t>]) -> R<Val<'t>> {
         match el {
             Element::Value(v) => Ok(Val::Prim(v.clone())),
             Element::Interp(it) => self.eval_interp(it, home),
@@ -1933,7 +2104,7 @@ impl<'t> Engine<'t> {
         &mut self,
         name_parts: &[KeyPart],
         arg_els: &[Element],
-        home: &Rc<[Seg<'t>]>,
+        home: &[Seg<'t>],
     ) -> R<Val<'t>> {
         let mut name = String::new();
         for (i, part) in name_parts.iter().enumerate() {
@@ -1996,10 +2167,28 @@ impl<'t> Engine<'t> {
                 arity(name, &args, 1, 1)?;
                 match args.swap_remove(0) {
                     Val::Prim(Value::Null) => Ok(Val::Prim(Value::Null)),
-                    Val::Prim(Value::Str(_)) => Err(resolver_error(
-                        name,
-                        "creating a config from a YAML string is not supported",
-                    )),
+                    Val::Prim(Value::Str(text)) => {
+                        // OmegaConf.create(str) reads the string as YAML; a lone string becomes
+                        // a mapping with that key set to null.
+                        let mut node = super::yaml::load_str(&text, "<oc.create>")
+                            .map_err(|e| resolver_error(name, e.to_string()))?;
+                        node.set_origin_deep(&Origin::Unknown);
+                        match node.value {
+                            Value::Dict(_) | Value::List(_) => {}
+                            Value::Str(key) => {
+                                let mut d = Dict::new();
+                                d.insert(key, Node::from(Value::Null));
+                                node.value = Value::Dict(d);
+                            }
+                            other => {
+                                return Err(resolver_error(
+                                    name,
+                                    format!("Object of unsupported type: '{}'", other.type_name()),
+                                ))
+                            }
+                        }
+                        Ok(Val::Owned(Rc::new(node), true))
+                    }
                     Val::Prim(other) => Err(resolver_error(
                         name,
                         format!("Object of unsupported type: '{}'", other.type_name()),
@@ -2086,19 +2275,19 @@ impl<'t> Engine<'t> {
             "hydra" | "flotilla" => {
                 arity(name, &args, 1, 1)?;
                 let key = str_arg(name, &args[0])?;
-                let Some((hydra_key, hydra)) = self
-                    .root
-                    .value
-                    .as_dict()
-                    .and_then(|d| d.get_key_value("hydra"))
-                    .filter(|(_, n)| n.value.is_container())
-                else {
+                // The runtime node lives under `hydra` while resolving (compositions may also
+                // keep it under `flotilla`).
+                let runtime = self.root.value.as_dict().and_then(|d| {
+                    ["hydra", "flotilla"]
+                        .into_iter()
+                        .find_map(|k| d.get_key_value(k).filter(|(_, n)| n.value.is_container()))
+                });
+                let Some((hydra_key, _)) = runtime else {
                     return Err(resolver_error(
                         name,
                         format!("'${{{name}:{key}}}' needs a 'hydra' node in the config"),
                     ));
                 };
-                let _ = hydra;
                 let base = [Seg::Key(hydra_key.as_str())];
                 let key: Cow<'_, str> = if key.starts_with('.') {
                     Cow::Borrowed(key)
@@ -2121,6 +2310,50 @@ impl<'t> Engine<'t> {
             }
         }
     }
+}
+
+/// How much of `base` a key with `dots` leading dots starts from: no dot is the root, one
+/// dot `base` itself, each further dot one level up.
+fn start_of(base: &[Seg<'_>], dots: usize, key: &str) -> R<usize> {
+    if dots == 0 {
+        return Ok(0);
+    }
+    base.len().checked_sub(dots - 1).ok_or_else(|| {
+        InterpErrorKind::AboveRoot {
+            key: key.to_string(),
+        }
+        .into()
+    })
+}
+
+/// The full key of the node at address `target` (for error messages only).
+fn path_of(root: &Node, target: *const Node) -> Option<String> {
+    fn walk<'t>(node: &'t Node, target: *const Node, path: &mut Vec<Seg<'t>>) -> bool {
+        if std::ptr::eq(node, target) {
+            return true;
+        }
+        match &node.value {
+            Value::Dict(d) => d.iter().any(|(k, c)| {
+                path.push(Seg::Key(k));
+                let found = walk(c, target, path);
+                if !found {
+                    path.pop();
+                }
+                found
+            }),
+            Value::List(items) => items.iter().enumerate().any(|(i, c)| {
+                path.push(Seg::Idx(i));
+                let found = walk(c, target, path);
+                if !found {
+                    path.pop();
+                }
+                found
+            }),
+            _ => false,
+        }
+    }
+    let mut path = Vec::new();
+    walk(root, target, &mut path).then(|| render_path(&path))
 }
 
 fn owned_val<'t>(n: Rc<Node>) -> Val<'t> {
@@ -2575,7 +2808,7 @@ mod tests {
         let root = dict(vec![("a", s("${b}")), ("b", s("${c}")), ("c", s("${a}"))]);
         let err = resolve_tree(&root, &ctx_with(&[])).unwrap_err();
         assert_eq!(
-            err.kind,
+            *err.kind,
             InterpErrorKind::Cycle(vec!["a".into(), "b".into(), "c".into(), "a".into()])
         );
         let root = dict(vec![
@@ -2584,7 +2817,7 @@ mod tests {
         ]);
         let err = resolve_tree(&root, &ctx_with(&[])).unwrap_err();
         assert!(
-            matches!(err.kind, InterpErrorKind::SelfContaining { .. }),
+            matches!(*err.kind, InterpErrorKind::SelfContaining { .. }),
             "{err}"
         );
     }
@@ -2675,7 +2908,34 @@ mod tests {
         assert_eq!(got.value, Value::Int(4));
         assert!(resolve_at(&root, &["a".into(), "bad".into()], &ctx).is_err());
         let err = resolve_at(&root, &["a".into(), "bb".into()], &ctx).unwrap_err();
-        assert!(err.to_string().contains("did you mean 'a.b'"), "{err}");
+        assert_eq!(
+            err.to_string(),
+            "cannot resolve at a.bb: key 'a.bb' not found (did you mean 'a.b'?)"
+        );
+        let err = parse("${a").unwrap_err().to_string();
+        assert!(err.starts_with("invalid interpolation ${a: "), "{err}");
+    }
+
+    #[test]
+    fn resolver_shares_work_across_calls() {
+        let root = dict(vec![
+            ("a", s("${b}")),
+            ("b", s("${oc.env:FLOTILLA_X}")),
+            ("c", dict(vec![("d", s("${b}-${a}"))])),
+        ]);
+        let ctx = ctx_with(&[("FLOTILLA_X", "v")]);
+        let mut r = Resolver::new(&root, &ctx);
+        assert_eq!(
+            r.resolve_at(&["a".into()]).unwrap().value,
+            Value::Str("v".into())
+        );
+        assert!(r.resolve_at(&["nope".into()]).is_err());
+        let c = r.resolve_at(&["c".into()]).unwrap();
+        assert_eq!(c.select("d").unwrap().value, Value::Str("v-v".into()));
+        assert_eq!(
+            r.resolve_tree().unwrap(),
+            resolve_tree(&root, &ctx).unwrap()
+        );
     }
 
     #[test]
@@ -2720,7 +2980,7 @@ mod tests {
             "${a.}",
         ] {
             let e = parse(bad).unwrap_err();
-            assert!(matches!(e.kind, InterpErrorKind::Syntax(_)), "{bad}: {e}");
+            assert!(matches!(*e.kind, InterpErrorKind::Syntax(_)), "{bad}: {e}");
         }
     }
 
@@ -2752,7 +3012,7 @@ mod tests {
         // from its end, it is 400 interpolations deep.
         let root = Node::from(Value::Dict(entries.into_iter().rev().collect()));
         let err = resolve_tree(&root, &ctx_with(&[])).unwrap_err();
-        assert!(matches!(err.kind, InterpErrorKind::TooDeep(_)), "{err}");
+        assert!(matches!(*err.kind, InterpErrorKind::TooDeep(_)), "{err}");
     }
 
     #[test]

@@ -276,6 +276,7 @@ CASES = [
     case("dict_values_missing_error", "x: {p: 1, q: '???'}\nv: ${oc.dict.values:x}\n"),
     case("dict_values_relative", "a: {x: {p: 1}, v: '${oc.dict.values:.x}', s: 's=${oc.dict.values:.x}'}\n"),
     case("dict_values_select_item", "x: {p: 1, q: '${y}'}\ny: 7\nv: ${oc.dict.values:x}\nw: ${v.1}\n"),
+    case("dict_values_self_cycle", "t: ${oc.dict.values:w}\nw: {v: '${oc.dict.values:w}'}\n"),
     case("dict_keys_in_string", "x: {p: 1, q: 2}\nk: 'keys=${oc.dict.keys:x}'\n"),
     case("select_bracket_only_key_error", "x: '${oc.select:[,1}'\n"),
     case("select_key_is_bracket_error", "k: '['\nx: '${oc.select:${k},1}'\n"),

@@ -10,18 +10,20 @@ src/config/overrides.rs replay against the Rust parser. Each record is either
     {"input", "error"}                      Hydra refuses the override, or
     {"input", "kind", "key_or_group", "package", "key_element", "value_type", "is_sweep",
      "is_discrete_sweep", "value_str", "value_str_error", "value", "sweep_strings",
-     "sweep_error", "shuffled"}
+     "sweep_error", "shuffled", "random"}
 
 Values are encoded as JSON with the types kept apart: ints as JSON integers ({"bigint": "..."}
 beyond 64 bits), floats as {"float": repr(x)}, QuotedString as {"quoted": text, "quote": q},
 dicts as {"dict": [[key, value], ...]} (keys keep their Python type), and sweeps as
 {"choice": ...}, {"range": ...}, {"interval": ...} or {"glob": ...}. Sweep strings are what
 Hydra's BasicSweeper puts into job overrides (sweep_string_iterator); globs are filtered over
-GLOB_OPTIONS. Shuffled sweeps are recorded sorted, with "shuffled": true; a list shuffled
-while parsing (shuffle([1,2,3])) is flagged "shuffled": true and compared as a multiset.
+GLOB_OPTIONS. Shuffled sweeps are recorded sorted, with "shuffled": true; a value holding a
+list shuffled while parsing (shuffle([1,2,3])) is flagged "random": true and compared by the
+multiset of its characters.
 """
 import json
 import os
+import re
 import sys
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -515,9 +517,20 @@ CASES = [
     "a={x:range(1,3)}",
     "a=choice(1,choice(2,3))",
     "a=1,choice(2,3)",
+    "a=range(1,3),4",
+    # ---- globs nested in values (Hydra renders them as {include: [...], exclude: [...]}) ------
+    "a=[glob(*)]",
+    "a={x:glob([a*,b],exclude=c)}",
+    "a=1,glob(*)",
+    "a=[glob([1,true])]",
+    "a=[glob(['x'])]",
+    "a=sort([glob(*)])",
+    "a=shuffle ([glob(*)])",
+    "a=str([glob(*)])",
+    "a=int({k:glob(*)})",
+    "a=bool([glob(*),0])",
     # ---- misc ---------------------------------------------------------------------------------
     "a=int(5)x",
-    "a=range(1,3),4",
     "a=[1,2]x",
 ]
 
@@ -577,10 +590,11 @@ def record(parser, s):
         "sweep_strings": None,
         "sweep_error": None,
         "shuffled": False,
+        "random": False,
     }
-    if not o.is_sweep_override() and "shuffle(" in s and isinstance(o._value, list):
-        # shuffle(list) shuffles while parsing: only the multiset of items is reproducible.
-        rec["shuffled"] = True
+    if re.search(r"shuffle\s*\(", s) and not getattr(o._value, "shuffle", False):
+        # shuffle(list) shuffles while parsing: only the characters are reproducible.
+        rec["random"] = True
     if not o.is_sweep_override():
         try:
             rec["value_str"] = o.get_value_element_as_str()
