@@ -6,7 +6,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use flotilla::config::node::{to_json, Node, Value};
 use flotilla::config::yaml::{to_yaml, EmitOptions};
 use flotilla::config::{ComposeOptions, Composer, ConfigError};
-use flotilla::sweep::{plan, SweepFile};
+use flotilla::sweep::{plan_each, SweepFile};
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -200,37 +200,41 @@ fn run(cli: Cli) -> Result<(), Failure> {
         } => {
             let composer = composer(&config)?;
             let sweep_file = sweep.as_deref().map(SweepFile::load).transpose()?;
-            let jobs = plan(&composer, &overrides, sweep_file.as_ref(), multirun)?;
-            let text = match format {
-                PlanFormat::Json => {
-                    let jobs: Vec<serde_json::Value> = jobs
-                        .iter()
-                        .map(|j| serde_json::json!({"num": j.num, "overrides": j.overrides, "config": to_json(&j.composed.job)}))
-                        .collect();
-                    format!(
-                        "{}\n",
-                        serde_json::to_string(&serde_json::json!({"jobs": jobs}))
-                            .context("JSON output")?
-                    )
-                }
-                PlanFormat::Table => {
-                    let mut s = String::new();
-                    for j in &jobs {
+            // Every job is composed and validated before anything is printed: a sweep with a
+            // broken job prints nothing but the error.
+            let mut text = String::new();
+            let mut count = 0usize;
+            if let PlanFormat::Json = format {
+                text.push_str("{\"jobs\":[");
+            }
+            plan_each(&composer, &overrides, sweep_file.as_ref(), multirun, |j| {
+                match format {
+                    PlanFormat::Json => {
+                        if count > 0 {
+                            text.push(',');
+                        }
+                        let entry = serde_json::json!({"num": j.num, "overrides": j.overrides, "config": to_json(&j.composed.job)});
+                        text.push_str(&entry.to_string());
+                    }
+                    PlanFormat::Table => {
                         let line = if j.overrides.is_empty() {
                             "(defaults)".to_string()
                         } else {
                             j.overrides.join(" ")
                         };
-                        s.push_str(&format!("{:>5}  {}\n", j.num, line));
+                        text.push_str(&format!("{:>5}  {}\n", j.num, line));
                     }
-                    s.push_str(&format!(
-                        "{} job{}\n",
-                        jobs.len(),
-                        if jobs.len() == 1 { "" } else { "s" }
-                    ));
-                    s
                 }
-            };
+                count += 1;
+                Ok(())
+            })?;
+            match format {
+                PlanFormat::Json => text.push_str("]}\n"),
+                PlanFormat::Table => text.push_str(&format!(
+                    "{count} job{}\n",
+                    if count == 1 { "" } else { "s" }
+                )),
+            }
             write_stdout(&text)
         }
     }

@@ -37,8 +37,8 @@ impl Default for ComposeOptions {
 pub struct Composed {
     /// The resolved job config (no runtime node), in composition order.
     pub job: Node,
-    /// The whole tree before resolution, with the runtime node under `hydra` and `flotilla`.
-    pub unresolved: Node,
+    /// The runtime node, unresolved (it may refer to job values and to `now`).
+    pub runtime: Node,
     /// Chosen option of every config group (`hydra.runtime.choices`).
     pub choices: IndexMap<String, Option<String>>,
     /// The job's task overrides, verbatim (`hydra.overrides.task`).
@@ -60,13 +60,16 @@ pub fn is_flotilla_job(job: &Node) -> bool {
 }
 
 impl Composed {
-    /// The resolved runtime node (run and sweep directories, job name, ...).
-    pub fn runtime(&self, ctx: &ResolveContext) -> Result<Node, ConfigError> {
-        Ok(interp::resolve_at(
-            &self.unresolved,
-            &["flotilla".to_string()],
-            ctx,
-        )?)
+    /// The resolved runtime node (run and sweep directories, job name, ...), resolved against
+    /// the job's resolved values.
+    pub fn resolve_runtime(&self, ctx: &ResolveContext) -> Result<Node, ConfigError> {
+        let mut root = self.job.clone();
+        if let Value::Dict(d) = &mut root.value {
+            for key in RUNTIME_KEYS {
+                d.insert(key.to_string(), self.runtime.clone());
+            }
+        }
+        Ok(interp::resolve_at(&root, &["flotilla".to_string()], ctx)?)
     }
 }
 
@@ -76,6 +79,7 @@ pub struct Composer {
     options: ComposeOptions,
     ctx: ResolveContext,
     validate: bool,
+    runtime_defaults: Node,
 }
 
 /// Is this override aimed at the runtime node (`hydra.*`, `hydra/...`, `flotilla.*`)?
@@ -96,11 +100,13 @@ impl Composer {
                 options.config_dir.display()
             )));
         }
+        let options_name = options.config_name.clone();
         Ok(Composer {
             repo: ConfigRepo::new(options.config_dir.clone()),
             options,
             ctx: ResolveContext::from_process_env(),
             validate: true,
+            runtime_defaults: default_runtime(&options_name),
         })
     }
 
@@ -172,6 +178,13 @@ impl Composer {
             parsed,
         );
         let job = self.resolve_job(&tree)?;
+        let runtime = match &mut tree.value {
+            Value::Dict(d) => {
+                d.shift_remove("hydra");
+                d.shift_remove("flotilla").unwrap_or_else(Node::empty_dict)
+            }
+            _ => Node::empty_dict(),
+        };
         let typed = if self.validate && is_flotilla_job(&job) {
             Some(schema::validate(&job)?)
         } else {
@@ -179,7 +192,7 @@ impl Composer {
         };
         Ok(Composed {
             job,
-            unresolved: tree,
+            runtime,
             choices,
             task_overrides,
             typed,
@@ -215,7 +228,7 @@ impl Composer {
         }
 
         // The runtime node: built-in defaults, then `hydra:` and `flotilla:` from the configs.
-        let mut runtime = default_runtime(&self.options.config_name);
+        let mut runtime = self.runtime_defaults.clone();
         if let Value::Dict(root) = &mut cfg.value {
             for key in ["hydra", "flotilla"] {
                 if let Some(node) = root.shift_remove(key) {

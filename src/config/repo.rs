@@ -26,6 +26,7 @@ pub struct ConfigRepo {
     root: PathBuf,
     cache: RefCell<HashMap<String, Option<Rc<LoadedConfig>>>>,
     options_cache: RefCell<HashMap<String, Rc<Vec<String>>>>,
+    group_cache: RefCell<HashMap<String, bool>>,
 }
 
 impl ConfigRepo {
@@ -34,6 +35,7 @@ impl ConfigRepo {
             root: root.into(),
             cache: RefCell::new(HashMap::new()),
             options_cache: RefCell::new(HashMap::new()),
+            group_cache: RefCell::new(HashMap::new()),
         }
     }
 
@@ -58,7 +60,17 @@ impl ConfigRepo {
     /// True when `group` (e.g. `trainer/dist`) is a directory of the repository.
     pub fn group_exists(&self, group: &str) -> bool {
         let group = group.trim_start_matches('/');
-        !group.is_empty() && self.root.join(group).is_dir()
+        if group.is_empty() {
+            return false;
+        }
+        if let Some(found) = self.group_cache.borrow().get(group) {
+            return *found;
+        }
+        let exists = self.root.join(group).is_dir();
+        self.group_cache
+            .borrow_mut()
+            .insert(group.to_string(), exists);
+        exists
     }
 
     /// The options of a group: its config files without extension, sorted.

@@ -148,6 +148,23 @@ pub fn plan(
     sweep_file: Option<&SweepFile>,
     multirun: bool,
 ) -> Result<Vec<PlannedJob>, ConfigError> {
+    let mut jobs = Vec::new();
+    plan_each(composer, overrides, sweep_file, multirun, |job| {
+        jobs.push(job);
+        Ok(())
+    })?;
+    Ok(jobs)
+}
+
+/// Like [`plan`], handing each job to `on_job` as soon as it is composed, so that a large
+/// sweep needs memory for one job at a time. Composition stops at the first error.
+pub fn plan_each(
+    composer: &Composer,
+    overrides: &[String],
+    sweep_file: Option<&SweepFile>,
+    multirun: bool,
+    mut on_job: impl FnMut(PlannedJob) -> Result<(), ConfigError>,
+) -> Result<(), ConfigError> {
     let parsed = composer.parse_overrides(overrides)?;
     if !multirun {
         if sweep_file.is_some() {
@@ -156,11 +173,11 @@ pub fn plan(
             ));
         }
         let composed = composer.compose(overrides)?;
-        return Ok(vec![PlannedJob {
+        return on_job(PlannedJob {
             num: 0,
             overrides: composed.task_overrides.clone(),
             composed,
-        }]);
+        });
     }
     let (runtime, task): (Vec<Override>, Vec<Override>) =
         parsed.into_iter().partition(is_runtime_override);
@@ -197,7 +214,6 @@ pub fn plan(
     }
     all.extend(task);
     let job_overrides = expand(composer, &all)?;
-    let mut jobs = Vec::with_capacity(job_overrides.len());
     for (num, job) in job_overrides.into_iter().enumerate() {
         let mut parsed = runtime.clone();
         for text in &job {
@@ -206,11 +222,11 @@ pub fn plan(
         let composed = composer
             .compose_parsed(&parsed, Some(num))
             .map_err(|e| ConfigError::Composition(format!("job {num} ({}): {e}", job.join(" "))))?;
-        jobs.push(PlannedJob {
+        on_job(PlannedJob {
             num,
             overrides: job,
             composed,
-        });
+        })?;
     }
-    Ok(jobs)
+    Ok(())
 }
