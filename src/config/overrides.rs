@@ -2400,8 +2400,41 @@ fn float_to_int(f: f64) -> PyResult<i64> {
     }
 }
 
+fn is_python_space(c: char) -> bool {
+    c.is_whitespace() || ('\u{1c}'..='\u{1f}').contains(&c)
+}
+
 fn python_strip(s: &str) -> &str {
-    s.trim_matches(|c: char| c.is_whitespace() || ('\u{1c}'..='\u{1f}').contains(&c))
+    s.trim_matches(is_python_space)
+}
+
+/// The first code point of each run of ten Unicode decimal digits (category Nd, Unicode 14 as
+/// in Python 3.11), which Python's `int()` and `float()` accept like ASCII digits.
+const UNICODE_DIGIT_ZEROS: [u32; 66] = [
+    0x30, 0x660, 0x6F0, 0x7C0, 0x966, 0x9E6, 0xA66, 0xAE6, 0xB66, 0xBE6, 0xC66, 0xCE6, 0xD66,
+    0xDE6, 0xE50, 0xED0, 0xF20, 0x1040, 0x1090, 0x17E0, 0x1810, 0x1946, 0x19D0, 0x1A80, 0x1A90,
+    0x1B50, 0x1BB0, 0x1C40, 0x1C50, 0xA620, 0xA8D0, 0xA900, 0xA9D0, 0xA9F0, 0xAA50, 0xABF0, 0xFF10,
+    0x104A0, 0x10D30, 0x11066, 0x110F0, 0x11136, 0x111D0, 0x112F0, 0x11450, 0x114D0, 0x11650,
+    0x116C0, 0x11730, 0x118E0, 0x11950, 0x11C50, 0x11D50, 0x11DA0, 0x16A60, 0x16AC0, 0x16B50,
+    0x1D7CE, 0x1D7D8, 0x1D7E2, 0x1D7EC, 0x1D7F6, 0x1E140, 0x1E2F0, 0x1E950, 0x1FBF0,
+];
+
+/// Python's `_PyUnicode_TransformDecimalAndSpaceToASCII`: decimal digits become ASCII digits
+/// and whitespace becomes a space, before `int()`/`float()` parse a string.
+fn python_number_text(s: &str) -> String {
+    s.chars()
+        .map(|c| {
+            let cp = c as u32;
+            match UNICODE_DIGIT_ZEROS
+                .iter()
+                .find(|&&z| cp >= z && cp < z + 10)
+            {
+                Some(&z) => char::from(b'0' + (cp - z) as u8),
+                None if is_python_space(c) => ' ',
+                None => c,
+            }
+        })
+        .collect()
 }
 
 /// Whether `body` is digits with single underscores between digits.
@@ -2425,7 +2458,8 @@ fn python_int(s: &str) -> PyResult<i64> {
             ),
         )
     };
-    let t = python_strip(s);
+    let ascii = python_number_text(s);
+    let t = python_strip(&ascii);
     let body = t.strip_prefix(['+', '-']).unwrap_or(t);
     if !underscored_digits(body) {
         return invalid();
@@ -2448,7 +2482,8 @@ fn python_float(s: &str) -> PyResult<f64> {
             format!("could not convert string to float: {}", python_str_repr(s)),
         )
     };
-    let t = python_strip(s);
+    let ascii = python_number_text(s);
+    let t = python_strip(&ascii);
     let (neg, body) = match t.strip_prefix('-') {
         Some(b) => (true, b),
         None => (false, t.strip_prefix('+').unwrap_or(t)),

@@ -1542,19 +1542,8 @@ impl Check<'_> {
                 "set it to at most trainer.lr (often a tenth of it)".into(),
             );
         }
-        if t.max_steps > 0 && t.warmup_steps > t.max_steps {
-            self.invalid(
-                "trainer.warmup_steps",
-                format!(
-                    "{} exceeds trainer.max_steps ({})",
-                    t.warmup_steps, t.max_steps
-                ),
-                format!(
-                    "set trainer.warmup_steps={} or less",
-                    (t.max_steps / 10).max(1).min(t.max_steps)
-                ),
-            );
-        }
+        // warmup_steps > max_steps is allowed: the warm-up ramp simply never completes (a
+        // quick `trainer.max_steps=5` smoke run must not need a second override).
         self.non_negative("trainer.weight_decay", t.weight_decay);
         if t.betas.iter().any(|b| !(0.0..1.0).contains(b)) {
             self.invalid(
@@ -2714,12 +2703,7 @@ mod tests {
         let keys: Vec<String> = problems(&job).into_iter().map(|p| p.key).collect();
         assert_eq!(
             keys,
-            [
-                "trainer.lr",
-                "trainer.warmup_steps",
-                "trainer.betas",
-                "trainer.eval_batches"
-            ]
+            ["trainer.lr", "trainer.betas", "trainer.eval_batches"]
         );
         let mut job = base();
         set(&mut job, "trainer.min_lr", json!(0.1), ovr("m"));
