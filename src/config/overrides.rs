@@ -2390,7 +2390,7 @@ fn float_to_int(f: f64) -> PyResult<i64> {
         return py_err("OverflowError", "cannot convert float infinity to integer");
     }
     let t = f.trunc();
-    if t >= -9_223_372_036_854_775_808.0 && t < 9_223_372_036_854_775_808.0 {
+    if (-9_223_372_036_854_775_808.0..9_223_372_036_854_775_808.0).contains(&t) {
         Ok(t as i64)
     } else {
         py_err(
@@ -4193,6 +4193,24 @@ mod tests {
         assert!(parse_override(&deep).is_err());
         let calls = format!("a={}1{}", "int(".repeat(5000), ")".repeat(5000));
         assert!(parse_override(&calls).is_err());
+        // Just inside the limit, evaluation, rendering and conversion still fit the 2 MiB
+        // stack of a test thread in a debug build.
+        let n = MAX_DEPTH - 1;
+        for text in [
+            format!("a={}1.5{}", "str(int(".repeat(n / 2), "))".repeat(n / 2)),
+            format!("a={}1{}", "{k:".repeat(n), "}".repeat(n)),
+            format!(
+                "a={}[1]{}",
+                "sort(shuffle(".repeat(n / 2),
+                "))".repeat(n / 2)
+            ),
+            format!("a={}glob(*){}", "[".repeat(n - 3), "]".repeat(n - 3)),
+        ] {
+            let o = parse_override(&text).unwrap_or_else(|e| panic!("{e}"));
+            let rendered = o.value_element_as_str();
+            assert!(parse_override(&format!("a={rendered}")).is_ok());
+            assert!(o.value().is_some());
+        }
     }
 
     #[test]
