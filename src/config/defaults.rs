@@ -759,9 +759,8 @@ impl<'r> DefaultsBuilder<'r> {
             )));
         }
         let mut defaults = loaded.defaults.clone();
-        let mut self_added = false;
         if !defaults.is_empty() || (is_root_config && !overrides.append.is_empty()) {
-            self_added = validate_self(&root.node, &mut defaults, &loaded.display_path)?;
+            validate_self(&root.node, &mut defaults, &loaded.display_path)?;
         }
         if is_root_config {
             defaults.extend(overrides.append.iter().cloned());
@@ -812,19 +811,16 @@ impl<'r> DefaultsBuilder<'r> {
         }
 
         // Deferred interpolations (`db_schema: ${db}`) resolve against the known choices.
-        for idx in 0..children.len() {
-            let needs =
-                matches!(&children[idx], Child::Leaf(d) if !d.is_self() && d.is_interpolation());
+        for child in children.iter_mut() {
+            let needs = matches!(child, Child::Leaf(d) if !d.is_self() && d.is_interpolation());
             if !needs {
                 continue;
             }
-            let Child::Leaf(mut d) = std::mem::replace(
-                &mut children[idx],
-                Child::Leaf(InputDefault::config("_self_", None)),
-            ) else {
-                unreachable!()
+            let placeholder = Child::Leaf(InputDefault::config("_self_", None));
+            let Child::Leaf(mut d) = std::mem::replace(child, placeholder) else {
+                unreachable!("checked above")
             };
-            resolve_default_interpolation(&mut d, overrides, &defaults, self_added)?;
+            resolve_default_interpolation(&mut d, overrides)?;
             d.update_parent(&parent_group, &parent_package);
             let subtree = self.expand(
                 TreeNode {
@@ -836,7 +832,7 @@ impl<'r> DefaultsBuilder<'r> {
                 overrides,
                 Some(&path),
             )?;
-            children[idx] = if subtree.children.is_some() {
+            *child = if subtree.children.is_some() {
                 Child::Tree(subtree)
             } else {
                 Child::Leaf(subtree.node)
@@ -968,12 +964,12 @@ impl<'r> DefaultsBuilder<'r> {
     }
 }
 
-/// Checks `_self_` appears at most once; appends it when absent. Returns whether it was added.
+/// Checks `_self_` appears at most once; appends it when absent.
 fn validate_self(
     containing: &InputDefault,
     defaults: &mut Vec<InputDefault>,
     display_path: &str,
-) -> Result<bool, ConfigError> {
+) -> Result<(), ConfigError> {
     let mut has_self = false;
     let mut has_non_override = false;
     for d in defaults.iter() {
@@ -993,16 +989,13 @@ fn validate_self(
     if (!has_self && has_non_override) || defaults.is_empty() {
         defaults.push(InputDefault::config("_self_", None));
     }
-    Ok(!has_self)
+    Ok(())
 }
 
 fn resolve_default_interpolation(
     d: &mut InputDefault,
     overrides: &GroupOverrides,
-    defaults: &[InputDefault],
-    self_added: bool,
 ) -> Result<(), ConfigError> {
-    let _ = (defaults, self_added);
     let lookup = |key: &str| -> Option<String> {
         overrides
             .known_choices

@@ -15,18 +15,23 @@
 //!
 //! Deliberate differences from Hydra, each a case where Hydra fails later or cannot finish:
 //! * integers outside `i64` are rejected (Python keeps big integers);
-//! * a sweep nested inside a list, dict or choice (`[choice(1,2)]`, `choice(1,choice(2,3))`),
-//!   and a `glob` pattern that is not a plain string, are rejected when parsing (Hydra accepts
-//!   them and fails when the value is rendered, applied or expanded);
-//! * nesting deeper than 400 levels is rejected (Hydra hits Python's recursion limit near
-//!   there); a sweep with more than 1,000,000 values is rejected (Hydra would try to build it);
+//! * a sweep nested in a list, dict or choice that survives into the final value
+//!   (`[choice(1,2)]`, `choice(1,choice(2,3))`, `a,range(1,3)`), and a glob sweep whose
+//!   patterns are not plain strings (`glob(['a*'])`), are rejected when parsing; Hydra accepts
+//!   them and fails when the value is rendered, applied or expanded. (A `glob` nested in a value
+//!   is supported: Hydra, and this module, turn it into `{include: [...], exclude: [...]}`.)
+//! * nesting deeper than 400 levels is rejected (Hydra hits Python's recursion limit a little
+//!   further on); a sweep with more than 1,000,000 values is rejected (Hydra would try to
+//!   build it, or never finish for an endless float range);
 //! * `shuffle` uses this module's own seeded generator, so shuffled orders differ from
-//!   Python's `random`;
-//! * dictionary keys are kept as strings: Hydra's typed keys `1`, `1.5`, `true`, `null` become
-//!   `"1"`, `"1.5"`, `"True"`, `"null"` (what Hydra prints for them); an interval cast with
+//!   Python's `random` (the `*_seeded` entry points make them reproducible);
+//! * dictionary keys are strings: Hydra's typed keys `1`, `1.5`, `true`, `null` become `"1"`,
+//!   `"1.5"`, `"True"`, `"null"`, which is what Hydra prints for them; an interval cast with
 //!   `int()` keeps its bounds as `f64`;
-//! * error messages are this module's own (they name the override, the problem and the column)
-//!   rather than ANTLR's.
+//! * `sort` of 64 or more items holding NaN may order them differently (CPython's timsort is
+//!   reproduced exactly below 64 items only; without NaN any stable sort agrees);
+//! * error messages are this module's own: they name the override, the problem and the
+//!   0-based column, rather than repeating ANTLR's wording.
 
 use std::cmp::Ordering;
 use std::collections::hash_map::RandomState;

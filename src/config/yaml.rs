@@ -788,7 +788,7 @@ fn analyze_scalar(s: &str) -> ScalarAnalysis {
         if is_break(ch) {
             line_breaks = true;
         }
-        if !(ch == '\n' || ('\x20'..='\x7e').contains(&ch)) && !is_printable(ch) {
+        if !(ch == '\n' || ('\x20'..='\x7e').contains(&ch) || is_printable(ch)) {
             special = true;
         }
         if ch == ' ' {
@@ -948,7 +948,7 @@ fn is_yaml_timestamp(s: &str) -> bool {
 fn string_scalar_text(s: &str, width: usize, column: usize, indent: usize) -> String {
     let analysis = analyze_scalar(s);
     let force_quotes = needs_quotes_to_stay_string(s);
-    if !force_quotes && analysis.allow_block_plain && s != "???" || s == "???" {
+    if s == "???" || (!force_quotes && analysis.allow_block_plain) {
         return fold_plain(s, width, column, indent);
     }
     if analysis.allow_single_quoted {
