@@ -372,7 +372,7 @@ section! {
         tie_word_embeddings: bool,
         initializer_range: f64,
         /// Hugging Face model directory (`config.json` + `*.safetensors`) to load weights from.
-        pretrained: Option<String> => "/path/to/hf-model-dir",
+        init_from: Option<String> => "/path/to/hf-model-dir",
     }
 }
 
@@ -425,7 +425,7 @@ section! {
         min_lr: f64,
         /// Linear warmup steps from 0 to `lr`.
         warmup_steps: u64,
-        lr_schedule: LrSchedule,
+        schedule: LrSchedule,
         weight_decay: f64,
         betas: [f64; 2],
         eps: f64,
@@ -602,7 +602,7 @@ section! {
         path: String => "/path/to/tokens.bin",
         /// Held-out file of the same dtype; `None`: no evaluation data.
         eval_path: Option<String> => "/path/to/eval.bin",
-        dtype: TokenDtype,
+        token_dtype: TokenDtype,
         seq_len: usize,
         shuffle: bool,
         num_workers: usize,
@@ -2114,7 +2114,7 @@ mod tests {
         assert!((700_000..1_200_000).contains(&cfg.model.num_parameters()));
         assert_eq!(cfg.trainer.dist, DistConfig::None);
         assert_eq!(cfg.trainer.precision, Precision::Full32);
-        assert_eq!(cfg.trainer.lr_schedule, LrSchedule::Cosine);
+        assert_eq!(cfg.trainer.schedule, LrSchedule::Cosine);
         assert_eq!(cfg.trainer.resume, Resume::Auto);
         assert_eq!(cfg.trainer.betas, [0.9, 0.95]);
         assert_eq!(cfg.trainer.grad_accum_steps(cfg.compute.world_size()), 2);
@@ -2338,7 +2338,7 @@ mod tests {
         );
         set(
             &mut job,
-            "trainer.lr_schedule",
+            "trainer.schedule",
             json!("cosin"),
             file("conf/trainer/default.yaml", 9),
         );
@@ -2351,10 +2351,10 @@ mod tests {
         let p = problems(&job);
         assert_eq!(p.len(), 3, "{p:#?}");
         assert!(p.iter().all(|p| p.kind == ProblemKind::BadChoice));
-        // Reading order follows the file: lr_schedule, precision, device.
+        // Reading order follows the file: schedule, precision, device.
         assert_eq!(
             p[0].message,
-            "trainer.lr_schedule: expected one of 'constant', 'cosine', 'linear', got str \
+            "trainer.schedule: expected one of 'constant', 'cosine', 'linear', got str \
              'cosin' (set in conf/trainer/default.yaml:9); did you mean 'cosine'?"
         );
         assert_eq!(
@@ -2459,9 +2459,9 @@ mod tests {
         );
         // Optional keys may be left out.
         let mut job = base();
-        remove(&mut job, "model.pretrained");
+        remove(&mut job, "model.init_from");
         remove(&mut job, "model.rope_scaling");
-        assert_eq!(validate(&job).unwrap().model.pretrained, None);
+        assert_eq!(validate(&job).unwrap().model.init_from, None);
     }
 
     #[test]
