@@ -2991,7 +2991,8 @@ fn range_values(start: Number, stop: Number, step: Number) -> Result<Vec<Number>
             .collect());
     }
     let estimate = (stop.as_f64() - start.as_f64()) / step.as_f64();
-    if estimate.is_finite() && estimate > MAX_SWEEP_VALUES as f64 + 2.0 {
+    // An infinite positive estimate (an infinite bound moving towards the other) never ends.
+    if estimate > MAX_SWEEP_VALUES as f64 + 2.0 {
         return Err(too_many_values());
     }
     let mut cur = decimal::Dec::from_number(start);
