@@ -3,7 +3,7 @@
 
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use flotilla::config::node::{to_json, Node, Value};
+use flotilla::config::node::{to_json_text, Node, Value};
 use flotilla::config::yaml::{to_yaml, EmitOptions};
 use flotilla::config::{ComposeOptions, Composer, ConfigError};
 use flotilla::sweep::{plan_each, SweepFile};
@@ -176,17 +176,15 @@ fn run(cli: Cli) -> Result<(), Failure> {
             let text = match format {
                 ComposeFormat::Yaml => to_yaml(&composed.job, EmitOptions { provenance }),
                 ComposeFormat::Json => {
-                    let value = if provenance {
+                    let config = to_json_text(&composed.job, Some(2));
+                    if provenance {
                         let mut map = serde_json::Map::new();
                         provenance_map(&composed.job, "", &mut map);
-                        serde_json::json!({"config": to_json(&composed.job), "provenance": map})
+                        let map = serde_json::to_string_pretty(&map).context("JSON output")?;
+                        format!("{{\"config\": {config},\n\"provenance\": {map}}}\n")
                     } else {
-                        to_json(&composed.job)
-                    };
-                    format!(
-                        "{}\n",
-                        serde_json::to_string_pretty(&value).context("JSON output")?
-                    )
+                        format!("{config}\n")
+                    }
                 }
             };
             write_stdout(&text)
@@ -213,8 +211,12 @@ fn run(cli: Cli) -> Result<(), Failure> {
                         if count > 0 {
                             text.push(',');
                         }
-                        let entry = serde_json::json!({"num": j.num, "overrides": j.overrides, "config": to_json(&j.composed.job)});
-                        text.push_str(&entry.to_string());
+                        let overrides = serde_json::Value::from(j.overrides.clone()).to_string();
+                        let config = to_json_text(&j.composed.job, None);
+                        text.push_str(&format!(
+                            "{{\"num\":{},\"overrides\":{overrides},\"config\":{config}}}",
+                            j.num
+                        ));
                     }
                     PlanFormat::Table => {
                         let line = if j.overrides.is_empty() {

@@ -342,6 +342,65 @@ pub fn to_json(node: &Node) -> serde_json::Value {
     }
 }
 
+/// Writes a tree as JSON the way Python's `json.dumps` does for OmegaConf containers: floats
+/// in `repr` form, and the non-finite floats as `NaN`, `Infinity`, `-Infinity` (which
+/// `json.loads` reads back). With `indent`, one entry per line indented by that many spaces.
+pub fn to_json_text(node: &Node, indent: Option<usize>) -> String {
+    let mut out = String::new();
+    write_json(node, indent, 0, &mut out);
+    out
+}
+
+fn write_json(node: &Node, indent: Option<usize>, depth: usize, out: &mut String) {
+    let newline = |out: &mut String, depth: usize| {
+        if let Some(step) = indent {
+            out.push('\n');
+            out.push_str(&" ".repeat(step * depth));
+        }
+    };
+    let sep = if indent.is_some() { ": " } else { ":" };
+    match &node.value {
+        Value::Null => out.push_str("null"),
+        Value::Bool(b) => out.push_str(if *b { "true" } else { "false" }),
+        Value::Int(i) => out.push_str(&i.to_string()),
+        Value::Float(f) if f.is_nan() => out.push_str("NaN"),
+        Value::Float(f) if f.is_infinite() => {
+            out.push_str(if *f > 0.0 { "Infinity" } else { "-Infinity" })
+        }
+        Value::Float(f) => out.push_str(&python_float_repr(*f)),
+        Value::Str(s) => out.push_str(&serde_json::Value::String(s.clone()).to_string()),
+        Value::Missing => out.push_str("\"???\""),
+        Value::List(items) if items.is_empty() => out.push_str("[]"),
+        Value::Dict(d) if d.is_empty() => out.push_str("{}"),
+        Value::List(items) => {
+            out.push('[');
+            for (i, item) in items.iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                newline(out, depth + 1);
+                write_json(item, indent, depth + 1, out);
+            }
+            newline(out, depth);
+            out.push(']');
+        }
+        Value::Dict(d) => {
+            out.push('{');
+            for (i, (k, v)) in d.iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                newline(out, depth + 1);
+                out.push_str(&serde_json::Value::String(k.clone()).to_string());
+                out.push_str(sep);
+                write_json(v, indent, depth + 1, out);
+            }
+            newline(out, depth);
+            out.push('}');
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -365,6 +424,29 @@ mod tests {
         for (x, want) in cases {
             assert_eq!(python_float_repr(x), want, "repr({x})");
         }
+    }
+
+    #[test]
+    fn json_text_writes_non_finite_floats_as_python_does() {
+        let mut d = Dict::new();
+        d.insert("a".into(), Node::from(Value::Float(f64::INFINITY)));
+        d.insert("b".into(), Node::from(Value::Float(f64::NAN)));
+        d.insert("c".into(), Node::from(Value::Float(-f64::INFINITY)));
+        d.insert("d".into(), Node::from(Value::Float(1e-5)));
+        d.insert(
+            "e".into(),
+            Node::from(Value::List(vec![Node::from(Value::Int(1))])),
+        );
+        d.insert("f".into(), Node::from(Value::Str("q\"".into())));
+        let node = Node::from(Value::Dict(d));
+        assert_eq!(
+            to_json_text(&node, None),
+            r#"{"a":Infinity,"b":NaN,"c":-Infinity,"d":1e-05,"e":[1],"f":"q\""}"#
+        );
+        assert_eq!(
+            to_json_text(&node, Some(2)).lines().nth(1),
+            Some("  \"a\": Infinity,")
+        );
     }
 
     #[test]
