@@ -2,6 +2,7 @@
 //! Llama-style models with DDP or FSDP. This crate root only wires the modules together.
 
 pub mod config;
+pub mod model;
 pub mod sweep;
 
 /// The libtorch version this build links against (tch 0.24.0 binds libtorch 2.11.0).

@@ -1,0 +1,259 @@
+//! The model: Hugging Face's `LlamaForCausalLM` as a sequence of **units** with explicit
+//! parameters, plus Hugging Face directory load/save.
+//!
+//! This module owns the unit contract ([`Unit`], [`ForwardCtx`], [`ParamSpec`], [`Params`]),
+//! the per-unit backward helper ([`vjp`]) and the error type. The architecture lives in
+//! [`llama`], seeded initialisation in [`init`], and everything about the Hugging Face format
+//! (weight names, `config.json`, safetensors) in [`hf`].
+//!
+//! The model knows nothing of parallelism (DESIGN §7). A unit is a pure function
+//! `(params, input, ctx) -> output`: the trainer decides where the parameter tensors come from
+//! (plain tensors, views into a gathered FSDP flat buffer, bf16 copies of fp32 masters), runs
+//! each unit on the previous output detached into a fresh leaf, and backpropagates unit by unit
+//! with [`vjp`].
+//!
+//! ## Shared parameters (tied embeddings)
+//!
+//! Every parameter has exactly one **owner** unit (the first unit that reads it) and a list of
+//! **readers** ([`ParamSpec::owner`], [`ParamSpec::readers`]). With `tie_word_embeddings`, the
+//! head unit lists `model.embed_tokens.weight` among its `param_names`, so it reads the
+//! embedding unit's parameter; there is no `lm_head.weight`. The gradient of a shared
+//! parameter is the **sum** of the gradients from each reader: the trainer adds the head's
+//! contribution (computed first in the backward pass) into the owner's gradient, and the owner's
+//! gradient is complete once the owner's own backward has run. Because the owner is the earliest
+//! reader and backward runs units in reverse, "the owner's backward is done" is exactly when the
+//! gradient is final, so a strategy can reduce it at that point (DDP all-reduce, FSDP
+//! reduce-scatter) without special cases. Under FSDP, making the head's parameters available
+//! means gathering the owner's flat parameter too (or keeping it gathered).
+
+pub mod hf;
+pub mod init;
+pub mod llama;
+
+use std::path::PathBuf;
+
+use indexmap::IndexMap;
+use tch::{Device, Kind, Tensor};
+
+pub use hf::{
+    load_hf, read_hf_config, read_model_config, save_hf, HfLlamaConfig, LayerWeight, ParamName,
+};
+pub use init::Init;
+pub use llama::{causal_lm_loss, causal_lm_loss_sum, Llama};
+
+/// Errors of model construction, loading and saving. Each names its culprit: the file, the
+/// tensor or the config field.
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    /// A `ModelConfig` value the architecture cannot take.
+    #[error("model.{field}: {message}")]
+    InvalidConfig { field: String, message: String },
+    /// A `config.json` field that is missing, malformed or unsupported.
+    #[error("{}: field `{field}`: {message}", path.display())]
+    BadConfigField {
+        path: PathBuf,
+        field: String,
+        message: String,
+    },
+    /// A `config.json` that is not valid JSON or not an object of the expected shape.
+    #[error("{}: {message}", path.display())]
+    BadConfigJson { path: PathBuf, message: String },
+    #[error("{}: {source}", path.display())]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// A weight the architecture needs that no safetensors file holds.
+    #[error("tensor `{name}` is missing from {files}")]
+    MissingTensor { name: String, files: String },
+    /// A weight whose shape disagrees with the config.
+    #[error(
+        "tensor `{name}`{}: expected shape {expected:?}, found {found:?}",
+        in_file(file)
+    )]
+    ShapeMismatch {
+        name: String,
+        expected: Vec<i64>,
+        found: Vec<i64>,
+        file: Option<PathBuf>,
+    },
+    /// A weight in a dtype other than f32, bf16, f16 (or f64).
+    #[error(
+        "tensor `{name}`{}: unsupported dtype {dtype}; expected float32, bfloat16 or float16",
+        in_file(file)
+    )]
+    UnsupportedDtype {
+        name: String,
+        dtype: String,
+        file: Option<PathBuf>,
+    },
+    /// A tensor in the checkpoint that `LlamaForCausalLM` does not have.
+    #[error("tensor `{name}` in {} is not a LlamaForCausalLM weight", file.display())]
+    UnexpectedTensor { name: String, file: PathBuf },
+    /// A parameter set handed to the model lacks a parameter.
+    #[error("parameter `{name}` is missing from the parameter set")]
+    MissingParam { name: String },
+    /// A safetensors file that libtorch could not read or write.
+    #[error("{}: {source}", path.display())]
+    Safetensors {
+        path: PathBuf,
+        #[source]
+        source: tch::TchError,
+    },
+    #[error(transparent)]
+    Torch(#[from] tch::TchError),
+}
+
+fn in_file(file: &Option<PathBuf>) -> String {
+    file.as_ref()
+        .map(|f| format!(" in {}", f.display()))
+        .unwrap_or_default()
+}
+
+/// One parameter of the model: its Hugging Face name, shape, initialisation, and which units
+/// use it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ParamSpec {
+    /// Hugging Face name (`model.layers.0.self_attn.q_proj.weight`); see [`ParamName`].
+    pub name: String,
+    pub shape: Vec<i64>,
+    pub init: Init,
+    /// Index of the unit that owns this parameter (the first of `readers`).
+    pub owner: usize,
+    /// Indices of every unit that reads it, ascending. More than one only for tied weights.
+    pub readers: Vec<usize>,
+}
+
+impl ParamSpec {
+    pub fn numel(&self) -> usize {
+        self.shape.iter().product::<i64>() as usize
+    }
+
+    /// True when more than one unit reads this parameter (its gradient is a sum).
+    pub fn is_shared(&self) -> bool {
+        self.readers.len() > 1
+    }
+}
+
+/// Per-forward context shared by every unit of one micro-batch: the rotary tables for the
+/// positions of the batch, in fp32 (each block casts them to its compute dtype, as
+/// transformers does). Build it with [`Llama::ctx`] or [`Llama::ctx_for_positions`].
+#[derive(Debug)]
+pub struct ForwardCtx {
+    /// `[T, head_dim]` (positions shared by the batch) or `[B, T, head_dim]`.
+    pub cos: Tensor,
+    pub sin: Tensor,
+}
+
+/// A unit of the model: a pure function of its input and an explicit parameter list.
+///
+/// `forward` receives the tensors of [`Unit::param_names`], in that order. They may be plain
+/// tensors or views into a flat buffer; the unit only reads them. The input is token ids
+/// (`Int64 [B, T]`, which has no gradient, so the first unit's backward yields parameter
+/// gradients only) for the first unit and hidden states (`[B, T, hidden]`, in the parameter
+/// dtype) for the others; the last unit returns logits `[B, T, vocab]` in the parameter dtype,
+/// and the loss ([`causal_lm_loss`]) is computed outside the units. RMSNorm and the attention
+/// softmax compute in fp32 internally, as transformers does.
+///
+/// Panics (as tch does) if a parameter has the wrong shape; [`Llama::check_params`] checks a
+/// parameter set once, up front.
+pub trait Unit: Send + Sync {
+    /// `embed`, `layers.{i}` or `head`.
+    fn name(&self) -> &str;
+    /// Hugging Face names of the parameters `forward` reads, in the order it takes them. May
+    /// include parameters owned by another unit (see the module docs on tied embeddings).
+    fn param_names(&self) -> &[String];
+    fn forward(&self, params: &[Tensor], input: &Tensor, ctx: &ForwardCtx) -> Tensor;
+}
+
+/// A named parameter set, in the model's canonical order ([`Llama::param_specs`]).
+#[derive(Debug, Default)]
+pub struct Params {
+    tensors: IndexMap<String, Tensor>,
+}
+
+impl Params {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    pub fn insert(&mut self, name: impl Into<String>, tensor: Tensor) {
+        self.tensors.insert(name.into(), tensor);
+    }
+
+    pub fn get(&self, name: &str) -> Option<&Tensor> {
+        self.tensors.get(name)
+    }
+
+    /// The parameter, or [`ModelError::MissingParam`].
+    pub fn require(&self, name: &str) -> Result<&Tensor, ModelError> {
+        self.get(name).ok_or_else(|| ModelError::MissingParam {
+            name: name.to_string(),
+        })
+    }
+
+    pub fn len(&self) -> usize {
+        self.tensors.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.tensors.is_empty()
+    }
+
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.tensors.keys().map(String::as_str)
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = (&str, &Tensor)> {
+        self.tensors.iter().map(|(k, v)| (k.as_str(), v))
+    }
+
+    /// Total number of elements.
+    pub fn numel(&self) -> usize {
+        self.tensors.values().map(Tensor::numel).sum()
+    }
+
+    /// A copy on `device` in `kind` (each tensor detached and contiguous).
+    pub fn to(&self, device: Device, kind: Kind) -> Params {
+        let tensors = self
+            .tensors
+            .iter()
+            .map(|(k, t)| {
+                (
+                    k.clone(),
+                    t.detach().to_device(device).to_kind(kind).contiguous(),
+                )
+            })
+            .collect();
+        Params { tensors }
+    }
+
+    /// Shallow handles marked as requiring grad (leaves of a new graph), for whole-graph
+    /// training and for tests.
+    pub fn requiring_grad(&self) -> Params {
+        let tensors = self
+            .tensors
+            .iter()
+            .map(|(k, t)| (k.clone(), t.detach().set_requires_grad(true)))
+            .collect();
+        Params { tensors }
+    }
+}
+
+/// Backward through one unit: the gradients of `sum(output * grad_output)` with respect to
+/// each of `wrt` (the unit's leaf input and its parameters). With `grad_output = None`,
+/// `output` must be a scalar (the loss, for the last unit) and is differentiated itself.
+///
+/// The gradients are returned, not accumulated into `.grad()`; a tensor that `output` does not
+/// depend on gets `None`. Every tensor of `wrt` must require grad. The graph is freed.
+pub fn vjp(output: &Tensor, grad_output: Option<&Tensor>, wrt: &[&Tensor]) -> Vec<Option<Tensor>> {
+    let root = match grad_output {
+        Some(g) => (output * g).sum(output.kind()),
+        None => output.shallow_clone(),
+    };
+    Tensor::run_backward(&[root], wrt, false, false)
+        .into_iter()
+        .map(|g| g.defined().then_some(g))
+        .collect()
+}

@@ -1,0 +1,342 @@
+//! flotilla's `LlamaForCausalLM` against the real transformers, both directions:
+//! tests/oracle/make_llama_fixtures.py makes small random models with `save_pretrained` (tied
+//! and untied, GQA/MHA/MQA, llama3 rope scaling, legacy config.json, sharded, f16, bf16) and
+//! transformers' logits and loss for a token batch; flotilla loads each, matches the logits and
+//! the loss, saves its own directory, and transformers loads that and matches flotilla's logits.
+//! The other tests need no Python: save/load round trips and the loader's error messages.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Instant;
+
+use flotilla::config::schema::ModelConfig;
+use flotilla::model::{causal_lm_loss, load_hf, save_hf, Llama, ModelError, Params};
+use tch::{Device, Kind, Tensor};
+
+fn venv_python() -> PathBuf {
+    let venv = std::env::var_os("FLOTILLA_VENV")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join(".venv"));
+    venv.join("bin").join("python")
+}
+
+fn oracle_script() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/oracle/make_llama_fixtures.py")
+}
+
+/// The venv python, if transformers and safetensors import there.
+fn oracle_python() -> Option<PathBuf> {
+    let python = venv_python();
+    let ok = Command::new(&python)
+        .args(["-c", "import transformers, safetensors"])
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false);
+    ok.then_some(python)
+}
+
+fn kind_of(dtype: &str) -> Kind {
+    match dtype {
+        "float32" => Kind::Float,
+        "bfloat16" => Kind::BFloat16,
+        "float16" => Kind::Half,
+        other => panic!("unknown dtype {other}"),
+    }
+}
+
+fn read_tensors(path: &Path) -> std::collections::HashMap<String, Tensor> {
+    Tensor::read_safetensors(path)
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+        .into_iter()
+        .collect()
+}
+
+fn max_rel_err(ours: &Tensor, theirs: &Tensor) -> f64 {
+    let ours = ours.to_kind(Kind::Float);
+    let diff = (&ours - theirs).abs().max().double_value(&[]);
+    diff / theirs.abs().max().double_value(&[])
+}
+
+#[test]
+fn transformers_oracle_both_directions() {
+    let Some(python) = oracle_python() else {
+        eprintln!(
+            "SKIPPED transformers_oracle_both_directions: `import transformers, safetensors` \
+             fails in {}; run scripts/setup.sh",
+            venv_python().display()
+        );
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let start = Instant::now();
+    let out = Command::new(&python)
+        .arg(oracle_script())
+        .arg("make")
+        .arg(tmp.path())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "make_llama_fixtures.py make failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    eprintln!("fixtures made in {:.1} s", start.elapsed().as_secs_f64());
+
+    let manifest: Vec<serde_json::Value> =
+        serde_json::from_str(&std::fs::read_to_string(tmp.path().join("manifest.json")).unwrap())
+            .unwrap();
+    assert_eq!(manifest.len(), 6);
+    let mut checks = Vec::new();
+    let mut failures = Vec::new();
+    for fx in &manifest {
+        let name = fx["name"].as_str().unwrap();
+        let dir = PathBuf::from(fx["dir"].as_str().unwrap());
+        let dtype = fx["dtype"].as_str().unwrap();
+        let compute = kind_of(fx["compute"].as_str().unwrap());
+        let tol = fx["tol"].as_f64().unwrap();
+        let reference = read_tensors(Path::new(fx["reference"].as_str().unwrap()));
+
+        // transformers -> flotilla
+        let (model, params) = load_hf(&dir, Device::Cpu, Some(compute))
+            .unwrap_or_else(|e| panic!("{name}: loading the transformers directory: {e}"));
+        assert_eq!(params.get("model.norm.weight").unwrap().kind(), compute);
+        let tokens = &reference["input_ids"];
+        let logits = model.forward(&params, tokens).unwrap();
+        assert_eq!(logits.size(), reference["logits"].size(), "{name}");
+        let err = max_rel_err(&logits, &reference["logits"]);
+        let loss = causal_lm_loss(&logits, &reference["labels"]).double_value(&[]);
+        let ref_loss = reference["loss"].double_value(&[0]);
+        let loss_err = (loss - ref_loss).abs() / ref_loss;
+        eprintln!(
+            "{name:<26} transformers->flotilla: max rel logits err {err:.2e} (tol {tol:.0e}), \
+             loss {loss:.6} vs {ref_loss:.6} (rel {loss_err:.1e})"
+        );
+        if err > tol || loss_err > tol {
+            failures.push(format!(
+                "{name}: logits err {err:.3e}, loss err {loss_err:.3e}"
+            ));
+        }
+        if model.config().rope_scaling.is_some() {
+            // The fixture must exercise the scaling: plain RoPE would be far off.
+            let mut plain = model.config().clone();
+            plain.rope_scaling = None;
+            let plain_logits = Llama::new(&plain)
+                .unwrap()
+                .forward(&params, tokens)
+                .unwrap();
+            let plain_err = max_rel_err(&plain_logits, &reference["logits"]);
+            assert!(
+                plain_err > 100.0 * tol,
+                "{name}: without rope scaling err is only {plain_err:.2e}"
+            );
+        }
+
+        // flotilla -> transformers: save in the fixture's dtype, with flotilla's logits.
+        let saved = tmp.path().join(name).join("flotilla");
+        save_hf(&saved, &model, &params, kind_of(dtype)).unwrap();
+        let (reloaded_model, reloaded) = load_hf(&saved, Device::Cpu, Some(compute)).unwrap();
+        assert_eq!(
+            reloaded_model.config().num_parameters(),
+            model.config().num_parameters()
+        );
+        for (n, t) in params.iter() {
+            assert!(
+                t.equal(reloaded.get(n).unwrap()),
+                "{name}: {n} changed on save/load"
+            );
+        }
+        let logits_file = tmp.path().join(name).join("flotilla_logits.safetensors");
+        Tensor::write_safetensors(
+            &[
+                ("input_ids", tokens.shallow_clone()),
+                ("logits", logits.to_kind(Kind::Float).contiguous()),
+            ],
+            &logits_file,
+        )
+        .unwrap();
+        checks.push(serde_json::json!({
+            "name": name, "dir": saved, "logits": logits_file, "dtype": dtype,
+            "compute": fx["compute"], "tol": tol,
+        }));
+    }
+
+    let checks_file = tmp.path().join("checks.json");
+    std::fs::write(&checks_file, serde_json::to_string(&checks).unwrap()).unwrap();
+    let out = Command::new(&python)
+        .arg(oracle_script())
+        .arg("check")
+        .arg(&checks_file)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    for line in stdout.lines() {
+        let r: serde_json::Value = serde_json::from_str(line).unwrap();
+        eprintln!(
+            "{:<26} flotilla->transformers: max rel logits err {:.2e}, loading problems {}",
+            r["name"].as_str().unwrap(),
+            r["max_rel_err"].as_f64().unwrap(),
+            r["problems"]
+        );
+        if r["ok"] != true {
+            failures.push(format!("transformers loading flotilla's save: {line}"));
+        }
+    }
+    assert!(
+        out.status.success() && stdout.lines().count() == manifest.len(),
+        "make_llama_fixtures.py check failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(failures.is_empty(), "{failures:#?}");
+}
+
+fn tiny(tied: bool) -> ModelConfig {
+    ModelConfig {
+        name: "t".into(),
+        vocab_size: 40,
+        hidden_size: 32,
+        intermediate_size: 48,
+        num_hidden_layers: 2,
+        num_attention_heads: 4,
+        num_key_value_heads: 2,
+        max_position_embeddings: 64,
+        rms_norm_eps: 1e-5,
+        rope_theta: 10000.0,
+        rope_scaling: None,
+        tie_word_embeddings: tied,
+        initializer_range: 0.02,
+        init_from: None,
+    }
+}
+
+#[test]
+fn save_load_round_trip() {
+    let tmp = tempfile::tempdir().unwrap();
+    for tied in [true, false] {
+        for kind in [Kind::Float, Kind::BFloat16, Kind::Half] {
+            let model = Llama::new(&tiny(tied)).unwrap();
+            let params = model.init_params(3, Device::Cpu, kind);
+            let dir = tmp.path().join(format!("m-{tied}-{kind:?}"));
+            save_hf(&dir, &model, &params, kind).unwrap();
+            let names = read_tensors(&dir.join("model.safetensors"));
+            assert_eq!(names.contains_key("lm_head.weight"), !tied);
+            assert_eq!(names.len(), model.param_specs().len());
+            // None: the dtype config.json declares.
+            let (loaded_model, loaded) = load_hf(&dir, Device::Cpu, None).unwrap();
+            let mut expect = tiny(tied);
+            expect.name = dir.file_name().unwrap().to_string_lossy().into_owned();
+            expect.init_from = Some(dir.to_string_lossy().into_owned());
+            assert_eq!(loaded_model.config(), &expect);
+            for (n, t) in params.iter() {
+                let l = loaded.get(n).unwrap();
+                assert_eq!(l.kind(), kind);
+                assert!(t.equal(l), "{n}");
+            }
+            let tokens = Tensor::from_slice(&[1i64, 2, 3, 39]).reshape([1, 4]);
+            let a = model.forward(&params, &tokens).unwrap();
+            let b = loaded_model.forward(&loaded, &tokens).unwrap();
+            assert!(a.equal(&b));
+        }
+    }
+}
+
+/// Saves a tiny model, lets `edit` change the directory, and returns the loader's error.
+fn load_error(edit: impl FnOnce(&Path, &Params)) -> String {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = Llama::new(&tiny(false)).unwrap();
+    let params = model.init_params(0, Device::Cpu, Kind::Float);
+    save_hf(tmp.path(), &model, &params, Kind::Float).unwrap();
+    edit(tmp.path(), &params);
+    let err: ModelError = load_hf(tmp.path(), Device::Cpu, None).unwrap_err();
+    err.to_string()
+}
+
+fn rewrite_weights(
+    dir: &Path,
+    params: &Params,
+    f: impl Fn(&str, &Tensor) -> Option<(String, Tensor)>,
+) {
+    let tensors: Vec<(String, Tensor)> = params.iter().filter_map(|(n, t)| f(n, t)).collect();
+    Tensor::write_safetensors(&tensors, dir.join("model.safetensors")).unwrap();
+}
+
+#[test]
+fn loader_errors_name_the_culprit() {
+    let err = load_error(|dir, p| {
+        rewrite_weights(dir, p, |n, t| {
+            (n != "model.layers.1.mlp.up_proj.weight").then(|| (n.to_string(), t.shallow_clone()))
+        })
+    });
+    assert!(
+        err.contains("tensor `model.layers.1.mlp.up_proj.weight` is missing from")
+            && err.contains("model.safetensors"),
+        "{err}"
+    );
+
+    let err = load_error(|dir, p| {
+        rewrite_weights(dir, p, |n, t| {
+            let t = if n == "model.layers.0.self_attn.k_proj.weight" {
+                t.narrow(0, 0, 8).contiguous()
+            } else {
+                t.shallow_clone()
+            };
+            Some((n.to_string(), t))
+        })
+    });
+    assert!(
+        err.contains("`model.layers.0.self_attn.k_proj.weight`")
+            && err.contains("expected shape [16, 32], found [8, 32]"),
+        "{err}"
+    );
+
+    let err = load_error(|dir, p| {
+        rewrite_weights(dir, p, |n, t| {
+            let t = if n == "model.norm.weight" {
+                t.to_kind(Kind::Int8)
+            } else {
+                t.shallow_clone()
+            };
+            Some((n.to_string(), t))
+        })
+    });
+    assert!(
+        err.contains("`model.norm.weight`") && err.contains("unsupported dtype"),
+        "{err}"
+    );
+
+    let err = load_error(|dir, p| {
+        rewrite_weights(dir, p, |n, t| {
+            Some((n.replace("lm_head", "lm_head2"), t.shallow_clone()))
+        })
+    });
+    assert!(
+        err.contains("`lm_head2.weight`") && err.contains("not a LlamaForCausalLM weight"),
+        "{err}"
+    );
+
+    let err = load_error(|dir, _| {
+        let path = dir.join("config.json");
+        let text = std::fs::read_to_string(&path).unwrap();
+        std::fs::write(&path, text.replace("\"silu\"", "\"gelu\"")).unwrap();
+    });
+    assert!(
+        err.contains("config.json: field `hidden_act`") && err.contains("gelu"),
+        "{err}"
+    );
+
+    let err = load_error(|dir, _| {
+        let path = dir.join("config.json");
+        let text = std::fs::read_to_string(&path).unwrap();
+        std::fs::write(
+            &path,
+            text.replace("\"num_hidden_layers\": 2", "\"num_hidden_layers\": \"2\""),
+        )
+        .unwrap();
+    });
+    assert!(
+        err.contains("config.json") && err.contains("\"num_hidden_layers\": \"2\""),
+        "{err}"
+    );
+
+    let err = load_error(|dir, _| std::fs::remove_file(dir.join("model.safetensors")).unwrap());
+    assert!(err.contains("no model.safetensors"), "{err}");
+}

@@ -1,0 +1,169 @@
+"""Oracle for flotilla's model (tests/model_hf.rs): the real transformers LlamaForCausalLM.
+
+    make_llama_fixtures.py make OUT     small random models saved with save_pretrained, a token
+                                        batch, and transformers' logits and loss for it;
+                                        writes OUT/manifest.json
+    make_llama_fixtures.py check FILE   FILE lists model directories flotilla saved with the
+                                        logits flotilla computed; loads each with transformers,
+                                        checks nothing is missing or unexpected, and compares
+                                        logits; prints one JSON line per model, exits 1 on a
+                                        mismatch
+
+Fixtures are a few hundred KB and take a second or two to make.
+"""
+
+import json
+import os
+import sys
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import torch  # noqa: E402
+from safetensors.torch import load_file, save_file  # noqa: E402
+from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+BASE = dict(
+    vocab_size=128,
+    hidden_size=64,
+    intermediate_size=96,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    max_position_embeddings=256,
+    rms_norm_eps=1e-5,
+    initializer_range=0.1,
+    bos_token_id=1,
+    eos_token_id=2,
+)
+
+# name: (config overrides, options). Options: dtype (saved weights), compute (dtype both sides
+# compute in), tol (max |logits - ref| / max |ref|), legacy (rewrite config.json in the
+# transformers 4 form: top-level rope_theta / rope_scaling, torch_dtype), shard (max_shard_size).
+FIXTURES = {
+    "tied_gqa": (
+        dict(num_key_value_heads=2, tie_word_embeddings=True,
+             rope_parameters={"rope_type": "default", "rope_theta": 10000.0}),
+        dict(),
+    ),
+    "untied_mha_legacy_config": (
+        dict(num_key_value_heads=4, tie_word_embeddings=False,
+             rope_parameters={"rope_type": "default", "rope_theta": 1234.5}),
+        dict(legacy=True),
+    ),
+    "llama3_rope_mqa": (
+        dict(num_key_value_heads=1, tie_word_embeddings=True,
+             rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
+                              "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                              "original_max_position_embeddings": 8}),
+        dict(),
+    ),
+    "sharded_untied": (
+        dict(num_key_value_heads=2, num_hidden_layers=3, tie_word_embeddings=False),
+        dict(shard="60KB"),
+    ),
+    # float16 weights, loaded by both sides in float32: checks f16 reading exactly.
+    "f16_weights": (
+        dict(num_key_value_heads=2, tie_word_embeddings=True),
+        dict(dtype="float16"),
+    ),
+    # bfloat16 weights and bfloat16 compute on both sides.
+    "bf16": (
+        dict(num_key_value_heads=2, tie_word_embeddings=False),
+        dict(dtype="bfloat16", compute="bfloat16", tol=2e-2),
+    ),
+}
+
+BATCH, SEQ = 2, 16
+
+
+def make(out):
+    os.makedirs(out, exist_ok=True)
+    manifest = []
+    for seed, (name, (overrides, opts)) in enumerate(FIXTURES.items()):
+        torch.manual_seed(1000 + seed)
+        config = LlamaConfig(**{**BASE, **overrides})
+        model = LlamaForCausalLM(config).eval()
+        with torch.no_grad():
+            for pname, p in model.named_parameters():
+                if "norm" in pname:  # not all ones, so the norm weights are exercised
+                    p.normal_(1.0, 0.2)
+        dtype = opts.get("dtype", "float32")
+        compute = opts.get("compute", "float32")
+        model = model.to(DTYPES[dtype])
+
+        model_dir = os.path.join(out, name, "model")
+        kwargs = {"max_shard_size": opts["shard"]} if "shard" in opts else {}
+        model.save_pretrained(model_dir, **kwargs)
+        if "shard" in opts:
+            assert os.path.exists(os.path.join(model_dir, "model.safetensors.index.json")), name
+        if opts.get("legacy"):
+            path = os.path.join(model_dir, "config.json")
+            with open(path) as f:
+                cfg = json.load(f)
+            rope = cfg.pop("rope_parameters")
+            cfg["rope_theta"] = rope.pop("rope_theta")
+            cfg["rope_scaling"] = None if rope["rope_type"] == "default" else rope
+            cfg["torch_dtype"] = cfg.pop("dtype")
+            with open(path, "w") as f:
+                json.dump(cfg, f, indent=2)
+
+        # The reference: the directory as transformers loads it, in the compute dtype.
+        ref = LlamaForCausalLM.from_pretrained(model_dir, dtype=DTYPES[compute]).eval()
+        gen = torch.Generator().manual_seed(seed)
+        input_ids = torch.randint(0, config.vocab_size, (BATCH, SEQ), generator=gen)
+        labels = input_ids.clone()
+        labels[1, :3] = -100
+        with torch.no_grad():
+            result = ref(input_ids=input_ids, labels=labels)
+        save_file(
+            {
+                "input_ids": input_ids,
+                "labels": labels,
+                "logits": result.logits.float().contiguous(),
+                "loss": result.loss.float().reshape(1),
+            },
+            os.path.join(out, name, "reference.safetensors"),
+        )
+        size = sum(
+            os.path.getsize(os.path.join(model_dir, f)) for f in os.listdir(model_dir)
+        )
+        manifest.append(
+            dict(name=name, dir=model_dir, reference=os.path.join(out, name, "reference.safetensors"),
+                 dtype=dtype, compute=compute, tol=opts.get("tol", 1e-4),
+                 sharded="shard" in opts, bytes=size)
+        )
+    with open(os.path.join(out, "manifest.json"), "w") as f:
+        json.dump(manifest, f, indent=2)
+
+
+def check(path):
+    with open(path) as f:
+        checks = json.load(f)
+    failed = False
+    for c in checks:
+        model, info = LlamaForCausalLM.from_pretrained(
+            c["dir"], dtype=DTYPES[c["compute"]], output_loading_info=True
+        )
+        model.eval()
+        problems = {k: list(v) for k, v in info.items() if v}
+        saved_dtype = json.load(open(os.path.join(c["dir"], "config.json"))).get("torch_dtype")
+        if saved_dtype != c["dtype"]:
+            problems["torch_dtype"] = [saved_dtype]
+        data = load_file(c["logits"])
+        with torch.no_grad():
+            logits = model(input_ids=data["input_ids"]).logits.float()
+        theirs = data["logits"]
+        err = ((logits - theirs).abs().max() / theirs.abs().max()).item()
+        ok = not problems and err <= c["tol"]
+        failed |= not ok
+        print(json.dumps(dict(name=c["name"], max_rel_err=err, ok=ok, problems=problems)), flush=True)
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 3 or sys.argv[1] not in ("make", "check"):
+        sys.exit(__doc__)
+    {"make": make, "check": check}[sys.argv[1]](sys.argv[2])
