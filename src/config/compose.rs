@@ -151,11 +151,11 @@ impl Composer {
         self.compose_parsed(&parsed, None)
     }
 
-    /// Composes the unresolved tree of a sweep's master config (missing group choices allowed,
-    /// sweep overrides skipped), to read its sweeper params.
-    pub fn compose_master(&self, parsed: &[Override]) -> Result<Node, ConfigError> {
-        let (tree, _) = self.merge_tree(parsed, true)?;
-        Ok(tree)
+    /// Composes the unresolved runtime node of a sweep's master config (missing group choices
+    /// allowed, sweep overrides skipped), to read its sweeper params.
+    pub fn compose_master_runtime(&self, parsed: &[Override]) -> Result<Node, ConfigError> {
+        let (_, runtime, _) = self.merge_tree(parsed, true)?;
+        Ok(runtime)
     }
 
     /// Composes one job from parsed overrides; `job_num` is set in the runtime node.
@@ -164,27 +164,26 @@ impl Composer {
         parsed: &[Override],
         job_num: Option<usize>,
     ) -> Result<Composed, ConfigError> {
-        let (mut tree, choices) = self.merge_tree(parsed, false)?;
+        let (mut tree, mut runtime, choices) = self.merge_tree(parsed, false)?;
         let task_overrides: Vec<String> = parsed
             .iter()
             .filter(|o| !is_runtime_override(o))
             .map(|o| o.input.clone())
             .collect();
         fill_runtime(
-            &mut tree,
+            &mut runtime,
             &self.options.config_name,
             job_num,
             &choices,
             parsed,
         );
-        let job = self.resolve_job(&tree)?;
-        let runtime = match &mut tree.value {
-            Value::Dict(d) => {
-                d.shift_remove("hydra");
-                d.shift_remove("flotilla").unwrap_or_else(Node::empty_dict)
+        // Job values may refer to the runtime node under either of its names.
+        if let Value::Dict(root) = &mut tree.value {
+            for key in RUNTIME_KEYS {
+                root.insert(key.to_string(), runtime.clone());
             }
-            _ => Node::empty_dict(),
-        };
+        }
+        let job = self.resolve_job(&tree)?;
         let typed = if self.validate && is_flotilla_job(&job) {
             Some(schema::validate(&job)?)
         } else {
@@ -199,13 +198,14 @@ impl Composer {
         })
     }
 
-    /// Defaults list → merged tree → overrides applied; the runtime node is moved under both
-    /// runtime keys. Returns the tree and the group choices.
+    /// Defaults list → merged tree → overrides applied. Returns the job tree, the runtime node
+    /// (taken out of it) and the group choices.
+    #[allow(clippy::type_complexity)]
     fn merge_tree(
         &self,
         parsed: &[Override],
         skip_missing: bool,
-    ) -> Result<(Node, IndexMap<String, Option<String>>), ConfigError> {
+    ) -> Result<(Node, Node, IndexMap<String, Option<String>>), ConfigError> {
         let (runtime_overrides, job_overrides): (Vec<&Override>, Vec<&Override>) =
             parsed.iter().partition(|o| is_runtime_override(o));
         let job_overrides: Vec<Override> = job_overrides.into_iter().cloned().collect();
@@ -260,11 +260,7 @@ impl Composer {
             }
             apply_override(&mut runtime, o, key, true)?;
         }
-        if let Value::Dict(root) = &mut cfg.value {
-            root.insert("hydra".into(), runtime.clone());
-            root.insert("flotilla".into(), runtime);
-        }
-        Ok((cfg, groups.known_choices))
+        Ok((cfg, runtime, groups.known_choices))
     }
 
     fn resolve_job(&self, tree: &Node) -> Result<Node, ConfigError> {
@@ -338,27 +334,18 @@ fn set_path(runtime: &mut Node, path: &[&str], value: Value) {
 
 /// Fills in the runtime node's derived values: job number, choices, overrides, override_dirname.
 fn fill_runtime(
-    tree: &mut Node,
+    runtime: &mut Node,
     config_name: &str,
     job_num: Option<usize>,
     choices: &IndexMap<String, Option<String>>,
     parsed: &[Override],
 ) {
-    let Value::Dict(root) = &mut tree.value else {
-        return;
-    };
     let task: Vec<&Override> = parsed.iter().filter(|o| !is_runtime_override(o)).collect();
     let hydra: Vec<&Override> = parsed.iter().filter(|o| is_runtime_override(o)).collect();
-    for key in RUNTIME_KEYS {
-        let Some(runtime) = root.get_mut(key) else {
-            continue;
-        };
+    {
         if let Some(num) = job_num {
             set_path(runtime, &["job", "num"], Value::Int(num as i64));
-            runtime
-                .value
-                .as_dict_mut()
-                .map(|d| d.insert("mode".into(), Node::from(Value::Str("MULTIRUN".into()))));
+            set_path(runtime, &["mode"], Value::Str("MULTIRUN".into()));
         }
         set_path(
             runtime,

@@ -189,14 +189,14 @@ pub fn plan_each(
     }
     // Sweep params declared in the primary config come first.
     let mut all: Vec<Override> = Vec::new();
-    let master = composer.compose_master(
+    let master = composer.compose_master_runtime(
         &runtime
             .iter()
             .chain(task.iter())
             .cloned()
             .collect::<Vec<_>>(),
     )?;
-    if let Some(params) = master.select("flotilla.sweeper.params") {
+    if let Some(params) = master.select("sweeper.params") {
         for text in params_as_overrides(params)? {
             all.push(parse_override(&text)?);
         }
