@@ -2,6 +2,7 @@
 //! Llama-style models with DDP or FSDP. This crate root only wires the modules together.
 
 pub mod config;
+pub mod data;
 pub mod model;
 pub mod sweep;
 

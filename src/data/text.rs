@@ -1,0 +1,199 @@
+//! `kind: text`: plain-text files (globs allowed) tokenized and packed. Each file is one
+//! document; the stream `doc_0 EOS doc_1 EOS ... doc_n EOS` is held in memory and cut into
+//! samples exactly like a token file ([`super::tokens::window`]). Files are read whole, so
+//! corpora of many GB belong in a pre-tokenized `tokens` file instead.
+
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+
+use super::error::{DataError, Result};
+use super::tokenizer::Tokenizer;
+use super::tokens::{num_windows, window};
+use super::{Dataset, Sample};
+
+/// Documents longer than this are encoded in pieces cut after a newline, so that the
+/// tokenizer's per-encoding bookkeeping stays small.
+const CHUNK_BYTES: usize = 1 << 20;
+
+fn is_glob(s: &str) -> bool {
+    s.contains(['*', '?', '['])
+}
+
+/// Expands `patterns` (files or globs, `key` names the config key): glob matches in
+/// alphabetical order, each file once, in order of first mention. A pattern that matches no
+/// file and a plain path that does not exist are errors.
+pub fn resolve_paths(key: &str, patterns: &[String]) -> Result<Vec<PathBuf>> {
+    let mut seen = HashSet::new();
+    let mut out = vec![];
+    for pat in patterns {
+        let matches: Vec<PathBuf> = if is_glob(pat) {
+            let paths = glob::glob(pat).map_err(|e| DataError::BadGlob {
+                key: key.into(),
+                pattern: pat.clone(),
+                message: e.to_string(),
+            })?;
+            let mut m = vec![];
+            for p in paths {
+                let p = p.map_err(|e| {
+                    let path = e.path().to_path_buf();
+                    DataError::io(path, e.into())
+                })?;
+                if p.is_file() {
+                    m.push(p);
+                }
+            }
+            if m.is_empty() {
+                return Err(DataError::GlobNoMatch {
+                    key: key.into(),
+                    pattern: pat.clone(),
+                });
+            }
+            m
+        } else {
+            let p = PathBuf::from(pat);
+            if !p.is_file() {
+                return Err(DataError::NotFound {
+                    key: key.into(),
+                    path: p,
+                });
+            }
+            vec![p]
+        };
+        for m in matches {
+            if seen.insert(m.clone()) {
+                out.push(m);
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Reads one UTF-8 text file.
+pub fn read_text(key: &str, path: &Path) -> Result<String> {
+    let bytes = std::fs::read(path).map_err(|e| DataError::open(key, path, e))?;
+    String::from_utf8(bytes).map_err(|e| DataError::NotUtf8 {
+        path: path.to_path_buf(),
+        offset: e.utf8_error().valid_up_to(),
+    })
+}
+
+/// Every document `patterns` names, with its path.
+pub fn read_documents(key: &str, patterns: &[String]) -> Result<Vec<(PathBuf, String)>> {
+    resolve_paths(key, patterns)?
+        .into_iter()
+        .map(|p| {
+            let text = read_text(key, &p)?;
+            Ok((p, text))
+        })
+        .collect()
+}
+
+/// Token ids of a (possibly long) document, encoded in pieces of about 1 MiB cut
+/// just after a newline.
+pub fn encode_document(tokenizer: &Tokenizer, text: &str) -> Result<Vec<u32>> {
+    let mut ids = vec![];
+    let mut rest = text;
+    while !rest.is_empty() {
+        let cut = if rest.len() <= CHUNK_BYTES {
+            rest.len()
+        } else {
+            let mut at = CHUNK_BYTES;
+            while !rest.is_char_boundary(at) {
+                at += 1;
+            }
+            rest[at..].find('\n').map_or(rest.len(), |i| at + i + 1)
+        };
+        ids.extend(tokenizer.encode(&rest[..cut])?);
+        rest = &rest[cut..];
+    }
+    Ok(ids)
+}
+
+/// A packed token stream in memory.
+#[derive(Debug)]
+pub struct PackedDataset {
+    name: String,
+    tokens: Vec<u32>,
+    seq_len: usize,
+    num_documents: usize,
+}
+
+impl PackedDataset {
+    /// Packs `docs` with `tokenizer`: each document's ids followed by EOS.
+    pub fn from_documents(
+        key: &str,
+        docs: &[(PathBuf, String)],
+        tokenizer: &Tokenizer,
+        seq_len: usize,
+    ) -> Result<Self> {
+        let eos = tokenizer.require_eos()?;
+        let mut tokens = vec![];
+        for (_, text) in docs {
+            tokens.extend(encode_document(tokenizer, text)?);
+            tokens.push(eos);
+        }
+        Self::from_tokens(key, tokens, seq_len, docs.len())
+    }
+
+    /// A packed stream from ids already joined with EOS.
+    pub fn from_tokens(
+        name: &str,
+        tokens: Vec<u32>,
+        seq_len: usize,
+        num_documents: usize,
+    ) -> Result<Self> {
+        if seq_len == 0 || num_windows(tokens.len() as u64, seq_len) == 0 {
+            return Err(DataError::TooShort {
+                what: name.to_string(),
+                tokens: tokens.len() as u64,
+                seq_len,
+            });
+        }
+        Ok(PackedDataset {
+            name: name.to_string(),
+            tokens,
+            seq_len,
+            num_documents,
+        })
+    }
+
+    /// The whole packed stream.
+    pub fn tokens(&self) -> &[u32] {
+        &self.tokens
+    }
+}
+
+impl Dataset for PackedDataset {
+    fn len(&self) -> usize {
+        num_windows(self.tokens.len() as u64, self.seq_len) as usize
+    }
+
+    fn seq_len(&self) -> usize {
+        self.seq_len
+    }
+
+    fn get(&self, index: usize) -> Result<Sample> {
+        assert!(index < self.len(), "sample {index} of {}", self.len());
+        let start = index * self.seq_len;
+        let ids: Vec<u64> = self.tokens[start..start + self.seq_len + 1]
+            .iter()
+            .map(|&i| i as u64)
+            .collect();
+        Ok(window(&ids))
+    }
+
+    fn num_loss_tokens(&self, _index: usize) -> Result<usize> {
+        Ok(self.seq_len)
+    }
+
+    fn describe(&self) -> String {
+        format!(
+            "text {} ({} documents, {} tokens): {} samples of {}",
+            self.name,
+            self.num_documents,
+            self.tokens.len(),
+            self.len(),
+            self.seq_len
+        )
+    }
+}
