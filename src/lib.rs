@@ -3,6 +3,7 @@
 
 pub mod config;
 pub mod data;
+pub mod dist;
 pub mod model;
 pub mod sweep;
 

@@ -65,6 +65,17 @@ enum Command {
         #[arg(allow_hyphen_values = true)]
         overrides: Vec<String>,
     },
+    /// Benchmarks that other tools rely on.
+    Bench {
+        #[command(subcommand)]
+        what: BenchCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum BenchCommand {
+    /// Collective bandwidth between local ranks (nccl-tests' algbw/busbw definitions).
+    Comm(flotilla::dist::bench::CommBenchArgs),
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -105,6 +116,16 @@ fn main() -> ExitCode {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
         )
         .init();
+    // A rank started by `flotilla bench comm` runs the benchmark body and nothing else.
+    if std::env::var_os(flotilla::dist::bench::WORKER_ENV).is_some() {
+        return match flotilla::dist::bench::worker_main() {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("error: {e:#}");
+                ExitCode::from(1)
+            }
+        };
+    }
     let cli = Cli::parse();
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
@@ -189,6 +210,9 @@ fn run(cli: Cli) -> Result<(), Failure> {
             };
             write_stdout(&text)
         }
+        Command::Bench {
+            what: BenchCommand::Comm(args),
+        } => Ok(flotilla::dist::bench::run(&args)?),
         Command::Plan {
             config,
             multirun,

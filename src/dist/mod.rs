@@ -1,0 +1,15 @@
+//! Distributed runtime: rank discovery from the environment (`env`), the TCP rendezvous store
+//! (`store`), the collective-communication API (`comm`) with its CPU (`cpu`, TCP) and NCCL
+//! (`nccl`, through cudarc) backends, and the `flotilla bench comm` engine (`bench`).
+
+pub mod bench;
+pub mod comm;
+pub mod cpu;
+pub mod env;
+pub mod nccl;
+pub mod store;
+
+pub use comm::{
+    init, Backend, CommError, CommOptions, Communicator, CommunicatorExt, DType, Device, Element,
+    ReduceOp, Work,
+};
