@@ -6,6 +6,7 @@ pub mod data;
 pub mod dist;
 pub mod model;
 pub mod sweep;
+pub mod train;
 
 /// The libtorch version this build links against (tch 0.24.0 binds libtorch 2.11.0).
 pub const LIBTORCH_VERSION: &str = "2.11.0";

@@ -1,0 +1,200 @@
+//! The single-process unit engine (DESIGN §7): forward unit by unit, each unit on the previous
+//! output detached into a fresh leaf, backward unit by unit in reverse with [`vjp`], parameter
+//! gradients accumulated across micro-batches (tied weights summed over their readers), and
+//! optional activation checkpointing (keep only each unit's input, recompute in backward).
+//!
+//! Where the parameters come from and what happens to finished gradients is the business of a
+//! [`Strategy`]; this file owns the strategy contract and the single-process strategy
+//! ([`SingleProcess`]). DDP and FSDP plug in through the same trait.
+
+use tch::Tensor;
+
+use super::TrainError;
+use crate::data::Batch;
+use crate::model::{vjp, Llama, Params};
+
+/// How the engine gets parameters and hands over gradients.
+pub trait Strategy {
+    /// The tensors unit `unit` reads, in its [`crate::model::Unit::param_names`] order (for
+    /// FSDP: gathered). The engine wraps each in a fresh leaf that requires grad (sharing
+    /// storage), so they need not require grad themselves. Called in forward, and again in
+    /// backward for a recomputed (checkpointed) unit.
+    fn params_for(&mut self, model: &Llama, unit: usize) -> Result<Vec<Tensor>, TrainError>;
+
+    /// The engine no longer needs unit `unit`'s parameters until its next `params_for` (FSDP
+    /// may free gathered storage). Default: nothing.
+    fn release(&mut self, _unit: usize) -> Result<(), TrainError> {
+        Ok(())
+    }
+
+    /// The gradients of the parameters unit `unit` owns ([`Llama::owned_params`]) are final for
+    /// this optimizer step: accumulated over every micro-batch, tied-weight contributions of
+    /// later readers included. Called once per unit per step, after the last micro-batch's
+    /// backward through `unit`, in reverse unit order. The tensors are the engine's
+    /// accumulators; a strategy may reduce them in place (DDP all-reduce).
+    fn gradients_ready(&mut self, unit: usize, grads: &Params) -> Result<(), TrainError>;
+}
+
+/// The single-process strategy: parameters are plain tensors, gradients need nothing.
+#[derive(Debug)]
+pub struct SingleProcess<'a> {
+    pub params: &'a Params,
+}
+
+impl Strategy for SingleProcess<'_> {
+    fn params_for(&mut self, model: &Llama, unit: usize) -> Result<Vec<Tensor>, TrainError> {
+        Ok(model.unit_params(unit, self.params)?)
+    }
+
+    fn gradients_ready(&mut self, _unit: usize, _grads: &Params) -> Result<(), TrainError> {
+        Ok(())
+    }
+}
+
+/// Engine options.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct EngineOptions {
+    /// Keep only each unit's input in forward and recompute the unit in backward (the last
+    /// unit, whose backward follows at once, is never recomputed).
+    pub activation_checkpointing: bool,
+}
+
+/// Drives forward and backward of a [`Llama`] unit by unit.
+#[derive(Debug)]
+pub struct Engine<'m> {
+    pub model: &'m Llama,
+    pub options: EngineOptions,
+}
+
+/// What the forward pass keeps of one unit for its backward.
+struct Saved {
+    /// The unit's input: token ids for unit 0, else a leaf that requires grad.
+    input: Tensor,
+    /// Leaf parameter handles and the output with its graph (absent when checkpointed).
+    graph: Option<(Vec<Tensor>, Tensor)>,
+}
+
+fn leaves(params: Vec<Tensor>) -> Vec<Tensor> {
+    params
+        .into_iter()
+        .map(|p| p.detach().set_requires_grad(true))
+        .collect()
+}
+
+impl<'m> Engine<'m> {
+    pub fn new(model: &'m Llama, options: EngineOptions) -> Self {
+        Self { model, options }
+    }
+
+    /// Forward and backward over the micro-batches of one optimizer step. Returns the step's
+    /// loss (the sum over micro-batches of `loss_sum / global_loss_tokens`) and the gradients
+    /// of every parameter that has one, by name. The strategy's
+    /// [`Strategy::gradients_ready`] fires during the last micro-batch's backward.
+    pub fn forward_backward(
+        &self,
+        strategy: &mut dyn Strategy,
+        batches: &[Batch],
+        global_loss_tokens: u64,
+    ) -> Result<(f64, Params), TrainError> {
+        let mut grads = Params::new();
+        let mut loss = 0.0;
+        for (k, batch) in batches.iter().enumerate() {
+            let last = k + 1 == batches.len();
+            loss += self.micro_step(strategy, batch, global_loss_tokens, &mut grads, last)?;
+        }
+        Ok((loss, grads))
+    }
+
+    /// Forward and backward of one micro-batch, adding its parameter gradients into `grads`
+    /// (created on first use). With `last`, calls [`Strategy::gradients_ready`] for each unit
+    /// as its gradients become final. Returns `loss_sum / global_loss_tokens`.
+    pub fn micro_step(
+        &self,
+        strategy: &mut dyn Strategy,
+        batch: &Batch,
+        global_loss_tokens: u64,
+        grads: &mut Params,
+        last: bool,
+    ) -> Result<f64, TrainError> {
+        let model = self.model;
+        let units = model.units();
+        let n = units.len();
+        let ctx = model.ctx(batch.input_ids.size()[1], batch.input_ids.device());
+        let checkpoint = |i: usize| self.options.activation_checkpointing && i + 1 < n;
+
+        // Forward.
+        let mut saved: Vec<Saved> = Vec::with_capacity(n);
+        let mut x = batch.input_ids.shallow_clone();
+        for (i, unit) in units.iter().enumerate() {
+            let input = if i == 0 {
+                x
+            } else {
+                x.detach().set_requires_grad(true)
+            };
+            let params = strategy.params_for(model, i)?;
+            if checkpoint(i) {
+                x = tch::no_grad(|| unit.forward(&params, &input, &ctx));
+                saved.push(Saved { input, graph: None });
+            } else {
+                let params = leaves(params);
+                x = unit.forward(&params, &input, &ctx);
+                saved.push(Saved {
+                    input,
+                    graph: Some((params, x.shallow_clone())),
+                });
+            }
+            if i + 1 < n {
+                strategy.release(i)?;
+            }
+        }
+        let loss = batch.loss_sum(&x) / global_loss_tokens as f64;
+        let loss_value = loss.f_double_value(&[])?;
+        drop(x);
+
+        // Backward.
+        let mut grad_out: Option<Tensor> = None;
+        for i in (0..n).rev() {
+            let Saved { input, graph } = saved.pop().expect("one saved entry per unit");
+            let (params, output) = match graph {
+                Some(g) => g,
+                None => {
+                    let params = leaves(strategy.params_for(model, i)?);
+                    let out = units[i].forward(&params, &input, &ctx);
+                    (params, out)
+                }
+            };
+            let (output, grad_out_ref) = if i + 1 == n {
+                (loss.shallow_clone(), None)
+            } else {
+                (output, grad_out.as_ref())
+            };
+            let mut wrt: Vec<&Tensor> = Vec::with_capacity(params.len() + 1);
+            if i > 0 {
+                wrt.push(&input);
+            }
+            wrt.extend(params.iter());
+            let mut g = vjp(&output, grad_out_ref, &wrt).into_iter();
+            grad_out = if i > 0 { g.next().flatten() } else { None };
+            for (name, pg) in units[i].param_names().iter().zip(g) {
+                let Some(pg) = pg else { continue };
+                match grads.get(name) {
+                    Some(acc) => {
+                        let _ = acc.shallow_clone().f_add_(&pg)?;
+                    }
+                    None => grads.insert(name.clone(), pg),
+                }
+            }
+            strategy.release(i)?;
+            if last {
+                let mut owned = Params::new();
+                for s in model.owned_params(i) {
+                    if let Some(g) = grads.get(&s.name) {
+                        owned.insert(s.name.clone(), g.shallow_clone());
+                    }
+                }
+                strategy.gradients_ready(i, &owned)?;
+            }
+        }
+        Ok(loss_value)
+    }
+}

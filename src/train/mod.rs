@@ -1,0 +1,54 @@
+//! Training: the learning-rate [`schedule`], the [`optim`]izer (AdamW and gradient clipping)
+//! and the unit [`engine`] (forward and backward unit by unit, gradient accumulation,
+//! activation checkpointing, strategy hooks), and the single-process [`trainer`] loop with its
+//! `metrics.csv` rows. This file owns the module's error type.
+
+pub mod engine;
+pub mod optim;
+pub mod schedule;
+pub mod trainer;
+
+use std::path::PathBuf;
+
+pub use engine::{Engine, EngineOptions, SingleProcess, Strategy};
+pub use optim::{clip_grad_norm, AdamW, AdamWConfig};
+pub use schedule::Schedule;
+pub use trainer::{torch_device, MetricsWriter, StepMetrics, Trainer};
+
+/// Errors of the trainer.
+#[derive(Debug, thiserror::Error)]
+pub enum TrainError {
+    /// A gradient or state tensor whose shape disagrees with its parameter.
+    #[error("`{name}`: expected shape {expected:?}, found {found:?}")]
+    Shape {
+        name: String,
+        expected: Vec<i64>,
+        found: Vec<i64>,
+    },
+    /// An optimizer state that cannot be restored.
+    #[error("optimizer state: {0}")]
+    BadState(String),
+    #[error("{}: {source}", path.display())]
+    File {
+        path: PathBuf,
+        #[source]
+        source: tch::TchError,
+    },
+    #[error("{}: {source}", path.display())]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// A configuration this trainer cannot run yet.
+    #[error("unsupported: {0}")]
+    Unsupported(String),
+    #[error("metrics.csv: {0}")]
+    Csv(#[from] csv::Error),
+    #[error(transparent)]
+    Data(#[from] crate::data::DataError),
+    #[error(transparent)]
+    Model(#[from] crate::model::ModelError),
+    #[error(transparent)]
+    Torch(#[from] tch::TchError),
+}

@@ -1,0 +1,207 @@
+//! The optimizer: AdamW exactly as `torch.optim.AdamW` (single-tensor path), with weight decay
+//! only on parameters of two or more dimensions, and global gradient-norm clipping as
+//! `torch.nn.utils.clip_grad_norm_`. This file owns the update formulas and the optimizer state
+//! (step count, `exp_avg`, `exp_avg_sq`) and its (de)serialisation to safetensors.
+
+use std::path::Path;
+
+use indexmap::IndexMap;
+use tch::{Kind, Tensor};
+
+use super::TrainError;
+use crate::model::Params;
+
+/// Hyper-parameters of AdamW other than the learning rate (which the schedule gives per step).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AdamWConfig {
+    pub betas: [f64; 2],
+    pub eps: f64,
+    /// Decoupled weight decay, applied only to parameters with `dim() >= 2`.
+    pub weight_decay: f64,
+}
+
+/// Per-parameter moments.
+#[derive(Debug)]
+pub struct ParamState {
+    pub exp_avg: Tensor,
+    pub exp_avg_sq: Tensor,
+}
+
+/// AdamW over a named parameter set. Parameters are updated in place (under `no_grad`).
+#[derive(Debug)]
+pub struct AdamW {
+    pub config: AdamWConfig,
+    /// Optimizer steps taken (torch's `state["step"]`, the same for every parameter here).
+    step: u64,
+    state: IndexMap<String, ParamState>,
+}
+
+impl AdamW {
+    pub fn new(config: AdamWConfig) -> Self {
+        Self {
+            config,
+            step: 0,
+            state: IndexMap::new(),
+        }
+    }
+
+    /// Steps taken so far.
+    pub fn steps(&self) -> u64 {
+        self.step
+    }
+
+    pub fn state(&self) -> &IndexMap<String, ParamState> {
+        &self.state
+    }
+
+    /// One AdamW step with learning rate `lr`. Every parameter of `params` with a gradient in
+    /// `grads` (same name) is updated; parameters without one are skipped, as torch skips
+    /// `p.grad is None`. The moments are created (zeros) on first use.
+    ///
+    /// Per parameter, with `t` the step count after increment:
+    /// `p *= 1 − lr·wd` (if `p.dim() ≥ 2`); `m = lerp(m, g, 1−β1)`; `v = β2·v + (1−β2)·g²`;
+    /// `p −= lr/(1−β1^t) · m / (sqrt(v)/sqrt(1−β2^t) + eps)`.
+    pub fn step(&mut self, params: &Params, grads: &Params, lr: f64) -> Result<(), TrainError> {
+        // Check every shape first, so that an error leaves the state untouched.
+        for (name, p) in params.iter() {
+            let Some(g) = grads.get(name) else { continue };
+            let state_shape = self.state.get(name).map(|s| s.exp_avg.size());
+            for found in [Some(g.size()), state_shape].into_iter().flatten() {
+                if found != p.size() {
+                    return Err(TrainError::Shape {
+                        name: name.to_string(),
+                        expected: p.size(),
+                        found,
+                    });
+                }
+            }
+        }
+        let [b1, b2] = self.config.betas;
+        self.step += 1;
+        let t = self.step as i32;
+        let bc1 = 1.0 - b1.powi(t);
+        let bc2_sqrt = (1.0 - b2.powi(t)).sqrt();
+        let step_size = lr / bc1;
+        let wd = self.config.weight_decay;
+        tch::no_grad(|| -> Result<(), TrainError> {
+            for (name, p) in params.iter() {
+                let Some(g) = grads.get(name) else { continue };
+                let st = self
+                    .state
+                    .entry(name.to_string())
+                    .or_insert_with(|| ParamState {
+                        exp_avg: p.zeros_like(),
+                        exp_avg_sq: p.zeros_like(),
+                    });
+                let mut p = p.shallow_clone();
+                let g = g.to_kind(p.kind());
+                if wd != 0.0 && p.dim() >= 2 {
+                    let _ = p.f_mul_scalar_(1.0 - lr * wd)?;
+                }
+                let _ = st.exp_avg.f_lerp_(&g, 1.0 - b1)?;
+                let _ = st.exp_avg_sq.f_mul_scalar_(b2)?;
+                let _ = st.exp_avg_sq.f_add_(&(&g * &g * (1.0 - b2)))?;
+                let denom = st.exp_avg_sq.f_sqrt()?.f_div_scalar(bc2_sqrt)? + self.config.eps;
+                let _ = p.f_sub_(&(st.exp_avg.f_div(&denom)? * step_size))?;
+            }
+            Ok(())
+        })
+    }
+
+    /// The state as named tensors: `{param}.exp_avg`, `{param}.exp_avg_sq`, and `step`
+    /// (a scalar int64).
+    pub fn state_tensors(&self) -> Vec<(String, Tensor)> {
+        let mut out = vec![("step".to_string(), Tensor::from(self.step as i64))];
+        for (n, s) in &self.state {
+            out.push((format!("{n}.exp_avg"), s.exp_avg.shallow_clone()));
+            out.push((format!("{n}.exp_avg_sq"), s.exp_avg_sq.shallow_clone()));
+        }
+        out
+    }
+
+    /// Restores a state produced by [`AdamW::state_tensors`] (on the device and in the kind of
+    /// the stored tensors; move them first if needed).
+    pub fn load_state_tensors(
+        &mut self,
+        tensors: impl IntoIterator<Item = (String, Tensor)>,
+    ) -> Result<(), TrainError> {
+        let mut step = None;
+        let mut avg: IndexMap<String, Tensor> = IndexMap::new();
+        let mut sq: IndexMap<String, Tensor> = IndexMap::new();
+        for (name, t) in tensors {
+            if name == "step" {
+                step = Some(t.f_int64_value(&[])? as u64);
+            } else if let Some(p) = name.strip_suffix(".exp_avg_sq") {
+                sq.insert(p.to_string(), t);
+            } else if let Some(p) = name.strip_suffix(".exp_avg") {
+                avg.insert(p.to_string(), t);
+            } else {
+                return Err(TrainError::BadState(format!("unexpected tensor `{name}`")));
+            }
+        }
+        let step = step.ok_or_else(|| TrainError::BadState("no `step` tensor".into()))?;
+        let mut state = IndexMap::new();
+        for (name, exp_avg) in avg {
+            let exp_avg_sq = sq
+                .shift_remove(&name)
+                .ok_or_else(|| TrainError::BadState(format!("`{name}` has no exp_avg_sq")))?;
+            state.insert(
+                name,
+                ParamState {
+                    exp_avg,
+                    exp_avg_sq,
+                },
+            );
+        }
+        if let Some(name) = sq.keys().next() {
+            return Err(TrainError::BadState(format!("`{name}` has no exp_avg")));
+        }
+        self.step = step;
+        self.state = state;
+        Ok(())
+    }
+
+    /// Writes the state to a safetensors file.
+    pub fn save(&self, path: &Path) -> Result<(), TrainError> {
+        let tensors = self.state_tensors();
+        Tensor::write_safetensors(&tensors, path).map_err(|source| TrainError::File {
+            path: path.to_path_buf(),
+            source,
+        })
+    }
+
+    /// Reads a state written by [`AdamW::save`].
+    pub fn load(&mut self, path: &Path) -> Result<(), TrainError> {
+        let tensors = Tensor::read_safetensors(path).map_err(|source| TrainError::File {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        self.load_state_tensors(tensors)
+    }
+}
+
+/// The global L2 norm of `grads` (as `torch.nn.utils.clip_grad_norm_`: the norm of the
+/// per-tensor norms, in fp32), returned before clipping. With `max_norm > 0`, every gradient is
+/// scaled in place by `min(1, max_norm / (norm + 1e-6))`.
+pub fn clip_grad_norm(grads: &Params, max_norm: f64) -> Result<f64, TrainError> {
+    tch::no_grad(|| {
+        let norms: Vec<Tensor> = grads
+            .iter()
+            .map(|(_, g)| g.f_to_kind(Kind::Float)?.f_norm())
+            .collect::<Result<_, _>>()?;
+        if norms.is_empty() {
+            return Ok(0.0);
+        }
+        let total = Tensor::f_stack(&norms, 0)?.f_norm()?;
+        let norm = total.f_double_value(&[])?;
+        if max_norm > 0.0 {
+            let coef = (max_norm / (total + 1e-6)).clamp_max(1.0);
+            for (_, g) in grads.iter() {
+                let mut g = g.shallow_clone();
+                let c = coef.to_device(g.device()).to_kind(g.kind());
+                let _ = g.f_mul_(&c)?;
+            }
+        }
+        Ok(norm)
+    })
+}
