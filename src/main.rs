@@ -1,4 +1,4 @@
-//! The `flotilla` command line: compose configs, plan sweeps. Exit status 0 on success, 2 on a
+//! The `flotilla` command line: compose configs, plan sweeps, train. Exit status 0 on success, 2 on a
 //! config or override error (message on stderr), 1 on any other failure.
 
 use anyhow::Context;
@@ -62,6 +62,16 @@ enum Command {
         sweep: Option<PathBuf>,
         #[arg(long, value_enum, default_value_t = PlanFormat::Table)]
         format: PlanFormat,
+        #[arg(allow_hyphen_values = true)]
+        overrides: Vec<String>,
+    },
+    /// Train a model in a run directory (single process), resuming from its checkpoints.
+    Train {
+        #[command(flatten)]
+        config: ConfigArgs,
+        /// Run directory: config.yaml, overrides.yaml, metrics.csv, checkpoints/, final/.
+        #[arg(long)]
+        run_dir: PathBuf,
         #[arg(allow_hyphen_values = true)]
         overrides: Vec<String>,
     },
@@ -213,6 +223,18 @@ fn run(cli: Cli) -> Result<(), Failure> {
         Command::Bench {
             what: BenchCommand::Comm(args),
         } => Ok(flotilla::dist::bench::run(&args)?),
+        Command::Train {
+            config,
+            run_dir,
+            overrides,
+        } => {
+            let composer = composer(&config)?;
+            let composed = composer.compose(&overrides)?;
+            let job = composed.typed.clone().context(
+                "the composed config is not a flotilla job (or --no-validate was given)",
+            )?;
+            Ok(train_command(&composed, &job, &run_dir)?)
+        }
         Command::Plan {
             config,
             multirun,
@@ -264,4 +286,189 @@ fn run(cli: Cli) -> Result<(), Failure> {
             write_stdout(&text)
         }
     }
+}
+
+/// Loads `libtorch_cuda.so` (global symbols) from the directory where `libtorch_cpu.so` is
+/// mapped, so that tch can see CUDA; the binary does not link it. Returns whether it loaded.
+fn load_torch_cuda() -> bool {
+    let Ok(maps) = std::fs::read_to_string("/proc/self/maps") else {
+        return false;
+    };
+    let Some(dir) = maps
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(5))
+        .find(|p| p.ends_with("/libtorch_cpu.so"))
+        .and_then(|p| std::path::Path::new(p).parent().map(|d| d.to_path_buf()))
+    else {
+        return false;
+    };
+    let path = dir.join("libtorch_cuda.so");
+    if !path.is_file() {
+        return false;
+    }
+    use libloading::os::unix::{Library, RTLD_GLOBAL, RTLD_NOW};
+    // SAFETY: loading libtorch's own CUDA library, whose initialisers only register kernels.
+    match unsafe { Library::open(Some(&path), RTLD_NOW | RTLD_GLOBAL) } {
+        Ok(lib) => {
+            // Keep it loaded for the life of the process.
+            std::mem::forget(lib);
+            true
+        }
+        Err(e) => {
+            tracing::warn!("cannot load {}: {e}", path.display());
+            false
+        }
+    }
+}
+
+/// The training device of `trainer.device`.
+fn train_device(device: flotilla::config::schema::Device) -> anyhow::Result<tch::Device> {
+    use flotilla::config::schema::Device as D;
+    match device {
+        D::Cpu => Ok(tch::Device::Cpu),
+        D::Cuda => {
+            anyhow::ensure!(
+                load_torch_cuda() && tch::Cuda::is_available(),
+                "trainer.device=cuda but CUDA is not available"
+            );
+            Ok(tch::Device::Cuda(0))
+        }
+        D::Auto => Ok(if load_torch_cuda() && tch::Cuda::is_available() {
+            tch::Device::Cuda(0)
+        } else {
+            tch::Device::Cpu
+        }),
+    }
+}
+
+/// `flotilla train`: one single-process run in `run_dir`.
+fn train_command(
+    composed: &flotilla::config::Composed,
+    job: &flotilla::config::schema::JobConfig,
+    run_dir: &std::path::Path,
+) -> anyhow::Result<()> {
+    use flotilla::data::{self, BatchLayout, DataLoader, DataOptions};
+    use flotilla::model::{load_hf, save_hf, Llama};
+    use flotilla::train::{fit, resume, EvalSet, FitOptions, RunMetricsWriter, Trainer};
+    use tch::Kind;
+
+    let wall = std::time::Instant::now();
+    let t = &job.trainer;
+    std::fs::create_dir_all(run_dir)
+        .with_context(|| format!("cannot create {}", run_dir.display()))?;
+    let write = |name: &str, text: String| -> anyhow::Result<()> {
+        let p = run_dir.join(name);
+        std::fs::write(&p, text).with_context(|| format!("cannot write {}", p.display()))
+    };
+    write(
+        "config.yaml",
+        to_yaml(&composed.job, EmitOptions { provenance: false }),
+    )?;
+    let mut ov = String::new();
+    if composed.task_overrides.is_empty() {
+        ov.push_str("[]\n");
+    }
+    for o in &composed.task_overrides {
+        ov.push_str(&format!("- {}\n", serde_json::Value::from(o.as_str())));
+    }
+    write("overrides.yaml", ov)?;
+
+    let device = train_device(t.device)?;
+    let (model, params) = match &job.model.init_from {
+        Some(dir) => load_hf(dir, device, Some(Kind::Float))
+            .with_context(|| format!("model.init_from={dir}"))?,
+        None => {
+            let model = Llama::new(&job.model)?;
+            let params = model.init_params(t.seed as u64, device, Kind::Float);
+            (model, params)
+        }
+    };
+    let data = data::build(
+        &job.data,
+        &DataOptions {
+            model_vocab_size: model.config().vocab_size,
+            run_dir: Some(run_dir),
+        },
+    )?;
+    let layout = BatchLayout {
+        global_batch_size: t.global_batch_size,
+        micro_batch_size: t.micro_batch_size,
+        rank: 0,
+        world_size: 1,
+    };
+    let loader = DataLoader::new(
+        data.train.clone(),
+        job.data.shuffle(),
+        t.seed as u64,
+        layout,
+        device,
+    )?;
+    let mut trainer = Trainer::new(model, &params, t, loader, device)?;
+    if let Some((dir, state)) = resume(&mut trainer, run_dir, &t.resume)? {
+        eprintln!("resuming from {} (step {})", dir.display(), state.step);
+    }
+    let mut metrics = RunMetricsWriter::open(&run_dir.join("metrics.csv"), trainer.step_index())?;
+    let eval = data.eval.as_ref().map(|d| EvalSet {
+        dataset: d.clone(),
+        num_batches: t.eval_batches,
+        micro_batch_size: t.micro_batch_size,
+        task: data.arithmetic.as_ref().map(|a| (a, 256)),
+    });
+    let log_every = t.log_every.max(1);
+    let max_steps = t.max_steps;
+    let mut last_eval_acc = None;
+    let mut log = |r: &flotilla::train::RunRow| {
+        if let Some(acc) = r.eval_acc {
+            last_eval_acc = Some(acc);
+        }
+        let done = r.step + 1;
+        if done % log_every == 0 || done == max_steps || r.eval_loss.is_some() {
+            let mut line = format!(
+                "step {done}/{max_steps} loss {:.4} lr {:.3e} tokens/s {:.0}",
+                r.loss, r.lr, r.tokens_per_s
+            );
+            if let Some(l) = r.eval_loss {
+                line.push_str(&format!(" eval_loss {l:.4}"));
+            }
+            if let Some(a) = r.eval_acc {
+                line.push_str(&format!(" eval_acc {:.1}%", 100.0 * a));
+            }
+            eprintln!("{line}");
+        }
+    };
+    eprintln!(
+        "training {} on {device:?}: {} steps from step {}",
+        job.model.name,
+        max_steps,
+        trainer.step_index()
+    );
+    let rows = fit(
+        &mut trainer,
+        &mut metrics,
+        FitOptions {
+            run_dir,
+            until: max_steps,
+            eval_every: t.eval_every,
+            eval,
+            checkpoint_every: t.checkpoint_every,
+            keep_last_checkpoints: t.keep_last_checkpoints,
+            on_row: Some(&mut log),
+        },
+    )?;
+
+    let final_dir = run_dir.join("final");
+    save_hf(&final_dir, trainer.model(), trainer.params(), Kind::Float)?;
+    if let Some(tok) = &data.tokenizer {
+        tok.save(final_dir.join("tokenizer.json"))?;
+    }
+    let mut summary = format!("done: {} steps", trainer.step_index());
+    if let Some(r) = rows.last() {
+        summary.push_str(&format!(", final loss {:.4}", r.loss));
+    }
+    if let Some(a) = last_eval_acc {
+        summary.push_str(&format!(", eval accuracy {:.1}%", 100.0 * a));
+    }
+    summary.push_str(&format!(", wall {:.1}s", wall.elapsed().as_secs_f64()));
+    eprintln!("{summary}");
+    Ok(())
 }

@@ -1,10 +1,13 @@
 //! Training: the learning-rate [`schedule`], the [`optim`]izer (AdamW and gradient clipping)
 //! and the unit [`engine`] (forward and backward unit by unit, gradient accumulation,
 //! activation checkpointing, strategy hooks), and the single-process [`trainer`] loop with its
-//! `metrics.csv` rows. This file owns the module's error type.
+//! `metrics.csv` rows, its [`checkpoint`]s, and a [`run`] in a run directory (evaluation,
+//! checkpointing, resuming). This file owns the module's error type.
 
+pub mod checkpoint;
 pub mod engine;
 pub mod optim;
+pub mod run;
 pub mod schedule;
 pub mod trainer;
 
@@ -12,6 +15,7 @@ use std::path::PathBuf;
 
 pub use engine::{Engine, EngineOptions, SingleProcess, Strategy};
 pub use optim::{clip_grad_norm, AdamW, AdamWConfig};
+pub use run::{fit, resume, EvalMetrics, EvalSet, FitOptions, RunMetricsWriter, RunRow};
 pub use schedule::Schedule;
 pub use trainer::{torch_device, MetricsWriter, StepMetrics, Trainer};
 

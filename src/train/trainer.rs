@@ -1,7 +1,8 @@
 //! The single-process training loop: [`Trainer`] runs optimizer steps (data → unit engine →
 //! gradient clipping → AdamW at the scheduled learning rate) and reports one [`StepMetrics`]
-//! row per step, written to `metrics.csv` by [`MetricsWriter`]. Checkpoints, evaluation, run
-//! directories and DDP/FSDP come later; this file owns the loop and the metrics format.
+//! row per step, written to `metrics.csv` by [`MetricsWriter`]. Checkpoints, evaluation and run
+//! directories live in `checkpoint.rs` and `run.rs`; DDP/FSDP come later. This file owns the
+//! loop and the step-metrics format.
 
 use std::path::Path;
 use std::time::Instant;
@@ -69,15 +70,15 @@ pub fn torch_device(device: schema::Device) -> Device {
 
 /// A single-process fp32 trainer over a data loader.
 pub struct Trainer {
-    model: Llama,
-    params: Params,
-    optimizer: AdamW,
-    schedule: Schedule,
-    loader: DataLoader,
-    options: EngineOptions,
-    grad_clip: f64,
-    step: u64,
-    start: Instant,
+    pub(super) model: Llama,
+    pub(super) params: Params,
+    pub(super) optimizer: AdamW,
+    pub(super) schedule: Schedule,
+    pub(super) loader: DataLoader,
+    pub(super) options: EngineOptions,
+    pub(super) grad_clip: f64,
+    pub(super) step: u64,
+    pub(super) start: Instant,
 }
 
 impl Trainer {

@@ -1,0 +1,202 @@
+//! Checkpoints: an interrupted and resumed run equals an uninterrupted one bit for bit,
+//! rotation keeps the last K checkpoints, a leftover temporary directory is ignored, and
+//! evaluation fills the eval columns of `metrics.csv`.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use flotilla::config::schema::{DataConfig, ModelConfig, Resume, TrainerConfig};
+use flotilla::data::{self, BatchLayout, Data, DataLoader, DataOptions};
+use flotilla::model::Llama;
+use flotilla::train::{checkpoint, fit, resume, EvalSet, FitOptions, RunMetricsWriter, Trainer};
+use tch::{Device, Kind};
+
+fn model_config() -> ModelConfig {
+    ModelConfig {
+        name: "t".into(),
+        vocab_size: 16,
+        hidden_size: 32,
+        intermediate_size: 48,
+        num_hidden_layers: 2,
+        num_attention_heads: 4,
+        num_key_value_heads: 2,
+        max_position_embeddings: 64,
+        rms_norm_eps: 1e-5,
+        rope_theta: 10000.0,
+        rope_scaling: None,
+        tie_word_embeddings: true,
+        initializer_range: 0.02,
+        init_from: None,
+    }
+}
+
+fn trainer_config(checkpoint_every: u64, keep: usize) -> TrainerConfig {
+    let yaml = format!(
+        "dist: {{mode: none}}
+max_steps: 12
+global_batch_size: 8
+micro_batch_size: 4
+lr: 3.0e-3
+min_lr: 3.0e-4
+warmup_steps: 3
+schedule: cosine
+weight_decay: 0.1
+betas: [0.9, 0.95]
+eps: 1.0e-8
+grad_clip: 1.0
+precision: 32-true
+device: cpu
+eval_every: 4
+eval_batches: 2
+checkpoint_every: {checkpoint_every}
+keep_last_checkpoints: {keep}
+resume: auto
+log_every: 1
+activation_checkpointing: false
+seed: 7
+"
+    );
+    serde_yaml::from_str(&yaml).unwrap()
+}
+
+fn data() -> Data {
+    let cfg: DataConfig = serde_yaml::from_str(
+        "{kind: arithmetic, digits: 2, num_train: 200, num_eval: 20, seed: 0, seq_len: 16, \
+         shuffle: true, num_workers: 0}",
+    )
+    .unwrap();
+    data::build(
+        &cfg,
+        &DataOptions {
+            model_vocab_size: 16,
+            run_dir: None,
+        },
+    )
+    .unwrap()
+}
+
+fn trainer(t: &TrainerConfig, d: &Data) -> Trainer {
+    let layout = BatchLayout {
+        global_batch_size: t.global_batch_size,
+        micro_batch_size: t.micro_batch_size,
+        rank: 0,
+        world_size: 1,
+    };
+    let loader = DataLoader::new(d.train.clone(), true, 7, layout, Device::Cpu).unwrap();
+    let model = Llama::new(&model_config()).unwrap();
+    let params = model.init_params(3, Device::Cpu, Kind::Float);
+    Trainer::new(model, &params, t, loader, Device::Cpu).unwrap()
+}
+
+/// Runs (resuming per `t.resume`) up to `until`; returns the trainer.
+fn run(dir: &Path, t: &TrainerConfig, d: &Data, until: u64) -> Trainer {
+    let mut tr = trainer(t, d);
+    resume(&mut tr, dir, &t.resume).unwrap();
+    let mut w = RunMetricsWriter::open(&dir.join("metrics.csv"), tr.step_index()).unwrap();
+    let eval = EvalSet {
+        dataset: Arc::clone(d.eval.as_ref().unwrap()),
+        num_batches: t.eval_batches,
+        micro_batch_size: t.micro_batch_size,
+        task: d.arithmetic.as_ref().map(|a| (a, 8)),
+    };
+    fit(
+        &mut tr,
+        &mut w,
+        FitOptions {
+            run_dir: dir,
+            until,
+            eval_every: t.eval_every,
+            eval: Some(eval),
+            checkpoint_every: t.checkpoint_every,
+            keep_last_checkpoints: t.keep_last_checkpoints,
+            on_row: None,
+        },
+    )
+    .unwrap();
+    tr
+}
+
+fn rows(dir: &Path) -> Vec<Vec<String>> {
+    let mut r = csv::Reader::from_path(dir.join("metrics.csv")).unwrap();
+    r.records()
+        .map(|x| x.unwrap().iter().map(str::to_string).collect())
+        .collect()
+}
+
+fn params(tr: &Trainer) -> Vec<Vec<f32>> {
+    tr.params()
+        .iter()
+        .map(|(_, t)| Vec::<f32>::try_from(t.flatten(0, -1)).unwrap())
+        .collect()
+}
+
+#[test]
+fn resumed_run_equals_uninterrupted_run() {
+    let d = data();
+    let t = trainer_config(6, 0);
+    let a = tempfile::tempdir().unwrap();
+    let full = run(a.path(), &t, &d, 12);
+    let b = tempfile::tempdir().unwrap();
+    drop(run(b.path(), &t, &d, 6));
+    assert!(b
+        .path()
+        .join("checkpoints/step_6/trainer_state.json")
+        .is_file());
+    let resumed = run(b.path(), &t, &d, 12);
+    assert_eq!(resumed.step_index(), 12);
+
+    let (ra, rb) = (rows(a.path()), rows(b.path()));
+    assert_eq!(ra.len(), 12);
+    assert_eq!(rb.len(), 12);
+    for (x, y) in ra.iter().zip(&rb) {
+        // step, loss, grad_norm, lr (written with full precision) and the eval columns.
+        for c in [0, 1, 2, 3, 6, 7, 8] {
+            assert_eq!(x[c], y[c], "column {c}: {x:?} vs {y:?}");
+        }
+    }
+    // Eval at steps 4, 8, 12 (rows 3, 7, 11) only.
+    for (i, r) in ra.iter().enumerate() {
+        assert_eq!(!r[6].is_empty(), (i + 1) % 4 == 0, "row {i}: {r:?}");
+    }
+    let acc: f64 = ra[11][8].parse().unwrap();
+    assert!((0.0..=1.0).contains(&acc));
+    let ppl: f64 = ra[11][7].parse().unwrap();
+    let loss: f64 = ra[11][6].parse().unwrap();
+    assert!((ppl - loss.exp()).abs() < 1e-9 * ppl);
+    assert_eq!(params(&full), params(&resumed));
+}
+
+#[test]
+fn rotation_keeps_the_last_k_and_resume_ignores_temp_dirs() {
+    let d = data();
+    let mut t = trainer_config(2, 2);
+    t.eval_every = 0;
+    let dir = tempfile::tempdir().unwrap();
+    drop(run(dir.path(), &t, &d, 8));
+    let steps: Vec<u64> = checkpoint::list(dir.path())
+        .unwrap()
+        .into_iter()
+        .map(|(s, _)| s)
+        .collect();
+    assert_eq!(steps, vec![6, 8]);
+
+    // A half-written checkpoint (a crash during save) and a directory without a state file
+    // are not picked.
+    let ck = checkpoint::checkpoints_dir(dir.path());
+    std::fs::create_dir_all(ck.join(".tmp-step_10-1")).unwrap();
+    std::fs::create_dir_all(ck.join("step_12")).unwrap();
+    std::fs::write(ck.join("step_12/model.safetensors"), b"junk").unwrap();
+    assert_eq!(
+        checkpoint::latest(dir.path()).unwrap().unwrap(),
+        ck.join("step_8")
+    );
+    let tr = run(dir.path(), &t, &d, 8);
+    assert_eq!(tr.step_index(), 8);
+    assert_eq!(rows(dir.path()).len(), 8);
+
+    // `never` starts afresh.
+    t.resume = Resume::Never;
+    let mut tr = trainer(&t, &d);
+    assert!(resume(&mut tr, dir.path(), &t.resume).unwrap().is_none());
+    assert_eq!(tr.step_index(), 0);
+}
