@@ -5,6 +5,8 @@
 //! the loss, saves its own directory, and transformers loads that and matches flotilla's logits.
 //! The other tests need no Python: save/load round trips and the loader's error messages.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Instant;
@@ -190,22 +192,7 @@ fn transformers_oracle_both_directions() {
 }
 
 fn tiny(tied: bool) -> ModelConfig {
-    ModelConfig {
-        name: "t".into(),
-        vocab_size: 40,
-        hidden_size: 32,
-        intermediate_size: 48,
-        num_hidden_layers: 2,
-        num_attention_heads: 4,
-        num_key_value_heads: 2,
-        max_position_embeddings: 64,
-        rms_norm_eps: 1e-5,
-        rope_theta: 10000.0,
-        rope_scaling: None,
-        tie_word_embeddings: tied,
-        initializer_range: 0.02,
-        init_from: None,
-    }
+    common::tiny_model_config(tied)
 }
 
 #[test]

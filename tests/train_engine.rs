@@ -2,6 +2,8 @@
 //! checkpointing, tied and untied embeddings, and gradient accumulation over two micro-batches
 //! against one batch of twice the size.
 
+mod common;
+
 use flotilla::config::schema::ModelConfig;
 use flotilla::data::{Batch, IGNORE_INDEX};
 use flotilla::model::{Llama, Params};
@@ -9,22 +11,7 @@ use flotilla::train::{Engine, EngineOptions, SingleProcess, Strategy, TrainError
 use tch::{Device, Kind, Tensor};
 
 fn tiny(tied: bool) -> ModelConfig {
-    ModelConfig {
-        name: "t".into(),
-        vocab_size: 40,
-        hidden_size: 32,
-        intermediate_size: 48,
-        num_hidden_layers: 2,
-        num_attention_heads: 4,
-        num_key_value_heads: 2,
-        max_position_embeddings: 64,
-        rms_norm_eps: 1e-5,
-        rope_theta: 10000.0,
-        rope_scaling: None,
-        tie_word_embeddings: tied,
-        initializer_range: 0.02,
-        init_from: None,
-    }
+    common::tiny_model_config(tied)
 }
 
 fn batch(rows: i64, t: i64, seed: i64) -> Batch {

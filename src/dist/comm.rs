@@ -483,6 +483,18 @@ pub fn split_membership(colors_keys: &[(usize, usize)], me: usize) -> (Vec<usize
     (members, new_rank)
 }
 
+/// The shard length of an in-place collective over `len` elements split across `n` ranks;
+/// `len` must be divisible by `n`.
+fn shard_len(op: &'static str, len: usize, n: usize) -> Result<usize, CommError> {
+    if len % n != 0 {
+        return Err(CommError::invalid(
+            op,
+            format!("buffer of {len} elements is not divisible by the group size {n}"),
+        ));
+    }
+    Ok(len / n)
+}
+
 fn check_host(comm: &(impl Communicator + ?Sized), op: &'static str) -> Result<(), CommError> {
     match comm.device() {
         Device::Cpu => Ok(()),
@@ -613,16 +625,7 @@ pub trait CommunicatorExt: Communicator {
     ) -> Result<Work<'a>, CommError> {
         check_host(self, "reduce_scatter")?;
         let n = self.world_size();
-        if buf.len() % n != 0 {
-            return Err(CommError::invalid(
-                "reduce_scatter",
-                format!(
-                    "buffer of {} elements is not divisible by the group size {n}",
-                    buf.len()
-                ),
-            ));
-        }
-        let k = buf.len() / n;
+        let k = shard_len("reduce_scatter", buf.len(), n)?;
         let p = buf.as_mut_ptr();
         let raw = RawOp {
             kind: OpKind::ReduceScatter(op),
@@ -671,16 +674,7 @@ pub trait CommunicatorExt: Communicator {
     fn all_gather_in_place<'a, T: Element>(&self, buf: &'a mut [T]) -> Result<Work<'a>, CommError> {
         check_host(self, "all_gather")?;
         let n = self.world_size();
-        if buf.len() % n != 0 {
-            return Err(CommError::invalid(
-                "all_gather",
-                format!(
-                    "buffer of {} elements is not divisible by the group size {n}",
-                    buf.len()
-                ),
-            ));
-        }
-        let k = buf.len() / n;
+        let k = shard_len("all_gather", buf.len(), n)?;
         let p = buf.as_mut_ptr();
         let raw = RawOp {
             kind: OpKind::AllGather,
