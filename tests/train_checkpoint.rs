@@ -2,6 +2,8 @@
 //! rotation keeps the last K checkpoints, a leftover temporary directory is ignored, and
 //! evaluation fills the eval columns of `metrics.csv`.
 
+mod common;
+
 use std::path::Path;
 use std::sync::Arc;
 
@@ -13,20 +15,8 @@ use tch::{Device, Kind};
 
 fn model_config() -> ModelConfig {
     ModelConfig {
-        name: "t".into(),
         vocab_size: 16,
-        hidden_size: 32,
-        intermediate_size: 48,
-        num_hidden_layers: 2,
-        num_attention_heads: 4,
-        num_key_value_heads: 2,
-        max_position_embeddings: 64,
-        rms_norm_eps: 1e-5,
-        rope_theta: 10000.0,
-        rope_scaling: None,
-        tie_word_embeddings: true,
-        initializer_range: 0.02,
-        init_from: None,
+        ..common::tiny_model_config(true)
     }
 }
 

@@ -2,6 +2,8 @@
 //! (tests/oracle/train_oracle.py) from the same initial weights and the same batches: loss,
 //! gradient norm and learning rate of 20 steps, and the `metrics.csv` it writes.
 
+mod common;
+
 use std::path::Path;
 use std::process::Command;
 use std::sync::Arc;
@@ -16,20 +18,8 @@ const STEPS: u64 = 20;
 
 fn model_config() -> ModelConfig {
     ModelConfig {
-        name: "t".into(),
         vocab_size: 32,
-        hidden_size: 32,
-        intermediate_size: 48,
-        num_hidden_layers: 2,
-        num_attention_heads: 4,
-        num_key_value_heads: 2,
-        max_position_embeddings: 64,
-        rms_norm_eps: 1e-5,
-        rope_theta: 10000.0,
-        rope_scaling: None,
-        tie_word_embeddings: true,
-        initializer_range: 0.02,
-        init_from: None,
+        ..common::tiny_model_config(true)
     }
 }
 
