@@ -1,5 +1,6 @@
 //! The `flotilla` command line: compose configs, plan sweeps, train. Exit status 0 on success, 2 on a
-//! config or override error (message on stderr), 1 on any other failure.
+//! config or override error (message on stderr), 75 when `train` was stopped by SIGUSR2/SIGTERM
+//! after writing a checkpoint (rerun the same command to resume), 1 on any other failure.
 
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand, ValueEnum};
@@ -72,6 +73,10 @@ enum Command {
         /// Run directory: config.yaml, overrides.yaml, metrics.csv, checkpoints/, final/.
         #[arg(long)]
         run_dir: PathBuf,
+        /// The run directory was prepared by `flotilla run`: train on its config.yaml as is
+        /// (no overrides) and write no config files.
+        #[arg(long)]
+        prepared: bool,
         #[arg(allow_hyphen_values = true)]
         overrides: Vec<String>,
     },
@@ -144,6 +149,11 @@ fn main() -> ExitCode {
             ExitCode::from(2)
         }
         Err(Failure::Other(e)) => {
+            // A run stopped by SIGUSR2/SIGTERM after its checkpoint: a requeue resumes it.
+            if let Some(stop) = e.chain().find_map(flotilla::train::preempt::find_stopped) {
+                eprintln!("{stop}");
+                return ExitCode::from(flotilla::train::preempt::EXIT_CODE);
+            }
             eprintln!("error: {e:#}");
             ExitCode::from(1)
         }
@@ -226,14 +236,38 @@ fn run(cli: Cli) -> Result<(), Failure> {
         Command::Train {
             config,
             run_dir,
+            prepared,
             overrides,
         } => {
-            let composer = composer(&config)?;
+            let composer = if prepared {
+                if !overrides.is_empty() {
+                    return Err(anyhow::anyhow!(
+                        "--prepared trains on {}/config.yaml as written; overrides belong to `flotilla run`",
+                        run_dir.display()
+                    )
+                    .into());
+                }
+                let config_file = run_dir.join("config.yaml");
+                if !config_file.is_file() {
+                    return Err(anyhow::anyhow!(
+                        "--prepared: {} does not exist (prepare the directory with `flotilla run`)",
+                        config_file.display()
+                    )
+                    .into());
+                }
+                composer(&ConfigArgs {
+                    config_dir: run_dir.clone(),
+                    config_name: "config".into(),
+                    no_validate: false,
+                })?
+            } else {
+                composer(&config)?
+            };
             let composed = composer.compose(&overrides)?;
             let job = composed.typed.clone().context(
                 "the composed config is not a flotilla job (or --no-validate was given)",
             )?;
-            Ok(train_command(&composed, &job, &run_dir)?)
+            Ok(train_command(&composed, &job, &run_dir, prepared)?)
         }
         Command::Plan {
             config,
@@ -288,139 +322,44 @@ fn run(cli: Cli) -> Result<(), Failure> {
     }
 }
 
-/// Loads `libtorch_cuda.so` (global symbols) from the directory where `libtorch_cpu.so` is
-/// mapped, so that tch can see CUDA; the binary does not link it. Returns whether it loaded.
-fn load_torch_cuda() -> bool {
-    let Ok(maps) = std::fs::read_to_string("/proc/self/maps") else {
-        return false;
-    };
-    let Some(dir) = maps
-        .lines()
-        .filter_map(|l| l.split_whitespace().nth(5))
-        .find(|p| p.ends_with("/libtorch_cpu.so"))
-        .and_then(|p| std::path::Path::new(p).parent().map(|d| d.to_path_buf()))
-    else {
-        return false;
-    };
-    let path = dir.join("libtorch_cuda.so");
-    if !path.is_file() {
-        return false;
-    }
-    use libloading::os::unix::{Library, RTLD_GLOBAL, RTLD_NOW};
-    // SAFETY: loading libtorch's own CUDA library, whose initialisers only register kernels.
-    match unsafe { Library::open(Some(&path), RTLD_NOW | RTLD_GLOBAL) } {
-        Ok(lib) => {
-            // Keep it loaded for the life of the process.
-            std::mem::forget(lib);
-            true
-        }
-        Err(e) => {
-            tracing::warn!("cannot load {}: {e}", path.display());
-            false
-        }
-    }
-}
-
-/// The training device of `trainer.device`.
-fn train_device(device: flotilla::config::schema::Device) -> anyhow::Result<tch::Device> {
-    use flotilla::config::schema::Device as D;
-    match device {
-        D::Cpu => Ok(tch::Device::Cpu),
-        D::Cuda => {
-            anyhow::ensure!(
-                load_torch_cuda() && tch::Cuda::is_available(),
-                "trainer.device=cuda but CUDA is not available"
-            );
-            Ok(tch::Device::Cuda(0))
-        }
-        D::Auto => Ok(if load_torch_cuda() && tch::Cuda::is_available() {
-            tch::Device::Cuda(0)
-        } else {
-            tch::Device::Cpu
-        }),
-    }
-}
-
-/// `flotilla train`: one single-process run in `run_dir`.
+/// `flotilla train`: this process's part of a run in `run_dir` (one process, or one rank of a
+/// DDP/FSDP job whose rank comes from the environment). Unless the directory was prepared by
+/// `flotilla run`, rank 0 first writes `config.yaml` and `overrides.yaml`.
 fn train_command(
     composed: &flotilla::config::Composed,
     job: &flotilla::config::schema::JobConfig,
     run_dir: &std::path::Path,
+    prepared: bool,
 ) -> anyhow::Result<()> {
-    use flotilla::data::{self, BatchLayout, DataLoader, DataOptions};
-    use flotilla::model::{load_hf, save_hf, Llama};
-    use flotilla::train::{fit, resume, EvalSet, FitOptions, RunMetricsWriter, Trainer};
-    use tch::Kind;
-
-    let wall = std::time::Instant::now();
-    let t = &job.trainer;
-    std::fs::create_dir_all(run_dir)
-        .with_context(|| format!("cannot create {}", run_dir.display()))?;
-    let write = |name: &str, text: String| -> anyhow::Result<()> {
-        let p = run_dir.join(name);
-        std::fs::write(&p, text).with_context(|| format!("cannot write {}", p.display()))
-    };
-    write(
-        "config.yaml",
-        to_yaml(&composed.job, EmitOptions { provenance: false }),
-    )?;
-    let mut ov = String::new();
-    if composed.task_overrides.is_empty() {
-        ov.push_str("[]\n");
-    }
-    for o in &composed.task_overrides {
-        ov.push_str(&format!("- {}\n", serde_json::Value::from(o.as_str())));
-    }
-    write("overrides.yaml", ov)?;
-
-    let device = train_device(t.device)?;
-    let (model, params) = match &job.model.init_from {
-        Some(dir) => load_hf(dir, device, Some(Kind::Float))
-            .with_context(|| format!("model.init_from={dir}"))?,
-        None => {
-            let model = Llama::new(&job.model)?;
-            let params = model.init_params(t.seed as u64, device, Kind::Float);
-            (model, params)
+    let rank = flotilla::dist::env::discover_from_process()
+        .context("reading this task's rank from the environment")?;
+    if rank.is_master() && !prepared {
+        std::fs::create_dir_all(run_dir)
+            .with_context(|| format!("cannot create {}", run_dir.display()))?;
+        let write = |name: &str, text: String| -> anyhow::Result<()> {
+            let p = run_dir.join(name);
+            std::fs::write(&p, text).with_context(|| format!("cannot write {}", p.display()))
+        };
+        write(
+            "config.yaml",
+            to_yaml(&composed.job, EmitOptions { provenance: false }),
+        )?;
+        let mut ov = String::new();
+        if composed.task_overrides.is_empty() {
+            ov.push_str("[]\n");
         }
-    };
-    let data = data::build(
-        &job.data,
-        &DataOptions {
-            model_vocab_size: model.config().vocab_size,
-            run_dir: Some(run_dir),
-        },
-    )?;
-    let layout = BatchLayout {
-        global_batch_size: t.global_batch_size,
-        micro_batch_size: t.micro_batch_size,
-        rank: 0,
-        world_size: 1,
-    };
-    let loader = DataLoader::new(
-        data.train.clone(),
-        job.data.shuffle(),
-        t.seed as u64,
-        layout,
-        device,
-    )?;
-    let mut trainer = Trainer::new(model, &params, t, loader, device)?;
-    if let Some((dir, state)) = resume(&mut trainer, run_dir, &t.resume)? {
-        eprintln!("resuming from {} (step {})", dir.display(), state.step);
+        for o in &composed.task_overrides {
+            ov.push_str(&format!("- {}\n", serde_json::Value::from(o.as_str())));
+        }
+        write("overrides.yaml", ov)?;
+    } else if !run_dir.is_dir() {
+        std::fs::create_dir_all(run_dir)
+            .with_context(|| format!("cannot create {}", run_dir.display()))?;
     }
-    let mut metrics = RunMetricsWriter::open(&run_dir.join("metrics.csv"), trainer.step_index())?;
-    let eval = data.eval.as_ref().map(|d| EvalSet {
-        dataset: d.clone(),
-        num_batches: t.eval_batches,
-        micro_batch_size: t.micro_batch_size,
-        task: data.arithmetic.as_ref().map(|a| (a, 256)),
-    });
+    let t = &job.trainer;
     let log_every = t.log_every.max(1);
     let max_steps = t.max_steps;
-    let mut last_eval_acc = None;
     let mut log = |r: &flotilla::train::RunRow| {
-        if let Some(acc) = r.eval_acc {
-            last_eval_acc = Some(acc);
-        }
         let done = r.step + 1;
         if done % log_every == 0 || done == max_steps || r.eval_loss.is_some() {
             let mut line = format!(
@@ -436,39 +375,21 @@ fn train_command(
             eprintln!("{line}");
         }
     };
-    eprintln!(
-        "training {} on {device:?}: {} steps from step {}",
-        job.model.name,
-        max_steps,
-        trainer.step_index()
-    );
-    let rows = fit(
-        &mut trainer,
-        &mut metrics,
-        FitOptions {
-            run_dir,
-            until: max_steps,
-            eval_every: t.eval_every,
-            eval,
-            checkpoint_every: t.checkpoint_every,
-            keep_last_checkpoints: t.keep_last_checkpoints,
-            on_row: Some(&mut log),
-        },
-    )?;
-
-    let final_dir = run_dir.join("final");
-    save_hf(&final_dir, trainer.model(), trainer.params(), Kind::Float)?;
-    if let Some(tok) = &data.tokenizer {
-        tok.save(final_dir.join("tokenizer.json"))?;
+    let on_row: Option<&mut dyn FnMut(&flotilla::train::RunRow)> = if rank.is_master() {
+        Some(&mut log)
+    } else {
+        None
+    };
+    let summary = flotilla::train::job::run_job(job, run_dir, &rank, on_row).with_context(|| {
+        format!(
+            "training in {} (rank {} of {})",
+            run_dir.display(),
+            rank.rank,
+            rank.world_size
+        )
+    })?;
+    if rank.is_master() {
+        eprintln!("{summary}");
     }
-    let mut summary = format!("done: {} steps", trainer.step_index());
-    if let Some(r) = rows.last() {
-        summary.push_str(&format!(", final loss {:.4}", r.loss));
-    }
-    if let Some(a) = last_eval_acc {
-        summary.push_str(&format!(", eval accuracy {:.1}%", 100.0 * a));
-    }
-    summary.push_str(&format!(", wall {:.1}s", wall.elapsed().as_secs_f64()));
-    eprintln!("{summary}");
     Ok(())
 }

@@ -91,7 +91,7 @@ fn run(dir: &Path, t: &TrainerConfig, d: &Data, until: u64) -> Trainer {
     };
     fit(
         &mut tr,
-        &mut w,
+        Some(&mut w),
         FitOptions {
             run_dir: dir,
             until,

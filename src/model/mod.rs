@@ -186,6 +186,11 @@ impl Params {
         self.tensors.get(name)
     }
 
+    /// Removes a parameter, keeping the order of the others.
+    pub fn remove(&mut self, name: &str) -> Option<Tensor> {
+        self.tensors.shift_remove(name)
+    }
+
     /// The parameter, or [`ModelError::MissingParam`].
     pub fn require(&self, name: &str) -> Result<&Tensor, ModelError> {
         self.get(name).ok_or_else(|| ModelError::MissingParam {

@@ -7,7 +7,7 @@
 //! [`Strategy`]; this file owns the strategy contract and the single-process strategy
 //! ([`SingleProcess`]). DDP and FSDP plug in through the same trait.
 
-use tch::Tensor;
+use tch::{Kind, Tensor};
 
 use super::TrainError;
 use crate::data::Batch;
@@ -33,6 +33,26 @@ pub trait Strategy {
     /// backward through `unit`, in reverse unit order. The tensors are the engine's
     /// accumulators; a strategy may reduce them in place (DDP all-reduce).
     fn gradients_ready(&mut self, unit: usize, grads: &Params) -> Result<(), TrainError>;
+
+    /// A micro-batch's forward starts. Default: nothing.
+    fn begin_forward(&mut self) {}
+
+    /// A micro-batch's backward starts (after the loss). Default: nothing.
+    fn begin_backward(&mut self) {}
+
+    /// Whether [`Strategy::gradients_ready`] takes the gradients over (FSDP reduces them into
+    /// its own shards): the engine then drops its full-size accumulators of that unit's
+    /// parameters right after the call, and the gradients [`Engine::forward_backward`] returns
+    /// leave them out. Default: false.
+    fn takes_gradients(&self) -> bool {
+        false
+    }
+
+    /// The last micro-batch's backward is done: wait for the gradient collectives still in
+    /// flight and leave the reduced gradients in place. Default: nothing.
+    fn finish_backward(&mut self) -> Result<(), TrainError> {
+        Ok(())
+    }
 }
 
 /// The single-process strategy: parameters are plain tensors, gradients need nothing.
@@ -52,11 +72,23 @@ impl Strategy for SingleProcess<'_> {
 }
 
 /// Engine options.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub struct EngineOptions {
     /// Keep only each unit's input in forward and recompute the unit in backward (the last
     /// unit, whose backward follows at once, is never recomputed).
     pub activation_checkpointing: bool,
+    /// Multiplies the loss before backward (fp16 dynamic loss scaling); 1 otherwise. The
+    /// returned loss is unscaled; the gradients are scaled.
+    pub loss_scale: f64,
+}
+
+impl Default for EngineOptions {
+    fn default() -> Self {
+        Self {
+            activation_checkpointing: false,
+            loss_scale: 1.0,
+        }
+    }
 }
 
 /// Drives forward and backward of a [`Llama`] unit by unit.
@@ -123,6 +155,7 @@ impl<'m> Engine<'m> {
         let checkpoint = |i: usize| self.options.activation_checkpointing && i + 1 < n;
 
         // Forward.
+        strategy.begin_forward();
         let mut saved: Vec<Saved> = Vec::with_capacity(n);
         let mut x = batch.input_ids.shallow_clone();
         for (i, unit) in units.iter().enumerate() {
@@ -149,9 +182,15 @@ impl<'m> Engine<'m> {
         }
         let loss = batch.loss_sum(&x) / global_loss_tokens as f64;
         let loss_value = loss.f_double_value(&[])?;
+        let loss = if self.options.loss_scale != 1.0 {
+            loss * self.options.loss_scale
+        } else {
+            loss
+        };
         drop(x);
 
         // Backward.
+        strategy.begin_backward();
         let mut grad_out: Option<Tensor> = None;
         for i in (0..n).rev() {
             let Saved { input, graph } = saved.pop().expect("one saved entry per unit");
@@ -177,6 +216,12 @@ impl<'m> Engine<'m> {
             grad_out = if i > 0 { g.next().flatten() } else { None };
             for (name, pg) in units[i].param_names().iter().zip(g) {
                 let Some(pg) = pg else { continue };
+                // Gradients accumulate in fp32 whatever the compute dtype.
+                let pg = if pg.kind() == Kind::Float {
+                    pg
+                } else {
+                    pg.f_to_kind(Kind::Float)?
+                };
                 match grads.get(name) {
                     Some(acc) => {
                         let _ = acc.shallow_clone().f_add_(&pg)?;
@@ -193,7 +238,15 @@ impl<'m> Engine<'m> {
                     }
                 }
                 strategy.gradients_ready(i, &owned)?;
+                if strategy.takes_gradients() {
+                    for name in owned.names() {
+                        grads.remove(name);
+                    }
+                }
             }
+        }
+        if last {
+            strategy.finish_backward()?;
         }
         Ok(loss_value)
     }

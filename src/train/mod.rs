@@ -6,7 +6,12 @@
 
 pub mod checkpoint;
 pub mod engine;
+pub mod fsdp;
+pub mod job;
 pub mod optim;
+pub mod preempt;
+pub mod progress;
+pub mod replicated;
 pub mod run;
 pub mod schedule;
 pub mod trainer;
@@ -15,9 +20,10 @@ use std::path::PathBuf;
 
 pub use engine::{Engine, EngineOptions, SingleProcess, Strategy};
 pub use optim::{clip_grad_norm, AdamW, AdamWConfig};
+pub use progress::Progress;
 pub use run::{fit, resume, EvalMetrics, EvalSet, FitOptions, RunMetricsWriter, RunRow};
 pub use schedule::Schedule;
-pub use trainer::{torch_device, MetricsWriter, StepMetrics, Trainer};
+pub use trainer::{torch_device, DistContext, LossScaler, MetricsWriter, StepMetrics, Trainer, Weights};
 
 /// Errors of the trainer.
 #[derive(Debug, thiserror::Error)]
@@ -49,6 +55,13 @@ pub enum TrainError {
     Unsupported(String),
     #[error("metrics.csv: {0}")]
     Csv(#[from] csv::Error),
+    /// A stop on request (SIGUSR2/SIGTERM) after a checkpoint, or a handler that cannot be set.
+    #[error(transparent)]
+    Preempt(#[from] preempt::PreemptError),
+    #[error(transparent)]
+    Comm(#[from] crate::dist::comm::CommError),
+    #[error("rendezvous: {0}")]
+    Store(#[from] crate::dist::store::StoreError),
     #[error(transparent)]
     Data(#[from] crate::data::DataError),
     #[error(transparent)]

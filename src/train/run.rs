@@ -10,6 +10,7 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 
 use super::checkpoint::{self, TrainerState};
+use super::preempt;
 use super::trainer::{StepMetrics, Trainer};
 use super::TrainError;
 use crate::config::schema::Resume;
@@ -38,10 +39,11 @@ pub struct EvalSet<'a> {
 }
 
 impl Trainer {
-    /// Evaluates the current parameters (no gradients, no state change).
+    /// Evaluates the current parameters (no gradients, no state change). Collective under
+    /// FSDP (the full parameters are gathered); every rank evaluates the same set.
     pub fn evaluate(&self, eval: &EvalSet<'_>) -> Result<EvalMetrics, TrainError> {
-        let device = self
-            .params
+        let params = self.full_params()?;
+        let device = params
             .iter()
             .next()
             .map_or(tch::Device::Cpu, |(_, t)| t.device());
@@ -57,7 +59,7 @@ impl Trainer {
         let mut sum = 0.0;
         tch::no_grad(|| -> Result<(), TrainError> {
             for b in &batches.micro_batches {
-                let logits = self.model.forward(&self.params, &b.input_ids)?;
+                let logits = self.model.forward(&params, &b.input_ids)?;
                 sum += b.loss_sum(&logits).f_double_value(&[])?;
             }
             Ok(())
@@ -72,7 +74,7 @@ impl Trainer {
                         max_new,
                         crate::data::arithmetic::EOS_ID as i64,
                         device,
-                        |x| self.model.forward(&self.params, x),
+                        |x| self.model.forward(&params, x),
                     )
                 })?;
                 Some(acc.fraction())
@@ -207,14 +209,17 @@ pub struct FitOptions<'a> {
     pub on_row: Option<&'a mut dyn FnMut(&RunRow)>,
 }
 
-/// Steps `trainer` from its current step to `opts.until`, writing rows to `metrics`, evaluating
+/// Steps `trainer` from its current step to `opts.until`, writing rows to `metrics` (rank 0's), evaluating
 /// (also at `max_steps`) and checkpointing (also at `until`) as configured. With `eval_every == 0`, no
-/// evaluation runs. Returns the rows of this call.
+/// evaluation runs. Returns the rows of this call. Installs the [`preempt`] handlers; when a
+/// stop is requested, checkpoints after the step in progress and returns
+/// [`preempt::PreemptError::Stopped`].
 pub fn fit(
     trainer: &mut Trainer,
-    metrics: &mut RunMetricsWriter,
+    mut metrics: Option<&mut RunMetricsWriter>,
     mut opts: FitOptions<'_>,
 ) -> Result<Vec<RunRow>, TrainError> {
+    preempt::install()?;
     let mut rows = vec![];
     while trainer.step_index() < opts.until {
         let m = trainer.step()?;
@@ -228,14 +233,35 @@ pub fn fit(
             _ => None,
         };
         let row = RunRow::new(&m, eval);
-        metrics.write(&row)?;
+        if let Some(m) = metrics.as_deref_mut() {
+            m.write(&row)?;
+        }
+        let mut saved = None;
         if last || (opts.checkpoint_every > 0 && done % opts.checkpoint_every == 0) {
-            checkpoint::save(trainer, opts.run_dir, opts.keep_last_checkpoints)?;
+            saved = Some(checkpoint::save(
+                trainer,
+                opts.run_dir,
+                opts.keep_last_checkpoints,
+            )?);
         }
         if let Some(f) = opts.on_row.as_deref_mut() {
             f(&row);
         }
         rows.push(row);
+        // A stop request (SIGUSR2/SIGTERM) ends the run here, with a checkpoint at this step.
+        // In a distributed run the ranks agreed on the flag during the step.
+        if !last && trainer.stop_requested() {
+            let checkpoint = match saved {
+                Some(dir) => dir,
+                None => checkpoint::save(trainer, opts.run_dir, opts.keep_last_checkpoints)?,
+            };
+            return Err(preempt::PreemptError::Stopped {
+                reason: preempt::reason().to_string(),
+                step: done,
+                checkpoint,
+            }
+            .into());
+        }
     }
     Ok(rows)
 }
