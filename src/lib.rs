@@ -4,7 +4,9 @@
 pub mod config;
 pub mod data;
 pub mod dist;
+pub mod launch;
 pub mod model;
+pub mod rundir;
 pub mod sweep;
 pub mod train;
 

@@ -80,6 +80,20 @@ enum Command {
         #[arg(allow_hyphen_values = true)]
         overrides: Vec<String>,
     },
+    /// Prepare run directories (validating every job first) and start the jobs locally or
+    /// submit them to SLURM (compute.launcher).
+    Run(RunArgs),
+    /// Show the state of the jobs of a run, job or sweep directory.
+    Status(StatusArgs),
+    /// Write a checkpoint (full or FSDP-sharded, from any world size) as a Hugging Face
+    /// directory (config.json + model.safetensors).
+    Consolidate {
+        /// A checkpoint directory, e.g. outputs/run/checkpoints/step_200.
+        checkpoint: PathBuf,
+        /// Output directory.
+        #[arg(long)]
+        out: PathBuf,
+    },
     /// Benchmarks that other tools rely on.
     Bench {
         #[command(subcommand)]
@@ -91,6 +105,56 @@ enum Command {
 enum BenchCommand {
     /// Collective bandwidth between local ranks (nccl-tests' algbw/busbw definitions).
     Comm(flotilla::dist::bench::CommBenchArgs),
+}
+
+#[derive(Args)]
+struct RunArgs {
+    #[command(flatten)]
+    config: ConfigArgs,
+    /// Expand sweeps into one job per combination, under a sweep directory.
+    #[arg(short = 'm', long)]
+    multirun: bool,
+    /// A named sweep file with `params:` and optional fixed `overrides:`.
+    #[arg(long)]
+    sweep: Option<PathBuf>,
+    /// Start (or re-submit) again the jobs of this sweep or run directory that did not
+    /// complete; they resume from their checkpoints.
+    #[arg(long, value_name = "DIR", conflicts_with_all = ["multirun", "sweep", "overrides"])]
+    resume_sweep: Option<PathBuf>,
+    /// Prepare the directories (and sbatch scripts) and start nothing.
+    #[arg(long)]
+    dry_run: bool,
+    #[arg(long, value_enum, default_value_t = OutputFormat::Text)]
+    format: OutputFormat,
+    /// Seconds between SIGTERM and SIGKILL when stopping the ranks of a local job.
+    #[arg(long, default_value_t = 10.0)]
+    stop_grace_s: f64,
+    /// Run this program (with the job directory as its argument) in every rank instead of
+    /// `flotilla train` (testing launchers).
+    #[arg(long, hide = true)]
+    task_exec: Option<PathBuf>,
+    #[arg(allow_hyphen_values = true)]
+    overrides: Vec<String>,
+}
+
+#[derive(Args)]
+struct StatusArgs {
+    /// A run directory, a sweep directory, or one job directory of a sweep.
+    dir: PathBuf,
+    /// Refresh until every job has ended.
+    #[arg(long)]
+    watch: bool,
+    /// Seconds between refreshes with --watch.
+    #[arg(long, default_value_t = 5.0)]
+    interval_s: f64,
+    #[arg(long, value_enum, default_value_t = OutputFormat::Text)]
+    format: OutputFormat,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum OutputFormat {
+    Text,
+    Json,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -230,6 +294,19 @@ fn run(cli: Cli) -> Result<(), Failure> {
             };
             write_stdout(&text)
         }
+        Command::Run(args) => run_command(args),
+        Command::Status(args) => status_command(args),
+        Command::Consolidate { checkpoint, out } => {
+            flotilla::train::checkpoint::consolidate(&checkpoint, &out).with_context(|| {
+                format!(
+                    "consolidating {} into {}",
+                    checkpoint.display(),
+                    out.display()
+                )
+            })?;
+            eprintln!("wrote {}", out.display());
+            Ok(())
+        }
         Command::Bench {
             what: BenchCommand::Comm(args),
         } => Ok(flotilla::dist::bench::run(&args)?),
@@ -322,6 +399,77 @@ fn run(cli: Cli) -> Result<(), Failure> {
     }
 }
 
+impl From<flotilla::launch::LaunchError> for Failure {
+    fn from(e: flotilla::launch::LaunchError) -> Self {
+        use flotilla::launch::LaunchError;
+        use flotilla::rundir::RunDirError;
+        match e {
+            LaunchError::RunDir(RunDirError::Config(c)) => Failure::Config(c),
+            other => Failure::Other(other.into()),
+        }
+    }
+}
+
+/// `flotilla run`: prepare the directories, then start or submit the jobs.
+fn run_command(args: RunArgs) -> Result<(), Failure> {
+    use flotilla::launch::{LocalOptions, RunOptions, TaskCommand, JOB_DIR_PLACEHOLDER};
+    let task = match &args.task_exec {
+        Some(p) => TaskCommand::new([p.as_os_str(), JOB_DIR_PLACEHOLDER.as_ref()]),
+        None => TaskCommand::train()?,
+    };
+    let mut local_opts = LocalOptions::with_task(task);
+    local_opts.grace = std::time::Duration::from_secs_f64(args.stop_grace_s.max(0.0));
+    local_opts.catch_interrupts = true;
+    let options = RunOptions {
+        dry_run: args.dry_run,
+        local: local_opts,
+    };
+    let report = match &args.resume_sweep {
+        Some(dir) => flotilla::launch::resume(dir, options)?,
+        None => {
+            let composer = composer(&args.config)?;
+            let sweep_file = args.sweep.as_deref().map(SweepFile::load).transpose()?;
+            let request = flotilla::rundir::RunRequest {
+                overrides: args.overrides,
+                sweep_file,
+                multirun: args.multirun,
+                argv: std::env::args().collect(),
+            };
+            flotilla::launch::run(&composer, &request, options)?
+        }
+    };
+    write_stdout(&match args.format {
+        OutputFormat::Json => report.to_json(),
+        OutputFormat::Text => report.to_text(),
+    })?;
+    let problems = report.problems();
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        Err(Failure::Other(anyhow::anyhow!(problems.join("\n"))))
+    }
+}
+
+/// `flotilla status`: the jobs of a directory, once or until they have all ended.
+fn status_command(args: StatusArgs) -> Result<(), Failure> {
+    use std::io::IsTerminal;
+    loop {
+        let st = flotilla::launch::status(&args.dir)?;
+        let mut text = match args.format {
+            OutputFormat::Json => flotilla::launch::status_json(&st),
+            OutputFormat::Text => flotilla::launch::status_text(&st),
+        };
+        if args.watch && std::io::stdout().is_terminal() {
+            text.insert_str(0, "\x1b[2J\x1b[H");
+        }
+        write_stdout(&text)?;
+        if !args.watch || st.all_terminal() {
+            return Ok(());
+        }
+        std::thread::sleep(std::time::Duration::from_secs_f64(args.interval_s.max(0.1)));
+    }
+}
+
 /// `flotilla train`: this process's part of a run in `run_dir` (one process, or one rank of a
 /// DDP/FSDP job whose rank comes from the environment). Unless the directory was prepared by
 /// `flotilla run`, rank 0 first writes `config.yaml` and `overrides.yaml`.
@@ -380,14 +528,15 @@ fn train_command(
     } else {
         None
     };
-    let summary = flotilla::train::job::run_job(job, run_dir, &rank, on_row).with_context(|| {
-        format!(
-            "training in {} (rank {} of {})",
-            run_dir.display(),
-            rank.rank,
-            rank.world_size
-        )
-    })?;
+    let summary =
+        flotilla::train::job::run_job(job, run_dir, &rank, on_row).with_context(|| {
+            format!(
+                "training in {} (rank {} of {})",
+                run_dir.display(),
+                rank.rank,
+                rank.world_size
+            )
+        })?;
     if rank.is_master() {
         eprintln!("{summary}");
     }

@@ -114,7 +114,8 @@ fn rows(dir: &Path) -> Vec<Vec<String>> {
 }
 
 fn params(tr: &Trainer) -> Vec<Vec<f32>> {
-    tr.params()
+    tr.full_params()
+        .unwrap()
         .iter()
         .map(|(_, t)| Vec::<f32>::try_from(t.flatten(0, -1)).unwrap())
         .collect()

@@ -17,11 +17,11 @@ use tch::Tensor;
 use super::fsdp::{unflatten, GroupLayout};
 use super::trainer::{LossScaler, Trainer, Weights};
 use super::TrainError;
+use crate::config::schema::LrSchedule;
+use crate::data::SamplerState;
 use crate::dist::comm::{CommunicatorExt, ReduceOp};
 use crate::model::hf::HfLlamaConfig;
 use crate::model::Params;
-use crate::config::schema::LrSchedule;
-use crate::data::SamplerState;
 
 /// Parameters file of a checkpoint.
 pub const MODEL_FILE: &str = "model.safetensors";
@@ -307,13 +307,14 @@ pub fn read_full(dir: &Path) -> Result<(Params, Vec<(String, Tensor)>), TrainErr
     }
     let mut shards: Vec<std::collections::HashMap<String, Tensor>> = vec![];
     for r in 0..meta.shard_world {
-        shards.push(read_tensors(&dir.join(shard_file(r)))?.into_iter().collect());
+        shards.push(
+            read_tensors(&dir.join(shard_file(r)))?
+                .into_iter()
+                .collect(),
+        );
     }
     let mut params = Params::new();
-    let mut optimizer = vec![(
-        "step".to_string(),
-        Tensor::from(meta.optimizer_step as i64),
-    )];
+    let mut optimizer = vec![("step".to_string(), Tensor::from(meta.optimizer_step as i64))];
     for (g, layout) in meta.groups.iter().enumerate() {
         let full = |what: &str| -> Result<Params, TrainError> {
             let key = format!("group{g}.{what}");
@@ -348,7 +349,10 @@ pub fn read_full(dir: &Path) -> Result<(Params, Vec<(String, Tensor)>), TrainErr
         let avg = full("exp_avg")?;
         let sq = full("exp_avg_sq")?;
         for e in &layout.entries {
-            optimizer.push((format!("{}.exp_avg", e.name), avg.require(&e.name)?.shallow_clone()));
+            optimizer.push((
+                format!("{}.exp_avg", e.name),
+                avg.require(&e.name)?.shallow_clone(),
+            ));
             optimizer.push((
                 format!("{}.exp_avg_sq", e.name),
                 sq.require(&e.name)?.shallow_clone(),

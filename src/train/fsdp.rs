@@ -231,19 +231,20 @@ impl std::fmt::Debug for Fsdp {
     }
 }
 
+/// A process group, or `None` for a group of one.
+pub type ProcessGroup = Option<Arc<dyn Communicator>>;
+
 /// The process groups of a sharding strategy: `(shard, replica)`; `None` is a group of one.
 pub fn process_groups(
     sharding: ShardingStrategy,
     world: Option<&Arc<dyn Communicator>>,
     local_world_size: usize,
-) -> Result<(Option<Arc<dyn Communicator>>, Option<Arc<dyn Communicator>>), TrainError> {
+) -> Result<(ProcessGroup, ProcessGroup), TrainError> {
     let Some(world) = world.filter(|w| w.world_size() > 1) else {
         return Ok((None, None));
     };
     Ok(match sharding {
-        ShardingStrategy::FullShard | ShardingStrategy::ShardGradOp => {
-            (Some(world.clone()), None)
-        }
+        ShardingStrategy::FullShard | ShardingStrategy::ShardGradOp => (Some(world.clone()), None),
         ShardingStrategy::NoShard => (None, Some(world.clone())),
         ShardingStrategy::HybridShard => {
             let (intra, inter) = world.split_hybrid(local_world_size)?;
@@ -462,10 +463,7 @@ impl Fsdp {
     /// Full AdamW state in the single-process format (`{name}.exp_avg`, `{name}.exp_avg_sq`,
     /// `step`); collective on the shard group.
     pub fn full_optimizer_state(&self) -> Result<Vec<(String, Tensor)>, TrainError> {
-        let mut out = vec![(
-            "step".to_string(),
-            Tensor::from(self.opt_step as i64),
-        )];
+        let mut out = vec![("step".to_string(), Tensor::from(self.opt_step as i64))];
         for g in &self.groups {
             let mut avg = Params::new();
             let mut sq = Params::new();
@@ -575,13 +573,24 @@ impl Fsdp {
     /// group), then clipping to `max_norm` when it is positive, as `clip_grad_norm_`.
     pub fn clip_grad_norm(&mut self, max_norm: f64) -> Result<f64, TrainError> {
         tch::no_grad(|| {
-            let mut sq = Tensor::f_zeros([1], (Kind::Float, self.device))?;
+            // As `clip_grad_norm_` does per tensor: the norm of each parameter's piece of the
+            // local shard, then the squared norm of those norms, summed over the shard group.
+            let mut norms = vec![];
             for g in &self.groups {
-                if let Some(grad) = &g.grad {
-                    let n = grad.f_to_device(self.device)?.f_to_kind(Kind::Float)?.f_norm()?;
-                    sq = sq.f_add(&(&n * &n))?;
+                let Some(grad) = &g.grad else { continue };
+                let grad = grad.f_to_device(self.device)?.f_to_kind(Kind::Float)?;
+                for (start, len) in g.local_segments(self.shard_rank) {
+                    norms.push(grad.f_narrow(0, start, len)?.f_norm()?);
                 }
             }
+            let sq = if norms.is_empty() {
+                Tensor::f_zeros([1], (Kind::Float, self.device))?
+            } else {
+                Tensor::f_stack(&norms, 0)?
+                    .f_norm()?
+                    .f_pow_tensor_scalar(2)?
+                    .f_reshape([1])?
+            };
             if let Some(comm) = &self.shard_comm {
                 comm.all_reduce_tensor(&sq, ReduceOp::Sum)?.wait()?;
             }
@@ -634,7 +643,10 @@ impl Fsdp {
     /// Multiplies the gradient shards by `inv_scale` (fp16 loss scaling); returns whether any
     /// local element is inf or NaN.
     pub fn unscale(&mut self, inv_scale: f64) -> Result<bool, TrainError> {
-        super::trainer::unscale(self.groups.iter().filter_map(|g| g.grad.as_ref()), inv_scale)
+        super::trainer::unscale(
+            self.groups.iter().filter_map(|g| g.grad.as_ref()),
+            inv_scale,
+        )
     }
 
     /// Drops this step's gradient shards (a skipped step).
@@ -774,6 +786,25 @@ impl Strategy for Fsdp {
         }
         self.backward = false;
         Ok(())
+    }
+}
+
+impl Group {
+    /// `(start, len)` within this rank's shard of each parameter's elements (padding left
+    /// out), in layout order.
+    fn local_segments(&self, shard_rank: usize) -> Vec<(i64, i64)> {
+        let k = self.layout.shard_len;
+        let lo = shard_rank as i64 * k;
+        let hi = lo + k;
+        self.layout
+            .entries
+            .iter()
+            .filter_map(|e| {
+                let a = e.offset.max(lo);
+                let b = (e.offset + e.numel).min(hi);
+                (a < b).then_some((a - lo, b - a))
+            })
+            .collect()
     }
 }
 

@@ -92,8 +92,7 @@ pub fn train_device(device: schema::Device, rank: &RankInfo) -> Result<Device, T
         schema::Device::Cpu => Ok(Device::Cpu),
         schema::Device::Cuda => cuda().ok_or_else(|| {
             TrainError::Unsupported(
-                "trainer.device=cuda but CUDA is not available (no GPU or no CUDA libtorch)"
-                    .into(),
+                "trainer.device=cuda but CUDA is not available (no GPU or no CUDA libtorch)".into(),
             )
         }),
         schema::Device::Auto => Ok(cuda().unwrap_or(Device::Cpu)),
@@ -129,16 +128,20 @@ pub fn join_group(
     };
     if backend == Backend::Nccl && !device.is_cuda() {
         return Err(TrainError::Unsupported(
-            "trainer.dist.backend=nccl needs trainer.device=cuda (or auto on a GPU machine)"
-                .into(),
+            "trainer.dist.backend=nccl needs trainer.device=cuda (or auto on a GPU machine)".into(),
         ));
     }
     let timeout = Duration::from_secs(timeout_s.max(1));
-    let run_id = rank.job_id.clone().unwrap_or_else(|| "flotilla-train".into());
+    let run_id = rank
+        .job_id
+        .clone()
+        .unwrap_or_else(|| "flotilla-train".into());
     let store_cfg = StoreConfig::from_rank_info(rank, run_id, timeout);
     let store: Arc<dyn KvStore> = Arc::new(Store::connect(&store_cfg)?);
-    let comm: Arc<dyn Communicator> =
-        Arc::from(comm::init(store, &CommOptions::for_rank(rank, backend, timeout))?);
+    let comm: Arc<dyn Communicator> = Arc::from(comm::init(
+        store,
+        &CommOptions::for_rank(rank, backend, timeout),
+    )?);
     Ok(Some(DistContext {
         comm,
         local_world_size: rank.local_world_size,

@@ -23,7 +23,9 @@ pub use optim::{clip_grad_norm, AdamW, AdamWConfig};
 pub use progress::Progress;
 pub use run::{fit, resume, EvalMetrics, EvalSet, FitOptions, RunMetricsWriter, RunRow};
 pub use schedule::Schedule;
-pub use trainer::{torch_device, DistContext, LossScaler, MetricsWriter, StepMetrics, Trainer, Weights};
+pub use trainer::{
+    torch_device, DistContext, LossScaler, MetricsWriter, StepMetrics, Trainer, Weights,
+};
 
 /// Errors of the trainer.
 #[derive(Debug, thiserror::Error)]

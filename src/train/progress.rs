@@ -1,7 +1,8 @@
 //! Training progress on rank 0: [`Progress`] takes each metrics row and the final summary.
 //! On a terminal (stderr) it draws a live bar (step/max_steps, loss, lr, tokens/s, ETA) with
 //! evaluation results printed above it; otherwise it prints plain lines every `log_every`
-//! steps, at the last step and at each evaluation.
+//! steps, at the last step and at each evaluation. A resumed run's bar starts at the step of
+//! its first row, so the ETA counts only this run's pace.
 
 use std::io::IsTerminal;
 use std::time::Duration;
@@ -15,28 +16,25 @@ pub struct Progress {
     max_steps: u64,
     log_every: u64,
     bar: Option<ProgressBar>,
+    /// Whether a row was seen (the bar's start is set from the first).
+    started: bool,
 }
 
 impl Progress {
-    /// Reports a run of `max_steps` steps resumed at `start_step` (0 for a fresh run): a live
-    /// bar when stderr is a terminal, plain lines otherwise.
-    pub fn new(max_steps: u64, start_step: u64, log_every: u64) -> Self {
+    /// Reports a run of `max_steps` steps: a live bar when stderr is a terminal, plain lines
+    /// otherwise.
+    pub fn new(max_steps: u64, log_every: u64) -> Self {
         let live = std::io::stderr().is_terminal();
         let target = if live {
             ProgressDrawTarget::stderr()
         } else {
             ProgressDrawTarget::hidden()
         };
-        Self::with_target(max_steps, start_step, log_every, live.then_some(target))
+        Self::with_target(max_steps, log_every, live.then_some(target))
     }
 
     /// Plain lines on stderr (`None`) or a bar drawn to `target`.
-    pub fn with_target(
-        max_steps: u64,
-        start_step: u64,
-        log_every: u64,
-        target: Option<ProgressDrawTarget>,
-    ) -> Self {
+    pub fn with_target(max_steps: u64, log_every: u64, target: Option<ProgressDrawTarget>) -> Self {
         let bar = target.map(|target| {
             let bar = ProgressBar::with_draw_target(Some(max_steps), target);
             bar.set_style(
@@ -46,8 +44,6 @@ impl Progress {
                 .expect("valid template")
                 .progress_chars("=> "),
             );
-            bar.set_position(start_step);
-            bar.reset_eta();
             bar.enable_steady_tick(Duration::from_millis(500));
             bar
         });
@@ -55,6 +51,7 @@ impl Progress {
             max_steps,
             log_every: log_every.max(1),
             bar,
+            started: false,
         }
     }
 
@@ -67,6 +64,12 @@ impl Progress {
     pub fn on_row(&mut self, row: &RunRow) {
         match &self.bar {
             Some(bar) => {
+                if !self.started {
+                    // A resumed run starts at its first row's step: no jump in the rate.
+                    bar.set_position(row.step);
+                    bar.reset_eta();
+                    bar.reset_elapsed();
+                }
                 bar.set_position(row.step + 1);
                 bar.set_message(format!(
                     "loss {:.4} lr {:.3e} tokens/s {:.0}",
@@ -82,6 +85,7 @@ impl Progress {
                 }
             }
         }
+        self.started = true;
     }
 
     /// Ends the report with a summary line (the bar is cleared first).
@@ -149,7 +153,7 @@ mod tests {
 
     #[test]
     fn plain_lines_every_log_every_at_the_end_and_on_eval() {
-        let p = Progress::with_target(25, 0, 10, None);
+        let p = Progress::with_target(25, 10, None);
         assert!(!p.is_live());
         let due: Vec<u64> = (0..25)
             .filter(|&s| p.plain_line(&row(s, s == 14)).is_some())
@@ -167,10 +171,11 @@ mod tests {
 
     #[test]
     fn live_bar_tracks_the_step() {
-        let mut p = Progress::with_target(25, 5, 10, Some(ProgressDrawTarget::hidden()));
+        let mut p = Progress::with_target(25, 10, Some(ProgressDrawTarget::hidden()));
         assert!(p.is_live());
-        assert_eq!(p.bar.as_ref().unwrap().position(), 5);
+        // A resumed run: the first row is step 5.
         p.on_row(&row(5, false));
+        assert_eq!(p.bar.as_ref().unwrap().position(), 6);
         p.on_row(&row(6, true));
         let bar = p.bar.clone().unwrap();
         assert_eq!(bar.position(), 7);

@@ -179,10 +179,7 @@ impl GradReducer {
         let grads = std::mem::take(&mut self.bucket);
         self.bucket_bytes = 0;
         let flat = Tensor::f_cat(
-            &grads
-                .iter()
-                .map(|g| g.reshape([-1]))
-                .collect::<Vec<_>>(),
+            &grads.iter().map(|g| g.reshape([-1])).collect::<Vec<_>>(),
             0,
         )?;
         let work = self.comm.all_reduce_tensor(&flat, ReduceOp::Sum)?;

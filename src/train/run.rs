@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
+use tch::Tensor;
 
 use super::checkpoint::{self, TrainerState};
 use super::preempt;
@@ -15,6 +16,7 @@ use super::trainer::{StepMetrics, Trainer};
 use super::TrainError;
 use crate::config::schema::Resume;
 use crate::data::{eval_batches, greedy_generate, ArithmeticTask, Dataset};
+use crate::dist::comm::{CommunicatorExt, ReduceOp};
 
 /// Evaluation results.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -39,21 +41,24 @@ pub struct EvalSet<'a> {
 }
 
 impl Trainer {
-    /// Evaluates the current parameters (no gradients, no state change). Collective under
-    /// FSDP (the full parameters are gathered); every rank evaluates the same set.
+    /// Evaluates the current parameters (no gradients, no state change). Collective in a
+    /// distributed run: under FSDP the full parameters are gathered; each rank takes its share
+    /// of the evaluation samples and of the exact-match problems, and the sums are all-reduced,
+    /// so every rank returns the same figures.
     pub fn evaluate(&self, eval: &EvalSet<'_>) -> Result<EvalMetrics, TrainError> {
         let params = self.full_params()?;
         let device = params
             .iter()
             .next()
             .map_or(tch::Device::Cpu, |(_, t)| t.device());
+        let (rank, world) = self.rank_world();
         let n = eval.num_batches * eval.micro_batch_size;
         let batches = eval_batches(
             eval.dataset.as_ref(),
             n,
             eval.micro_batch_size,
-            0,
-            1,
+            rank,
+            world,
             device,
         )?;
         let mut sum = 0.0;
@@ -64,11 +69,12 @@ impl Trainer {
             }
             Ok(())
         })?;
-        let loss = sum / (batches.global_loss_tokens.max(1) as f64);
-        let acc = match eval.task {
-            Some((task, max)) if !task.eval.is_empty() => {
-                let problems = &task.eval[..max.min(task.eval.len())];
-                let acc = task.exact_match(problems, 128, |prompts, max_new| {
+        let mut correct_total = None;
+        if let Some((task, max)) = eval.task {
+            if !task.eval.is_empty() {
+                let all = &task.eval[..max.min(task.eval.len())];
+                let mine = &all[rank * all.len() / world..(rank + 1) * all.len() / world];
+                let acc = task.exact_match(mine, 128, |prompts, max_new| {
                     greedy_generate(
                         prompts,
                         max_new,
@@ -77,10 +83,21 @@ impl Trainer {
                         |x| self.model.forward(&params, x),
                     )
                 })?;
-                Some(acc.fraction())
+                correct_total = Some((acc.correct as f64, acc.total as f64));
             }
-            _ => None,
-        };
+        }
+        if let Some(comm) = self.comm().filter(|c| c.world_size() > 1) {
+            let (c, t) = correct_total.unwrap_or((0.0, 0.0));
+            let sums = Tensor::from_slice(&[sum as f32, c as f32, t as f32]);
+            comm.all_reduce_tensor(&sums, ReduceOp::Sum)?.wait()?;
+            let v = Vec::<f32>::try_from(&sums)?;
+            sum = v[0] as f64;
+            if correct_total.is_some() {
+                correct_total = Some((v[1] as f64, v[2] as f64));
+            }
+        }
+        let loss = sum / (batches.global_loss_tokens.max(1) as f64);
+        let acc = correct_total.map(|(c, t)| if t > 0.0 { c / t } else { 0.0 });
         Ok(EvalMetrics {
             loss,
             ppl: loss.exp(),

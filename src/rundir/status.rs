@@ -1,0 +1,197 @@
+//! What a run directory says about its jobs: the recorded state from the plan file and the
+//! directory's own markers (`metrics.csv`'s last step, `final/` present). Launchers add live
+//! states on top (see `launch::status`).
+
+use super::{JobRecord, JobState, PlanFile, RunDirError, META_FILE};
+use serde::Serialize;
+use std::path::{Path, PathBuf};
+
+/// What a job directory shows by itself.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Markers {
+    /// Steps done according to `metrics.csv` (its last row's `step` + 1).
+    pub steps: Option<u64>,
+    /// `final/` exists: training finished and saved the model.
+    pub final_model: bool,
+}
+
+/// Reads the markers of one job directory.
+pub fn markers(job_dir: &Path) -> Markers {
+    Markers {
+        steps: last_step(&job_dir.join("metrics.csv")).map(|s| s + 1),
+        final_model: job_dir.join("final").is_dir(),
+    }
+}
+
+/// The `step` column of the last data row of a metrics CSV.
+fn last_step(path: &Path) -> Option<u64> {
+    let text = std::fs::read_to_string(path).ok()?;
+    let mut lines = text.lines().filter(|l| !l.trim().is_empty());
+    let header = lines.next()?;
+    let col = header.split(',').position(|h| h.trim() == "step")?;
+    text.lines()
+        .rev()
+        .filter(|l| !l.trim().is_empty() && *l != header)
+        .find_map(|l| l.split(',').nth(col)?.trim().parse::<u64>().ok())
+}
+
+/// The state to show: the launcher's live state when it has one, else the recorded state, and
+/// COMPLETED when the directory holds `final/` and nothing says the job failed.
+pub fn combine(recorded: JobState, live: Option<JobState>, markers: &Markers) -> JobState {
+    let state = live.unwrap_or(recorded);
+    let failed = matches!(
+        state,
+        JobState::Failed | JobState::Cancelled | JobState::NodeFail | JobState::OutOfMemory
+    );
+    if markers.final_model && !failed {
+        JobState::Completed
+    } else {
+        state
+    }
+}
+
+/// One job's status.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct JobStatus {
+    pub num: usize,
+    pub dir: PathBuf,
+    pub job_id: Option<String>,
+    /// The state shown (see [`combine`]).
+    pub state: JobState,
+    /// The state in the plan file (`null` without one).
+    pub recorded: Option<JobState>,
+    pub steps: Option<u64>,
+    pub final_model: bool,
+    pub message: Option<String>,
+}
+
+/// The status of a run or sweep directory.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct RunStatus {
+    /// The directory asked about.
+    pub dir: PathBuf,
+    /// The sweep directory when the jobs belong to a sweep.
+    pub sweep_dir: Option<PathBuf>,
+    /// `local` or `slurm` (from the plan; `null` without one).
+    pub launcher: Option<String>,
+    pub jobs: Vec<JobStatus>,
+}
+
+impl RunStatus {
+    /// Are all jobs in a state that will not change by itself?
+    pub fn all_terminal(&self) -> bool {
+        self.jobs.iter().all(|j| j.state.is_terminal())
+    }
+}
+
+/// Where a directory's jobs are recorded.
+#[derive(Clone, Debug)]
+pub struct Located {
+    pub plan: Option<PlanFile>,
+    /// When `dir` is one job directory of a sweep: that job's number.
+    pub only: Option<usize>,
+}
+
+/// Finds the plan of `dir`: its own `sweep.json`/`job.json`, or (for a job directory inside a
+/// sweep) the `sweep.json` of an enclosing directory listing it. A directory with only a
+/// `meta.json` has no plan; anything else is not a run directory.
+pub fn locate(dir: &Path) -> Result<Located, RunDirError> {
+    if !dir.is_dir() {
+        return Err(super::io_err(
+            dir,
+            std::io::Error::new(std::io::ErrorKind::NotFound, "no such directory"),
+        ));
+    }
+    if let Some(plan) = PlanFile::find(dir) {
+        return Ok(Located {
+            plan: Some(plan),
+            only: None,
+        });
+    }
+    let canon = dir.canonicalize().map_err(|e| super::io_err(dir, e))?;
+    for ancestor in canon.ancestors().skip(1).take(8) {
+        if !ancestor.join(super::SWEEP_FILE).is_file() {
+            continue;
+        }
+        let plan = PlanFile::sweep(ancestor);
+        let read = plan.read()?;
+        if let Some(job) = read
+            .jobs
+            .iter()
+            .find(|j| plan.job_dir(j).canonicalize().ok().as_deref() == Some(&canon))
+        {
+            return Ok(Located {
+                only: Some(job.num),
+                plan: Some(plan),
+            });
+        }
+    }
+    if dir.join(META_FILE).is_file() {
+        return Ok(Located {
+            plan: None,
+            only: None,
+        });
+    }
+    Err(RunDirError::NotARunDir {
+        path: dir.to_path_buf(),
+    })
+}
+
+/// The status from the directory alone: recorded states and markers. `live` gives a launcher's
+/// state for a job record (`None`: no opinion).
+pub fn read_status(
+    dir: &Path,
+    live: &dyn Fn(&JobRecord) -> Option<JobState>,
+) -> Result<RunStatus, RunDirError> {
+    let located = locate(dir)?;
+    let Some(plan_file) = located.plan else {
+        let m = markers(dir);
+        let state = combine(JobState::Unknown, None, &m);
+        let num = std::fs::read_to_string(dir.join(META_FILE))
+            .ok()
+            .and_then(|t| serde_json::from_str::<super::Meta>(&t).ok())
+            .map(|m| m.job_num)
+            .unwrap_or(0);
+        return Ok(RunStatus {
+            dir: dir.to_path_buf(),
+            sweep_dir: None,
+            launcher: None,
+            jobs: vec![JobStatus {
+                num,
+                dir: dir.to_path_buf(),
+                job_id: None,
+                state,
+                recorded: None,
+                steps: m.steps,
+                final_model: m.final_model,
+                message: None,
+            }],
+        });
+    };
+    let plan = plan_file.read()?;
+    let jobs = plan
+        .jobs
+        .iter()
+        .filter(|j| located.only.is_none_or(|n| n == j.num))
+        .map(|j| {
+            let job_dir = plan_file.job_dir(j);
+            let m = markers(&job_dir);
+            JobStatus {
+                num: j.num,
+                dir: job_dir,
+                job_id: j.job_id.clone(),
+                state: combine(j.state, live(j), &m),
+                recorded: Some(j.state),
+                steps: m.steps,
+                final_model: m.final_model,
+                message: j.message.clone(),
+            }
+        })
+        .collect();
+    Ok(RunStatus {
+        dir: dir.to_path_buf(),
+        sweep_dir: plan_file.is_sweep().then(|| plan_file.dir().to_path_buf()),
+        launcher: Some(plan.launcher.clone()),
+        jobs,
+    })
+}
