@@ -44,7 +44,8 @@ fn compose_default_config_as_json() {
         .collect();
     assert_eq!(keys, ["model", "trainer", "data", "compute", "seed"]);
     assert!(cfg.get("flotilla").is_none() && cfg.get("hydra").is_none());
-    assert_eq!(cfg["trainer"]["dist"]["mode"], "none");
+    assert_eq!(cfg["trainer"]["dist"]["mode"], "ddp");
+    assert_eq!(cfg["compute"]["tasks_per_node"], 2);
     // trainer.seed interpolates the top-level seed.
     assert_eq!(cfg["trainer"]["seed"], cfg["seed"]);
 }

@@ -355,7 +355,11 @@ fn sweep_jobs_run_one_after_another_or_up_to_max_parallel() {
         std::fs::create_dir(&running).unwrap();
         let run = prepare(
             tmp.path(),
-            &["seed=1,2,3,4", &format!("compute.max_parallel={parallel}")],
+            &[
+                "seed=1,2,3,4",
+                "compute.tasks_per_node=1",
+                &format!("compute.max_parallel={parallel}"),
+            ],
             true,
         );
         let script = format!(
@@ -597,6 +601,7 @@ fn cli_resume_sweep_reruns_only_the_jobs_that_did_not_complete() {
     };
     let out = run(&[
         "-m",
+        "compute.tasks_per_node=1",
         "seed=1,2,3",
         &format!("flotilla.sweep.dir={}", sweep.display()),
     ]);
