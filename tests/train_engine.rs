@@ -83,6 +83,7 @@ fn engine_matches_whole_graph_backward() {
                 &model,
                 EngineOptions {
                     activation_checkpointing: ckpt,
+                    ..EngineOptions::default()
                 },
             );
             let mut strat = Recorder {
@@ -129,6 +130,7 @@ fn accumulation_over_two_micro_batches_equals_one_batch() {
                 &model,
                 EngineOptions {
                     activation_checkpointing: ckpt,
+                    ..EngineOptions::default()
                 },
             );
             let (l1, g1) = engine
