@@ -46,6 +46,10 @@ pub const STOP_SIGNAL: &str = "USR2";
 /// Directory (inside the plan's directory) holding the rendered scripts and, for arrays, the
 /// batch shell's first log lines before it switches to the job directory.
 pub const SCRIPT_DIR: &str = "slurm";
+/// File in a job's `logs/` where the batch script writes `<id> <STATE> <exit status>` when the
+/// job ends (not when it requeues itself): what `status` falls back on once the scheduler no
+/// longer knows the job.
+pub const EXIT_MARKER: &str = "slurm.exit";
 /// `MaxArraySize` when `scontrol show config` cannot tell (Slurm's default).
 pub const DEFAULT_MAX_ARRAY_SIZE: usize = 1001;
 /// Lines of a failing task's log kept in a FAILED job's message.
@@ -340,6 +344,7 @@ pub fn render_with(spec: &ScriptSpec, name: &str, text: &str) -> Result<String, 
         port_base => SLURM_PORT_BASE,
         port_span => SLURM_PORT_SPAN,
         flotilla_version => env!("CARGO_PKG_VERSION"),
+        exit_marker => EXIT_MARKER,
     };
     let mut env = Environment::new();
     env.set_trim_blocks(true);
@@ -471,7 +476,16 @@ pub fn write_scripts(
     let absolute = |p: &Path| std::path::absolute(p).map_err(|e| io_err(p, e));
     let script_dir = absolute(&plan.dir().join(SCRIPT_DIR))?;
     std::fs::create_dir_all(&script_dir).map_err(|e| io_err(&script_dir, e))?;
-    let job_name = opts.job_name.as_deref().unwrap_or("flotilla");
+    let recorded = plan.read().ok().and_then(|p| {
+        p.extra
+            .get(crate::rundir::JOB_NAME_KEY)
+            .and_then(|v| v.as_str().map(str::to_string))
+    });
+    let job_name = opts
+        .job_name
+        .as_deref()
+        .or(recorded.as_deref())
+        .unwrap_or("flotilla");
     let mut out = Vec::new();
     for (compute, group) in groups {
         for chunk in group.chunks(max_array) {
@@ -897,16 +911,23 @@ pub fn status(dir: &Path) -> Result<RunStatus, SlurmError> {
         .filter(|j| located.only.is_none_or(|n| n == j.num))
         .filter_map(|j| j.job_id.clone())
         .collect();
+    // `None`: squeue is not installed here; only the directories can tell.
     let live = match query(&ids) {
-        Ok(live) => live,
-        Err(SlurmError::CommandMissing { .. }) => HashMap::new(),
+        Ok(live) => Some(live),
+        Err(SlurmError::CommandMissing { .. }) => None,
         Err(e) => return Err(e),
     };
-    let lookup = |j: &JobRecord| {
-        j.job_id
-            .as_ref()
-            .and_then(|id| live.get(id))
-            .map(|l| l.state)
+    let lookup = |j: &JobRecord| -> Option<JobState> {
+        let id = j.job_id.as_ref()?;
+        if let Some(l) = live.as_ref().and_then(|live| live.get(id)) {
+            return Some(l.state);
+        }
+        match (&live, exit_marker(&plan_file.job_dir(j), id)) {
+            (_, Some(state)) => Some(state),
+            // Submitted, and the scheduler has forgotten it without a word from the job.
+            (Some(_), None) if !j.state.is_terminal() => Some(JobState::Unknown),
+            _ => None,
+        }
     };
     let mut status = read_status(dir, &lookup)?;
 
@@ -916,7 +937,7 @@ pub fn status(dir: &Path) -> Result<RunStatus, SlurmError> {
         let Some(recorded) = js.recorded else {
             continue;
         };
-        if js.state == recorded || js.state == JobState::Unknown {
+        if js.state == recorded {
             continue;
         }
         let message = match js.state {
@@ -938,6 +959,13 @@ pub fn status(dir: &Path) -> Result<RunStatus, SlurmError> {
         })?;
     }
     Ok(status)
+}
+
+/// The state the batch script recorded in `JOB_DIR/logs/slurm.exit` for the job `id`, if any.
+pub fn exit_marker(job_dir: &Path, id: &str) -> Option<JobState> {
+    let text = std::fs::read_to_string(job_dir.join(LOGS_DIR).join(EXIT_MARKER)).ok()?;
+    let mut words = text.split_whitespace();
+    (words.next()? == id).then(|| JobState::from_slurm(words.next().unwrap_or("")))
 }
 
 /// Why a job failed, from its logs: the task srun reported (`srun: error: HOST: task 1: Exited

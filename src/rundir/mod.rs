@@ -218,6 +218,9 @@ struct Staged {
     config: JobConfig,
 }
 
+/// Key of the plan file holding the job name (`flotilla.job.name`, e.g. sbatch's `--job-name`).
+pub const JOB_NAME_KEY: &str = "job_name";
+
 /// The resolved runtime value `flotilla.<key>` of a composed job, as a path string. Only that
 /// key is resolved (a run has no `flotilla.job.num`, so `sweep.subdir` cannot resolve there).
 fn runtime_path(
@@ -284,6 +287,7 @@ pub fn prepare(composer: &Composer, req: &RunRequest) -> Result<PreparedRun, Run
     let mut staged: Vec<Staged> = Vec::new();
     let mut dest: Option<String> = None;
     let mut launcher = None;
+    let mut job_name: Option<String> = None;
     let mut seen_subdirs: HashSet<PathBuf> = HashSet::new();
     plan_each(
         composer,
@@ -313,6 +317,9 @@ pub fn prepare(composer: &Composer, req: &RunRequest) -> Result<PreparedRun, Run
                 Some(_) => {}
             }
             let ctx = composer.context();
+            if job_name.is_none() {
+                job_name = Some(runtime_path(&job.composed, ctx, "job.name")?);
+            }
             let subdir = if req.multirun {
                 if dest.is_none() {
                     dest = Some(runtime_path(&job.composed, ctx, "sweep.dir")?);
@@ -383,7 +390,15 @@ pub fn prepare(composer: &Composer, req: &RunRequest) -> Result<PreparedRun, Run
             launcher: launcher_name.to_string(),
             argv: req.argv.clone(),
             jobs: records,
-            extra: Default::default(),
+            extra: job_name
+                .iter()
+                .map(|n| {
+                    (
+                        JOB_NAME_KEY.to_string(),
+                        serde_json::Value::from(n.as_str()),
+                    )
+                })
+                .collect(),
         };
         let file = if req.multirun {
             PlanFile::sweep(&tmp)
