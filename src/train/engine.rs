@@ -21,6 +21,14 @@ pub trait Strategy {
     /// backward for a recomputed (checkpointed) unit.
     fn params_for(&mut self, model: &Llama, unit: usize) -> Result<Vec<Tensor>, TrainError>;
 
+    /// Unit `unit`'s backward through its saved graph is next: the graph holds views of the
+    /// tensors [`Strategy::params_for`] gave in forward, which must hold those values again
+    /// (FSDP gathers a freed group back into its storage). Not called for a recomputed unit,
+    /// which calls `params_for`. Default: nothing.
+    fn before_backward(&mut self, _model: &Llama, _unit: usize) -> Result<(), TrainError> {
+        Ok(())
+    }
+
     /// The engine no longer needs unit `unit`'s parameters until its next `params_for` (FSDP
     /// may free gathered storage). Default: nothing.
     fn release(&mut self, _unit: usize) -> Result<(), TrainError> {
@@ -195,7 +203,10 @@ impl<'m> Engine<'m> {
         for i in (0..n).rev() {
             let Saved { input, graph } = saved.pop().expect("one saved entry per unit");
             let (params, output) = match graph {
-                Some(g) => g,
+                Some(g) => {
+                    strategy.before_backward(model, i)?;
+                    g
+                }
                 None => {
                     let params = leaves(strategy.params_for(model, i)?);
                     let out = units[i].forward(&params, &input, &ctx);

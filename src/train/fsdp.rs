@@ -17,11 +17,12 @@
 //! forward of its last unit and after the backward of its first unit; `SHARD_GRAD_OP` and
 //! `NO_SHARD` keep it until the step ends.
 //!
-//! A gathered group is referenced by the autograd graph of its units until their backward has
-//! run (the weights are saved for the matmul gradients), so without activation checkpointing
-//! `FULL_SHARD` frees gathered storage at the unit's backward rather than right after its
-//! forward; with activation checkpointing no graph is kept and the group is gathered again
-//! before its recomputation.
+//! Each group gathers into one buffer of its own for the whole run. The autograd graph of a
+//! unit keeps views of that buffer (the weights saved for the matmul gradients), so freeing
+//! means releasing the buffer's storage in place ([`super::storage`]), and "gather again
+//! before backward" means re-allocating it and gathering into it before the unit's backward
+//! ([`Strategy::before_backward`]); with activation checkpointing the unit is recomputed
+//! from a fresh gather instead.
 //!
 //! Every rank issues the same collectives in the same order: gathers in forward order (one
 //! group ahead with `forward_prefetch`, one group behind in backward with `backward_prefetch`,
@@ -193,6 +194,9 @@ struct Group {
     /// Elements of the shard that get weight decay (parameters of 2+ dimensions).
     decay: Tensor,
     gathered: Option<Gathered>,
+    /// The group's gather buffer `[padded]` in the param dtype (with a shard group of more
+    /// than one rank); its storage is freed in place between uses.
+    buffer: Option<Tensor>,
     /// The flat gradient being assembled over the group's units.
     grad_flat: Option<Tensor>,
     units_ready: usize,
@@ -216,8 +220,10 @@ pub struct Fsdp {
     adam: AdamWConfig,
     opt_step: u64,
     backward: bool,
-    /// Gathers issued so far in this step (for tests and logs).
+    /// Gathers issued so far (for tests and logs).
     pub gathers: u64,
+    /// Most bytes of gathered parameters held at once.
+    peak_gathered: usize,
 }
 
 impl std::fmt::Debug for Fsdp {
@@ -323,6 +329,7 @@ impl Fsdp {
                 grad: None,
                 decay,
                 gathered: None,
+                buffer: None,
                 grad_flat: None,
                 units_ready: 0,
                 reducing: None,
@@ -343,6 +350,7 @@ impl Fsdp {
             opt_step: 0,
             backward: false,
             gathers: 0,
+            peak_gathered: 0,
         })
     }
 
@@ -404,16 +412,46 @@ impl Fsdp {
         let gathered = match &self.shard_comm {
             None => Gathered::Ready(input),
             Some(comm) => {
-                let out = Tensor::f_empty(
-                    [group.layout.padded],
-                    (self.options.param_kind, self.device),
-                )?;
+                let out = match &group.buffer {
+                    Some(b) => {
+                        super::storage::realloc(b)?;
+                        b.shallow_clone()
+                    }
+                    None => Tensor::f_empty(
+                        [group.layout.padded],
+                        (self.options.param_kind, self.device),
+                    )?,
+                };
                 let work = comm.all_gather_tensor(&input, &out)?;
                 Gathered::Pending(work, out)
             }
         };
+        if let Gathered::Pending(_, out) = &gathered {
+            if self.groups[g].buffer.is_none() {
+                self.groups[g].buffer = Some(out.shallow_clone());
+            }
+        }
         self.groups[g].gathered = Some(gathered);
+        let held = self.gathered_bytes();
+        self.peak_gathered = self.peak_gathered.max(held);
         Ok(())
+    }
+
+    /// Bytes of gathered parameters held now.
+    pub fn gathered_bytes(&self) -> usize {
+        self.groups
+            .iter()
+            .map(|g| match (&g.buffer, &g.gathered) {
+                (Some(b), _) => super::storage::held_bytes(b),
+                (None, Some(Gathered::Ready(t))) => nbytes(t),
+                _ => 0,
+            })
+            .sum()
+    }
+
+    /// Most bytes of gathered parameters held at once so far.
+    pub fn peak_gathered_bytes(&self) -> usize {
+        self.peak_gathered
     }
 
     fn wait_gather(&mut self, g: usize) -> Result<(), TrainError> {
@@ -446,8 +484,31 @@ impl Fsdp {
     fn drop_gathered(&mut self, g: usize) -> Result<(), TrainError> {
         // An in-flight gather must complete before its buffer may go.
         self.wait_gather(g)?;
-        self.groups[g].gathered = None;
+        let group = &mut self.groups[g];
+        if group.gathered.take().is_some() {
+            if let Some(b) = &group.buffer {
+                super::storage::free(b)?;
+            }
+        }
         Ok(())
+    }
+
+    /// Makes the groups unit `unit` reads available (gathering them again if they were
+    /// freed), and with `backward_prefetch` starts gathering the previous unit's group.
+    fn materialize(&mut self, unit: usize) -> Result<Vec<(usize, Tensor)>, TrainError> {
+        let reads = self.unit_reads[unit].clone();
+        let mut flats = Vec::with_capacity(reads.len());
+        for &g in &reads {
+            flats.push((g, self.gathered(g)?));
+        }
+        let own = self.unit_group[unit];
+        if !self.backward && self.options.forward_prefetch && own + 1 < self.groups.len() {
+            self.issue_gather(own + 1)?;
+        }
+        if self.backward && self.options.backward_prefetch && own > 0 {
+            self.issue_gather(own - 1)?;
+        }
+        Ok(flats)
     }
 
     /// Full fp32 parameters, gathered from every shard (collective on the shard group).
@@ -679,24 +740,16 @@ impl Strategy for Fsdp {
     }
 
     fn params_for(&mut self, model: &Llama, unit: usize) -> Result<Vec<Tensor>, TrainError> {
-        let reads = self.unit_reads[unit].clone();
-        let mut flats = Vec::with_capacity(reads.len());
-        for &g in &reads {
-            flats.push((g, self.gathered(g)?));
-        }
-        // Prefetch.
-        let own = self.unit_group[unit];
-        if !self.backward && self.options.forward_prefetch && own + 1 < self.groups.len() {
-            self.issue_gather(own + 1)?;
-        }
-        if self.backward && self.options.backward_prefetch && own > 0 {
-            self.issue_gather(own - 1)?;
-        }
+        let flats = self.materialize(unit)?;
         let mut named = Params::new();
         for (g, flat) in &flats {
             unflatten(&self.groups[*g].layout, flat, &mut named)?;
         }
         Ok(model.unit_params(unit, &named)?)
+    }
+
+    fn before_backward(&mut self, _model: &Llama, unit: usize) -> Result<(), TrainError> {
+        self.materialize(unit).map(drop)
     }
 
     fn release(&mut self, unit: usize) -> Result<(), TrainError> {

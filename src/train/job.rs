@@ -282,7 +282,17 @@ pub fn run_job(
         eval_acc: last_eval_acc,
         wall_s: wall.elapsed().as_secs_f64(),
     };
+    let m = trainer.memory();
+    let mut memory = format!(
+        "memory held: params {} B, grads {} B, optimizer {} B",
+        m.params, m.grads, m.optimizer
+    );
+    if let Some(peak) = trainer.peak_gathered_bytes() {
+        memory.push_str(&format!(", peak gathered params {peak} B"));
+    }
+    tracing::info!("{memory}");
     if !is_zero {
+        eprintln!("[rank {}] {memory}", rank.rank);
         eprintln!("[rank {}] {summary}", rank.rank);
     }
     Ok(summary)

@@ -14,6 +14,7 @@ pub mod progress;
 pub mod replicated;
 pub mod run;
 pub mod schedule;
+pub mod storage;
 pub mod trainer;
 
 use std::path::PathBuf;

@@ -317,6 +317,14 @@ impl Trainer {
         }
     }
 
+    /// FSDP: the most bytes of gathered (unsharded) parameters held at once so far.
+    pub fn peak_gathered_bytes(&self) -> Option<usize> {
+        match &self.weights {
+            Weights::Replicated(_) => None,
+            Weights::Sharded(f) => Some(f.peak_gathered_bytes()),
+        }
+    }
+
     /// The current loss scale (16-mixed).
     pub fn loss_scaler(&self) -> Option<LossScaler> {
         self.scaler
