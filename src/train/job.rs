@@ -99,6 +99,9 @@ pub fn train_device(device: schema::Device, rank: &RankInfo) -> Result<Device, T
     }
 }
 
+/// Longest wait for the master and the other ranks to join.
+pub const RENDEZVOUS_TIMEOUT: Duration = Duration::from_secs(300);
+
 /// Joins the process group of `rank` for `trainer.dist` (`None` for one process).
 pub fn join_group(
     rank: &RankInfo,
@@ -132,11 +135,14 @@ pub fn join_group(
         ));
     }
     let timeout = Duration::from_secs(timeout_s.max(1));
+    // Joining waits for the master and every peer at most RENDEZVOUS_TIMEOUT (an unreachable
+    // master is an error in minutes, not after the collective timeout).
+    let rendezvous = timeout.min(RENDEZVOUS_TIMEOUT);
     let run_id = rank
         .job_id
         .clone()
         .unwrap_or_else(|| "flotilla-train".into());
-    let store_cfg = StoreConfig::from_rank_info(rank, run_id, timeout);
+    let store_cfg = StoreConfig::from_rank_info(rank, run_id, rendezvous);
     let store: Arc<dyn KvStore> = Arc::new(Store::connect(&store_cfg)?);
     let comm: Arc<dyn Communicator> = Arc::from(comm::init(
         store,

@@ -63,7 +63,7 @@ pub enum TrainError {
     Preempt(#[from] preempt::PreemptError),
     #[error(transparent)]
     Comm(#[from] crate::dist::comm::CommError),
-    #[error("rendezvous: {0}")]
+    #[error("rendezvous with the other ranks (MASTER_ADDR:MASTER_PORT)")]
     Store(#[from] crate::dist::store::StoreError),
     #[error(transparent)]
     Data(#[from] crate::data::DataError),
