@@ -505,22 +505,12 @@ fn train_command(
             .with_context(|| format!("cannot create {}", run_dir.display()))?;
     }
     let t = &job.trainer;
-    let log_every = t.log_every.max(1);
-    let max_steps = t.max_steps;
+    let mut progress = rank
+        .is_master()
+        .then(|| flotilla::train::Progress::new(t.max_steps, t.log_every));
     let mut log = |r: &flotilla::train::RunRow| {
-        let done = r.step + 1;
-        if done % log_every == 0 || done == max_steps || r.eval_loss.is_some() {
-            let mut line = format!(
-                "step {done}/{max_steps} loss {:.4} lr {:.3e} tokens/s {:.0}",
-                r.loss, r.lr, r.tokens_per_s
-            );
-            if let Some(l) = r.eval_loss {
-                line.push_str(&format!(" eval_loss {l:.4}"));
-            }
-            if let Some(a) = r.eval_acc {
-                line.push_str(&format!(" eval_acc {:.1}%", 100.0 * a));
-            }
-            eprintln!("{line}");
+        if let Some(p) = progress.as_mut() {
+            p.on_row(r);
         }
     };
     let on_row: Option<&mut dyn FnMut(&flotilla::train::RunRow)> = if rank.is_master() {
@@ -537,8 +527,8 @@ fn train_command(
                 rank.world_size
             )
         })?;
-    if rank.is_master() {
-        eprintln!("{summary}");
+    if let Some(p) = progress.as_mut() {
+        p.finish(&summary.to_string());
     }
     Ok(())
 }

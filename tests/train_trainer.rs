@@ -210,19 +210,39 @@ fn reduced_precisions_train_close_to_fp32() {
         let params = model.init_params(4, Device::Cpu, Kind::Float);
         let mut trainer = Trainer::new(model, &params, &t, loader(&t), Device::Cpu).unwrap();
         let rows = trainer.run(4, None).unwrap();
-        let kind = trainer.full_params().unwrap().iter().next().unwrap().1.kind();
+        let kind = trainer
+            .full_params()
+            .unwrap()
+            .iter()
+            .next()
+            .unwrap()
+            .1
+            .kind();
         (rows, kind, trainer.loss_scaler())
     };
     let (fp32, kind, scaler) = run(Precision::Full32);
     assert_eq!((kind, scaler), (Kind::Float, None));
-    for p in [Precision::Bf16Mixed, Precision::Bf16True, Precision::Fp16Mixed] {
+    for p in [
+        Precision::Bf16Mixed,
+        Precision::Bf16True,
+        Precision::Fp16Mixed,
+    ] {
         let (rows, kind, scaler) = run(p);
         // Same initial weights: the first loss differs only by the compute dtype's rounding.
         let rel = (rows[0].loss - fp32[0].loss).abs() / fp32[0].loss;
-        assert!(rel < 2e-2, "{p:?}: loss {} vs fp32 {}", rows[0].loss, fp32[0].loss);
+        assert!(
+            rel < 2e-2,
+            "{p:?}: loss {} vs fp32 {}",
+            rows[0].loss,
+            fp32[0].loss
+        );
         assert!(rel > 0.0, "{p:?} computed in fp32");
         assert!(rows.iter().all(|r| r.loss.is_finite()), "{p:?}: {rows:?}");
-        let master = if p == Precision::Bf16True { Kind::BFloat16 } else { Kind::Float };
+        let master = if p == Precision::Bf16True {
+            Kind::BFloat16
+        } else {
+            Kind::Float
+        };
         assert_eq!(kind, master, "{p:?}");
         match p {
             // Either every step was clean (scale unchanged) or overflowing steps halved it.

@@ -2047,7 +2047,17 @@ mod tests {
         root.insert("data".into(), conf(&d, pick(DATAS, data)));
         root.insert("compute".into(), conf(&c, pick(COMPUTES, compute)));
         root.insert("seed".into(), seed);
-        Node::from(Value::Dict(root))
+        let mut job = Node::from(Value::Dict(root));
+        if dist == "none" && compute == "local" {
+            // The shipped local compute starts 2 ranks (for DDP); one process here.
+            set(
+                &mut job,
+                "compute.tasks_per_node",
+                json!(1),
+                ovr("compute.tasks_per_node=1"),
+            );
+        }
+        job
     }
 
     fn base() -> Node {

@@ -163,6 +163,8 @@ pub fn run_job(
     on_row: Option<&mut dyn FnMut(&RunRow)>,
 ) -> Result<JobSummary, TrainError> {
     let wall = Instant::now();
+    // A stop signal during start-up is honoured at the first step.
+    super::preempt::install()?;
     let t = &job.trainer;
     if let Some(n) = std::env::var("OMP_NUM_THREADS")
         .ok()
@@ -222,6 +224,7 @@ pub fn run_job(
         task: data.arithmetic.as_ref().map(|a| (a, 256)),
     });
     let mode = match &t.dist {
+        _ if rank.world_size == 1 => "single process".to_string(),
         DistConfig::None => "single process".to_string(),
         DistConfig::Ddp(_) => format!("DDP, {} ranks", rank.world_size),
         DistConfig::Fsdp(f) => format!(

@@ -1,8 +1,8 @@
 //! Training progress on rank 0: [`Progress`] takes each metrics row and the final summary.
 //! On a terminal (stderr) it draws a live bar (step/max_steps, loss, lr, tokens/s, ETA) with
 //! evaluation results printed above it; otherwise it prints plain lines every `log_every`
-//! steps, at the last step and at each evaluation. A resumed run's bar starts at the step of
-//! its first row, so the ETA counts only this run's pace.
+//! steps, at the last step and at each evaluation. The bar appears with the first row and
+//! starts at its step, so a resumed run's ETA counts only this run's pace.
 
 use std::io::IsTerminal;
 use std::time::Duration;
@@ -44,7 +44,6 @@ impl Progress {
                 .expect("valid template")
                 .progress_chars("=> "),
             );
-            bar.enable_steady_tick(Duration::from_millis(500));
             bar
         });
         Progress {
@@ -69,6 +68,9 @@ impl Progress {
                     bar.set_position(row.step);
                     bar.reset_eta();
                     bar.reset_elapsed();
+                    // Nothing is drawn before the first row, so the lines a run prints before
+                    // training are not overwritten.
+                    bar.enable_steady_tick(Duration::from_millis(500));
                 }
                 bar.set_position(row.step + 1);
                 bar.set_message(format!(

@@ -1,0 +1,157 @@
+#!/usr/bin/env python3
+"""Benchmark: tokens/s of one training step (forward + backward + grad clipping + AdamW),
+flotilla against PyTorch eager, in one invocation, on the same config: a model preset
+(conf/model/PRESET.yaml), sequence length T, micro-batch M (one micro-batch per step), fp32,
+CPU, the same thread count.
+
+flotilla runs as `flotilla train` (release build) on a random uint16 token file with
+`data=tokens data.shuffle=false`, no evaluation and no intermediate checkpoints; its per-step
+`tokens_per_s` column of metrics.csv is read back. PyTorch eager runs transformers'
+LlamaForCausalLM (sdpa attention) with the same initialisation scheme, the same batches,
+torch.nn.utils.clip_grad_norm_ and torch.optim.AdamW (decay on tensors of dim >= 2). Each side
+reports the median tokens/s over STEPS steps after WARMUP warm-up steps (over all rounds
+with --repeat, which alternates the two sides).
+
+Usage: .venv/bin/python benches/train_step.py [--preset small] [--seq 256] [--micro 4]
+       [--steps 10] [--warmup 3] [--threads N] [--repeat R] [--flotilla BIN] [--no-build]
+"""
+import argparse
+import csv
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import yaml  # noqa: E402
+from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+LR, BETAS, EPS, WD, CLIP = 3e-4, (0.9, 0.95), 1e-8, 0.1, 1.0
+
+
+def load_preset(name):
+    with open(os.path.join(ROOT, "conf", "model", f"{name}.yaml")) as f:
+        m = yaml.safe_load(f)
+    rope = {"rope_type": "default", "rope_theta": m["rope_theta"]}
+    if m.get("rope_scaling"):
+        rope = {**m["rope_scaling"], "rope_theta": m["rope_theta"]}
+    keys = ["vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+            "num_attention_heads", "num_key_value_heads", "max_position_embeddings",
+            "rms_norm_eps", "tie_word_embeddings", "initializer_range"]
+    return LlamaConfig(**{k: m[k] for k in keys}, rope_parameters=rope)
+
+
+def run_flotilla(args, tokens_path, run_dir):
+    steps = args.warmup + args.steps
+    cmd = [
+        args.flotilla, "train", "--run-dir", run_dir,
+        "trainer/dist=none", "compute.tasks_per_node=1", f"model={args.preset}", "data=tokens", f"data.path={tokens_path}",
+        "data.token_dtype=uint16", f"data.seq_len={args.seq}", "data.shuffle=false",
+        f"trainer.max_steps={steps}", f"trainer.global_batch_size={args.micro}",
+        f"trainer.micro_batch_size={args.micro}", f"trainer.lr={LR}", "trainer.min_lr=0.0",
+        "trainer.warmup_steps=0", "trainer.schedule=constant", f"trainer.weight_decay={WD}",
+        f"trainer.betas=[{BETAS[0]},{BETAS[1]}]", f"trainer.eps={EPS}",
+        f"trainer.grad_clip={CLIP}", "trainer.precision=32-true", "trainer.device=cpu",
+        "trainer.eval_every=0", "trainer.checkpoint_every=0", "trainer.resume=never",
+        "trainer.log_every=1000000", "trainer.activation_checkpointing=false",
+    ]
+    env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), MKL_NUM_THREADS=str(args.threads),
+               FLOTILLA_LOG="warn")
+    out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
+    if out.returncode != 0:
+        sys.exit(f"flotilla train failed ({out.returncode}):\n{out.stderr}")
+    with open(os.path.join(run_dir, "metrics.csv")) as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == steps, (len(rows), steps)
+    return [float(r["tokens_per_s"]) for r in rows[args.warmup:]], [float(r["loss"]) for r in rows]
+
+
+def run_torch(args, config, stream):
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config).float().train()
+    params = list(model.parameters())
+    opt = torch.optim.AdamW(
+        [{"params": [p for p in params if p.dim() >= 2], "weight_decay": WD},
+         {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}],
+        lr=LR, betas=BETAS, eps=EPS,
+    )
+    t, m = args.seq, args.micro
+    rates, losses = [], []
+    for s in range(args.warmup + args.steps):
+        t0 = time.perf_counter()
+        first = s * m
+        x = torch.stack([stream[k * t: k * t + t] for k in range(first, first + m)])
+        y = torch.stack([stream[k * t + 1: k * t + t + 1] for k in range(first, first + m)])
+        logits = model(input_ids=x).logits
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, CLIP)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        losses.append(loss.item())
+        dt = time.perf_counter() - t0
+        if s >= args.warmup:
+            rates.append(m * t / dt)
+    return rates, losses
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--preset", default="small")
+    p.add_argument("--seq", type=int, default=256)
+    p.add_argument("--micro", type=int, default=4)
+    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--threads", type=int, default=torch.get_num_threads())
+    p.add_argument("--repeat", type=int, default=1,
+                   help="alternating rounds of both sides; medians over all their steps")
+    p.add_argument("--flotilla", default=os.path.join(ROOT, "target", "release", "flotilla"),
+                   help="the flotilla binary (default: target/release/flotilla, built first)")
+    p.add_argument("--no-build", action="store_true", help="do not run cargo build --release")
+    args = p.parse_args()
+    torch.set_num_threads(args.threads)
+
+    if not args.no_build:
+        subprocess.run(["cargo", "build", "--release", "--quiet", "--bin", "flotilla"], cwd=ROOT,
+                       check=True)
+    config = load_preset(args.preset)
+    n_params = sum(p.numel() for p in LlamaForCausalLM(config).parameters())
+    steps = args.warmup + args.steps
+    with tempfile.TemporaryDirectory() as tmp:
+        rng = np.random.default_rng(0)
+        ids = rng.integers(0, config.vocab_size, steps * args.micro * args.seq + 1)
+        tokens_path = os.path.join(tmp, "tokens.bin")
+        ids.astype("<u2").tofile(tokens_path)
+        stream = torch.from_numpy(ids.astype(np.int64))
+        print(f"{args.preset}: {n_params / 1e6:.1f}M parameters, T={args.seq}, M={args.micro}, "
+              f"fp32, CPU, {args.threads} threads; median of {args.steps} steps after "
+              f"{args.warmup} warm-up steps x {args.repeat} rounds (forward + backward + "
+              f"clip + AdamW)", flush=True)
+        fl_rates, pt_rates = [], []
+        for r in range(args.repeat):
+            # Alternating rounds spread a varying machine load over both sides.
+            rates, fl_losses = run_flotilla(args, tokens_path, os.path.join(tmp, f"run{r}"))
+            fl_rates += rates
+            rates, pt_losses = run_torch(args, config, stream)
+            pt_rates += rates
+            if args.repeat > 1:
+                print(f"round {r}: flotilla {statistics.median(fl_rates[-args.steps:]):.0f}, "
+                      f"pytorch eager {statistics.median(pt_rates[-args.steps:]):.0f} tokens/s",
+                      flush=True)
+    fl, pt = statistics.median(fl_rates), statistics.median(pt_rates)
+    print(f"{'':16}{'tokens/s':>10}{'ms/step':>10}{'first loss':>12}{'last loss':>11}")
+    for name, r, losses in [("flotilla", fl, fl_losses), ("pytorch eager", pt, pt_losses)]:
+        ms = args.micro * args.seq / r * 1e3
+        print(f"{name:16}{r:10.0f}{ms:10.1f}{losses[0]:12.4f}{losses[-1]:11.4f}")
+    print(f"ratio flotilla / pytorch eager: {fl / pt:.2f}x")
+
+
+if __name__ == "__main__":
+    main()
