@@ -190,6 +190,7 @@ impl From<anyhow::Error> for Failure {
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("FLOTILLA_LOG")
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),

@@ -405,10 +405,14 @@ impl Trainer {
         let stop_here = super::preempt::requested();
         let (loss, stop, world) = match &self.dist {
             Some(d) if d.comm.world_size() > 1 => {
-                let t = Tensor::from_slice(&[local_loss as f32, stop_here as i32 as f32]);
+                // The loss travels as an f32 pair (value, rounding remainder) so that its sum
+                // keeps f64 precision; the third entry is the stop flag.
+                let hi = local_loss as f32;
+                let lo = (local_loss - hi as f64) as f32;
+                let t = Tensor::from_slice(&[hi, lo, stop_here as i32 as f32]);
                 d.comm.all_reduce_tensor(&t, ReduceOp::Sum)?.wait()?;
                 let v: Vec<f32> = Vec::<f32>::try_from(&t)?;
-                (v[0] as f64, v[1] > 0.0, d.comm.world_size())
+                (v[0] as f64 + v[1] as f64, v[2] > 0.0, d.comm.world_size())
             }
             _ => (local_loss, stop_here, 1),
         };
