@@ -935,7 +935,11 @@ fn full_shard_frees_gathered_groups_between_uses() {
         "peak gathered parameters per rank (small, {n} params, fp32): FULL_SHARD {full} B, \
          SHARD_GRAD_OP {grad_op} B"
     );
-    assert!(grad_op >= 4 * n, "SHARD_GRAD_OP gathered {grad_op} B of {} B", 4 * n);
+    assert!(
+        grad_op >= 4 * n,
+        "SHARD_GRAD_OP gathered {grad_op} B of {} B",
+        4 * n
+    );
     assert!(
         (full as f64) < 0.5 * grad_op as f64,
         "FULL_SHARD peak {full} B is not well below SHARD_GRAD_OP's {grad_op} B"
