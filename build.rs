@@ -9,6 +9,7 @@ fn main() {
     println!("cargo:rerun-if-env-changed=LIBTORCH");
     println!("cargo:rerun-if-changed=build.rs");
     println!("cargo:rerun-if-changed=csrc/storage.cpp");
+    println!("cargo:rerun-if-changed=csrc/vjp.cpp");
     let Some(libtorch) = std::env::var_os("LIBTORCH") else {
         panic!("LIBTORCH is not set; run scripts/setup.sh (it links .venv/libtorch, which .cargo/config.toml names)");
     };
@@ -17,7 +18,9 @@ fn main() {
     cc::Build::new()
         .cpp(true)
         .file("csrc/storage.cpp")
+        .file("csrc/vjp.cpp")
         .include(libtorch.join("include"))
+        .include(libtorch.join("include/torch/csrc/api/include"))
         .flag("-std=c++17")
         .define("_GLIBCXX_USE_CXX11_ABI", "1")
         .warnings(false)

@@ -253,12 +253,54 @@ impl Params {
 /// The gradients are returned, not accumulated into `.grad()`; a tensor that `output` does not
 /// depend on gets `None`. Every tensor of `wrt` must require grad. The graph is freed.
 pub fn vjp(output: &Tensor, grad_output: Option<&Tensor>, wrt: &[&Tensor]) -> Vec<Option<Tensor>> {
-    let root = match grad_output {
-        Some(g) => (output * g).sum(output.kind()),
-        None => output.shallow_clone(),
+    let grads = match grad_output {
+        Some(g) => seeded_backward(output, g, wrt),
+        None => Tensor::run_backward(&[output], wrt, false, false),
     };
-    Tensor::run_backward(&[root], wrt, false, false)
+    grads
         .into_iter()
         .map(|g| g.defined().then_some(g))
+        .collect()
+}
+
+extern "C" {
+    fn flotilla_vjp(
+        output: *const std::ffi::c_void,
+        grad_output: *const std::ffi::c_void,
+        inputs: *const *const std::ffi::c_void,
+        n: std::ffi::c_int,
+        outputs: *mut *mut std::ffi::c_void,
+    ) -> std::ffi::c_int;
+    fn flotilla_vjp_error() -> *const std::ffi::c_char;
+}
+
+/// The autograd engine run from `output` seeded with `grad_output` (the C++ shim
+/// `csrc/vjp.cpp`; tch's `run_backward` only seeds with ones).
+fn seeded_backward(output: &Tensor, grad_output: &Tensor, wrt: &[&Tensor]) -> Vec<Tensor> {
+    let inputs: Vec<*const std::ffi::c_void> = wrt
+        .iter()
+        .map(|t| t.as_ptr() as *const std::ffi::c_void)
+        .collect();
+    let mut outputs = vec![std::ptr::null_mut::<std::ffi::c_void>(); wrt.len()];
+    // SAFETY: every pointer is a live tch tensor handle (an at::Tensor*); the shim fills
+    // `outputs` with new at::Tensor* that the returned tch tensors take ownership of.
+    let code = unsafe {
+        flotilla_vjp(
+            output.as_ptr() as *const std::ffi::c_void,
+            grad_output.as_ptr() as *const std::ffi::c_void,
+            inputs.as_ptr(),
+            inputs.len() as std::ffi::c_int,
+            outputs.as_mut_ptr(),
+        )
+    };
+    if code != 0 {
+        // SAFETY: the shim returns a NUL-terminated thread-local message.
+        let msg = unsafe { std::ffi::CStr::from_ptr(flotilla_vjp_error()) };
+        panic!("backward through a unit failed: {}", msg.to_string_lossy());
+    }
+    outputs
+        .into_iter()
+        // SAFETY: each pointer is a fresh at::Tensor* owned by nobody else.
+        .map(|p| unsafe { Tensor::from_ptr(p as *mut torch_sys::C_tensor) })
         .collect()
 }
