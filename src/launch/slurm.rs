@@ -898,7 +898,8 @@ pub fn live_states(plan: &Plan) -> Result<HashMap<usize, JobState>, SlurmError> 
 /// The status of a run or sweep directory (or one job directory of a sweep): the plan's
 /// records, the scheduler's live states (one batched query) and the directories' markers. State
 /// changes are written back to the plan; a newly FAILED job gets its log tail as message. When
-/// `squeue` is not installed, only the directory is consulted.
+/// `squeue` is not installed or fails (controller down), only the directories are consulted
+/// (with a warning in the latter case).
 pub fn status(dir: &Path) -> Result<RunStatus, SlurmError> {
     let located = locate(dir)?;
     let Some(plan_file) = located.plan else {
@@ -915,6 +916,12 @@ pub fn status(dir: &Path) -> Result<RunStatus, SlurmError> {
     let live = match query(&ids) {
         Ok(live) => Some(live),
         Err(SlurmError::CommandMissing { .. }) => None,
+        // The controller is unreachable (or refuses): say so, and show what the directories
+        // and the plan record rather than nothing.
+        Err(e @ SlurmError::Query { .. }) => {
+            tracing::warn!("{e}; showing the states the run directories record");
+            None
+        }
         Err(e) => return Err(e),
     };
     let lookup = |j: &JobRecord| -> Option<JobState> {
