@@ -197,11 +197,6 @@ pub fn summarize(op: BenchOp, bytes: usize, n: usize, per_rank: &[Vec<f64>]) -> 
     }
 }
 
-fn free_port() -> anyhow::Result<u16> {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").context("finding a free port")?;
-    Ok(l.local_addr()?.port())
-}
-
 /// Starts `args.nprocs` workers, waits for them, and fails if any fails (killing the rest).
 pub fn run(args: &CommBenchArgs) -> anyhow::Result<()> {
     if args.nprocs == 0 {
@@ -214,7 +209,7 @@ pub fn run(args: &CommBenchArgs) -> anyhow::Result<()> {
         parse_size(s)?;
     }
     let exe = std::env::current_exe().context("locating the flotilla executable")?;
-    let port = free_port()?;
+    let port = crate::launch::local::free_port()?;
     let cores = std::thread::available_parallelism()
         .map(|n| n.get())
         .unwrap_or(1);

@@ -16,7 +16,7 @@ use tch::Tensor;
 
 use super::fsdp::{unflatten, GroupLayout};
 use super::trainer::{LossScaler, Trainer, Weights};
-use super::TrainError;
+use super::{read_safetensors, write_safetensors, TrainError};
 use crate::config::schema::LrSchedule;
 use crate::data::SamplerState;
 use crate::dist::comm::{CommunicatorExt, ReduceOp};
@@ -137,20 +137,6 @@ fn on_all_ranks(
     Ok(())
 }
 
-fn write_tensors(path: &Path, tensors: &[(String, Tensor)]) -> Result<(), TrainError> {
-    Tensor::write_safetensors(tensors, path).map_err(|source| TrainError::File {
-        path: path.to_path_buf(),
-        source,
-    })
-}
-
-fn read_tensors(path: &Path) -> Result<Vec<(String, Tensor)>, TrainError> {
-    Tensor::read_safetensors(path).map_err(|source| TrainError::File {
-        path: path.to_path_buf(),
-        source,
-    })
-}
-
 /// Writes a checkpoint of `trainer` at its current step to `<run_dir>/checkpoints/step_<N>/`
 /// (atomically, replacing one of the same step), then removes all but the last `keep_last`
 /// complete checkpoints (`0` keeps all). Returns the checkpoint directory.
@@ -181,7 +167,7 @@ pub fn save(trainer: &Trainer, run_dir: &Path, keep_last: usize) -> Result<PathB
         (Weights::Sharded(f), true) => on_all_ranks(trainer, "write", || {
             let (shard_rank, shard_world) = f.shard_rank_world();
             if f.is_first_replica() {
-                write_tensors(&tmp.join(shard_file(shard_rank)), &f.shard_tensors())?;
+                write_safetensors(&tmp.join(shard_file(shard_rank)), &f.shard_tensors())?;
             }
             if rank == 0 {
                 let meta = ShardedMeta {
@@ -210,8 +196,8 @@ pub fn save(trainer: &Trainer, run_dir: &Path, keep_last: usize) -> Result<PathB
                         .iter()
                         .map(|(n, t)| (n.to_string(), t.shallow_clone()))
                         .collect();
-                    write_tensors(&tmp.join(MODEL_FILE), &params)?;
-                    write_tensors(&tmp.join(OPTIMIZER_FILE), &optimizer)?;
+                    write_safetensors(&tmp.join(MODEL_FILE), &params)?;
+                    write_safetensors(&tmp.join(OPTIMIZER_FILE), &optimizer)?;
                 }
                 Ok(())
             })?
@@ -290,10 +276,10 @@ pub fn read_full(dir: &Path) -> Result<(Params, Vec<(String, Tensor)>), TrainErr
     let meta_path = dir.join(SHARDED_META_FILE);
     if !meta_path.is_file() {
         let mut params = Params::new();
-        for (n, t) in read_tensors(&dir.join(MODEL_FILE))? {
+        for (n, t) in read_safetensors(&dir.join(MODEL_FILE))? {
             params.insert(n, t);
         }
-        return Ok((params, read_tensors(&dir.join(OPTIMIZER_FILE))?));
+        return Ok((params, read_safetensors(&dir.join(OPTIMIZER_FILE))?));
     }
     let text = std::fs::read_to_string(&meta_path).map_err(io(&meta_path))?;
     let meta: ShardedMeta = serde_json::from_str(&text)
@@ -308,7 +294,7 @@ pub fn read_full(dir: &Path) -> Result<(Params, Vec<(String, Tensor)>), TrainErr
     let mut shards: Vec<std::collections::HashMap<String, Tensor>> = vec![];
     for r in 0..meta.shard_world {
         shards.push(
-            read_tensors(&dir.join(shard_file(r)))?
+            read_safetensors(&dir.join(shard_file(r)))?
                 .into_iter()
                 .collect(),
         );

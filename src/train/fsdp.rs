@@ -35,7 +35,7 @@ use serde::{Deserialize, Serialize};
 use tch::{Device, Kind, Tensor};
 
 use super::engine::Strategy;
-use super::optim::AdamWConfig;
+use super::optim::{adamw_update, scale_to_max_norm, AdamWConfig, Decay};
 use super::replicated::{nbytes, MemoryReport};
 use super::TrainError;
 use crate::config::schema::{AutoWrapPolicy, ShardingStrategy};
@@ -143,6 +143,51 @@ pub fn layouts(model: &Llama, groups: &[Range<usize>], shard_world: usize) -> Ve
         .collect()
 }
 
+impl GroupLayout {
+    /// Shard `rank`'s part of a flat `[padded]` tensor (a view).
+    pub fn shard_of(&self, flat: &Tensor, rank: usize) -> Result<Tensor, TrainError> {
+        Ok(flat.f_narrow(0, rank as i64 * self.shard_len, self.shard_len)?)
+    }
+
+    /// Copies the tensors of `named` into their slots of the flat `[padded]` tensor `flat`;
+    /// with `require_all`, a parameter missing from `named` is an error, else its slot is
+    /// left as it is.
+    fn fill(&self, flat: &Tensor, named: &Params, require_all: bool) -> Result<(), TrainError> {
+        tch::no_grad(|| {
+            for e in &self.entries {
+                let Some(src) = named.get(&e.name) else {
+                    if require_all {
+                        return Err(TrainError::BadState(format!(
+                            "no tensor for parameter `{}`",
+                            e.name
+                        )));
+                    }
+                    continue;
+                };
+                flat.f_narrow(0, e.offset, e.numel)?
+                    .f_copy_(&src.f_reshape([-1])?)?;
+            }
+            Ok(())
+        })
+    }
+
+    /// Shard `rank` of the flattened `named` tensors, as a tensor of its own (in `kind`, on
+    /// `device`).
+    fn own_shard(
+        &self,
+        named: &Params,
+        rank: usize,
+        kind: Kind,
+        device: Device,
+    ) -> Result<Tensor, TrainError> {
+        let full = flatten(self, named, kind, device)?;
+        Ok(self
+            .shard_of(&full, rank)?
+            .f_contiguous()?
+            .f_detach_copy()?)
+    }
+}
+
 /// A flat, padded tensor of a group from named tensors (in `kind`, on `device`).
 pub fn flatten(
     layout: &GroupLayout,
@@ -151,16 +196,7 @@ pub fn flatten(
     device: Device,
 ) -> Result<Tensor, TrainError> {
     let flat = Tensor::f_zeros([layout.padded], (kind, device))?;
-    tch::no_grad(|| -> Result<(), TrainError> {
-        for e in &layout.entries {
-            let src = named.get(&e.name).ok_or_else(|| {
-                TrainError::BadState(format!("no tensor for parameter `{}`", e.name))
-            })?;
-            flat.f_narrow(0, e.offset, e.numel)?
-                .f_copy_(&src.f_reshape([-1])?)?;
-        }
-        Ok(())
-    })?;
+    layout.fill(&flat, named, true)?;
     Ok(flat)
 }
 
@@ -308,20 +344,14 @@ impl Fsdp {
         };
         let mut groups = vec![];
         for layout in layouts {
-            let full = flatten(&layout, params, options.master_kind, store_device)?;
-            let shard = full
-                .f_narrow(0, shard_rank as i64 * layout.shard_len, layout.shard_len)?
-                .f_contiguous()?
-                .f_detach_copy()?;
+            let shard = layout.own_shard(params, shard_rank, options.master_kind, store_device)?;
             let decay_full = Tensor::f_zeros([layout.padded], (Kind::Bool, store_device))?;
             for e in &layout.entries {
                 if e.shape.len() >= 2 {
                     let _ = decay_full.f_narrow(0, e.offset, e.numel)?.f_fill_(1)?;
                 }
             }
-            let decay = decay_full
-                .f_narrow(0, shard_rank as i64 * layout.shard_len, layout.shard_len)?
-                .f_contiguous()?;
+            let decay = layout.shard_of(&decay_full, shard_rank)?.f_contiguous()?;
             groups.push(Group {
                 exp_avg: shard.f_zeros_like()?,
                 exp_avg_sq: shard.f_zeros_like()?,
@@ -583,19 +613,13 @@ impl Fsdp {
             }
         }
         let store = self.store_device();
-        let (shard_rank, master_kind) = (self.shard_rank as i64, self.options.master_kind);
+        let (rank, kind) = (self.shard_rank, self.options.master_kind);
         for g in &mut self.groups {
             let l = &g.layout;
-            let range = |flat: Tensor| -> Result<Tensor, TrainError> {
-                Ok(flat
-                    .f_narrow(0, shard_rank * l.shard_len, l.shard_len)?
-                    .f_contiguous()?
-                    .f_detach_copy()?)
-            };
-            g.shard = range(flatten(l, params, master_kind, store)?)?;
+            g.shard = l.own_shard(params, rank, kind, store)?;
             if optimizer.is_some() {
-                g.exp_avg = range(flatten(l, &avg, master_kind, store)?)?;
-                g.exp_avg_sq = range(flatten(l, &sq, master_kind, store)?)?;
+                g.exp_avg = l.own_shard(&avg, rank, kind, store)?;
+                g.exp_avg_sq = l.own_shard(&sq, rank, kind, store)?;
             }
             g.gathered = None;
         }
@@ -657,15 +681,11 @@ impl Fsdp {
             }
             let total = sq.f_sqrt()?;
             let norm = total.f_double_value(&[0])?;
-            if max_norm > 0.0 {
-                let coef = (max_norm / (total + 1e-6)).clamp_max(1.0);
-                for g in &mut self.groups {
-                    if let Some(grad) = &mut g.grad {
-                        let c = coef.to_device(grad.device()).to_kind(grad.kind());
-                        let _ = grad.f_mul_(&c)?;
-                    }
-                }
-            }
+            scale_to_max_norm(
+                &total,
+                max_norm,
+                self.groups.iter().filter_map(|g| g.grad.as_ref()),
+            )?;
             Ok(norm)
         })
     }
@@ -673,29 +693,19 @@ impl Fsdp {
     /// One AdamW step over the local shards (the formulas of [`super::optim::AdamW::step`],
     /// element-wise, weight decay where the element belongs to a 2+-dimensional parameter).
     pub fn optimizer_step(&mut self, lr: f64) -> Result<(), TrainError> {
-        let [b1, b2] = self.adam.betas;
         self.opt_step += 1;
-        let t = self.opt_step as i32;
-        let bc1 = 1.0 - b1.powi(t);
-        let bc2_sqrt = (1.0 - b2.powi(t)).sqrt();
-        let step_size = lr / bc1;
-        let wd = self.adam.weight_decay;
+        let h = self.adam.scalars(self.opt_step, lr);
         tch::no_grad(|| -> Result<(), TrainError> {
             for g in &mut self.groups {
                 let Some(grad) = g.grad.take() else { continue };
-                let p = &mut g.shard;
-                let grad = grad.f_to_kind(p.kind())?;
-                if wd != 0.0 {
-                    let one = Tensor::f_ones([1], (p.kind(), p.device()))?;
-                    let factor = one.f_mul_scalar(1.0 - lr * wd)?;
-                    let factor = factor.f_where_self(&g.decay, &one)?;
-                    let _ = p.f_mul_(&factor)?;
-                }
-                let _ = g.exp_avg.f_lerp_(&grad, 1.0 - b1)?;
-                let _ = g.exp_avg_sq.f_mul_scalar_(b2)?;
-                let _ = g.exp_avg_sq.f_add_(&(&grad * &grad * (1.0 - b2)))?;
-                let denom = g.exp_avg_sq.f_sqrt()?.f_div_scalar(bc2_sqrt)? + self.adam.eps;
-                let _ = p.f_sub_(&(g.exp_avg.f_div(&denom)? * step_size))?;
+                adamw_update(
+                    &mut g.shard,
+                    &grad,
+                    &mut g.exp_avg,
+                    &mut g.exp_avg_sq,
+                    &h,
+                    Decay::Mask(&g.decay),
+                )?;
             }
             Ok(())
         })
@@ -783,15 +793,8 @@ impl Strategy for Fsdp {
             )?);
         }
         let flat = group.grad_flat.as_ref().expect("created above");
-        tch::no_grad(|| -> Result<(), TrainError> {
-            for e in &group.layout.entries {
-                if let Some(g) = grads.get(&e.name) {
-                    flat.f_narrow(0, e.offset, e.numel)?
-                        .f_copy_(&g.f_reshape([-1])?)?;
-                }
-            }
-            Ok(())
-        })?;
+        // A group spanning several units receives their gradients one unit at a time.
+        group.layout.fill(flat, grads, false)?;
         group.units_ready += 1;
         if group.units_ready < group.layout.units.len() {
             return Ok(());
@@ -800,11 +803,7 @@ impl Strategy for Fsdp {
         let (work, out) = match &self.shard_comm {
             None => (Work::completed(), flat),
             Some(comm) => {
-                let out = flat.f_narrow(
-                    0,
-                    self.shard_rank as i64 * group.layout.shard_len,
-                    group.layout.shard_len,
-                )?;
+                let out = group.layout.shard_of(&flat, self.shard_rank)?;
                 let work = comm.reduce_scatter_tensor(&flat, &out, ReduceOp::Sum)?;
                 (work.keep_alive(Box::new(flat)), out)
             }

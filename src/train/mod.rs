@@ -72,3 +72,24 @@ pub enum TrainError {
     #[error(transparent)]
     Torch(#[from] tch::TchError),
 }
+
+/// Writes named tensors to a safetensors file; errors name the file.
+pub(crate) fn write_safetensors(
+    path: &std::path::Path,
+    tensors: &[(String, tch::Tensor)],
+) -> Result<(), TrainError> {
+    tch::Tensor::write_safetensors(tensors, path).map_err(|source| TrainError::File {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+/// Reads every tensor of a safetensors file; errors name the file.
+pub(crate) fn read_safetensors(
+    path: &std::path::Path,
+) -> Result<Vec<(String, tch::Tensor)>, TrainError> {
+    tch::Tensor::read_safetensors(path).map_err(|source| TrainError::File {
+        path: path.to_path_buf(),
+        source,
+    })
+}

@@ -20,6 +20,79 @@ pub struct AdamWConfig {
     pub weight_decay: f64,
 }
 
+/// The per-step scalars of an AdamW update (step count `t` after increment).
+#[derive(Clone, Copy, Debug)]
+pub(super) struct StepScalars {
+    lr: f64,
+    weight_decay: f64,
+    beta1: f64,
+    beta2: f64,
+    eps: f64,
+    /// `lr / (1 − β1^t)`.
+    step_size: f64,
+    /// `sqrt(1 − β2^t)`.
+    bc2_sqrt: f64,
+}
+
+impl AdamWConfig {
+    /// The scalars of step `t` (1-based, after increment) at learning rate `lr`.
+    pub(super) fn scalars(&self, t: u64, lr: f64) -> StepScalars {
+        let [beta1, beta2] = self.betas;
+        let t = t as i32;
+        StepScalars {
+            lr,
+            weight_decay: self.weight_decay,
+            beta1,
+            beta2,
+            eps: self.eps,
+            step_size: lr / (1.0 - beta1.powi(t)),
+            bc2_sqrt: (1.0 - beta2.powi(t)).sqrt(),
+        }
+    }
+}
+
+/// Which elements of a tensor get decoupled weight decay.
+pub(super) enum Decay<'a> {
+    None,
+    All,
+    /// Elements where the boolean mask is set (a flat FSDP shard mixing parameters).
+    Mask(&'a Tensor),
+}
+
+/// One AdamW update of `p` (in place, under the caller's `no_grad`) with gradient `g` and
+/// moments `m`, `v`: `p *= 1 − lr·wd` where decay applies; `m = lerp(m, g, 1−β1)`;
+/// `v = β2·v + (1−β2)·g²`; `p −= lr/(1−β1^t) · m / (sqrt(v)/sqrt(1−β2^t) + eps)`.
+pub(super) fn adamw_update(
+    p: &mut Tensor,
+    g: &Tensor,
+    m: &mut Tensor,
+    v: &mut Tensor,
+    h: &StepScalars,
+    decay: Decay<'_>,
+) -> Result<(), TrainError> {
+    let g = g.f_to_kind(p.kind())?;
+    if h.weight_decay != 0.0 {
+        let factor = 1.0 - h.lr * h.weight_decay;
+        match decay {
+            Decay::None => {}
+            Decay::All => {
+                let _ = p.f_mul_scalar_(factor)?;
+            }
+            Decay::Mask(mask) => {
+                let one = Tensor::f_ones([1], (p.kind(), p.device()))?;
+                let factor = one.f_mul_scalar(factor)?.f_where_self(mask, &one)?;
+                let _ = p.f_mul_(&factor)?;
+            }
+        }
+    }
+    let _ = m.f_lerp_(&g, 1.0 - h.beta1)?;
+    let _ = v.f_mul_scalar_(h.beta2)?;
+    let _ = v.f_add_(&(&g * &g * (1.0 - h.beta2)))?;
+    let denom = v.f_sqrt()?.f_div_scalar(h.bc2_sqrt)? + h.eps;
+    let _ = p.f_sub_(&(m.f_div(&denom)? * h.step_size))?;
+    Ok(())
+}
+
 /// Per-parameter moments.
 #[derive(Debug)]
 pub struct ParamState {
@@ -76,13 +149,8 @@ impl AdamW {
                 }
             }
         }
-        let [b1, b2] = self.config.betas;
         self.step += 1;
-        let t = self.step as i32;
-        let bc1 = 1.0 - b1.powi(t);
-        let bc2_sqrt = (1.0 - b2.powi(t)).sqrt();
-        let step_size = lr / bc1;
-        let wd = self.config.weight_decay;
+        let h = self.config.scalars(self.step, lr);
         tch::no_grad(|| -> Result<(), TrainError> {
             for (name, p) in params.iter() {
                 let Some(g) = grads.get(name) else { continue };
@@ -93,16 +161,19 @@ impl AdamW {
                         exp_avg: p.zeros_like(),
                         exp_avg_sq: p.zeros_like(),
                     });
-                let mut p = p.shallow_clone();
-                let g = g.to_kind(p.kind());
-                if wd != 0.0 && p.dim() >= 2 {
-                    let _ = p.f_mul_scalar_(1.0 - lr * wd)?;
-                }
-                let _ = st.exp_avg.f_lerp_(&g, 1.0 - b1)?;
-                let _ = st.exp_avg_sq.f_mul_scalar_(b2)?;
-                let _ = st.exp_avg_sq.f_add_(&(&g * &g * (1.0 - b2)))?;
-                let denom = st.exp_avg_sq.f_sqrt()?.f_div_scalar(bc2_sqrt)? + self.config.eps;
-                let _ = p.f_sub_(&(st.exp_avg.f_div(&denom)? * step_size))?;
+                let decay = if p.dim() >= 2 {
+                    Decay::All
+                } else {
+                    Decay::None
+                };
+                adamw_update(
+                    &mut p.shallow_clone(),
+                    g,
+                    &mut st.exp_avg,
+                    &mut st.exp_avg_sq,
+                    &h,
+                    decay,
+                )?;
             }
             Ok(())
         })
@@ -163,20 +234,12 @@ impl AdamW {
 
     /// Writes the state to a safetensors file.
     pub fn save(&self, path: &Path) -> Result<(), TrainError> {
-        let tensors = self.state_tensors();
-        Tensor::write_safetensors(&tensors, path).map_err(|source| TrainError::File {
-            path: path.to_path_buf(),
-            source,
-        })
+        super::write_safetensors(path, &self.state_tensors())
     }
 
     /// Reads a state written by [`AdamW::save`].
     pub fn load(&mut self, path: &Path) -> Result<(), TrainError> {
-        let tensors = Tensor::read_safetensors(path).map_err(|source| TrainError::File {
-            path: path.to_path_buf(),
-            source,
-        })?;
-        self.load_state_tensors(tensors)
+        self.load_state_tensors(super::read_safetensors(path)?)
     }
 }
 
@@ -194,14 +257,28 @@ pub fn clip_grad_norm(grads: &Params, max_norm: f64) -> Result<f64, TrainError> 
         }
         let total = Tensor::f_stack(&norms, 0)?.f_norm()?;
         let norm = total.f_double_value(&[])?;
-        if max_norm > 0.0 {
-            let coef = (max_norm / (total + 1e-6)).clamp_max(1.0);
-            for (_, g) in grads.iter() {
-                let mut g = g.shallow_clone();
-                let c = coef.to_device(g.device()).to_kind(g.kind());
-                let _ = g.f_mul_(&c)?;
-            }
-        }
+        scale_to_max_norm(&total, max_norm, grads.iter().map(|(_, g)| g))?;
         Ok(norm)
+    })
+}
+
+/// Clips gradients whose global norm is `total` (a scalar tensor) to `max_norm` in place: each
+/// is scaled by `min(1, max_norm / (total + 1e-6))`, as `clip_grad_norm_`. Nothing when
+/// `max_norm <= 0`.
+pub(super) fn scale_to_max_norm<'a>(
+    total: &Tensor,
+    max_norm: f64,
+    grads: impl Iterator<Item = &'a Tensor>,
+) -> Result<(), TrainError> {
+    if max_norm <= 0.0 {
+        return Ok(());
+    }
+    let coef = (max_norm / (total + 1e-6)).clamp_max(1.0);
+    tch::no_grad(|| {
+        for g in grads {
+            let c = coef.f_to_device(g.device())?.f_to_kind(g.kind())?;
+            let _ = g.shallow_clone().f_mul_(&c)?;
+        }
+        Ok(())
     })
 }

@@ -178,10 +178,7 @@ impl GradReducer {
         }
         let grads = std::mem::take(&mut self.bucket);
         self.bucket_bytes = 0;
-        let flat = Tensor::f_cat(
-            &grads.iter().map(|g| g.reshape([-1])).collect::<Vec<_>>(),
-            0,
-        )?;
+        let flat = concat_flat(&grads)?;
         let work = self.comm.all_reduce_tensor(&flat, ReduceOp::Sum)?;
         self.buckets_launched += 1;
         self.in_flight.push(InFlight { work, flat, grads });
@@ -193,41 +190,40 @@ impl GradReducer {
         self.launch()?;
         for InFlight { work, flat, grads } in self.in_flight.drain(..) {
             work.wait()?;
-            let mut offset = 0;
-            tch::no_grad(|| -> Result<(), TrainError> {
-                for g in grads {
-                    let n = g.numel() as i64;
-                    let mut g = g;
-                    g.f_copy_(&flat.f_narrow(0, offset, n)?.f_view(g.size().as_slice())?)?;
-                    offset += n;
-                }
-                Ok(())
-            })?;
+            copy_from_flat(&flat, &grads)?;
         }
         Ok(())
     }
 }
 
-/// Copies rank 0's parameters into every rank's (DDP's start-up broadcast), one flat
-/// broadcast per dtype.
-pub fn broadcast_params(comm: &dyn Communicator, params: &Params) -> Result<(), TrainError> {
-    let tensors: Vec<&Tensor> = params.iter().map(|(_, t)| t).collect();
-    if tensors.is_empty() {
-        return Ok(());
-    }
-    let flat = Tensor::f_cat(
-        &tensors.iter().map(|t| t.reshape([-1])).collect::<Vec<_>>(),
-        0,
-    )?;
-    comm.broadcast_tensor(&flat, 0)?.wait()?;
+/// The tensors flattened and concatenated, in order (a new tensor).
+fn concat_flat(tensors: &[Tensor]) -> Result<Tensor, TrainError> {
+    let flat: Vec<Tensor> = tensors.iter().map(|t| t.reshape([-1])).collect();
+    Ok(Tensor::f_cat(&flat, 0)?)
+}
+
+/// Copies consecutive pieces of `flat` back into `tensors` (the inverse of [`concat_flat`]).
+fn copy_from_flat(flat: &Tensor, tensors: &[Tensor]) -> Result<(), TrainError> {
     let mut offset = 0;
-    tch::no_grad(|| -> Result<(), TrainError> {
+    tch::no_grad(|| {
         for t in tensors {
             let n = t.numel() as i64;
-            let mut t = t.shallow_clone();
-            t.f_copy_(&flat.f_narrow(0, offset, n)?.f_view(t.size().as_slice())?)?;
+            t.shallow_clone()
+                .f_copy_(&flat.f_narrow(0, offset, n)?.f_view(t.size().as_slice())?)?;
             offset += n;
         }
         Ok(())
     })
+}
+
+/// Copies rank 0's parameters into every rank's (DDP's start-up broadcast), one flat
+/// broadcast per dtype.
+pub fn broadcast_params(comm: &dyn Communicator, params: &Params) -> Result<(), TrainError> {
+    let tensors: Vec<Tensor> = params.iter().map(|(_, t)| t.shallow_clone()).collect();
+    if tensors.is_empty() {
+        return Ok(());
+    }
+    let flat = concat_flat(&tensors)?;
+    comm.broadcast_tensor(&flat, 0)?.wait()?;
+    copy_from_flat(&flat, &tensors)
 }
