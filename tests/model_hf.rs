@@ -15,26 +15,8 @@ use flotilla::config::schema::ModelConfig;
 use flotilla::model::{causal_lm_loss, load_hf, save_hf, Llama, ModelError, Params};
 use tch::{Device, Kind, Tensor};
 
-fn venv_python() -> PathBuf {
-    let venv = std::env::var_os("FLOTILLA_VENV")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join(".venv"));
-    venv.join("bin").join("python")
-}
-
 fn oracle_script() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/oracle/make_llama_fixtures.py")
-}
-
-/// The venv python, if transformers and safetensors import there.
-fn oracle_python() -> Option<PathBuf> {
-    let python = venv_python();
-    let ok = Command::new(&python)
-        .args(["-c", "import transformers, safetensors"])
-        .output()
-        .map(|o| o.status.success())
-        .unwrap_or(false);
-    ok.then_some(python)
 }
 
 fn kind_of(dtype: &str) -> Kind {
@@ -61,11 +43,11 @@ fn max_rel_err(ours: &Tensor, theirs: &Tensor) -> f64 {
 
 #[test]
 fn transformers_oracle_both_directions() {
-    let Some(python) = oracle_python() else {
+    let Some(python) = common::oracle_python() else {
         eprintln!(
             "SKIPPED transformers_oracle_both_directions: `import transformers, safetensors` \
              fails in {}; run scripts/setup.sh",
-            venv_python().display()
+            common::venv_python().display()
         );
         return;
     };

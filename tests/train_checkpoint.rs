@@ -21,32 +21,11 @@ fn model_config() -> ModelConfig {
 }
 
 fn trainer_config(checkpoint_every: u64, keep: usize) -> TrainerConfig {
-    let yaml = format!(
-        "dist: {{mode: none}}
-max_steps: 12
-global_batch_size: 8
-micro_batch_size: 4
-lr: 3.0e-3
-min_lr: 3.0e-4
-warmup_steps: 3
-schedule: cosine
-weight_decay: 0.1
-betas: [0.9, 0.95]
-eps: 1.0e-8
-grad_clip: 1.0
-precision: 32-true
-device: cpu
-eval_every: 4
-eval_batches: 2
-checkpoint_every: {checkpoint_every}
-keep_last_checkpoints: {keep}
-resume: auto
-log_every: 1
-activation_checkpointing: false
-seed: 7
-"
-    );
-    serde_yaml::from_str(&yaml).unwrap()
+    common::trainer_config(&format!(
+        "{{max_steps: 12, min_lr: 3.0e-4, warmup_steps: 3, schedule: cosine, eval_every: 4, \
+         eval_batches: 2, checkpoint_every: {checkpoint_every}, \
+         keep_last_checkpoints: {keep}, resume: auto}}"
+    ))
 }
 
 fn data() -> Data {

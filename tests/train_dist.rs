@@ -25,6 +25,7 @@
 //! are run once per test binary and shared. Every world has a deadline; a hang kills its
 //! ranks and fails the test.
 
+mod common;
 #[path = "common/world.rs"]
 mod world;
 
@@ -640,24 +641,6 @@ fn consolidate(checkpoint: &Path, out: &Path) {
     );
 }
 
-fn venv_python() -> PathBuf {
-    let venv = std::env::var_os("FLOTILLA_VENV")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join(".venv"));
-    venv.join("bin").join("python")
-}
-
-/// The venv python, if transformers and safetensors import there.
-fn oracle_python() -> Option<PathBuf> {
-    let python = venv_python();
-    let ok = Command::new(&python)
-        .args(["-c", "import transformers, safetensors"])
-        .output()
-        .map(|o| o.status.success())
-        .unwrap_or(false);
-    ok.then_some(python)
-}
-
 #[test]
 fn consolidated_sharded_checkpoint_equals_the_full_weights_and_loads_in_transformers() {
     let run = full_shard_2();
@@ -681,11 +664,11 @@ fn consolidated_sharded_checkpoint_equals_the_full_weights_and_loads_in_transfor
         "consolidated step-30 weights differ from the run's final/"
     );
 
-    let Some(python) = oracle_python() else {
+    let Some(python) = common::oracle_python() else {
         panic!(
             "`import transformers, safetensors` fails in {}; run scripts/setup.sh \
              (the transformers check of the consolidated directory cannot run)",
-            venv_python().display()
+            common::venv_python().display()
         );
     };
     let tokens: Vec<Vec<i64>> = (0..2)
@@ -725,32 +708,9 @@ fn consolidated_sharded_checkpoint_equals_the_full_weights_and_loads_in_transfor
 // Memory accounting
 
 fn trainer_config(world: usize, dist: &str) -> TrainerConfig {
-    let yaml = format!(
-        "dist: {dist}
-max_steps: 10
-global_batch_size: {world}
-micro_batch_size: 1
-lr: 1.0e-3
-min_lr: 0.0
-warmup_steps: 0
-schedule: constant
-weight_decay: 0.1
-betas: [0.9, 0.95]
-eps: 1.0e-8
-grad_clip: 1.0
-precision: 32-true
-device: cpu
-eval_every: 0
-eval_batches: 1
-checkpoint_every: 0
-keep_last_checkpoints: 0
-resume: never
-log_every: 1
-activation_checkpointing: false
-seed: 7
-"
-    );
-    serde_yaml::from_str(&yaml).unwrap_or_else(|e| panic!("{yaml}: {e}"))
+    common::trainer_config(&format!(
+        "{{dist: {dist}, global_batch_size: {world}, micro_batch_size: 1, lr: 1.0e-3}}"
+    ))
 }
 
 const DDP: &str = "{mode: ddp, backend: cpu, timeout_s: 120, bucket_cap_mb: 25}";

@@ -6,6 +6,8 @@
 //! `min_lr`, clipping active at some steps and not at others, weight decay, and gradient
 //! accumulation (4 micro-batches per step).
 
+mod common;
+
 use std::path::Path;
 use std::process::Command;
 
@@ -37,22 +39,13 @@ fn oracle(dir: &Path) -> Vec<[f64; 3]> {
         "1e-8".into(),
         CLIP.to_string(),
     ];
-    let out = Command::new(format!("{root}/.venv/bin/python"))
-        .arg(format!("{root}/tests/oracle/train_oracle.py"))
-        .arg("tokens")
-        .arg(dir)
-        .args(args)
-        .env("TRANSFORMERS_VERBOSITY", "error")
-        .env("HF_HUB_OFFLINE", "1")
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    serde_json::from_str(stdout.lines().last().unwrap()).unwrap()
+    common::run_oracle(
+        Command::new(common::venv_python())
+            .arg(format!("{root}/tests/oracle/train_oracle.py"))
+            .arg("tokens")
+            .arg(dir)
+            .args(args),
+    )
 }
 
 /// `flotilla train` on the oracle's weights and tokens; the (step, loss, grad_norm, lr) rows of

@@ -24,32 +24,9 @@ fn model_config() -> ModelConfig {
 }
 
 fn trainer_config(schedule: &str) -> TrainerConfig {
-    let yaml = format!(
-        "dist: {{mode: none}}
-max_steps: {STEPS}
-global_batch_size: 8
-micro_batch_size: 4
-lr: 3.0e-3
-min_lr: 3.0e-4
-warmup_steps: 5
-schedule: {schedule}
-weight_decay: 0.1
-betas: [0.9, 0.95]
-eps: 1.0e-8
-grad_clip: 1.0
-precision: 32-true
-device: cpu
-eval_every: 0
-eval_batches: 1
-checkpoint_every: 0
-keep_last_checkpoints: 0
-resume: never
-log_every: 1
-activation_checkpointing: false
-seed: 7
-"
-    );
-    serde_yaml::from_str(&yaml).unwrap_or_else(|e| panic!("{yaml}: {e}"))
+    common::trainer_config(&format!(
+        "{{max_steps: {STEPS}, min_lr: 3.0e-4, warmup_steps: 5, schedule: {schedule}}}"
+    ))
 }
 
 fn dataset() -> Arc<dyn Dataset> {
@@ -97,32 +74,24 @@ fn run_oracle(dir: &Path, t: &TrainerConfig, schedule: &str) -> Vec<[f64; 3]> {
     let batches = dir.join("batches.safetensors");
     Tensor::write_safetensors(&tensors, &batches).unwrap();
     let root = env!("CARGO_MANIFEST_DIR");
-    let out = Command::new(format!("{root}/.venv/bin/python"))
-        .arg(format!("{root}/tests/oracle/train_oracle.py"))
-        .arg(dir.join("init"))
-        .arg(&batches)
-        .arg(STEPS.to_string())
-        .args([
-            t.lr.to_string(),
-            t.min_lr.to_string(),
-            t.warmup_steps.to_string(),
-            schedule.to_string(),
-            t.weight_decay.to_string(),
-            t.betas[0].to_string(),
-            t.betas[1].to_string(),
-            t.eps.to_string(),
-            t.grad_clip.to_string(),
-        ])
-        .env("TRANSFORMERS_VERBOSITY", "error")
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    serde_json::from_str(stdout.lines().last().unwrap()).unwrap()
+    common::run_oracle(
+        Command::new(common::venv_python())
+            .arg(format!("{root}/tests/oracle/train_oracle.py"))
+            .arg(dir.join("init"))
+            .arg(&batches)
+            .arg(STEPS.to_string())
+            .args([
+                t.lr.to_string(),
+                t.min_lr.to_string(),
+                t.warmup_steps.to_string(),
+                schedule.to_string(),
+                t.weight_decay.to_string(),
+                t.betas[0].to_string(),
+                t.betas[1].to_string(),
+                t.eps.to_string(),
+                t.grad_clip.to_string(),
+            ]),
+    )
 }
 
 #[test]

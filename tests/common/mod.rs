@@ -1,8 +1,9 @@
 //! Fixtures shared by the integration tests.
 
-use flotilla::config::schema::ModelConfig;
+use flotilla::config::schema::{ModelConfig, TrainerConfig};
 
 /// A small Llama configuration (2 layers, GQA 4:2) for fast model and engine tests.
+#[allow(dead_code)]
 pub fn tiny_model_config(tied: bool) -> ModelConfig {
     ModelConfig {
         name: "t".into(),
@@ -20,4 +21,84 @@ pub fn tiny_model_config(tied: bool) -> ModelConfig {
         initializer_range: 0.02,
         init_from: None,
     }
+}
+
+/// A complete `trainer:` section for tests: one process, fp32 on CPU, constant LR with no
+/// warmup, no evaluation or checkpoints, with `overrides` (a YAML mapping such as
+/// `{max_steps: 12, schedule: cosine}`) replacing keys of that base.
+#[allow(dead_code)]
+pub fn trainer_config(overrides: &str) -> TrainerConfig {
+    const BASE: &str = "
+dist: {mode: none}
+max_steps: 10
+global_batch_size: 8
+micro_batch_size: 4
+lr: 3.0e-3
+min_lr: 0.0
+warmup_steps: 0
+schedule: constant
+weight_decay: 0.1
+betas: [0.9, 0.95]
+eps: 1.0e-8
+grad_clip: 1.0
+precision: 32-true
+device: cpu
+eval_every: 0
+eval_batches: 1
+checkpoint_every: 0
+keep_last_checkpoints: 0
+resume: never
+log_every: 1
+activation_checkpointing: false
+seed: 7
+";
+    let mut config: serde_yaml::Mapping = serde_yaml::from_str(BASE).unwrap();
+    let overrides: serde_yaml::Mapping = serde_yaml::from_str(overrides)
+        .unwrap_or_else(|e| panic!("trainer overrides {overrides}: {e}"));
+    for (k, v) in overrides {
+        assert!(config.contains_key(&k), "unknown trainer key {k:?}");
+        config.insert(k, v);
+    }
+    serde_yaml::from_value(serde_yaml::Value::Mapping(config))
+        .unwrap_or_else(|e| panic!("trainer config: {e}"))
+}
+
+/// Runs a Python oracle (`.venv/bin/python` with transformers quiet and offline), asserts that
+/// it succeeded, and parses the JSON of its last line of output.
+#[allow(dead_code)]
+pub fn run_oracle<T: serde::de::DeserializeOwned>(cmd: &mut std::process::Command) -> T {
+    let out = cmd
+        .env("TRANSFORMERS_VERBOSITY", "error")
+        .env("HF_HUB_OFFLINE", "1")
+        .output()
+        .unwrap_or_else(|e| panic!("cannot start {cmd:?}: {e}"));
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let last = stdout.lines().last().unwrap_or_default();
+    serde_json::from_str(last).unwrap_or_else(|e| panic!("{cmd:?}: last line {last:?}: {e}"))
+}
+
+/// The project venv's python (`FLOTILLA_VENV`, else `.venv`).
+#[allow(dead_code)]
+pub fn venv_python() -> std::path::PathBuf {
+    let venv = std::env::var_os("FLOTILLA_VENV")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(".venv"));
+    venv.join("bin").join("python")
+}
+
+/// The venv python, if transformers and safetensors import there.
+#[allow(dead_code)]
+pub fn oracle_python() -> Option<std::path::PathBuf> {
+    let python = venv_python();
+    let ok = std::process::Command::new(&python)
+        .args(["-c", "import transformers, safetensors"])
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false);
+    ok.then_some(python)
 }
