@@ -26,7 +26,6 @@ Usage: .venv/bin/python benches/train_dist.py [--preset small] [--seq 128] [--mi
 """
 import argparse
 import contextlib
-import csv
 import json
 import os
 import socket
@@ -39,23 +38,10 @@ import time
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-LR, BETAS, EPS, WD, CLIP = 3e-4, (0.9, 0.95), 1e-8, 0.1, 1.0
-
-
-def load_preset(name):
-    import yaml
-    from transformers import LlamaConfig
-
-    with open(os.path.join(ROOT, "conf", "model", f"{name}.yaml")) as f:
-        m = yaml.safe_load(f)
-    rope = {"rope_type": "default", "rope_theta": m["rope_theta"]}
-    if m.get("rope_scaling"):
-        rope = {**m["rope_scaling"], "rope_theta": m["rope_theta"]}
-    keys = ["vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
-            "num_attention_heads", "num_key_value_heads", "max_position_embeddings",
-            "rms_norm_eps", "tie_word_embeddings", "initializer_range"]
-    return LlamaConfig(**{k: m[k] for k in keys}, rope_parameters=rope)
+from bench_train import (  # noqa: E402
+    BETAS, CLIP, EPS, LR, ROOT, WD, build_flotilla, flotilla_train_cmd, load_preset,
+    read_flotilla_metrics,
+)
 
 
 def free_port():
@@ -70,19 +56,9 @@ def free_port():
 
 def run_flotilla(args, tokens_path, run_dir, mode, world):
     steps = args.warmup + args.steps
-    cmd = [
-        args.flotilla, "train", "--run-dir", run_dir,
-        f"trainer/dist={mode}", f"compute.tasks_per_node={world}", f"model={args.preset}",
-        "data=tokens", f"data.path={tokens_path}", "data.token_dtype=uint16",
-        f"data.seq_len={args.seq}", "data.shuffle=false",
-        f"trainer.max_steps={steps}", f"trainer.global_batch_size={args.global_batch}",
-        f"trainer.micro_batch_size={args.micro}", f"trainer.lr={LR}", "trainer.min_lr=0.0",
-        "trainer.warmup_steps=0", "trainer.schedule=constant", f"trainer.weight_decay={WD}",
-        f"trainer.betas=[{BETAS[0]},{BETAS[1]}]", f"trainer.eps={EPS}",
-        f"trainer.grad_clip={CLIP}", "trainer.precision=32-true", "trainer.device=cpu",
-        "trainer.eval_every=0", "trainer.checkpoint_every=0", "trainer.resume=never",
-        "trainer.log_every=1000000", "trainer.activation_checkpointing=false",
-    ]
+    cmd = flotilla_train_cmd(args.flotilla, run_dir, mode=mode, world=world, preset=args.preset,
+                             tokens_path=tokens_path, seq=args.seq, steps=steps,
+                             global_batch=args.global_batch, micro=args.micro)
     if mode == "fsdp":
         cmd.append("trainer.dist.sharding_strategy=FULL_SHARD")
     port = free_port()
@@ -109,10 +85,7 @@ def run_flotilla(args, tokens_path, run_dir, mode, world):
         for r in failed:
             sys.stderr.write(open(f"{run_dir}.rank{r}.log").read())
         sys.exit(f"flotilla {mode} on {world} rank(s) failed (ranks {failed})")
-    with open(os.path.join(run_dir, "metrics.csv")) as f:
-        rows = list(csv.DictReader(f))
-    assert len(rows) == steps, (len(rows), steps)
-    return [float(r["tokens_per_s"]) for r in rows[args.warmup:]], [float(r["loss"]) for r in rows]
+    return read_flotilla_metrics(run_dir, steps, args.warmup)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -277,8 +250,7 @@ def main():
                      f"{args.micro} on {w} rank(s)")
     sides = set(args.only.split(","))
     if "flotilla" in sides and not args.no_build:
-        subprocess.run(["cargo", "build", "--release", "--quiet", "--bin", "flotilla"], cwd=ROOT,
-                       check=True)
+        build_flotilla()
     import numpy as np
     from transformers import LlamaForCausalLM
 

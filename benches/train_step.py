@@ -16,7 +16,6 @@ Usage: .venv/bin/python benches/train_step.py [--preset small] [--seq 256] [--mi
        [--steps 10] [--warmup 3] [--threads N] [--repeat R] [--flotilla BIN] [--no-build]
 """
 import argparse
-import csv
 import os
 import statistics
 import subprocess
@@ -29,48 +28,25 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
-import yaml  # noqa: E402
-from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
+from transformers import LlamaForCausalLM  # noqa: E402
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-LR, BETAS, EPS, WD, CLIP = 3e-4, (0.9, 0.95), 1e-8, 0.1, 1.0
-
-
-def load_preset(name):
-    with open(os.path.join(ROOT, "conf", "model", f"{name}.yaml")) as f:
-        m = yaml.safe_load(f)
-    rope = {"rope_type": "default", "rope_theta": m["rope_theta"]}
-    if m.get("rope_scaling"):
-        rope = {**m["rope_scaling"], "rope_theta": m["rope_theta"]}
-    keys = ["vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
-            "num_attention_heads", "num_key_value_heads", "max_position_embeddings",
-            "rms_norm_eps", "tie_word_embeddings", "initializer_range"]
-    return LlamaConfig(**{k: m[k] for k in keys}, rope_parameters=rope)
+from bench_train import (  # noqa: E402
+    BETAS, CLIP, EPS, LR, ROOT, WD, build_flotilla, flotilla_train_cmd, load_preset,
+    read_flotilla_metrics,
+)
 
 
 def run_flotilla(args, tokens_path, run_dir):
     steps = args.warmup + args.steps
-    cmd = [
-        args.flotilla, "train", "--run-dir", run_dir,
-        "trainer/dist=none", "compute.tasks_per_node=1", f"model={args.preset}", "data=tokens", f"data.path={tokens_path}",
-        "data.token_dtype=uint16", f"data.seq_len={args.seq}", "data.shuffle=false",
-        f"trainer.max_steps={steps}", f"trainer.global_batch_size={args.micro}",
-        f"trainer.micro_batch_size={args.micro}", f"trainer.lr={LR}", "trainer.min_lr=0.0",
-        "trainer.warmup_steps=0", "trainer.schedule=constant", f"trainer.weight_decay={WD}",
-        f"trainer.betas=[{BETAS[0]},{BETAS[1]}]", f"trainer.eps={EPS}",
-        f"trainer.grad_clip={CLIP}", "trainer.precision=32-true", "trainer.device=cpu",
-        "trainer.eval_every=0", "trainer.checkpoint_every=0", "trainer.resume=never",
-        "trainer.log_every=1000000", "trainer.activation_checkpointing=false",
-    ]
+    cmd = flotilla_train_cmd(args.flotilla, run_dir, mode="none", world=1, preset=args.preset,
+                             tokens_path=tokens_path, seq=args.seq, steps=steps,
+                             global_batch=args.micro, micro=args.micro)
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), MKL_NUM_THREADS=str(args.threads),
                FLOTILLA_LOG="warn")
     out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
     if out.returncode != 0:
         sys.exit(f"flotilla train failed ({out.returncode}):\n{out.stderr}")
-    with open(os.path.join(run_dir, "metrics.csv")) as f:
-        rows = list(csv.DictReader(f))
-    assert len(rows) == steps, (len(rows), steps)
-    return [float(r["tokens_per_s"]) for r in rows[args.warmup:]], [float(r["loss"]) for r in rows]
+    return read_flotilla_metrics(run_dir, steps, args.warmup)
 
 
 def run_torch(args, config, stream):
@@ -119,8 +95,7 @@ def main():
     torch.set_num_threads(args.threads)
 
     if not args.no_build:
-        subprocess.run(["cargo", "build", "--release", "--quiet", "--bin", "flotilla"], cwd=ROOT,
-                       check=True)
+        build_flotilla()
     config = load_preset(args.preset)
     n_params = sum(p.numel() for p in LlamaForCausalLM(config).parameters())
     steps = args.warmup + args.steps
