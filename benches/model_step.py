@@ -14,24 +14,15 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 import torch  # noqa: E402
-import yaml  # noqa: E402
-from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
+from transformers import LlamaForCausalLM  # noqa: E402
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from bench_train import load_preset  # noqa: E402
 
 
 def main():
     preset, seq, batch, iters = (sys.argv[1:] + ["small", "256", "4", "5"][len(sys.argv) - 1:])[:4]
     seq, batch, iters = int(seq), int(batch), int(iters)
-    with open(os.path.join(ROOT, "conf", "model", f"{preset}.yaml")) as f:
-        m = yaml.safe_load(f)
-    rope = {"rope_type": "default", "rope_theta": m["rope_theta"]}
-    if m.get("rope_scaling"):
-        rope = {**m["rope_scaling"], "rope_theta": m["rope_theta"]}
-    keys = ["vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
-            "num_attention_heads", "num_key_value_heads", "max_position_embeddings",
-            "rms_norm_eps", "tie_word_embeddings", "initializer_range"]
-    config = LlamaConfig(**{k: m[k] for k in keys}, rope_parameters=rope)
+    config = load_preset(preset)
     model = LlamaForCausalLM(config).float().train()
     tokens = torch.randint(0, config.vocab_size, (batch, seq))
     n = sum(p.numel() for p in model.parameters())
