@@ -182,3 +182,57 @@ fn plan_table_lists_one_line_per_job() {
     assert!(text.contains("+x=0") && text.contains("+x=2"), "{text}");
     assert!(text.trim_end().ends_with("3 jobs"), "{text}");
 }
+
+/// Composes a primary config holding `text` in a fresh directory.
+fn compose_text(text: &[u8]) -> (Output, std::time::Duration) {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("config.yaml"), text).unwrap();
+    let start = std::time::Instant::now();
+    let out = flotilla(&["compose", "--config-dir", dir.path().to_str().unwrap()]);
+    (out, start.elapsed())
+}
+
+/// The "billion laughs" document: 9 levels of anchors, each a list of 9 aliases of the last.
+fn billion_laughs() -> String {
+    let mut text = String::from("lol0: &lol0 \"lol\"\n");
+    for level in 1..=9 {
+        let aliases = vec![format!("*lol{}", level - 1); 9].join(", ");
+        text.push_str(&format!("lol{level}: &lol{level} [{aliases}]\n"));
+    }
+    text
+}
+
+#[test]
+fn alias_bomb_is_refused_naming_file_and_anchor() {
+    let (out, _) = compose_text(billion_laughs().as_bytes());
+    assert_config_error(&out, &["config.yaml:", "alias *lol", "anchor &lol"]);
+    // Aliases that stay small keep working.
+    let (out, _) = compose_text(b"base: &b {x: 1, y: [1, 2]}\nuse1: *b\nuse2:\n  <<: *b\n  y: 3\n");
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&out);
+    assert!(
+        text.contains("use1:\n  x: 1") && text.contains("use2:\n  x: 1\n  'y': 3"),
+        "{text}"
+    );
+}
+
+#[test]
+fn very_deep_nesting_is_a_clean_error() {
+    let depth = 100_000;
+    let text = format!("a: {}{}\n", "[".repeat(depth), "]".repeat(depth));
+    let (out, _) = compose_text(text.as_bytes());
+    assert_config_error(&out, &["config.yaml:", "nested deeper than"]);
+    let text = format!("a: {}1{}\n", "{b: ".repeat(600), "}".repeat(600));
+    let (out, _) = compose_text(text.as_bytes());
+    assert_config_error(&out, &["config.yaml:", "nested deeper than 512"]);
+}
+
+#[test]
+fn huge_scalar_and_junk_bytes_are_handled() {
+    let big = "x".repeat(8 << 20);
+    let (out, _) = compose_text(format!("a: {big}\n").as_bytes());
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(stdout(&out).len(), big.len() + "a: \n".len());
+    let (out, _) = compose_text(b"a: 1\n\xff\xfe\x00junk: [\n");
+    assert_config_error(&out, &["config.yaml"]);
+}

@@ -8,8 +8,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
 
-use flotilla::config::schema::{DataConfig, TokenDtype};
-use flotilla::data::{
+use flotilla_config::schema::{DataConfig, TokenDtype};
+use flotilla_train::data::{
     self, arithmetic, eval_batches, greedy_generate, ArithmeticTask, BatchLayout, DataError,
     DataLoader, DataOptions, Dataset, SamplerState, SequenceDataset, Tokenizer, TokensDataset,
     IGNORE_INDEX,

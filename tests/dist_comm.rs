@@ -7,9 +7,11 @@
 //! exits, is killed or goes silent mid-collective, every other rank gets an error naming a
 //! peer within the configured timeout (a few seconds here), and that nothing hangs.
 
-use flotilla::dist::comm::{CommError, Communicator, CommunicatorExt, Element, ReduceOp, Work};
-use flotilla::dist::cpu::{CpuComm, CpuOptions};
-use flotilla::dist::store::{KvStore, MemoryStore, Store, StoreConfig};
+use flotilla_train::distributed::comm::{
+    CommError, Communicator, CommunicatorExt, Element, ReduceOp, Work,
+};
+use flotilla_train::distributed::cpu::{CpuComm, CpuOptions};
+use flotilla_train::distributed::store::{KvStore, MemoryStore, Store, StoreConfig};
 use half::{bf16, f16};
 use std::fmt::Debug;
 use std::path::PathBuf;
@@ -347,7 +349,10 @@ fn matrix_for<T: TestElem>(c: &dyn Communicator, lens: &[usize], salt: usize) ->
     let dt = T::DTYPE;
     for &len in lens {
         for op in [ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max, ReduceOp::Min] {
-            if dt == flotilla::dist::comm::DType::I64 && op == ReduceOp::Avg && len > 1000 {
+            if dt == flotilla_train::distributed::comm::DType::I64
+                && op == ReduceOp::Avg
+                && len > 1000
+            {
                 continue; // integer average is covered by the short lengths
             }
             let what = format!("all_reduce {op:?} {dt} len {len}");

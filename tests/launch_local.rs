@@ -3,12 +3,12 @@
 //! Ctrl-C leaving no process behind, parallel sweeps, and `flotilla run` end to end with the
 //! real `train` command (one rank and DDP).
 
-use flotilla::config::{ComposeOptions, Composer};
-use flotilla::launch::local::{rank_env, rank_slot, threads_per_rank, EnvSpec};
-use flotilla::launch::{
+use flotilla_config::{ComposeOptions, Composer};
+use flotilla_launch::local::{rank_env, rank_slot, threads_per_rank, EnvSpec};
+use flotilla_launch::rundir::{self, JobState, PreparedRun, RunRequest};
+use flotilla_launch::{
     Cancel, JobOutcome, Launcher, LocalLauncher, LocalOptions, TaskCommand, TaskExit,
 };
-use flotilla::rundir::{self, JobState, PreparedRun, RunRequest};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -663,7 +663,7 @@ fn status_reports_unknown_for_a_local_job_whose_supervisor_is_gone() {
         .unwrap();
     run.plan.set_state(0, JobState::Running, None).unwrap();
     run.plan.set_state(1, JobState::Completed, None).unwrap();
-    let st = flotilla::launch::status(run.sweep_dir.as_ref().unwrap()).unwrap();
+    let st = flotilla_launch::status(run.sweep_dir.as_ref().unwrap()).unwrap();
     let states: Vec<JobState> = st.jobs.iter().map(|j| j.state).collect();
     assert_eq!(states, [JobState::Unknown, JobState::Completed]);
     // With a live supervisor (this test process), RUNNING stays RUNNING.
@@ -675,8 +675,8 @@ fn status_reports_unknown_for_a_local_job_whose_supervisor_is_gone() {
             );
         })
         .unwrap();
-    let st = flotilla::launch::status(run.sweep_dir.as_ref().unwrap()).unwrap();
+    let st = flotilla_launch::status(run.sweep_dir.as_ref().unwrap()).unwrap();
     assert_eq!(st.jobs[0].state, JobState::Running);
-    let text = flotilla::launch::status_text(&st);
+    let text = flotilla_launch::status_text(&st);
     assert!(text.contains("1 RUNNING, 1 COMPLETED"), "{text}");
 }

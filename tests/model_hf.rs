@@ -11,8 +11,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Instant;
 
-use flotilla::config::schema::ModelConfig;
-use flotilla::model::{causal_lm_loss, load_hf, save_hf, Llama, ModelError, Params};
+use flotilla_config::schema::ModelConfig;
+use flotilla_train::model::{causal_lm_loss, load_hf, save_hf, Llama, ModelError, Params};
 use tch::{Device, Kind, Tensor};
 
 fn oracle_script() -> PathBuf {

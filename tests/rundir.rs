@@ -2,10 +2,10 @@
 //! (also across many concurrent `flotilla run --dry-run` processes), `meta.json`, `sweep.json`
 //! and its typed update API, and `flotilla status` from a directory's markers.
 
-use flotilla::config::interp::ResolveContext;
-use flotilla::config::{ComposeOptions, Composer, ConfigError};
-use flotilla::rundir::status::{combine, markers};
-use flotilla::rundir::{
+use flotilla_config::interp::ResolveContext;
+use flotilla_config::{ComposeOptions, Composer, ConfigError};
+use flotilla_launch::rundir::status::{combine, markers};
+use flotilla_launch::rundir::{
     self, JobRecord, JobState, Meta, Plan, PlanFile, PreparedRun, RunDirError, RunRequest,
 };
 use std::path::{Path, PathBuf};
@@ -243,7 +243,7 @@ fn meta_json_records_how_the_job_was_made() {
     let meta: Meta = serde_json::from_str(&text).unwrap();
     assert_eq!(meta.argv, ["flotilla", "run", "--test"]);
     assert_eq!(meta.flotilla_version, env!("CARGO_PKG_VERSION"));
-    assert_eq!(meta.libtorch_version, flotilla::LIBTORCH_VERSION);
+    assert_eq!(meta.libtorch_version, flotilla_train::LIBTORCH_VERSION);
     assert_eq!(meta.job_num, 0);
     assert_eq!(meta.launcher, "local");
     assert_eq!(meta.overrides, ["seed=3"]);

@@ -5,14 +5,14 @@
 //!
 //! Golden files live in `tests/slurm/`; `UPDATE_GOLDEN=1 cargo test --test slurm` rewrites them.
 
-use flotilla::config::schema::{ComputeConfig, Launcher};
-use flotilla::config::{ComposeOptions, Composer};
-use flotilla::launch::slurm::{
+use flotilla_config::schema::{ComputeConfig, Launcher};
+use flotilla_config::{ComposeOptions, Composer};
+use flotilla_launch::rundir::{self, JobState, RunRequest};
+use flotilla_launch::slurm::{
     self, expand_ids, format_time, parse_max_array_size, parse_squeue, parse_srun_error,
     quote_task, render_script, sbatch_options, sbatch_quote, shell_quote, ScriptSpec, SlurmOptions,
 };
-use flotilla::launch::{TaskCommand, TaskExit};
-use flotilla::rundir::{self, JobState, RunRequest};
+use flotilla_launch::{TaskCommand, TaskExit};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -373,7 +373,7 @@ fn small_parsers() {
 #[test]
 fn scripts_group_by_compute_and_split() {
     let tmp = tempfile::tempdir().unwrap();
-    let plan = flotilla::rundir::PlanFile::sweep(tmp.path());
+    let plan = flotilla_launch::rundir::PlanFile::sweep(tmp.path());
     let a = ComputeConfig {
         gpus_per_node: 0,
         tasks_per_node: 1,
@@ -507,7 +507,7 @@ fn ov(list: &[&str]) -> Vec<String> {
 }
 
 /// Polls `slurm::status` until every job is in a terminal state.
-fn wait_terminal(dir: &Path, timeout: Duration) -> flotilla::rundir::status::RunStatus {
+fn wait_terminal(dir: &Path, timeout: Duration) -> flotilla_launch::rundir::status::RunStatus {
     let t0 = Instant::now();
     loop {
         let st = slurm::status(dir).unwrap();
@@ -642,7 +642,7 @@ fn real_cluster() {
     let mut opts = sbatch_task(&task_script, "train");
     opts.task.argv.push(env!("CARGO_BIN_EXE_flotilla").into());
     let mut launcher = slurm::SlurmLauncher::new(opts);
-    use flotilla::launch::Launcher;
+    use flotilla_launch::Launcher;
     launcher.prepare(&run).unwrap();
     assert_eq!(
         launcher.scripts().len(),
@@ -691,7 +691,7 @@ fn real_cluster() {
             let job_id: u64 = env["SLURM_JOB_ID"].parse().unwrap();
             assert_eq!(
                 env["MASTER_PORT"],
-                flotilla::dist::env::slurm_port(job_id).to_string()
+                flotilla_launch::rank::slurm_port(job_id).to_string()
             );
             assert!(!env["MASTER_ADDR"].is_empty() && env["MASTER_ADDR"] != "unset");
             ports.push(env["MASTER_PORT"].clone());
@@ -747,7 +747,7 @@ fn real_cluster() {
     let msg = j.message.clone().unwrap_or_default();
     assert!(msg.contains("rank 1 exited with code 3"), "{msg}");
     assert!(msg.contains("something went wrong (boom)"), "{msg}");
-    let text = flotilla::launch::status_text(&st);
+    let text = flotilla_launch::status_text(&st);
     assert!(text.contains("FAILED") && text.contains("boom"), "{text}");
     let marker = std::fs::read_to_string(fail_dir.join("logs/slurm.exit")).unwrap();
     // srun's status is its worst task's: 3, or 143 for rank 0 killed by --kill-on-bad-exit.
@@ -922,11 +922,11 @@ fn real_cluster() {
         st.jobs[..2].iter().all(|j| j.state.is_terminal())
     });
     // `flotilla run --resume-sweep DIR`'s library function.
-    let report = flotilla::launch::resume(
+    let report = flotilla_launch::resume(
         &resume_dir,
-        flotilla::launch::RunOptions {
+        flotilla_launch::RunOptions {
             dry_run: false,
-            local: flotilla::launch::LocalOptions::with_task(opts.task.clone()),
+            local: flotilla_launch::LocalOptions::with_task(opts.task.clone()),
         },
     )
     .unwrap();
@@ -975,7 +975,11 @@ fn real_trainer_requeue(root: &Path) {
     let subs = slurm::submit(&run.plan, &slurm::job_specs(&run), &opts).unwrap();
     let id = subs[0].job_id.clone();
     let metrics = dir.join("metrics.csv");
-    let last_step = |p: &Path| flotilla::rundir::status::markers(p).steps.unwrap_or(0);
+    let last_step = |p: &Path| {
+        flotilla_launch::rundir::status::markers(p)
+            .steps
+            .unwrap_or(0)
+    };
     wait_for(
         "the trainer's first metrics",
         Duration::from_secs(120),

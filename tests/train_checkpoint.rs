@@ -7,10 +7,10 @@ mod common;
 use std::path::Path;
 use std::sync::Arc;
 
-use flotilla::config::schema::{DataConfig, ModelConfig, Resume, TrainerConfig};
-use flotilla::data::{self, BatchLayout, Data, DataLoader, DataOptions};
-use flotilla::model::Llama;
-use flotilla::train::{checkpoint, fit, resume, EvalSet, FitOptions, RunMetricsWriter, Trainer};
+use flotilla_config::schema::{DataConfig, ModelConfig, Resume, TrainerConfig};
+use flotilla_train::data::{self, BatchLayout, Data, DataLoader, DataOptions};
+use flotilla_train::model::Llama;
+use flotilla_train::{checkpoint, fit, resume, EvalSet, FitOptions, RunMetricsWriter, Trainer};
 use tch::{Device, Kind};
 
 fn model_config() -> ModelConfig {

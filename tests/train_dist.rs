@@ -35,17 +35,17 @@ use std::process::Command;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
-use flotilla::config::schema::AutoWrapPolicy;
-use flotilla::config::schema::{DataConfig, ModelConfig, TrainerConfig};
-use flotilla::data::{self, BatchLayout, DataLoader, DataOptions};
-use flotilla::dist::comm::Communicator;
-use flotilla::dist::cpu::{CpuComm, CpuOptions};
-use flotilla::dist::store::MemoryStore;
-use flotilla::model::{load_hf, Llama};
-use flotilla::train::checkpoint::{ShardedMeta, SHARDED_META_FILE};
-use flotilla::train::fsdp::{layouts, wrap_units};
-use flotilla::train::replicated::MemoryReport;
-use flotilla::train::{DistContext, RunRow, Trainer};
+use flotilla_config::schema::AutoWrapPolicy;
+use flotilla_config::schema::{DataConfig, ModelConfig, TrainerConfig};
+use flotilla_train::checkpoint::{ShardedMeta, SHARDED_META_FILE};
+use flotilla_train::data::{self, BatchLayout, DataLoader, DataOptions};
+use flotilla_train::distributed::comm::Communicator;
+use flotilla_train::distributed::cpu::{CpuComm, CpuOptions};
+use flotilla_train::distributed::store::MemoryStore;
+use flotilla_train::fsdp::{layouts, wrap_units};
+use flotilla_train::model::{load_hf, Llama};
+use flotilla_train::replicated::MemoryReport;
+use flotilla_train::{DistContext, RunRow, Trainer};
 use tch::{Device, Kind, Tensor};
 use world::{Shape, World};
 

@@ -4,10 +4,10 @@
 
 mod common;
 
-use flotilla::config::schema::ModelConfig;
-use flotilla::data::{Batch, IGNORE_INDEX};
-use flotilla::model::{Llama, Params};
-use flotilla::train::{Engine, EngineOptions, SingleProcess, Strategy, TrainError};
+use flotilla_config::schema::ModelConfig;
+use flotilla_train::data::{Batch, IGNORE_INDEX};
+use flotilla_train::model::{Llama, Params};
+use flotilla_train::{Engine, EngineOptions, SingleProcess, Strategy, TrainError};
 use tch::{Device, Kind, Tensor};
 
 fn tiny(tied: bool) -> ModelConfig {

@@ -4,8 +4,8 @@
 use std::path::Path;
 use std::process::Command;
 
-use flotilla::model::Params;
-use flotilla::train::{clip_grad_norm, AdamW, AdamWConfig};
+use flotilla_train::model::Params;
+use flotilla_train::{clip_grad_norm, AdamW, AdamWConfig};
 use tch::{Device, Kind, Tensor};
 
 const SHAPES: &[&[i64]] = &[&[4, 3], &[5], &[2, 3, 2], &[7]];

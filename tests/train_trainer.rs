@@ -8,10 +8,10 @@ use std::path::Path;
 use std::process::Command;
 use std::sync::Arc;
 
-use flotilla::config::schema::{DataConfig, ModelConfig, TrainerConfig};
-use flotilla::data::{self, BatchLayout, DataLoader, DataOptions, Dataset};
-use flotilla::model::{save_hf, Llama};
-use flotilla::train::{MetricsWriter, Trainer};
+use flotilla_config::schema::{DataConfig, ModelConfig, TrainerConfig};
+use flotilla_train::data::{self, BatchLayout, DataLoader, DataOptions, Dataset};
+use flotilla_train::model::{save_hf, Llama};
+use flotilla_train::{MetricsWriter, Trainer};
 use tch::{Device, Kind, Tensor};
 
 const STEPS: u64 = 20;
@@ -171,7 +171,7 @@ fn activation_checkpointing_gives_the_same_run() {
 
 #[test]
 fn reduced_precisions_train_close_to_fp32() {
-    use flotilla::config::schema::Precision;
+    use flotilla_config::schema::Precision;
     let run = |precision: Precision| {
         let mut t = trainer_config("cosine");
         t.precision = precision;

@@ -1,6 +1,6 @@
 //! Fixtures shared by the integration tests.
 
-use flotilla::config::schema::{ModelConfig, TrainerConfig};
+use flotilla_config::schema::{ModelConfig, TrainerConfig};
 
 /// A small Llama configuration (2 layers, GQA 4:2) for fast model and engine tests.
 #[allow(dead_code)]

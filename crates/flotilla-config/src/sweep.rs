@@ -1,0 +1,232 @@
+//! Multirun sweep expansion in the order Hydra's BasicSweeper produces jobs.
+//!
+//! The sweep's overrides are, in order: the primary config's `flotilla.sweeper.params` (alias
+//! `hydra.sweeper.params`), a named sweep file's `params:` then its fixed `overrides:`, then
+//! the command line. Each key keeps the position of its first appearance and the value of its
+//! last; the jobs are the cartesian product of the per-key value lists, the last key varying
+//! fastest. Runtime overrides (`hydra.*`, `flotilla.*`) apply to every job without being part
+//! of its task overrides.
+
+use crate::compose::is_runtime_override;
+use crate::node::{python_str, Node, Value};
+use crate::overrides::{parse_override, Override};
+use crate::{yaml, Composed, Composer, ConfigError};
+use indexmap::IndexMap;
+use std::path::Path;
+
+/// One job of a plan.
+#[derive(Clone, Debug)]
+pub struct PlannedJob {
+    pub num: usize,
+    /// The job's task overrides, as Hydra's BasicSweeper writes them (`key=value`).
+    pub overrides: Vec<String>,
+    pub composed: Composed,
+}
+
+/// A named sweep file: `params:` (like `hydra.sweeper.params`) and fixed `overrides:`.
+#[derive(Clone, Debug, Default)]
+pub struct SweepFile {
+    pub params: Vec<String>,
+    pub overrides: Vec<String>,
+}
+
+impl SweepFile {
+    pub fn load(path: &Path) -> Result<SweepFile, ConfigError> {
+        let display = path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|e| ConfigError::Io {
+            path: display.clone(),
+            message: format!("cannot read sweep file: {e}"),
+        })?;
+        let node = yaml::load_str(&text, &display)?;
+        let Value::Dict(root) = &node.value else {
+            return Err(ConfigError::Composition(format!(
+                "{display}: a sweep file must be a mapping with 'params:' and/or 'overrides:'"
+            )));
+        };
+        let mut out = SweepFile::default();
+        for (key, value) in root {
+            match key.as_str() {
+                "params" => out.params = params_as_overrides(value)?,
+                "overrides" => match &value.value {
+                    Value::List(items) => {
+                        for item in items {
+                            match &item.value {
+                                Value::Str(s) => out.overrides.push(s.clone()),
+                                other => {
+                                    return Err(ConfigError::Composition(format!(
+                                        "{}: sweep file overrides must be strings like 'key=value', got {}",
+                                        item.origin,
+                                        other.type_name()
+                                    )))
+                                }
+                            }
+                        }
+                    }
+                    Value::Null => {}
+                    _ => {
+                        return Err(ConfigError::Composition(format!(
+                            "{}: 'overrides' must be a list of 'key=value' strings",
+                            value.origin
+                        )))
+                    }
+                },
+                other => {
+                    let hint = crate::near_miss(other, ["params", "overrides"])
+                        .map(|n| format!(" (did you mean '{n}'?)"))
+                        .unwrap_or_default();
+                    return Err(ConfigError::Composition(format!(
+                        "{display}: unknown key '{other}' in sweep file{hint}; expected 'params' and 'overrides'"
+                    )));
+                }
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// `params:` mapping → `key=value` override strings (Hydra renders each value with `str()`).
+fn params_as_overrides(node: &Node) -> Result<Vec<String>, ConfigError> {
+    match &node.value {
+        Value::Null => Ok(Vec::new()),
+        Value::Dict(d) => Ok(d
+            .iter()
+            .map(|(k, v)| format!("{k}={}", python_str(&v.value)))
+            .collect()),
+        other => Err(ConfigError::Composition(format!(
+            "{}: sweeper params must be a mapping of key: values, got {}",
+            node.origin,
+            other.type_name()
+        ))),
+    }
+}
+
+/// Expands a sweep into per-job override lists, in BasicSweeper's order.
+pub fn expand(
+    composer: &Composer,
+    overrides: &[Override],
+) -> Result<Vec<Vec<String>>, ConfigError> {
+    let mut per_key: IndexMap<String, Vec<String>> = IndexMap::new();
+    for o in overrides {
+        let key = o.key_element();
+        let values = if o.is_sweep() {
+            if !o.is_discrete_sweep() {
+                return Err(ConfigError::Override(format!(
+                    "'{}': the basic sweeper does not support continuous sweeps (interval); use choice() or range()",
+                    o.input
+                )));
+            }
+            let options = composer.repo().group_options(&o.key_or_group);
+            o.sweep_value_strings(&options)?
+                .into_iter()
+                .map(|v| format!("{key}={v}"))
+                .collect()
+        } else {
+            vec![format!("{key}={}", o.value_element_as_str())]
+        };
+        // A repeated key keeps its first position and takes the last values.
+        per_key.insert(key, values);
+    }
+    let mut jobs: Vec<Vec<String>> = vec![Vec::new()];
+    for values in per_key.values() {
+        let mut next = Vec::with_capacity(jobs.len() * values.len());
+        for prefix in &jobs {
+            for v in values {
+                let mut job = prefix.clone();
+                job.push(v.clone());
+                next.push(job);
+            }
+        }
+        jobs = next;
+    }
+    Ok(jobs)
+}
+
+/// Plans the jobs of a command: one job, or with `multirun` the expanded sweep.
+pub fn plan(
+    composer: &Composer,
+    overrides: &[String],
+    sweep_file: Option<&SweepFile>,
+    multirun: bool,
+) -> Result<Vec<PlannedJob>, ConfigError> {
+    let mut jobs = Vec::new();
+    plan_each(composer, overrides, sweep_file, multirun, |job| {
+        jobs.push(job);
+        Ok(())
+    })?;
+    Ok(jobs)
+}
+
+/// Like [`plan`], handing each job to `on_job` as soon as it is composed, so that a large
+/// sweep needs memory for one job at a time. Composition stops at the first error.
+pub fn plan_each(
+    composer: &Composer,
+    overrides: &[String],
+    sweep_file: Option<&SweepFile>,
+    multirun: bool,
+    mut on_job: impl FnMut(PlannedJob) -> Result<(), ConfigError>,
+) -> Result<(), ConfigError> {
+    let parsed = composer.parse_overrides(overrides)?;
+    if !multirun {
+        if sweep_file.is_some() {
+            return Err(ConfigError::Override(
+                "a sweep file needs --multirun (-m)".into(),
+            ));
+        }
+        let composed = composer.compose(overrides)?;
+        return on_job(PlannedJob {
+            num: 0,
+            overrides: composed.task_overrides.clone(),
+            composed,
+        });
+    }
+    let (runtime, task): (Vec<Override>, Vec<Override>) =
+        parsed.into_iter().partition(is_runtime_override);
+    if let Some(o) = runtime.iter().find(|o| o.is_sweep()) {
+        return Err(ConfigError::Override(format!(
+            "sweeping over the runtime configuration is not supported: '{}'",
+            o.input
+        )));
+    }
+    // Sweep params declared in the primary config come first.
+    let mut all: Vec<Override> = Vec::new();
+    let master = composer.compose_master_runtime(
+        &runtime
+            .iter()
+            .chain(task.iter())
+            .cloned()
+            .collect::<Vec<_>>(),
+    )?;
+    if let Some(params) = master.select("sweeper.params") {
+        for text in params_as_overrides(params)? {
+            all.push(parse_override(&text)?);
+        }
+    }
+    if let Some(file) = sweep_file {
+        for text in file.params.iter().chain(file.overrides.iter()) {
+            let o = parse_override(text)?;
+            if is_runtime_override(&o) {
+                return Err(ConfigError::Override(format!(
+                    "sweep file entry '{text}' sets the runtime node; put it on the command line"
+                )));
+            }
+            all.push(o);
+        }
+    }
+    all.extend(task);
+    let job_overrides = expand(composer, &all)?;
+    for (num, job) in job_overrides.into_iter().enumerate() {
+        let mut parsed = runtime.clone();
+        for text in &job {
+            parsed.push(parse_override(text)?);
+        }
+        let composed = composer
+            .compose_parsed(&parsed, Some(num))
+            .map_err(|e| ConfigError::Composition(format!("job {num} ({}): {e}", job.join(" "))))?;
+        on_job(PlannedJob {
+            num,
+            overrides: job,
+            composed,
+        })?;
+    }
+    Ok(())
+}

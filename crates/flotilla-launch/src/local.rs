@@ -1,0 +1,715 @@
+//! The local launcher: runs each job's ranks as processes on this machine, like `torchrun`.
+//!
+//! Every rank gets the torchrun variables (`RANK`, `LOCAL_RANK`, `WORLD_SIZE`,
+//! `LOCAL_WORLD_SIZE`, `NODE_RANK`/`GROUP_RANK`, `GROUP_WORLD_SIZE`, `ROLE_RANK`,
+//! `ROLE_WORLD_SIZE`, `MASTER_ADDR=127.0.0.1`, `MASTER_PORT` = a free port,
+//! `TORCHELASTIC_RUN_ID`), `OMP_NUM_THREADS` = its share of the cores (unless set already),
+//! `CUDA_VISIBLE_DEVICES` = its device(s) when `compute.gpus_per_node > 0`, and
+//! `FLOTILLA_JOB_DIR`/`FLOTILLA_JOB_NUM`. `compute.nodes > 1` simulates several nodes on this
+//! host: rank `r` is local rank `r % tasks_per_node` of node `r / tasks_per_node`, and node `n`
+//! uses devices `n * gpus_per_node ..`.
+//!
+//! Each rank's stdout and stderr go to `JOBDIR/logs/rank_<R>.log`; rank 0's are also echoed
+//! to flotilla's stderr. Each rank runs in its own process group (so a terminal's Ctrl-C
+//! reaches flotilla only) and dies with flotilla (`PR_SET_PDEATHSIG`). When a rank exits
+//! non-zero, the others get SIGTERM, then SIGKILL after a grace period, and the job is FAILED
+//! with the failing rank, its exit status and the tail of its log. SIGINT/SIGTERM to
+//! flotilla (see [`install_interrupt_handler`]) or [`Cancel::cancel`] stops every rank the
+//! same way and marks the jobs CANCELLED; a second interrupt skips the grace period. The jobs
+//! of a sweep run one after another, or up to `compute.max_parallel` at once.
+
+use super::{JobOutcome, LaunchError, Launcher, RankFailure, TaskCommand, TaskExit};
+use crate::rundir::{JobState, Plan, PlanFile, PreparedJob, PreparedRun, LOGS_DIR};
+use flotilla_config::schema::ComputeConfig;
+use std::collections::HashMap;
+use std::ffi::OsString;
+use std::fs::File;
+use std::io::{BufRead, BufReader, Read, Seek, SeekFrom, Write};
+use std::os::fd::{FromRawFd, OwnedFd};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{mpsc, Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// How often the supervisor looks at its ranks.
+const POLL: Duration = Duration::from_millis(20);
+/// Lines of the failing rank's log reported.
+const TAIL_LINES: usize = 20;
+/// How long to wait for rank 0's output to drain after it exited.
+const DRAIN: Duration = Duration::from_secs(2);
+
+static INTERRUPTS: AtomicUsize = AtomicUsize::new(0);
+
+extern "C" fn on_interrupt(_sig: libc::c_int) {
+    INTERRUPTS.fetch_add(1, Ordering::SeqCst);
+}
+
+/// Makes SIGINT and SIGTERM to this process request cancellation (counted by [`interrupts`])
+/// instead of killing it, so that the local launcher can stop its ranks and record the jobs as
+/// CANCELLED. Call it once, before launching.
+pub fn install_interrupt_handler() {
+    for sig in [libc::SIGINT, libc::SIGTERM] {
+        // SAFETY: the handler only increments an atomic, which is async-signal-safe.
+        unsafe {
+            let mut action: libc::sigaction = std::mem::zeroed();
+            action.sa_sigaction = on_interrupt as *const () as libc::sighandler_t;
+            action.sa_flags = libc::SA_RESTART;
+            libc::sigemptyset(&mut action.sa_mask);
+            libc::sigaction(sig, &action, std::ptr::null_mut());
+        }
+    }
+}
+
+/// How many SIGINT/SIGTERM this process received since [`install_interrupt_handler`].
+pub fn interrupts() -> usize {
+    INTERRUPTS.load(Ordering::SeqCst)
+}
+
+/// A cancellation flag shared by the launcher and whoever wants to stop it. It also trips when
+/// the process receives SIGINT/SIGTERM after [`install_interrupt_handler`].
+#[derive(Clone, Debug, Default)]
+pub struct Cancel {
+    flag: Arc<AtomicBool>,
+}
+
+impl Cancel {
+    pub fn new() -> Cancel {
+        Cancel::default()
+    }
+
+    /// Asks the launcher to stop every rank and not to start more jobs.
+    pub fn cancel(&self) {
+        self.flag.store(true, Ordering::SeqCst);
+    }
+
+    pub fn is_cancelled(&self) -> bool {
+        self.flag.load(Ordering::SeqCst) || interrupts() > 0
+    }
+}
+
+/// Settings of the local launcher.
+#[derive(Clone, Debug)]
+pub struct LocalOptions {
+    /// What every rank runs (default: `flotilla train --run-dir {job_dir} --prepared`).
+    pub task: TaskCommand,
+    /// Between SIGTERM and SIGKILL when stopping ranks.
+    pub grace: Duration,
+    /// Echo rank 0's output to stderr (prefixed with `[job N]` when jobs run in parallel).
+    pub echo: bool,
+    /// Progress lines (`job N: starting ...`) on stderr.
+    pub progress: bool,
+    /// Jobs at the same time; `None`: the first job's `compute.max_parallel`.
+    pub max_parallel: Option<usize>,
+    /// Cores shared by the ranks; `None`: the cores available to this process.
+    pub cores: Option<usize>,
+    pub cancel: Cancel,
+    /// Turn SIGINT/SIGTERM to this process into a cancellation while jobs run (see
+    /// [`install_interrupt_handler`]); the `flotilla run` command sets it.
+    pub catch_interrupts: bool,
+}
+
+impl LocalOptions {
+    /// Defaults around a task command.
+    pub fn with_task(task: TaskCommand) -> LocalOptions {
+        LocalOptions {
+            task,
+            grace: Duration::from_secs(10),
+            echo: true,
+            progress: true,
+            max_parallel: None,
+            cores: None,
+            cancel: Cancel::new(),
+            catch_interrupts: false,
+        }
+    }
+}
+
+/// Where one rank sits.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RankSlot {
+    pub rank: usize,
+    pub local_rank: usize,
+    pub node_rank: usize,
+    /// Device indices for `CUDA_VISIBLE_DEVICES`; `None` when `gpus_per_node == 0`.
+    pub devices: Option<Vec<usize>>,
+}
+
+/// The slot of `rank` in a job of `compute`. With `g = gpus_per_node` and
+/// `t = tasks_per_node`: when `g >= t` each local rank gets `g / t` consecutive devices,
+/// otherwise local rank `l` gets device `l % g`; node `n`'s devices start at `n * g`.
+pub fn rank_slot(compute: &ComputeConfig, rank: usize) -> RankSlot {
+    let t = compute.tasks_per_node.max(1);
+    let g = compute.gpus_per_node;
+    let node_rank = rank / t;
+    let local_rank = rank % t;
+    let devices = (g > 0).then(|| {
+        let local: Vec<usize> = if g >= t {
+            let per = g / t;
+            (local_rank * per..(local_rank + 1) * per).collect()
+        } else {
+            vec![local_rank % g]
+        };
+        local.into_iter().map(|d| node_rank * g + d).collect()
+    });
+    RankSlot {
+        rank,
+        local_rank,
+        node_rank,
+        devices,
+    }
+}
+
+/// `OMP_NUM_THREADS` for a rank: `cores / processes`, at least 1.
+pub fn threads_per_rank(cores: usize, processes: usize) -> usize {
+    (cores / processes.max(1)).max(1)
+}
+
+/// What the environment of one rank needs to say.
+#[derive(Clone, Debug)]
+pub struct EnvSpec<'a> {
+    pub compute: &'a ComputeConfig,
+    pub master_port: u16,
+    /// `OMP_NUM_THREADS`; `None` leaves the inherited value.
+    pub threads: Option<usize>,
+    /// The parent's `CUDA_VISIBLE_DEVICES`: device indices are positions in this list.
+    pub parent_devices: Option<String>,
+    pub run_id: String,
+    pub job_dir: &'a Path,
+    pub job_num: usize,
+}
+
+/// The variables set for `rank` (in addition to the inherited environment).
+pub fn rank_env(spec: &EnvSpec<'_>, rank: usize) -> Vec<(String, String)> {
+    let c = spec.compute;
+    let slot = rank_slot(c, rank);
+    let world = c.world_size();
+    let mut env: Vec<(String, String)> = vec![
+        ("RANK".into(), rank.to_string()),
+        ("LOCAL_RANK".into(), slot.local_rank.to_string()),
+        ("WORLD_SIZE".into(), world.to_string()),
+        ("LOCAL_WORLD_SIZE".into(), c.tasks_per_node.to_string()),
+        ("NODE_RANK".into(), slot.node_rank.to_string()),
+        ("GROUP_RANK".into(), slot.node_rank.to_string()),
+        ("GROUP_WORLD_SIZE".into(), c.nodes.to_string()),
+        ("ROLE_NAME".into(), "default".into()),
+        ("ROLE_RANK".into(), rank.to_string()),
+        ("ROLE_WORLD_SIZE".into(), world.to_string()),
+        ("MASTER_ADDR".into(), "127.0.0.1".into()),
+        ("MASTER_PORT".into(), spec.master_port.to_string()),
+        ("TORCHELASTIC_RUN_ID".into(), spec.run_id.clone()),
+        ("TORCHELASTIC_RESTART_COUNT".into(), "0".into()),
+        ("TORCHELASTIC_MAX_RESTARTS".into(), "0".into()),
+        (
+            "FLOTILLA_JOB_DIR".into(),
+            spec.job_dir.to_string_lossy().into_owned(),
+        ),
+        ("FLOTILLA_JOB_NUM".into(), spec.job_num.to_string()),
+    ];
+    if let Some(t) = spec.threads {
+        env.push(("OMP_NUM_THREADS".into(), t.to_string()));
+    }
+    if let Some(devices) = slot.devices {
+        let parent: Option<Vec<&str>> = spec
+            .parent_devices
+            .as_deref()
+            .map(|s| {
+                s.split(',')
+                    .map(str::trim)
+                    .filter(|d| !d.is_empty())
+                    .collect()
+            })
+            .filter(|v: &Vec<&str>| !v.is_empty());
+        let names: Vec<String> = devices
+            .iter()
+            .map(|&d| match &parent {
+                Some(list) => list[d % list.len()].to_string(),
+                None => d.to_string(),
+            })
+            .collect();
+        env.push(("CUDA_VISIBLE_DEVICES".into(), names.join(",")));
+    }
+    env
+}
+
+/// A free TCP port on 127.0.0.1 (bound, read, released).
+pub fn free_port() -> Result<u16, LaunchError> {
+    let listener = std::net::TcpListener::bind(("127.0.0.1", 0))
+        .map_err(|e| LaunchError::io("finding a free port for MASTER_PORT", e))?;
+    listener
+        .local_addr()
+        .map(|a| a.port())
+        .map_err(|e| LaunchError::io("finding a free port for MASTER_PORT", e))
+}
+
+/// The last `n` lines of a file (reading at most its last 64 KiB).
+pub fn log_tail(path: &Path, n: usize) -> Vec<String> {
+    let Ok(mut f) = File::open(path) else {
+        return Vec::new();
+    };
+    let len = f.metadata().map(|m| m.len()).unwrap_or(0);
+    let start = len.saturating_sub(64 * 1024);
+    if f.seek(SeekFrom::Start(start)).is_err() {
+        return Vec::new();
+    }
+    let mut bytes = Vec::new();
+    if f.read_to_end(&mut bytes).is_err() {
+        return Vec::new();
+    }
+    let text = String::from_utf8_lossy(&bytes);
+    let mut lines: Vec<&str> = text.lines().collect();
+    if start > 0 && !lines.is_empty() {
+        lines.remove(0); // probably cut in the middle
+    }
+    let skip = lines.len().saturating_sub(n);
+    lines[skip..].iter().map(|l| l.to_string()).collect()
+}
+
+/// The job states the local launcher can tell without its supervisor: a job still recorded
+/// PENDING or RUNNING whose `flotilla run` (recorded in the plan as `supervisor`) ran on this
+/// host and is gone will never move again: UNKNOWN.
+pub fn live_states(plan: &Plan) -> HashMap<usize, JobState> {
+    let mut out = HashMap::new();
+    let Some(sup) = plan.extra.get("supervisor") else {
+        return out;
+    };
+    let host = sup.get("host").and_then(|h| h.as_str());
+    let pid = sup.get("pid").and_then(|p| p.as_i64());
+    let (Some(host), Some(pid)) = (host, pid) else {
+        return out;
+    };
+    if host != crate::rundir::meta::host_name() || process_alive(pid as i32) {
+        return out;
+    }
+    for j in &plan.jobs {
+        if matches!(j.state, JobState::Pending | JobState::Running) {
+            out.insert(j.num, JobState::Unknown);
+        }
+    }
+    out
+}
+
+fn process_alive(pid: i32) -> bool {
+    // SAFETY: signal 0 only checks that the process exists.
+    let rc = unsafe { libc::kill(pid, 0) };
+    rc == 0 || std::io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH)
+}
+
+/// Starts jobs on this machine.
+pub struct LocalLauncher {
+    opts: LocalOptions,
+}
+
+/// One running rank.
+struct Rank {
+    child: Child,
+    exit: Option<TaskExit>,
+}
+
+impl Rank {
+    fn signal(&self, sig: libc::c_int) {
+        let pid = self.child.id() as i32;
+        // SAFETY: signalling the rank's own process group (it is its leader, not yet reaped),
+        // then the rank itself in case it left the group.
+        unsafe {
+            libc::kill(-pid, sig);
+            libc::kill(pid, sig);
+        }
+    }
+}
+
+/// An OS pipe, close-on-exec.
+fn pipe() -> std::io::Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [0 as libc::c_int; 2];
+    // SAFETY: pipe2 fills two descriptors that this function then owns.
+    let rc = unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: both descriptors were just created and are owned by nobody else.
+    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+}
+
+/// Copies rank 0's combined output to its log and (optionally) to stderr, line by line.
+fn spawn_echo(read: OwnedFd, mut log: File, echo: bool, prefix: String) -> mpsc::Receiver<()> {
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let mut reader = BufReader::new(File::from(read));
+        let mut line = Vec::new();
+        loop {
+            line.clear();
+            match reader.read_until(b'\n', &mut line) {
+                Ok(0) | Err(_) => break,
+                Ok(_) => {
+                    let _ = log.write_all(&line);
+                    if echo {
+                        let mut err = std::io::stderr().lock();
+                        let _ = err.write_all(prefix.as_bytes());
+                        let _ = err.write_all(&line);
+                        if !line.ends_with(b"\n") {
+                            let _ = err.write_all(b"\n");
+                        }
+                    }
+                }
+            }
+        }
+        let _ = log.flush();
+        let _ = tx.send(());
+    });
+    rx
+}
+
+impl LocalLauncher {
+    pub fn new(opts: LocalOptions) -> LocalLauncher {
+        LocalLauncher { opts }
+    }
+
+    fn note(&self, msg: &str) {
+        if self.opts.progress {
+            eprintln!("[flotilla] {msg}");
+        }
+    }
+
+    /// Runs one job to its end and records its states in `plan`. `parallel` is the number of
+    /// jobs running at once (for the thread share and the echo prefix).
+    pub fn run_job(
+        &self,
+        job: &PreparedJob,
+        plan: Option<&PlanFile>,
+        parallel: usize,
+    ) -> Result<JobOutcome, LaunchError> {
+        let compute = &job.config.compute;
+        let world = compute.world_size();
+        if world == 0 {
+            return Err(LaunchError::Unsupported(format!(
+                "job {}: compute.nodes × compute.tasks_per_node is 0: nothing to start",
+                job.num
+            )));
+        }
+        let logs = job.dir.join(LOGS_DIR);
+        std::fs::create_dir_all(&logs)
+            .map_err(|e| LaunchError::io(format!("creating {}", logs.display()), e))?;
+        let cores = self.opts.cores.unwrap_or_else(|| {
+            std::thread::available_parallelism()
+                .map(|n| n.get())
+                .unwrap_or(1)
+        });
+        let threads = std::env::var_os("OMP_NUM_THREADS")
+            .filter(|v| !v.is_empty())
+            .is_none()
+            .then(|| threads_per_rank(cores, world * parallel.max(1)));
+        let spec = EnvSpec {
+            compute,
+            master_port: free_port()?,
+            threads,
+            parent_devices: std::env::var("CUDA_VISIBLE_DEVICES").ok(),
+            run_id: format!("flotilla-{}-{}", std::process::id(), job.num),
+            job_dir: &job.dir,
+            job_num: job.num,
+        };
+        let argv = self.opts.task.for_job(&job.dir);
+        let Some((program, args)) = argv.split_first() else {
+            return Err(LaunchError::Unsupported("the task command is empty".into()));
+        };
+        if let Some(p) = plan {
+            p.set_state(job.num, JobState::Running, None)?;
+        }
+        self.note(&format!(
+            "job {}: starting {world} rank{} in {}",
+            job.num,
+            if world == 1 { "" } else { "s" },
+            job.dir.display()
+        ));
+        let prefix = if parallel > 1 {
+            format!("[job {}] ", job.num)
+        } else {
+            String::new()
+        };
+
+        let mut ranks: Vec<Rank> = Vec::with_capacity(world);
+        let mut drain: Option<mpsc::Receiver<()>> = None;
+        for rank in 0..world {
+            match self.spawn_rank(program, args, &spec, rank, &logs, &prefix) {
+                Ok((child, rx)) => {
+                    ranks.push(Rank { child, exit: None });
+                    if rx.is_some() {
+                        drain = rx;
+                    }
+                }
+                Err(error) => {
+                    for r in &ranks {
+                        r.signal(libc::SIGKILL);
+                    }
+                    for r in &mut ranks {
+                        let _ = r.child.wait();
+                    }
+                    let err = LaunchError::Spawn {
+                        num: job.num,
+                        rank,
+                        program: program.to_string_lossy().into_owned(),
+                        error,
+                    };
+                    if let Some(p) = plan {
+                        p.set_state(job.num, JobState::Failed, Some(err.to_string()))?;
+                    }
+                    return Err(err);
+                }
+            }
+        }
+
+        let (failure, cancelled) = self.supervise(&mut ranks)?;
+        if let Some(rx) = drain {
+            let _ = rx.recv_timeout(DRAIN);
+        }
+        let failure = failure.map(|(rank, exit)| {
+            let log = logs.join(format!("rank_{rank}.log"));
+            RankFailure {
+                rank,
+                exit,
+                tail: log_tail(&log, TAIL_LINES),
+                log,
+            }
+        });
+        let (state, message) = match (&failure, cancelled) {
+            (Some(f), _) => (
+                JobState::Failed,
+                Some(format!("rank {} {}", f.rank, f.exit)),
+            ),
+            (None, true) => (JobState::Cancelled, Some("cancelled".to_string())),
+            (None, false) => (JobState::Completed, None),
+        };
+        if let Some(p) = plan {
+            p.set_state(job.num, state, message)?;
+        }
+        self.note(&format!("job {}: {state}", job.num));
+        Ok(JobOutcome {
+            num: job.num,
+            dir: job.dir.clone(),
+            job_id: None,
+            state,
+            failure,
+            message: cancelled.then(|| "cancelled".to_string()),
+        })
+    }
+
+    fn spawn_rank(
+        &self,
+        program: &OsString,
+        args: &[OsString],
+        spec: &EnvSpec<'_>,
+        rank: usize,
+        logs: &Path,
+        prefix: &str,
+    ) -> std::io::Result<(Child, Option<mpsc::Receiver<()>>)> {
+        let log_path = logs.join(format!("rank_{rank}.log"));
+        let mut log = File::options().create(true).append(true).open(&log_path)?;
+        if log.metadata()?.len() > 0 {
+            // A job started again (--resume-sweep) appends to its old logs.
+            writeln!(
+                log,
+                "--- flotilla: started again at {} ---",
+                chrono::Local::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, false)
+            )?;
+        }
+        let mut cmd = Command::new(program);
+        cmd.args(args).stdin(Stdio::null());
+        for (k, v) in rank_env(spec, rank) {
+            cmd.env(k, v);
+        }
+        cmd.process_group(0);
+        #[cfg(target_os = "linux")]
+        {
+            // SAFETY: getpid is async-signal-safe.
+            let parent = unsafe { libc::getpid() };
+            // SAFETY: prctl/getppid/_exit are async-signal-safe; nothing is allocated.
+            unsafe {
+                cmd.pre_exec(move || {
+                    if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    if libc::getppid() != parent {
+                        libc::_exit(1);
+                    }
+                    Ok(())
+                });
+            }
+        }
+        if rank == 0 {
+            // One pipe for stdout and stderr keeps their order, as `2>&1` would.
+            let (read, write) = pipe()?;
+            let write2 = write.try_clone()?;
+            cmd.stdout(Stdio::from(write)).stderr(Stdio::from(write2));
+            let child = cmd.spawn();
+            drop(cmd); // closes the parent's copies of the write end
+            let child = child?;
+            let rx = spawn_echo(read, log, self.opts.echo, prefix.to_string());
+            Ok((child, Some(rx)))
+        } else {
+            let err = log.try_clone()?;
+            cmd.stdout(Stdio::from(log)).stderr(Stdio::from(err));
+            Ok((cmd.spawn()?, None))
+        }
+    }
+
+    /// Waits for every rank. Returns the first rank that failed (before any stop request) and
+    /// whether the job was cancelled.
+    #[allow(clippy::type_complexity)]
+    fn supervise(
+        &self,
+        ranks: &mut [Rank],
+    ) -> Result<(Option<(usize, TaskExit)>, bool), LaunchError> {
+        let mut failure: Option<(usize, TaskExit)> = None;
+        let mut cancelled = false;
+        let mut stopping: Option<(Instant, usize)> = None;
+        let mut killed = false;
+        loop {
+            for (i, r) in ranks.iter_mut().enumerate() {
+                if r.exit.is_some() {
+                    continue;
+                }
+                let status = r
+                    .child
+                    .try_wait()
+                    .map_err(|e| LaunchError::io(format!("waiting for rank {i}"), e))?;
+                if let Some(status) = status {
+                    let exit = TaskExit::from_status(status);
+                    r.exit = Some(exit);
+                    if !exit.success() && failure.is_none() && stopping.is_none() {
+                        failure = Some((i, exit));
+                    }
+                }
+            }
+            if ranks.iter().all(|r| r.exit.is_some()) {
+                return Ok((failure, cancelled));
+            }
+            match stopping {
+                None => {
+                    let cancel = self.opts.cancel.is_cancelled();
+                    if failure.is_some() || cancel {
+                        cancelled = failure.is_none();
+                        for r in ranks.iter().filter(|r| r.exit.is_none()) {
+                            r.signal(libc::SIGTERM);
+                        }
+                        stopping = Some((Instant::now(), interrupts()));
+                    }
+                }
+                Some((since, seen)) if !killed => {
+                    if since.elapsed() >= self.opts.grace || interrupts() > seen {
+                        for r in ranks.iter().filter(|r| r.exit.is_none()) {
+                            r.signal(libc::SIGKILL);
+                        }
+                        killed = true;
+                    }
+                }
+                Some(_) => {}
+            }
+            std::thread::sleep(POLL);
+        }
+    }
+}
+
+impl Launcher for LocalLauncher {
+    fn name(&self) -> &'static str {
+        "local"
+    }
+
+    fn launch(&mut self, run: &PreparedRun) -> Result<Vec<JobOutcome>, LaunchError> {
+        let n = run.jobs.len();
+        if n == 0 {
+            return Ok(Vec::new());
+        }
+        if self.opts.catch_interrupts {
+            install_interrupt_handler();
+        }
+        run.plan.update(|p| {
+            p.extra.insert(
+                "supervisor".into(),
+                serde_json::json!({
+                    "host": crate::rundir::meta::host_name(),
+                    "pid": std::process::id(),
+                }),
+            );
+        })?;
+        let parallel = self
+            .opts
+            .max_parallel
+            .unwrap_or(run.jobs[0].config.compute.max_parallel)
+            .clamp(1, n);
+        let results: Mutex<Vec<Option<JobOutcome>>> = Mutex::new(vec![None; n]);
+        let error: Mutex<Option<LaunchError>> = Mutex::new(None);
+        let next = AtomicUsize::new(0);
+        let worker = || loop {
+            if self.opts.cancel.is_cancelled() || error.lock().expect("lock").is_some() {
+                break;
+            }
+            let i = next.fetch_add(1, Ordering::SeqCst);
+            if i >= n {
+                break;
+            }
+            match self.run_job(&run.jobs[i], Some(&run.plan), parallel) {
+                Ok(o) => results.lock().expect("lock")[i] = Some(o),
+                Err(e) => {
+                    error.lock().expect("lock").get_or_insert(e);
+                    break;
+                }
+            }
+        };
+        if parallel == 1 {
+            worker();
+        } else {
+            // Each job's ranks are spawned and reaped by the same worker thread, which
+            // PR_SET_PDEATHSIG requires.
+            std::thread::scope(|s| {
+                for _ in 0..parallel {
+                    s.spawn(worker);
+                }
+            });
+        }
+        if let Some(e) = error.into_inner().expect("lock") {
+            return Err(e);
+        }
+        let mut out = Vec::with_capacity(n);
+        for (job, result) in run.jobs.iter().zip(results.into_inner().expect("lock")) {
+            match result {
+                Some(o) => out.push(o),
+                None => {
+                    // Never started: the launch was cancelled.
+                    run.plan.set_state(
+                        job.num,
+                        JobState::Cancelled,
+                        Some("cancelled before it started".into()),
+                    )?;
+                    out.push(JobOutcome {
+                        state: JobState::Cancelled,
+                        message: Some("cancelled before it started".into()),
+                        ..JobOutcome::pending(job)
+                    });
+                }
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// Runs `task` for one already prepared job directory with the torchrun environment of
+/// `compute` (no plan file), e.g. to re-run a job by hand or in tests.
+pub fn run_in_dir(
+    job_dir: &Path,
+    num: usize,
+    config: flotilla_config::schema::JobConfig,
+    opts: LocalOptions,
+) -> Result<JobOutcome, LaunchError> {
+    let job = PreparedJob {
+        num,
+        dir: job_dir.to_path_buf(),
+        overrides: Vec::new(),
+        config,
+    };
+    LocalLauncher::new(opts).run_job(&job, None, 1)
+}
+
+/// The log file of `rank` in `job_dir`.
+pub fn rank_log(job_dir: &Path, rank: usize) -> PathBuf {
+    job_dir.join(LOGS_DIR).join(format!("rank_{rank}.log"))
+}

@@ -1,0 +1,298 @@
+//! The data layer: tokenizers, datasets, the sample order, and batches, everything the trainer
+//! needs to turn `data:` of a job config into `[M, T]` tensors, plus the exact-match accuracy of
+//! the built-in arithmetic task.
+//!
+//! [`build`] reads a validated [`DataConfig`] and returns [`Data`]: the tokenizer (save it into
+//! the final model directory), the training [`Dataset`], the evaluation dataset if the config
+//! has one, and for `kind: arithmetic` the [`ArithmeticTask`] whose held-out problems the
+//! trainer scores with [`ArithmeticTask::exact_match`]. [`DataLoader`] walks a dataset in the
+//! order of a [`Sampler`] and gives each rank its micro-batches ([`Batch`]) for one optimizer
+//! step; [`eval_batches`] does the same for evaluation.
+//!
+//! # Samples
+//!
+//! Every dataset is a list of fixed-length samples of `T = data.seq_len` positions: `input_ids`
+//! and `labels`, both `T` long, where `labels[i]` is the target of position `i` (already
+//! shifted: the trainer computes `cross_entropy(logits[.., i, ..], labels[.., i])` directly, with
+//! no shift of its own), and [`IGNORE_INDEX`] (-100) marks positions without loss (padding,
+//! masked prompts).
+//!
+//! - `tokens`: a flat little-endian uint16/uint32 file of `N` ids, read lazily by positional
+//!   reads (never loaded whole). Sample `k` has inputs `tokens[k*T .. k*T+T]` and labels
+//!   `tokens[k*T+1 .. k*T+T+1]`; there are `(N-1) / T` samples, and the tail that cannot fill a
+//!   whole sample (`(N-1) mod T` tokens) is dropped, never wrapped. Ids are checked against
+//!   `model.vocab_size` as they are read; an id out of range is an error naming the file, the
+//!   token position and the vocabulary size.
+//! - `text`: every file (globs expanded, sorted, each file once) is a document; the token
+//!   stream is `doc_0 EOS doc_1 EOS ... doc_n EOS` and is cut into samples exactly like a
+//!   `tokens` file. Every label counts.
+//! - `jsonl`: one record per sample, `[BOS] prompt completion EOS` (BOS when the tokenizer has
+//!   one), right-padded with PAD (labels -100) or truncated to `T+1` tokens. A record with
+//!   `data.completion_key` renders `data.prompt_template` (`{field}` is the record's field,
+//!   `{{`/`}}` are literal braces) as the prompt; with `mask_prompt` only completion tokens and
+//!   the EOS are labelled. A record with only `text` is labelled everywhere.
+//! - `arithmetic`: see [`arithmetic`]; the same one-problem-per-sample layout with the prompt
+//!   masked.
+//!
+//! # Order (a contract the DDP/FSDP tests rely on)
+//!
+//! The sampler defines a stream of sample indices: stream position `p` lies in epoch
+//! `e = p / S` (S samples) and holds sample `p mod S` when `data.shuffle=false`, else
+//! `perm_e(p mod S)` for a seeded pseudorandom permutation that differs per epoch and is the
+//! same for the same seed on every machine and build. With global batch size `G`, the global
+//! batch of step `s` (0-based) is stream positions `s*G .. s*G+G` (so with `shuffle=false` and
+//! a `tokens` file, samples `s*G .. s*G+G-1`, wrapping around at the end of the data).
+//!
+//! Rank `r` of `W` takes rows `r*G/W .. (r+1)*G/W` of that global batch, in order, and splits
+//! them into `G/(W*M)` consecutive micro-batches of `M = micro_batch_size` rows. The union over
+//! ranks is the same global batch for every `W`. Every rank also learns the number of labelled
+//! tokens in the whole global batch ([`StepBatches::global_loss_tokens`], computed locally,
+//! without communication), so the trainer normalises each micro-batch's summed loss by that
+//! one count and the per-step loss (and gradient) does not depend on `W` or `M`.
+//!
+//! Evaluation takes the first `E` samples of the evaluation set in order (no shuffle), rank `r`
+//! rows `r*E/W .. (r+1)*E/W`, in micro-batches of at most `M` rows.
+//!
+//! The position in the stream is [`SamplerState`] (JSON in checkpoints); restoring it resumes
+//! on the exact next sample.
+//!
+//! The shuffle seed is whatever the trainer passes to [`DataLoader::new`] (the config has no
+//! data-level shuffle seed; `trainer.seed` is the natural choice). `data.seed` only drives the
+//! generation of arithmetic problems. `data.num_workers` is accepted and ignored: samples are
+//! read on the calling thread (a positional read or a slice copy per sample).
+
+pub mod arithmetic;
+pub mod batch;
+pub mod error;
+pub mod jsonl;
+pub mod rng;
+pub mod sampler;
+pub mod sequences;
+pub mod text;
+pub mod tokenizer;
+pub mod tokens;
+
+use std::path::Path;
+use std::sync::Arc;
+
+use flotilla_config::schema::DataConfig;
+
+pub use arithmetic::{greedy_generate, Accuracy, ArithmeticTask, Problem};
+pub use batch::{eval_batches, Batch, BatchLayout, DataLoader, StepBatches};
+pub use error::{DataError, Result};
+pub use jsonl::{read_records, Record, Template};
+pub use sampler::{eval_rows, micro_batch_rows, rank_rows, Sampler, SamplerState};
+pub use sequences::SequenceDataset;
+pub use text::{resolve_paths, PackedDataset};
+pub use tokenizer::{Tokenizer, TokenizerKind};
+pub use tokens::TokensDataset;
+
+/// Label of a position that does not count in the loss (PyTorch's `ignore_index`).
+pub const IGNORE_INDEX: i64 = -100;
+
+/// One training sample: `T` input ids and their `T` (already shifted) labels.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Sample {
+    pub input_ids: Vec<i64>,
+    pub labels: Vec<i64>,
+}
+
+impl Sample {
+    /// Labelled positions (labels other than [`IGNORE_INDEX`]).
+    pub fn num_loss_tokens(&self) -> usize {
+        self.labels.iter().filter(|&&l| l != IGNORE_INDEX).count()
+    }
+}
+
+/// A list of fixed-length samples with random access.
+pub trait Dataset: Send + Sync {
+    /// Number of samples.
+    fn len(&self) -> usize;
+
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// `T`: positions per sample.
+    fn seq_len(&self) -> usize;
+
+    /// Sample `index` (`index < len()`).
+    fn get(&self, index: usize) -> Result<Sample>;
+
+    /// Labelled positions of sample `index`; datasets override it when they know it without
+    /// reading the sample.
+    fn num_loss_tokens(&self, index: usize) -> Result<usize> {
+        Ok(self.get(index)?.num_loss_tokens())
+    }
+
+    /// A short description for logs (`tokens /data/train.bin: 1234 samples of 512`).
+    fn describe(&self) -> String;
+}
+
+/// What [`build`] needs besides the config.
+#[derive(Clone, Debug)]
+pub struct DataOptions<'a> {
+    /// `model.vocab_size`: every id the data produces must be below it.
+    pub model_vocab_size: usize,
+    /// The run directory: a trained BPE tokenizer is saved there as `tokenizer.json` (and
+    /// reloaded from there when present, so a resumed run keeps its vocabulary).
+    pub run_dir: Option<&'a Path>,
+}
+
+/// The data of one run.
+pub struct Data {
+    /// The tokenizer (`None` for `kind: tokens`, whose ids come pre-tokenized).
+    pub tokenizer: Option<Tokenizer>,
+    pub train: Arc<dyn Dataset>,
+    /// Held-out samples, when the config names some.
+    pub eval: Option<Arc<dyn Dataset>>,
+    /// The arithmetic problems (`kind: arithmetic` only), for exact-match evaluation.
+    pub arithmetic: Option<ArithmeticTask>,
+}
+
+impl std::fmt::Debug for Data {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Data")
+            .field("tokenizer", &self.tokenizer)
+            .field("train", &self.train.describe())
+            .field("eval", &self.eval.as_ref().map(|e| e.describe()))
+            .finish()
+    }
+}
+
+/// Builds the datasets (and tokenizer) a data config describes. Relative paths are taken
+/// relative to the current directory.
+pub fn build(cfg: &DataConfig, opts: &DataOptions<'_>) -> Result<Data> {
+    match cfg {
+        DataConfig::Arithmetic(a) => {
+            let task = ArithmeticTask::generate(a)?;
+            let tokenizer = arithmetic::arithmetic_tokenizer();
+            check_vocab(&tokenizer, opts.model_vocab_size)?;
+            let train = Arc::new(task.dataset(&task.train, a.seq_len)?);
+            let eval = if task.eval.is_empty() {
+                None
+            } else {
+                Some(Arc::new(task.dataset(&task.eval, a.seq_len)?) as Arc<dyn Dataset>)
+            };
+            Ok(Data {
+                tokenizer: Some(tokenizer),
+                train,
+                eval,
+                arithmetic: Some(task),
+            })
+        }
+        DataConfig::Tokens(t) => {
+            let open = |key: &str, path: &str| {
+                TokensDataset::open(path, key, t.token_dtype, t.seq_len, opts.model_vocab_size)
+            };
+            let train = Arc::new(open("data.path", &t.path)?);
+            let eval = match &t.eval_path {
+                Some(p) => Some(Arc::new(open("data.eval_path", p)?) as Arc<dyn Dataset>),
+                None => None,
+            };
+            Ok(Data {
+                tokenizer: None,
+                train,
+                eval,
+                arithmetic: None,
+            })
+        }
+        DataConfig::Text(t) => {
+            let train_docs = text::read_documents("data.paths", &t.paths)?;
+            let tokenizer =
+                tokenizer::tokenizer_for_spec(&t.tokenizer, t.vocab_size, opts.run_dir, || {
+                    Ok(train_docs.iter().map(|(_, s)| s.clone()).collect())
+                })?;
+            check_vocab(&tokenizer, opts.model_vocab_size)?;
+            let train = Arc::new(PackedDataset::from_documents(
+                "data.paths",
+                &train_docs,
+                &tokenizer,
+                t.seq_len,
+            )?);
+            let eval = match &t.eval_paths {
+                Some(p) => {
+                    let docs = text::read_documents("data.eval_paths", p)?;
+                    Some(Arc::new(PackedDataset::from_documents(
+                        "data.eval_paths",
+                        &docs,
+                        &tokenizer,
+                        t.seq_len,
+                    )?) as Arc<dyn Dataset>)
+                }
+                None => None,
+            };
+            Ok(Data {
+                tokenizer: Some(tokenizer),
+                train,
+                eval,
+                arithmetic: None,
+            })
+        }
+        DataConfig::Jsonl(j) => {
+            let template = jsonl::Template::parse(&j.prompt_template)?;
+            let records = jsonl::read_records(
+                "data.path",
+                Path::new(&j.path),
+                &template,
+                &j.completion_key,
+            )?;
+            let tokenizer =
+                tokenizer::tokenizer_for_spec(&j.tokenizer, j.vocab_size, opts.run_dir, || {
+                    Ok(records
+                        .iter()
+                        .map(|r| format!("{}{}", r.prompt, r.completion))
+                        .collect())
+                })?;
+            check_vocab(&tokenizer, opts.model_vocab_size)?;
+            let train = Arc::new(jsonl::encode_records(
+                &j.path,
+                &records,
+                &tokenizer,
+                j.seq_len,
+                j.mask_prompt,
+            )?);
+            let eval = match &j.eval_path {
+                Some(p) => {
+                    let recs = jsonl::read_records(
+                        "data.eval_path",
+                        Path::new(p),
+                        &template,
+                        &j.completion_key,
+                    )?;
+                    Some(Arc::new(jsonl::encode_records(
+                        p,
+                        &recs,
+                        &tokenizer,
+                        j.seq_len,
+                        j.mask_prompt,
+                    )?) as Arc<dyn Dataset>)
+                }
+                None => None,
+            };
+            Ok(Data {
+                tokenizer: Some(tokenizer),
+                train,
+                eval,
+                arithmetic: None,
+            })
+        }
+    }
+}
+
+/// Every id of `tokenizer` must fit a model of `model_vocab_size` ids.
+pub fn check_vocab(tokenizer: &Tokenizer, model_vocab_size: usize) -> Result<()> {
+    if tokenizer.vocab_size() > model_vocab_size {
+        return Err(DataError::config(
+            "model.vocab_size",
+            format!(
+                "{model_vocab_size} is smaller than the {:?} tokenizer's {} ids; raise \
+                 model.vocab_size to {} or more",
+                tokenizer.kind(),
+                tokenizer.vocab_size(),
+                tokenizer.vocab_size()
+            ),
+        ));
+    }
+    Ok(())
+}

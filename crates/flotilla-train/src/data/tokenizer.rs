@@ -1,0 +1,429 @@
+//! Tokenizers (`data.tokenizer`), all of them Hugging Face `tokenizers` objects so that every
+//! run can save the exact tokenizer it used as a `tokenizer.json` that Python loads unchanged:
+//!
+//! - `byte`: ids 0..=255 are the bytes of the UTF-8 text, then the special tokens
+//!   [`PAD`] = 256, [`BOS`] = 257, [`EOS`] = 258 (259 ids). It is a GPT-2 style byte-level BPE
+//!   with no merges, so decoding is exact for any text.
+//! - `bpe`: a byte-level BPE trained on the training corpus with `data.vocab_size` ids in all:
+//!   [`PAD`] = 0, [`BOS`] = 1, [`EOS`] = 2, the 256 byte symbols, then the learned merges. It is
+//!   saved as `<run_dir>/tokenizer.json`, and a run directory that already has one (a resumed
+//!   run) loads it instead of training again.
+//! - a path: a Hugging Face `tokenizer.json`. Its special tokens are read from a sibling
+//!   `tokenizer_config.json` (`eos_token`, `bos_token`, `pad_token`) when there is one, else
+//!   recognised by their usual names (`</s>`, `<|endoftext|>`, `<|end_of_text|>`, ...).
+//!
+//! Data encoding never adds special tokens through the tokenizer's post-processor; the datasets
+//! place BOS/EOS themselves (see the module docs of `text` and `jsonl`).
+
+use std::path::{Path, PathBuf};
+
+use serde_json::{json, Map, Value};
+use tokenizers::models::bpe::BpeTrainer;
+use tokenizers::models::TrainerWrapper;
+use tokenizers::pre_tokenizers::byte_level::ByteLevel;
+use tokenizers::AddedToken;
+
+use super::error::{DataError, Result};
+
+/// Padding token of the built-in tokenizers.
+pub const PAD: &str = "<pad>";
+/// Beginning-of-sequence token of the built-in tokenizers.
+pub const BOS: &str = "<bos>";
+/// End-of-sequence (and document separator) token of the built-in tokenizers.
+pub const EOS: &str = "<eos>";
+
+/// Ids of the byte tokenizer: 256 bytes plus PAD, BOS, EOS.
+pub const BYTE_TOKENIZER_VOCAB: usize = 259;
+
+const EOS_NAMES: &[&str] = &[
+    EOS,
+    "</s>",
+    "<|endoftext|>",
+    "<|end_of_text|>",
+    "<|im_end|>",
+    "<|eot_id|>",
+    "[SEP]",
+];
+const BOS_NAMES: &[&str] = &[BOS, "<s>", "<|begin_of_text|>", "<|startoftext|>", "[CLS]"];
+const PAD_NAMES: &[&str] = &[PAD, "[PAD]", "<|pad|>", "<|finetune_right_pad_id|>"];
+
+/// Which kind of tokenizer this is.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TokenizerKind {
+    /// The built-in byte-level tokenizer.
+    Byte,
+    /// A BPE trained by flotilla (or reloaded from a run directory).
+    Bpe,
+    /// A `tokenizer.json` given by path.
+    File(PathBuf),
+    /// The character-level tokenizer of the built-in arithmetic data.
+    Arithmetic,
+}
+
+/// A tokenizer with its special ids.
+#[derive(Clone)]
+pub struct Tokenizer {
+    inner: tokenizers::Tokenizer,
+    kind: TokenizerKind,
+    pad_id: Option<u32>,
+    bos_id: Option<u32>,
+    eos_id: Option<u32>,
+    /// One more than the largest id the tokenizer can produce.
+    id_limit: usize,
+}
+
+impl std::fmt::Debug for Tokenizer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tokenizer")
+            .field("kind", &self.kind)
+            .field("vocab_size", &self.id_limit)
+            .field("pad_id", &self.pad_id)
+            .field("bos_id", &self.bos_id)
+            .field("eos_id", &self.eos_id)
+            .finish()
+    }
+}
+
+fn tok_err(what: impl Into<String>, e: impl std::fmt::Display) -> DataError {
+    DataError::Tokenizer {
+        what: what.into(),
+        message: e.to_string(),
+    }
+}
+
+/// GPT-2's byte-to-character table: printable Latin-1 bytes map to themselves, the others to
+/// U+0100 onward, so every byte has a visible character.
+pub(crate) fn byte_to_char() -> [char; 256] {
+    let mut table = ['\0'; 256];
+    let mut next = 256u32;
+    for b in 0..256u32 {
+        let printable = (0x21..=0x7E).contains(&b) || (0xA1..=0xAC).contains(&b) || b >= 0xAE;
+        table[b as usize] = if printable {
+            char::from_u32(b).unwrap()
+        } else {
+            let c = char::from_u32(next).unwrap();
+            next += 1;
+            c
+        };
+    }
+    table
+}
+
+fn added_token(id: u32, content: &str) -> Value {
+    json!({
+        "id": id, "content": content, "single_word": false, "lstrip": false,
+        "rstrip": false, "normalized": false, "special": true
+    })
+}
+
+fn byte_level_bpe_json(vocab: Map<String, Value>, added: Vec<Value>) -> Value {
+    json!({
+        "version": "1.0",
+        "truncation": null,
+        "padding": null,
+        "added_tokens": added,
+        "normalizer": null,
+        "pre_tokenizer": {
+            "type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true
+        },
+        "post_processor": null,
+        "decoder": {
+            "type": "ByteLevel", "add_prefix_space": true, "trim_offsets": true, "use_regex": true
+        },
+        "model": {
+            "type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null,
+            "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false,
+            "ignore_merges": false, "vocab": vocab, "merges": []
+        }
+    })
+}
+
+impl Tokenizer {
+    /// Wraps a `tokenizers` tokenizer, finding its special ids by the given names.
+    pub(crate) fn from_inner(
+        inner: tokenizers::Tokenizer,
+        kind: TokenizerKind,
+        names: SpecialNames,
+    ) -> Self {
+        let find = |explicit: Option<String>, candidates: &[&str]| {
+            explicit
+                .and_then(|n| inner.token_to_id(&n))
+                .or_else(|| candidates.iter().find_map(|n| inner.token_to_id(n)))
+        };
+        let eos_id = find(names.eos, EOS_NAMES);
+        let bos_id = find(names.bos, BOS_NAMES);
+        let pad_id = find(names.pad, PAD_NAMES);
+        let id_limit = inner
+            .get_vocab(true)
+            .values()
+            .map(|&i| i as usize + 1)
+            .max()
+            .unwrap_or(0);
+        Tokenizer {
+            inner,
+            kind,
+            pad_id,
+            bos_id,
+            eos_id,
+            id_limit,
+        }
+    }
+
+    pub(crate) fn from_json(value: &Value, kind: TokenizerKind) -> Result<Self> {
+        let inner: tokenizers::Tokenizer = value
+            .to_string()
+            .parse()
+            .map_err(|e| tok_err("(built-in)", e))?;
+        Ok(Self::from_inner(inner, kind, SpecialNames::default()))
+    }
+
+    /// The built-in byte-level tokenizer: bytes are ids 0..=255, then PAD, BOS, EOS.
+    pub fn byte() -> Self {
+        let table = byte_to_char();
+        let vocab: Map<String, Value> =
+            (0..256).map(|b| (table[b].to_string(), json!(b))).collect();
+        let added = vec![
+            added_token(256, PAD),
+            added_token(257, BOS),
+            added_token(258, EOS),
+        ];
+        Self::from_json(&byte_level_bpe_json(vocab, added), TokenizerKind::Byte)
+            .expect("the built-in byte tokenizer is valid")
+    }
+
+    /// Loads a Hugging Face `tokenizer.json` (`key` names the config key, for errors).
+    pub fn from_file(path: impl AsRef<Path>, key: &str) -> Result<Self> {
+        let path = path.as_ref();
+        if !path.exists() {
+            return Err(DataError::NotFound {
+                key: key.to_string(),
+                path: path.to_path_buf(),
+            });
+        }
+        let inner = tokenizers::Tokenizer::from_file(path)
+            .map_err(|e| tok_err(path.display().to_string(), e))?;
+        let names = SpecialNames::from_config_next_to(path)?;
+        Ok(Self::from_inner(
+            inner,
+            TokenizerKind::File(path.to_path_buf()),
+            names,
+        ))
+    }
+
+    /// Trains a byte-level BPE with `vocab_size` ids in all (PAD, BOS, EOS = 0, 1, 2, the 256
+    /// byte symbols, then merges) on `texts`. Deterministic for the same texts.
+    pub fn train_bpe<I, S>(texts: I, vocab_size: usize) -> Result<Self>
+    where
+        I: Iterator<Item = S> + Send,
+        S: AsRef<str> + Send,
+    {
+        let min = 3 + 256;
+        if vocab_size < min {
+            return Err(DataError::config(
+                "data.vocab_size",
+                format!(
+                    "{vocab_size} is below the {min} ids a byte-level BPE needs (3 special tokens \
+                     and 256 bytes); set data.vocab_size={min} or more"
+                ),
+            ));
+        }
+        let base = byte_level_bpe_json(Map::new(), vec![]);
+        let mut inner: tokenizers::Tokenizer =
+            base.to_string().parse().map_err(|e| tok_err("bpe", e))?;
+        let trainer = BpeTrainer::builder()
+            .vocab_size(vocab_size)
+            .min_frequency(0)
+            .show_progress(false)
+            .special_tokens(vec![
+                AddedToken::from(PAD, true),
+                AddedToken::from(BOS, true),
+                AddedToken::from(EOS, true),
+            ])
+            .initial_alphabet(ByteLevel::alphabet().into_iter().collect())
+            .build();
+        let mut trainer: TrainerWrapper = trainer.into();
+        inner
+            .train(&mut trainer, texts)
+            .map_err(|e| tok_err("bpe training", e))?;
+        Ok(Self::from_inner(
+            inner,
+            TokenizerKind::Bpe,
+            SpecialNames::default(),
+        ))
+    }
+
+    /// Writes `tokenizer.json` atomically (a temporary file in the same folder, then a rename).
+    pub fn save(&self, path: impl AsRef<Path>) -> Result<()> {
+        let path = path.as_ref();
+        let text = self
+            .inner
+            .to_string(true)
+            .map_err(|e| tok_err("serialisation", e))?;
+        write_atomic(path, text.as_bytes())
+    }
+
+    /// Token ids of `text`, with no special tokens added by a post-processor.
+    pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
+        let enc = self
+            .inner
+            .encode_fast(text, false)
+            .map_err(|e| tok_err("encode", e))?;
+        Ok(enc.get_ids().to_vec())
+    }
+
+    /// The text of `ids`; `skip_special` drops PAD/BOS/EOS and other special tokens.
+    pub fn decode(&self, ids: &[u32], skip_special: bool) -> Result<String> {
+        self.inner
+            .decode(ids, skip_special)
+            .map_err(|e| tok_err("decode", e))
+    }
+
+    /// One more than the largest id this tokenizer produces: the model's vocabulary must be at
+    /// least this large.
+    pub fn vocab_size(&self) -> usize {
+        self.id_limit
+    }
+
+    pub fn pad_id(&self) -> Option<u32> {
+        self.pad_id
+    }
+
+    pub fn bos_id(&self) -> Option<u32> {
+        self.bos_id
+    }
+
+    pub fn eos_id(&self) -> Option<u32> {
+        self.eos_id
+    }
+
+    /// The end-of-sequence id, or an error saying that the tokenizer has none.
+    pub fn require_eos(&self) -> Result<u32> {
+        self.eos_id.ok_or_else(|| DataError::Tokenizer {
+            what: format!("{:?}", self.kind),
+            message: format!(
+                "has no end-of-sequence token (looked for eos_token in tokenizer_config.json and \
+                 for {}); packing and prompt/completion data need one",
+                EOS_NAMES.join(", ")
+            ),
+        })
+    }
+
+    pub fn kind(&self) -> &TokenizerKind {
+        &self.kind
+    }
+
+    /// The underlying `tokenizers` object.
+    pub fn inner(&self) -> &tokenizers::Tokenizer {
+        &self.inner
+    }
+}
+
+/// Special-token names given explicitly (by a `tokenizer_config.json`).
+#[derive(Clone, Debug, Default)]
+pub(crate) struct SpecialNames {
+    eos: Option<String>,
+    bos: Option<String>,
+    pad: Option<String>,
+}
+
+impl SpecialNames {
+    fn from_config_next_to(tokenizer_json: &Path) -> Result<Self> {
+        let cfg = tokenizer_json.with_file_name("tokenizer_config.json");
+        let Ok(text) = std::fs::read_to_string(&cfg) else {
+            return Ok(SpecialNames::default());
+        };
+        let value: Value = serde_json::from_str(&text)
+            .map_err(|e| tok_err(cfg.display().to_string(), format!("invalid JSON: {e}")))?;
+        let name = |key: &str| match value.get(key) {
+            Some(Value::String(s)) => Some(s.clone()),
+            Some(Value::Object(o)) => o.get("content").and_then(|c| c.as_str()).map(String::from),
+            _ => None,
+        };
+        Ok(SpecialNames {
+            eos: name("eos_token"),
+            bos: name("bos_token"),
+            pad: name("pad_token"),
+        })
+    }
+}
+
+/// Writes `bytes` to `path` through a temporary file and a rename, so readers never see a
+/// partial file and concurrent writers of the same content do not corrupt it.
+pub(crate) fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(format!(".tmp-{}", std::process::id()));
+    let tmp = PathBuf::from(tmp);
+    std::fs::write(&tmp, bytes).map_err(|source| DataError::Write {
+        path: tmp.clone(),
+        source,
+    })?;
+    std::fs::rename(&tmp, path).map_err(|source| DataError::Write {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+/// The tokenizer a `data.tokenizer` value asks for. `corpus` yields the training texts and is
+/// only called when a BPE must be trained; `run_dir/tokenizer.json` is reused when present (a
+/// resumed run), else written after training.
+pub fn tokenizer_for_spec<F>(
+    spec: &flotilla_config::schema::TokenizerSpec,
+    vocab_size: usize,
+    run_dir: Option<&Path>,
+    corpus: F,
+) -> Result<Tokenizer>
+where
+    F: FnOnce() -> Result<Vec<String>>,
+{
+    use flotilla_config::schema::TokenizerSpec;
+    match spec {
+        TokenizerSpec::Byte => Ok(Tokenizer::byte()),
+        TokenizerSpec::File(p) => Tokenizer::from_file(p, "data.tokenizer"),
+        TokenizerSpec::Bpe => {
+            let saved = run_dir.map(|d| d.join("tokenizer.json"));
+            if let Some(saved) = saved.as_ref().filter(|p| p.exists()) {
+                let inner = tokenizers::Tokenizer::from_file(saved)
+                    .map_err(|e| tok_err(saved.display().to_string(), e))?;
+                return Ok(Tokenizer::from_inner(
+                    inner,
+                    TokenizerKind::Bpe,
+                    SpecialNames::default(),
+                ));
+            }
+            let texts = corpus()?;
+            let tok = Tokenizer::train_bpe(texts.iter(), vocab_size)?;
+            if let Some(saved) = saved {
+                tok.save(saved)?;
+            }
+            Ok(tok)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn byte_tokenizer_round_trips_any_text() {
+        let t = Tokenizer::byte();
+        let text = "héllo wörld\n\t\u{0}\u{7f} 🦀 <eos>?";
+        let ids = t.encode("héllo").unwrap();
+        assert_eq!(ids, "héllo".bytes().map(u32::from).collect::<Vec<_>>());
+        let ids = t.encode(text).unwrap();
+        assert_eq!(t.decode(&ids, false).unwrap(), text);
+        assert_eq!(t.vocab_size(), BYTE_TOKENIZER_VOCAB);
+        assert_eq!(
+            (t.pad_id(), t.bos_id(), t.eos_id()),
+            (Some(256), Some(257), Some(258))
+        );
+    }
+
+    #[test]
+    fn byte_table_is_a_bijection() {
+        let table = byte_to_char();
+        let set: std::collections::HashSet<char> = table.iter().copied().collect();
+        assert_eq!(set.len(), 256);
+        assert_eq!(set, ByteLevel::alphabet().into_iter().collect());
+    }
+}

@@ -1,0 +1,284 @@
+//! A training run in a run directory: [`fit`] steps a [`Trainer`] up to a step count,
+//! evaluating every `eval_every` steps and at the end ([`Trainer::evaluate`]: loss, perplexity
+//! and, for arithmetic data, greedy exact match), checkpointing every `checkpoint_every` steps
+//! and at the end, and appending [`RunRow`]s to `metrics.csv` with [`RunMetricsWriter`], which
+//! drops rows a resumed run is about to redo. [`resume`] applies `trainer.resume`.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+use tch::Tensor;
+
+use super::checkpoint::{self, TrainerState};
+use super::preempt;
+use super::trainer::{StepMetrics, Trainer};
+use super::TrainError;
+use crate::data::{eval_batches, greedy_generate, ArithmeticTask, Dataset};
+use crate::distributed::comm::{CommunicatorExt, ReduceOp};
+use flotilla_config::schema::Resume;
+
+/// Evaluation results.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct EvalMetrics {
+    /// Summed loss over the evaluation tokens / their count.
+    pub loss: f64,
+    /// `exp(loss)`.
+    pub ppl: f64,
+    /// Greedy exact-match accuracy (arithmetic data only).
+    pub acc: Option<f64>,
+}
+
+/// What to evaluate on.
+#[derive(Clone)]
+pub struct EvalSet<'a> {
+    pub dataset: Arc<dyn Dataset>,
+    /// Micro-batches per evaluation (`trainer.eval_batches`).
+    pub num_batches: usize,
+    pub micro_batch_size: usize,
+    /// Arithmetic problems for exact match, with the number of held-out problems to use.
+    pub task: Option<(&'a ArithmeticTask, usize)>,
+}
+
+impl Trainer {
+    /// Evaluates the current parameters (no gradients, no state change). Collective in a
+    /// distributed run: under FSDP the full parameters are gathered; each rank takes its share
+    /// of the evaluation samples and of the exact-match problems, and the sums are all-reduced,
+    /// so every rank returns the same figures.
+    pub fn evaluate(&self, eval: &EvalSet<'_>) -> Result<EvalMetrics, TrainError> {
+        let params = self.full_params()?;
+        let device = params
+            .iter()
+            .next()
+            .map_or(tch::Device::Cpu, |(_, t)| t.device());
+        let (rank, world) = self.rank_world();
+        let n = eval.num_batches * eval.micro_batch_size;
+        let batches = eval_batches(
+            eval.dataset.as_ref(),
+            n,
+            eval.micro_batch_size,
+            rank,
+            world,
+            device,
+        )?;
+        let mut sum = 0.0;
+        tch::no_grad(|| -> Result<(), TrainError> {
+            for b in &batches.micro_batches {
+                let logits = self.model.forward(&params, &b.input_ids)?;
+                sum += b.loss_sum(&logits).f_double_value(&[])?;
+            }
+            Ok(())
+        })?;
+        let mut correct_total = None;
+        if let Some((task, max)) = eval.task {
+            if !task.eval.is_empty() {
+                let all = &task.eval[..max.min(task.eval.len())];
+                let mine = &all[rank * all.len() / world..(rank + 1) * all.len() / world];
+                let acc = task.exact_match(mine, 128, |prompts, max_new| {
+                    greedy_generate(
+                        prompts,
+                        max_new,
+                        crate::data::arithmetic::EOS_ID as i64,
+                        device,
+                        |x| self.model.forward(&params, x),
+                    )
+                })?;
+                correct_total = Some((acc.correct as f64, acc.total as f64));
+            }
+        }
+        if let Some(comm) = self.comm().filter(|c| c.world_size() > 1) {
+            let (c, t) = correct_total.unwrap_or((0.0, 0.0));
+            let sums = Tensor::from_slice(&[sum as f32, c as f32, t as f32]);
+            comm.all_reduce_tensor(&sums, ReduceOp::Sum)?.wait()?;
+            let v = Vec::<f32>::try_from(&sums)?;
+            sum = v[0] as f64;
+            if correct_total.is_some() {
+                correct_total = Some((v[1] as f64, v[2] as f64));
+            }
+        }
+        let loss = sum / (batches.global_loss_tokens.max(1) as f64);
+        let acc = correct_total.map(|(c, t)| if t > 0.0 { c / t } else { 0.0 });
+        Ok(EvalMetrics {
+            loss,
+            ppl: loss.exp(),
+            acc,
+        })
+    }
+}
+
+/// One row of a run's `metrics.csv`: the step metrics, then the evaluation columns (empty on
+/// rows without an evaluation).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RunRow {
+    pub step: u64,
+    pub loss: f64,
+    pub grad_norm: f64,
+    pub lr: f64,
+    pub tokens_per_s: f64,
+    pub elapsed_s: f64,
+    pub eval_loss: Option<f64>,
+    pub eval_ppl: Option<f64>,
+    pub eval_acc: Option<f64>,
+}
+
+impl RunRow {
+    fn new(m: &StepMetrics, eval: Option<EvalMetrics>) -> Self {
+        RunRow {
+            step: m.step,
+            loss: m.loss,
+            grad_norm: m.grad_norm,
+            lr: m.lr,
+            tokens_per_s: m.tokens_per_s,
+            elapsed_s: m.elapsed_s,
+            eval_loss: eval.map(|e| e.loss),
+            eval_ppl: eval.map(|e| e.ppl),
+            eval_acc: eval.and_then(|e| e.acc),
+        }
+    }
+}
+
+/// Writes [`RunRow`]s to `metrics.csv`, keeping the rows of earlier steps of a resumed run.
+pub struct RunMetricsWriter {
+    writer: csv::Writer<std::fs::File>,
+}
+
+impl RunMetricsWriter {
+    /// Opens `path`, keeping its rows with `step < first_step` and dropping the rest (they
+    /// belong to steps after the checkpoint that is resumed), then appends.
+    pub fn open(path: &Path, first_step: u64) -> Result<Self, TrainError> {
+        let mut kept: Vec<RunRow> = vec![];
+        if first_step > 0 && path.is_file() {
+            let mut reader = csv::Reader::from_path(path)?;
+            for row in reader.deserialize::<RunRow>() {
+                let row = row?;
+                if row.step < first_step {
+                    kept.push(row);
+                }
+            }
+        }
+        let file = std::fs::File::create(path).map_err(|source| TrainError::Io {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        let mut writer = csv::WriterBuilder::new()
+            .has_headers(false)
+            .from_writer(file);
+        {
+            writer.write_record([
+                "step",
+                "loss",
+                "grad_norm",
+                "lr",
+                "tokens_per_s",
+                "elapsed_s",
+                "eval_loss",
+                "eval_ppl",
+                "eval_acc",
+            ])?;
+        }
+        for row in &kept {
+            writer.serialize(row)?;
+        }
+        writer.flush().map_err(|e| TrainError::Csv(e.into()))?;
+        Ok(Self { writer })
+    }
+
+    pub fn write(&mut self, row: &RunRow) -> Result<(), TrainError> {
+        self.writer.serialize(row)?;
+        self.writer.flush().map_err(|e| TrainError::Csv(e.into()))?;
+        Ok(())
+    }
+}
+
+/// Applies `trainer.resume`: `auto` restores the latest complete checkpoint of `run_dir` (if
+/// any), `never` none, a path that checkpoint. Returns the checkpoint used.
+pub fn resume(
+    trainer: &mut Trainer,
+    run_dir: &Path,
+    resume: &Resume,
+) -> Result<Option<(PathBuf, TrainerState)>, TrainError> {
+    let dir = match resume {
+        Resume::Never => None,
+        Resume::Auto => checkpoint::latest(run_dir)?,
+        Resume::Path(p) => Some(PathBuf::from(p)),
+    };
+    match dir {
+        Some(d) => {
+            let state = checkpoint::restore(trainer, &d)?;
+            Ok(Some((d, state)))
+        }
+        None => Ok(None),
+    }
+}
+
+/// What [`fit`] does besides stepping.
+pub struct FitOptions<'a> {
+    pub run_dir: &'a Path,
+    /// Step count to reach (`trainer.max_steps`, or fewer to stop early).
+    pub until: u64,
+    /// Steps between evaluations (0: none); also evaluates at `max_steps`.
+    pub eval_every: u64,
+    pub eval: Option<EvalSet<'a>>,
+    /// 0: checkpoint only at the end.
+    pub checkpoint_every: u64,
+    pub keep_last_checkpoints: usize,
+    /// Called with each row after it is written.
+    pub on_row: Option<&'a mut dyn FnMut(&RunRow)>,
+}
+
+/// Steps `trainer` from its current step to `opts.until`, writing rows to `metrics` (rank 0's), evaluating
+/// (also at `max_steps`) and checkpointing (also at `until`) as configured. With `eval_every == 0`, no
+/// evaluation runs. Returns the rows of this call. Installs the [`preempt`] handlers; when a
+/// stop is requested, checkpoints after the step in progress and returns
+/// [`preempt::PreemptError::Stopped`].
+pub fn fit(
+    trainer: &mut Trainer,
+    mut metrics: Option<&mut RunMetricsWriter>,
+    mut opts: FitOptions<'_>,
+) -> Result<Vec<RunRow>, TrainError> {
+    preempt::install()?;
+    let mut rows = vec![];
+    while trainer.step_index() < opts.until {
+        let m = trainer.step()?;
+        let done = trainer.step_index();
+        let last = done == opts.until;
+        let at_end = done == trainer.schedule.max_steps;
+        let eval = match &opts.eval {
+            Some(set) if opts.eval_every > 0 && (at_end || done % opts.eval_every == 0) => {
+                Some(trainer.evaluate(set)?)
+            }
+            _ => None,
+        };
+        let row = RunRow::new(&m, eval);
+        if let Some(m) = metrics.as_deref_mut() {
+            m.write(&row)?;
+        }
+        let mut saved = None;
+        if last || (opts.checkpoint_every > 0 && done % opts.checkpoint_every == 0) {
+            saved = Some(checkpoint::save(
+                trainer,
+                opts.run_dir,
+                opts.keep_last_checkpoints,
+            )?);
+        }
+        if let Some(f) = opts.on_row.as_deref_mut() {
+            f(&row);
+        }
+        rows.push(row);
+        // A stop request (SIGUSR2/SIGTERM) ends the run here, with a checkpoint at this step.
+        // In a distributed run the ranks agreed on the flag during the step.
+        if !last && trainer.stop_requested() {
+            let checkpoint = match saved {
+                Some(dir) => dir,
+                None => checkpoint::save(trainer, opts.run_dir, opts.keep_last_checkpoints)?,
+            };
+            return Err(preempt::PreemptError::Stopped {
+                reason: preempt::reason().to_string(),
+                step: done,
+                checkpoint,
+            }
+            .into());
+        }
+    }
+    Ok(rows)
+}

@@ -1,0 +1,875 @@
+//! Fully sharded data parallelism on the unit engine (DESIGN §7). This file owns the flat
+//! parameter groups, their sharding across ranks, the gather / release / reduce-scatter
+//! schedule, the AdamW step over the local shards, and the conversion between shards and full
+//! named tensors (for evaluation, full checkpoints and resharding).
+//!
+//! Each FSDP group (one per engine unit with `auto_wrap_policy: block`; consecutive units
+//! until `min_num_params` with `size`) owns one flat parameter: the parameters its units own,
+//! concatenated in model order and padded to a multiple of the shard-group size `S`. Rank `r`
+//! of the shard group keeps elements `r*k .. (r+1)*k` (`k = padded / S`) as an fp32 master
+//! shard with its gradient and AdamW moments.
+//!
+//! Sharding strategies map onto two process groups: the shard group (parameters gathered and
+//! gradients reduce-scattered within it) and the replica group (gradient shards all-reduced
+//! across it). `FULL_SHARD` and `SHARD_GRAD_OP` shard over the world; `NO_SHARD` shards over
+//! one rank and replicates over the world (DDP-like); `HYBRID_SHARD` shards within a node and
+//! replicates across nodes. `FULL_SHARD`/`HYBRID_SHARD` drop a gathered group after the
+//! forward of its last unit and after the backward of its first unit; `SHARD_GRAD_OP` and
+//! `NO_SHARD` keep it until the step ends.
+//!
+//! Each group gathers into one buffer of its own for the whole run. The autograd graph of a
+//! unit keeps views of that buffer (the weights saved for the matmul gradients), so freeing
+//! means releasing the buffer's storage in place ([`super::storage_shim`]), and "gather again
+//! before backward" means re-allocating it and gathering into it before the unit's backward
+//! ([`Strategy::before_backward`]); with activation checkpointing the unit is recomputed
+//! from a fresh gather instead.
+//!
+//! Every rank issues the same collectives in the same order: gathers in forward order (one
+//! group ahead with `forward_prefetch`, one group behind in backward with `backward_prefetch`,
+//! at most two groups in flight with `limit_all_gathers`), reduce-scatters in reverse order.
+
+use std::ops::Range;
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+use tch::{Device, Kind, Tensor};
+
+use super::engine::Strategy;
+use super::optim::{adamw_update, scale_to_max_norm, AdamWConfig, Decay};
+use super::replicated::{nbytes, MemoryReport};
+use super::TrainError;
+use crate::distributed::comm::{Communicator, CommunicatorExt, ReduceOp, Work};
+use crate::model::{Llama, Params};
+use flotilla_config::schema::{AutoWrapPolicy, ShardingStrategy};
+
+/// FSDP settings (from `trainer.dist` and `trainer.precision`).
+#[derive(Clone, Debug)]
+pub struct FsdpOptions {
+    pub sharding: ShardingStrategy,
+    pub wrap: AutoWrapPolicy,
+    pub min_num_params: u64,
+    pub forward_prefetch: bool,
+    pub backward_prefetch: bool,
+    pub limit_all_gathers: bool,
+    /// Dtype parameters are gathered in (the units compute in it).
+    pub param_kind: Kind,
+    /// Dtype gradients are reduced in.
+    pub reduce_kind: Kind,
+    /// Dtype of the master shards and AdamW moments.
+    pub master_kind: Kind,
+    /// Keep shards, gradients and optimizer state on the host (the compute device gets only
+    /// gathered parameters).
+    pub cpu_offload: bool,
+}
+
+/// One parameter's place in a flat group.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct FlatEntry {
+    pub name: String,
+    pub shape: Vec<i64>,
+    pub offset: i64,
+    pub numel: i64,
+}
+
+/// The layout of one flat parameter group.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct GroupLayout {
+    /// Engine units whose parameters the group owns.
+    pub units: Range<usize>,
+    pub entries: Vec<FlatEntry>,
+    /// Elements without padding.
+    pub numel: i64,
+    /// Elements with padding (`shard_len × shard group size`).
+    pub padded: i64,
+    pub shard_len: i64,
+}
+
+/// Groups of engine units under an auto-wrap policy: `block` gives one group per unit;
+/// `size` closes a group once its units own at least `min_num_params` parameters (the rest
+/// form the last group).
+pub fn wrap_units(model: &Llama, wrap: AutoWrapPolicy, min_num_params: u64) -> Vec<Range<usize>> {
+    let n = model.units().len();
+    match wrap {
+        AutoWrapPolicy::Block => (0..n).map(|u| u..u + 1).collect(),
+        AutoWrapPolicy::Size => {
+            let mut groups = vec![];
+            let mut start = 0;
+            let mut count = 0u64;
+            for u in 0..n {
+                count += model.owned_params(u).map(|s| s.numel() as u64).sum::<u64>();
+                if count >= min_num_params {
+                    groups.push(start..u + 1);
+                    start = u + 1;
+                    count = 0;
+                }
+            }
+            if start < n {
+                groups.push(start..n);
+            }
+            groups
+        }
+    }
+}
+
+/// Flat layouts of `groups` for a shard group of `shard_world` ranks.
+pub fn layouts(model: &Llama, groups: &[Range<usize>], shard_world: usize) -> Vec<GroupLayout> {
+    groups
+        .iter()
+        .map(|units| {
+            let mut entries = vec![];
+            let mut offset = 0i64;
+            for u in units.clone() {
+                for s in model.owned_params(u) {
+                    let numel = s.numel() as i64;
+                    entries.push(FlatEntry {
+                        name: s.name.clone(),
+                        shape: s.shape.clone(),
+                        offset,
+                        numel,
+                    });
+                    offset += numel;
+                }
+            }
+            let w = shard_world as i64;
+            let shard_len = (offset + w - 1) / w;
+            GroupLayout {
+                units: units.clone(),
+                entries,
+                numel: offset,
+                padded: shard_len * w,
+                shard_len,
+            }
+        })
+        .collect()
+}
+
+impl GroupLayout {
+    /// Shard `rank`'s part of a flat `[padded]` tensor (a view).
+    pub fn shard_of(&self, flat: &Tensor, rank: usize) -> Result<Tensor, TrainError> {
+        Ok(flat.f_narrow(0, rank as i64 * self.shard_len, self.shard_len)?)
+    }
+
+    /// Copies the tensors of `named` into their slots of the flat `[padded]` tensor `flat`;
+    /// with `require_all`, a parameter missing from `named` is an error, else its slot is
+    /// left as it is.
+    fn fill(&self, flat: &Tensor, named: &Params, require_all: bool) -> Result<(), TrainError> {
+        tch::no_grad(|| {
+            for e in &self.entries {
+                let Some(src) = named.get(&e.name) else {
+                    if require_all {
+                        return Err(TrainError::BadState(format!(
+                            "no tensor for parameter `{}`",
+                            e.name
+                        )));
+                    }
+                    continue;
+                };
+                flat.f_narrow(0, e.offset, e.numel)?
+                    .f_copy_(&src.f_reshape([-1])?)?;
+            }
+            Ok(())
+        })
+    }
+
+    /// Shard `rank` of the flattened `named` tensors, as a tensor of its own (in `kind`, on
+    /// `device`).
+    fn own_shard(
+        &self,
+        named: &Params,
+        rank: usize,
+        kind: Kind,
+        device: Device,
+    ) -> Result<Tensor, TrainError> {
+        let full = flatten(self, named, kind, device)?;
+        Ok(self
+            .shard_of(&full, rank)?
+            .f_contiguous()?
+            .f_detach_copy()?)
+    }
+}
+
+/// A flat, padded tensor of a group from named tensors (in `kind`, on `device`).
+pub fn flatten(
+    layout: &GroupLayout,
+    named: &Params,
+    kind: Kind,
+    device: Device,
+) -> Result<Tensor, TrainError> {
+    let flat = Tensor::f_zeros([layout.padded], (kind, device))?;
+    layout.fill(&flat, named, true)?;
+    Ok(flat)
+}
+
+/// Named views of a flat group tensor.
+pub fn unflatten(layout: &GroupLayout, flat: &Tensor, out: &mut Params) -> Result<(), TrainError> {
+    for e in &layout.entries {
+        out.insert(
+            e.name.clone(),
+            flat.f_narrow(0, e.offset, e.numel)?
+                .f_view(e.shape.as_slice())?,
+        );
+    }
+    Ok(())
+}
+
+/// A gather in flight or done.
+enum Gathered {
+    Pending(Work<'static>, Tensor),
+    Ready(Tensor),
+}
+
+/// One group's state on this rank.
+struct Group {
+    layout: GroupLayout,
+    /// Master shard `[shard_len]`.
+    shard: Tensor,
+    /// Reduced gradient shard of the current step (master kind).
+    grad: Option<Tensor>,
+    exp_avg: Tensor,
+    exp_avg_sq: Tensor,
+    /// Elements of the shard that get weight decay (parameters of 2+ dimensions).
+    decay: Tensor,
+    gathered: Option<Gathered>,
+    /// The group's gather buffer `[padded]` in the param dtype (with a shard group of more
+    /// than one rank); its storage is freed in place between uses.
+    buffer: Option<Tensor>,
+    /// The flat gradient being assembled over the group's units.
+    grad_flat: Option<Tensor>,
+    units_ready: usize,
+    /// Reduce-scatter (and replica all-reduce) in flight: work, output shard.
+    reducing: Option<(Work<'static>, Tensor)>,
+}
+
+/// The FSDP-sharded weights of one rank, with their optimizer.
+pub struct Fsdp {
+    options: FsdpOptions,
+    groups: Vec<Group>,
+    /// Group of each engine unit.
+    unit_group: Vec<usize>,
+    /// Groups each engine unit reads (its own and the owners of tied parameters).
+    unit_reads: Vec<Vec<usize>>,
+    shard_comm: Option<Arc<dyn Communicator>>,
+    replica_comm: Option<Arc<dyn Communicator>>,
+    shard_rank: usize,
+    shard_world: usize,
+    device: Device,
+    adam: AdamWConfig,
+    opt_step: u64,
+    backward: bool,
+    /// Gathers issued so far (for tests and logs).
+    pub gathers: u64,
+    /// Most bytes of gathered parameters held at once.
+    peak_gathered: usize,
+}
+
+impl std::fmt::Debug for Fsdp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Fsdp")
+            .field("options", &self.options)
+            .field("groups", &self.groups.len())
+            .field("shard_rank", &self.shard_rank)
+            .field("shard_world", &self.shard_world)
+            .finish()
+    }
+}
+
+/// A process group, or `None` for a group of one.
+pub type ProcessGroup = Option<Arc<dyn Communicator>>;
+
+/// The process groups of a sharding strategy: `(shard, replica)`; `None` is a group of one.
+pub fn process_groups(
+    sharding: ShardingStrategy,
+    world: Option<&Arc<dyn Communicator>>,
+    local_world_size: usize,
+) -> Result<(ProcessGroup, ProcessGroup), TrainError> {
+    let Some(world) = world.filter(|w| w.world_size() > 1) else {
+        return Ok((None, None));
+    };
+    Ok(match sharding {
+        ShardingStrategy::FullShard | ShardingStrategy::ShardGradOp => (Some(world.clone()), None),
+        ShardingStrategy::NoShard => (None, Some(world.clone())),
+        ShardingStrategy::HybridShard => {
+            let (intra, inter) = world.split_hybrid(local_world_size)?;
+            let intra: Arc<dyn Communicator> = Arc::from(intra);
+            let inter: Arc<dyn Communicator> = Arc::from(inter);
+            (
+                (intra.world_size() > 1).then_some(intra),
+                (inter.world_size() > 1).then_some(inter),
+            )
+        }
+    })
+}
+
+impl Fsdp {
+    /// Shards `params` (the same full values on every rank) for this rank.
+    pub fn new(
+        model: &Llama,
+        params: &Params,
+        options: FsdpOptions,
+        adam: AdamWConfig,
+        shard_comm: Option<Arc<dyn Communicator>>,
+        replica_comm: Option<Arc<dyn Communicator>>,
+        device: Device,
+    ) -> Result<Self, TrainError> {
+        let (shard_rank, shard_world) = shard_comm
+            .as_ref()
+            .map_or((0, 1), |c| (c.rank(), c.world_size()));
+        let ranges = wrap_units(model, options.wrap, options.min_num_params);
+        let layouts = layouts(model, &ranges, shard_world);
+        let n = model.units().len();
+        let mut unit_group = vec![0; n];
+        for (g, l) in layouts.iter().enumerate() {
+            for u in l.units.clone() {
+                unit_group[u] = g;
+            }
+        }
+        let mut unit_reads = vec![vec![]; n];
+        for (u, reads) in unit_reads.iter_mut().enumerate() {
+            reads.push(unit_group[u]);
+            for name in model.units()[u].param_names() {
+                let owner = model
+                    .param_spec(name)
+                    .map(|s| s.owner)
+                    .ok_or_else(|| TrainError::BadState(format!("unknown parameter `{name}`")))?;
+                let g = unit_group[owner];
+                if !reads.contains(&g) {
+                    reads.push(g);
+                }
+            }
+        }
+        let store_device = if options.cpu_offload {
+            Device::Cpu
+        } else {
+            device
+        };
+        let mut groups = vec![];
+        for layout in layouts {
+            let shard = layout.own_shard(params, shard_rank, options.master_kind, store_device)?;
+            let decay_full = Tensor::f_zeros([layout.padded], (Kind::Bool, store_device))?;
+            for e in &layout.entries {
+                if e.shape.len() >= 2 {
+                    let _ = decay_full.f_narrow(0, e.offset, e.numel)?.f_fill_(1)?;
+                }
+            }
+            let decay = layout.shard_of(&decay_full, shard_rank)?.f_contiguous()?;
+            groups.push(Group {
+                exp_avg: shard.f_zeros_like()?,
+                exp_avg_sq: shard.f_zeros_like()?,
+                shard,
+                grad: None,
+                decay,
+                gathered: None,
+                buffer: None,
+                grad_flat: None,
+                units_ready: 0,
+                reducing: None,
+                layout,
+            });
+        }
+        Ok(Self {
+            options,
+            groups,
+            unit_group,
+            unit_reads,
+            shard_comm,
+            replica_comm,
+            shard_rank,
+            shard_world,
+            device,
+            adam,
+            opt_step: 0,
+            backward: false,
+            gathers: 0,
+            peak_gathered: 0,
+        })
+    }
+
+    pub fn layouts(&self) -> Vec<GroupLayout> {
+        self.groups.iter().map(|g| g.layout.clone()).collect()
+    }
+
+    /// This rank's place in the shard group: `(rank, size)`.
+    pub fn shard_rank_world(&self) -> (usize, usize) {
+        (self.shard_rank, self.shard_world)
+    }
+
+    /// Whether this rank is the first replica of its shard (writes sharded checkpoints).
+    pub fn is_first_replica(&self) -> bool {
+        self.replica_comm.as_ref().is_none_or(|c| c.rank() == 0)
+    }
+
+    pub fn optimizer_steps(&self) -> u64 {
+        self.opt_step
+    }
+
+    /// Bytes held between steps for parameter shards, gradient shards and AdamW moments.
+    pub fn memory(&self) -> MemoryReport {
+        let mut m = MemoryReport::default();
+        for g in &self.groups {
+            m.params += nbytes(&g.shard);
+            m.grads += nbytes(&g.shard);
+            m.optimizer += nbytes(&g.exp_avg) + nbytes(&g.exp_avg_sq);
+        }
+        m
+    }
+
+    /// Starts gathering group `g` (in the param dtype) unless it is gathered or in flight.
+    fn issue_gather(&mut self, g: usize) -> Result<(), TrainError> {
+        if self.groups[g].gathered.is_some() {
+            return Ok(());
+        }
+        if self.options.limit_all_gathers {
+            let pending = self
+                .groups
+                .iter()
+                .filter(|g| matches!(g.gathered, Some(Gathered::Pending(..))))
+                .count();
+            if pending >= 2 {
+                // Rate limit: finish the oldest in-flight gathers first.
+                for i in 0..self.groups.len() {
+                    if i != g {
+                        self.wait_gather(i)?;
+                    }
+                }
+            }
+        }
+        let group = &self.groups[g];
+        let input = group
+            .shard
+            .f_to_device(self.device)?
+            .f_to_kind(self.options.param_kind)?;
+        self.gathers += 1;
+        let gathered = match &self.shard_comm {
+            None => Gathered::Ready(input),
+            Some(comm) => {
+                let out = match &group.buffer {
+                    Some(b) => {
+                        super::storage_shim::realloc(b)?;
+                        b.shallow_clone()
+                    }
+                    None => Tensor::f_empty(
+                        [group.layout.padded],
+                        (self.options.param_kind, self.device),
+                    )?,
+                };
+                let work = comm.all_gather_tensor(&input, &out)?;
+                Gathered::Pending(work, out)
+            }
+        };
+        if let Gathered::Pending(_, out) = &gathered {
+            if self.groups[g].buffer.is_none() {
+                self.groups[g].buffer = Some(out.shallow_clone());
+            }
+        }
+        self.groups[g].gathered = Some(gathered);
+        let held = self.gathered_bytes();
+        self.peak_gathered = self.peak_gathered.max(held);
+        Ok(())
+    }
+
+    /// Bytes of gathered parameters held now.
+    pub fn gathered_bytes(&self) -> usize {
+        self.groups
+            .iter()
+            .map(|g| match (&g.buffer, &g.gathered) {
+                (Some(b), _) => super::storage_shim::held_bytes(b),
+                (None, Some(Gathered::Ready(t))) => nbytes(t),
+                _ => 0,
+            })
+            .sum()
+    }
+
+    /// Most bytes of gathered parameters held at once so far.
+    pub fn peak_gathered_bytes(&self) -> usize {
+        self.peak_gathered
+    }
+
+    fn wait_gather(&mut self, g: usize) -> Result<(), TrainError> {
+        if let Some(Gathered::Pending(..)) = &self.groups[g].gathered {
+            let Some(Gathered::Pending(work, out)) = self.groups[g].gathered.take() else {
+                unreachable!()
+            };
+            work.wait()?;
+            self.groups[g].gathered = Some(Gathered::Ready(out));
+        }
+        Ok(())
+    }
+
+    fn gathered(&mut self, g: usize) -> Result<Tensor, TrainError> {
+        self.issue_gather(g)?;
+        self.wait_gather(g)?;
+        match &self.groups[g].gathered {
+            Some(Gathered::Ready(t)) => Ok(t.shallow_clone()),
+            _ => unreachable!("waited above"),
+        }
+    }
+
+    fn frees_after_use(&self) -> bool {
+        matches!(
+            self.options.sharding,
+            ShardingStrategy::FullShard | ShardingStrategy::HybridShard
+        ) && self.shard_comm.is_some()
+    }
+
+    fn drop_gathered(&mut self, g: usize) -> Result<(), TrainError> {
+        // An in-flight gather must complete before its buffer may go.
+        self.wait_gather(g)?;
+        let group = &mut self.groups[g];
+        if group.gathered.take().is_some() {
+            if let Some(b) = &group.buffer {
+                super::storage_shim::free(b)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Makes the groups unit `unit` reads available (gathering them again if they were
+    /// freed), and with `backward_prefetch` starts gathering the previous unit's group.
+    fn materialize(&mut self, unit: usize) -> Result<Vec<(usize, Tensor)>, TrainError> {
+        let reads = self.unit_reads[unit].clone();
+        let mut flats = Vec::with_capacity(reads.len());
+        for &g in &reads {
+            flats.push((g, self.gathered(g)?));
+        }
+        let own = self.unit_group[unit];
+        if !self.backward && self.options.forward_prefetch && own + 1 < self.groups.len() {
+            self.issue_gather(own + 1)?;
+        }
+        if self.backward && self.options.backward_prefetch && own > 0 {
+            self.issue_gather(own - 1)?;
+        }
+        Ok(flats)
+    }
+
+    /// Full fp32 parameters, gathered from every shard (collective on the shard group).
+    pub fn full_params(&self) -> Result<Params, TrainError> {
+        let mut out = Params::new();
+        for g in &self.groups {
+            let flat = self.gather_full(&g.shard)?;
+            unflatten(&g.layout, &flat, &mut out)?;
+        }
+        Ok(out)
+    }
+
+    /// Full AdamW state in the single-process format (`{name}.exp_avg`, `{name}.exp_avg_sq`,
+    /// `step`); collective on the shard group.
+    pub fn full_optimizer_state(&self) -> Result<Vec<(String, Tensor)>, TrainError> {
+        let mut out = vec![("step".to_string(), Tensor::from(self.opt_step as i64))];
+        for g in &self.groups {
+            let mut avg = Params::new();
+            let mut sq = Params::new();
+            unflatten(&g.layout, &self.gather_full(&g.exp_avg)?, &mut avg)?;
+            unflatten(&g.layout, &self.gather_full(&g.exp_avg_sq)?, &mut sq)?;
+            for e in &g.layout.entries {
+                out.push((
+                    format!("{}.exp_avg", e.name),
+                    avg.get(&e.name).expect("unflattened").shallow_clone(),
+                ));
+                out.push((
+                    format!("{}.exp_avg_sq", e.name),
+                    sq.get(&e.name).expect("unflattened").shallow_clone(),
+                ));
+            }
+        }
+        Ok(out)
+    }
+
+    fn gather_full(&self, shard: &Tensor) -> Result<Tensor, TrainError> {
+        let shard = shard.f_to_device(self.device)?.f_contiguous()?;
+        match &self.shard_comm {
+            None => Ok(shard),
+            Some(comm) => {
+                let out = Tensor::f_empty(
+                    [shard.numel() as i64 * comm.world_size() as i64],
+                    (shard.kind(), self.device),
+                )?;
+                comm.all_gather_tensor(&shard, &out)?.wait()?;
+                Ok(out)
+            }
+        }
+    }
+
+    /// Replaces the shards (and the optimizer state, when given) from full named tensors in
+    /// the single-process format. Not collective.
+    pub fn load_full(
+        &mut self,
+        params: &Params,
+        optimizer: Option<&[(String, Tensor)]>,
+    ) -> Result<(), TrainError> {
+        let mut avg = Params::new();
+        let mut sq = Params::new();
+        let mut step = None;
+        if let Some(state) = optimizer {
+            for (name, t) in state {
+                if name == "step" {
+                    step = Some(t.f_int64_value(&[])? as u64);
+                } else if let Some(p) = name.strip_suffix(".exp_avg_sq") {
+                    sq.insert(p, t.shallow_clone());
+                } else if let Some(p) = name.strip_suffix(".exp_avg") {
+                    avg.insert(p, t.shallow_clone());
+                } else {
+                    return Err(TrainError::BadState(format!("unexpected tensor `{name}`")));
+                }
+            }
+        }
+        let store = self.store_device();
+        let (rank, kind) = (self.shard_rank, self.options.master_kind);
+        for g in &mut self.groups {
+            let l = &g.layout;
+            g.shard = l.own_shard(params, rank, kind, store)?;
+            if optimizer.is_some() {
+                g.exp_avg = l.own_shard(&avg, rank, kind, store)?;
+                g.exp_avg_sq = l.own_shard(&sq, rank, kind, store)?;
+            }
+            g.gathered = None;
+        }
+        if let Some(s) = step {
+            self.opt_step = s;
+        } else if optimizer.is_some() {
+            return Err(TrainError::BadState("no `step` tensor".into()));
+        }
+        Ok(())
+    }
+
+    fn store_device(&self) -> Device {
+        if self.options.cpu_offload {
+            Device::Cpu
+        } else {
+            self.device
+        }
+    }
+
+    /// The local shards for a sharded checkpoint: `group{g}.param|exp_avg|exp_avg_sq`.
+    pub fn shard_tensors(&self) -> Vec<(String, Tensor)> {
+        let mut out = vec![];
+        for (i, g) in self.groups.iter().enumerate() {
+            out.push((format!("group{i}.param"), g.shard.shallow_clone()));
+            out.push((format!("group{i}.exp_avg"), g.exp_avg.shallow_clone()));
+            out.push((format!("group{i}.exp_avg_sq"), g.exp_avg_sq.shallow_clone()));
+        }
+        out
+    }
+
+    pub fn set_optimizer_steps(&mut self, steps: u64) {
+        self.opt_step = steps;
+    }
+
+    /// The global L2 norm of the gradient shards (before clipping; collective on the shard
+    /// group), then clipping to `max_norm` when it is positive, as `clip_grad_norm_`.
+    pub fn clip_grad_norm(&mut self, max_norm: f64) -> Result<f64, TrainError> {
+        tch::no_grad(|| {
+            // As `clip_grad_norm_` does per tensor: the norm of each parameter's piece of the
+            // local shard, then the squared norm of those norms, summed over the shard group.
+            let mut norms = vec![];
+            for g in &self.groups {
+                let Some(grad) = &g.grad else { continue };
+                let grad = grad.f_to_device(self.device)?.f_to_kind(Kind::Float)?;
+                for (start, len) in g.local_segments(self.shard_rank) {
+                    norms.push(grad.f_narrow(0, start, len)?.f_norm()?);
+                }
+            }
+            let sq = if norms.is_empty() {
+                Tensor::f_zeros([1], (Kind::Float, self.device))?
+            } else {
+                Tensor::f_stack(&norms, 0)?
+                    .f_norm()?
+                    .f_pow_tensor_scalar(2)?
+                    .f_reshape([1])?
+            };
+            if let Some(comm) = &self.shard_comm {
+                comm.all_reduce_tensor(&sq, ReduceOp::Sum)?.wait()?;
+            }
+            let total = sq.f_sqrt()?;
+            let norm = total.f_double_value(&[0])?;
+            scale_to_max_norm(
+                &total,
+                max_norm,
+                self.groups.iter().filter_map(|g| g.grad.as_ref()),
+            )?;
+            Ok(norm)
+        })
+    }
+
+    /// One AdamW step over the local shards (the formulas of [`super::optim::AdamW::step`],
+    /// element-wise, weight decay where the element belongs to a 2+-dimensional parameter).
+    pub fn optimizer_step(&mut self, lr: f64) -> Result<(), TrainError> {
+        self.opt_step += 1;
+        let h = self.adam.scalars(self.opt_step, lr);
+        tch::no_grad(|| -> Result<(), TrainError> {
+            for g in &mut self.groups {
+                let Some(grad) = g.grad.take() else { continue };
+                adamw_update(
+                    &mut g.shard,
+                    &grad,
+                    &mut g.exp_avg,
+                    &mut g.exp_avg_sq,
+                    &h,
+                    Decay::Mask(&g.decay),
+                )?;
+            }
+            Ok(())
+        })
+    }
+
+    /// Multiplies the gradient shards by `inv_scale` (fp16 loss scaling); returns whether any
+    /// local element is inf or NaN.
+    pub fn unscale(&mut self, inv_scale: f64) -> Result<bool, TrainError> {
+        super::trainer::unscale(
+            self.groups.iter().filter_map(|g| g.grad.as_ref()),
+            inv_scale,
+        )
+    }
+
+    /// Drops this step's gradient shards (a skipped step).
+    pub fn discard_grads(&mut self) {
+        for g in &mut self.groups {
+            g.grad = None;
+        }
+    }
+
+    /// Frees every gathered group (end of step).
+    pub fn end_step(&mut self) -> Result<(), TrainError> {
+        for g in 0..self.groups.len() {
+            self.drop_gathered(g)?;
+        }
+        self.backward = false;
+        Ok(())
+    }
+}
+
+impl Strategy for Fsdp {
+    fn begin_forward(&mut self) {
+        self.backward = false;
+        for g in &mut self.groups {
+            g.units_ready = 0;
+        }
+    }
+
+    fn begin_backward(&mut self) {
+        self.backward = true;
+    }
+
+    fn params_for(&mut self, model: &Llama, unit: usize) -> Result<Vec<Tensor>, TrainError> {
+        let flats = self.materialize(unit)?;
+        let mut named = Params::new();
+        for (g, flat) in &flats {
+            unflatten(&self.groups[*g].layout, flat, &mut named)?;
+        }
+        Ok(model.unit_params(unit, &named)?)
+    }
+
+    fn before_backward(&mut self, _model: &Llama, unit: usize) -> Result<(), TrainError> {
+        self.materialize(unit).map(drop)
+    }
+
+    fn release(&mut self, unit: usize) -> Result<(), TrainError> {
+        if !self.frees_after_use() {
+            return Ok(());
+        }
+        let own = self.unit_group[unit];
+        let units = self.groups[own].layout.units.clone();
+        let done_with_own = if self.backward {
+            unit == units.start
+        } else {
+            unit + 1 == units.end
+        };
+        for g in self.unit_reads[unit].clone() {
+            if g != own || done_with_own {
+                self.drop_gathered(g)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn gradients_ready(&mut self, unit: usize, grads: &Params) -> Result<(), TrainError> {
+        let gi = self.unit_group[unit];
+        let reduce_kind = self.options.reduce_kind;
+        let device = self.device;
+        let group = &mut self.groups[gi];
+        if group.grad_flat.is_none() {
+            group.grad_flat = Some(Tensor::f_zeros(
+                [group.layout.padded],
+                (reduce_kind, device),
+            )?);
+        }
+        let flat = group.grad_flat.as_ref().expect("created above");
+        // A group spanning several units receives their gradients one unit at a time.
+        group.layout.fill(flat, grads, false)?;
+        group.units_ready += 1;
+        if group.units_ready < group.layout.units.len() {
+            return Ok(());
+        }
+        let flat = group.grad_flat.take().expect("assembled above");
+        let (work, out) = match &self.shard_comm {
+            None => (Work::completed(), flat),
+            Some(comm) => {
+                let out = group.layout.shard_of(&flat, self.shard_rank)?;
+                let work = comm.reduce_scatter_tensor(&flat, &out, ReduceOp::Sum)?;
+                (work.keep_alive(Box::new(flat)), out)
+            }
+        };
+        group.reducing = Some((work, out));
+        Ok(())
+    }
+
+    fn takes_gradients(&self) -> bool {
+        true
+    }
+
+    fn finish_backward(&mut self) -> Result<(), TrainError> {
+        // Reduce-scatters were issued in reverse group order; wait in the same order, then
+        // all-reduce across replicas.
+        let mut replica_work = vec![];
+        for gi in (0..self.groups.len()).rev() {
+            let Some((work, out)) = self.groups[gi].reducing.take() else {
+                continue;
+            };
+            work.wait()?;
+            if let Some(comm) = &self.replica_comm {
+                let out = out.f_contiguous()?;
+                replica_work.push((gi, comm.all_reduce_tensor(&out, ReduceOp::Sum)?, out));
+            } else {
+                self.set_grad(gi, &out)?;
+            }
+        }
+        for (gi, work, out) in replica_work {
+            work.wait()?;
+            self.set_grad(gi, &out)?;
+        }
+        self.backward = false;
+        Ok(())
+    }
+}
+
+impl Group {
+    /// `(start, len)` within this rank's shard of each parameter's elements (padding left
+    /// out), in layout order.
+    fn local_segments(&self, shard_rank: usize) -> Vec<(i64, i64)> {
+        let k = self.layout.shard_len;
+        let lo = shard_rank as i64 * k;
+        let hi = lo + k;
+        self.layout
+            .entries
+            .iter()
+            .filter_map(|e| {
+                let a = e.offset.max(lo);
+                let b = (e.offset + e.numel).min(hi);
+                (a < b).then_some((a - lo, b - a))
+            })
+            .collect()
+    }
+}
+
+impl Fsdp {
+    fn set_grad(&mut self, gi: usize, reduced: &Tensor) -> Result<(), TrainError> {
+        let store = self.store_device();
+        let g = &mut self.groups[gi];
+        g.grad = Some(
+            reduced
+                .f_to_device(store)?
+                .f_to_kind(self.options.master_kind)?
+                .f_contiguous()?,
+        );
+        Ok(())
+    }
+}

@@ -1,0 +1,154 @@
+//! `flotilla-train`, the training task every rank of a built-in job runs (`flotilla run` starts
+//! it; `flotilla train|consolidate|bench` forward to it). It links libtorch; the login-node CLI
+//! `flotilla` does not. Exit status 0 on success, 2 on a config or override error, 75 when
+//! training was stopped by SIGUSR2/SIGTERM after writing a checkpoint (rerun the same command to
+//! resume), 1 on any other failure.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use flotilla_config::{ComposeOptions, Composer, ConfigError};
+use flotilla_train::distributed::bench;
+use flotilla_train::preempt;
+
+#[derive(Parser)]
+#[command(
+    name = "flotilla-train",
+    version,
+    about = "The training task of flotilla: trains a Llama-style model in a run directory (one rank of a DDP/FSDP job when the environment says so)"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Train a model in a run directory, resuming from its checkpoints. The rank comes from the
+    /// environment (torchrun's or SLURM's variables; none means one process).
+    #[command(after_help = TRAIN_EXAMPLES)]
+    Train(TrainArgs),
+    /// Write a checkpoint (full or FSDP-sharded, from any world size) as a Hugging Face
+    /// directory (config.json + model.safetensors).
+    Consolidate {
+        /// A checkpoint directory, e.g. outputs/run/checkpoints/step_200.
+        checkpoint: PathBuf,
+        /// Output directory.
+        #[arg(long)]
+        out: PathBuf,
+    },
+    /// Benchmarks that other tools rely on.
+    Bench {
+        #[command(subcommand)]
+        what: BenchCommand,
+    },
+}
+
+const TRAIN_EXAMPLES: &str =
+    "Overrides use Hydra's grammar (key=value, +key=value, ~key, group=option).
+
+Examples:
+  flotilla train --run-dir outputs/try trainer.max_steps=50
+  flotilla train --run-dir outputs/try model=small trainer/dist=fsdp
+  flotilla-train train --run-dir outputs/2026-01-01/12-00-00 --prepared";
+
+#[derive(clap::Args)]
+struct TrainArgs {
+    /// Directory holding the primary config and the config groups.
+    #[arg(long, default_value = "conf")]
+    config_dir: PathBuf,
+    /// Name of the primary config (without .yaml).
+    #[arg(long, default_value = "config")]
+    config_name: String,
+    /// Run directory: config.yaml, overrides.yaml, metrics.csv, checkpoints/, final/.
+    #[arg(long)]
+    run_dir: PathBuf,
+    /// The run directory was prepared by `flotilla run`: train on its config.yaml as is
+    /// (no overrides) and write no config files.
+    #[arg(long)]
+    prepared: bool,
+    /// Overrides: key=value, +key=value, ++key=value, ~key, group=option, ...
+    #[arg(allow_hyphen_values = true)]
+    overrides: Vec<String>,
+}
+
+#[derive(Subcommand)]
+enum BenchCommand {
+    /// Collective bandwidth between local ranks (nccl-tests' algbw/busbw definitions).
+    Comm(bench::CommBenchArgs),
+}
+
+fn main() -> ExitCode {
+    flotilla_train::task::init_logging();
+    // A rank started by `flotilla bench comm` runs the benchmark body and nothing else.
+    if std::env::var_os(bench::WORKER_ENV).is_some() {
+        return exit_with(bench::worker_main());
+    }
+    let result = match Cli::parse().command {
+        Command::Train(args) => train(args),
+        Command::Consolidate { checkpoint, out } => consolidate(&checkpoint, &out),
+        Command::Bench {
+            what: BenchCommand::Comm(args),
+        } => bench::run(&args).map_err(Into::into),
+    };
+    exit_with(result)
+}
+
+/// Exit status 2 for the user's config, 75 for a stop with a checkpoint, 1 for the rest.
+fn exit_with(result: anyhow::Result<()>) -> ExitCode {
+    let Err(e) = result else {
+        return ExitCode::SUCCESS;
+    };
+    if let Some(config) = e.chain().find_map(|c| c.downcast_ref::<ConfigError>()) {
+        eprintln!("error: {config}");
+        return ExitCode::from(2);
+    }
+    if let Some(stop) = e.chain().find_map(preempt::find_stopped) {
+        eprintln!("{stop}");
+        return ExitCode::from(preempt::EXIT_CODE);
+    }
+    eprintln!("error: {e:#}");
+    ExitCode::from(1)
+}
+
+fn train(args: TrainArgs) -> anyhow::Result<()> {
+    let (config_dir, config_name) = if args.prepared {
+        if !args.overrides.is_empty() {
+            anyhow::bail!(
+                "--prepared trains on {}/{} as written; overrides belong to `flotilla run`",
+                args.run_dir.display(),
+                flotilla_launch::rundir::CONFIG_FILE
+            );
+        }
+        let config_file = args.run_dir.join(flotilla_launch::rundir::CONFIG_FILE);
+        if !config_file.is_file() {
+            anyhow::bail!(
+                "--prepared: {} does not exist (prepare the directory with `flotilla run`)",
+                config_file.display()
+            );
+        }
+        (args.run_dir.clone(), "config".to_string())
+    } else {
+        (args.config_dir, args.config_name)
+    };
+    let composer = Composer::new(ComposeOptions {
+        config_dir,
+        config_name,
+    })?;
+    let composed = composer.compose(&args.overrides)?;
+    flotilla_train::task::train_in_run_dir(&composed, &args.run_dir, args.prepared)
+}
+
+fn consolidate(checkpoint: &std::path::Path, out: &std::path::Path) -> anyhow::Result<()> {
+    flotilla_train::checkpoint::consolidate(checkpoint, out).with_context(|| {
+        format!(
+            "consolidating {} into {}",
+            checkpoint.display(),
+            out.display()
+        )
+    })?;
+    eprintln!("wrote {}", out.display());
+    Ok(())
+}

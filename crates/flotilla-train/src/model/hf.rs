@@ -1,0 +1,766 @@
+//! Everything about the Hugging Face format: the one mapping between the architecture's
+//! parameters and transformers' weight names ([`ParamName`]), `config.json`
+//! ([`HfLlamaConfig`], to and from [`ModelConfig`]), and reading and writing model
+//! directories (`model.safetensors`, or shards listed by `model.safetensors.index.json`).
+
+use std::collections::HashMap;
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use tch::{Device, Kind, Tensor};
+
+use flotilla_config::schema::{ModelConfig, RopeScaling, RopeType};
+
+use super::llama::Llama;
+use super::{ModelError, Params};
+
+/// The weights of one decoder layer, in the order a block unit takes them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum LayerWeight {
+    InputNorm,
+    Q,
+    K,
+    V,
+    O,
+    PostAttentionNorm,
+    Gate,
+    Up,
+    Down,
+}
+
+impl LayerWeight {
+    pub const ALL: [LayerWeight; 9] = [
+        LayerWeight::InputNorm,
+        LayerWeight::Q,
+        LayerWeight::K,
+        LayerWeight::V,
+        LayerWeight::O,
+        LayerWeight::PostAttentionNorm,
+        LayerWeight::Gate,
+        LayerWeight::Up,
+        LayerWeight::Down,
+    ];
+
+    /// The name under `model.layers.{i}.`.
+    pub fn suffix(self) -> &'static str {
+        match self {
+            LayerWeight::InputNorm => "input_layernorm.weight",
+            LayerWeight::Q => "self_attn.q_proj.weight",
+            LayerWeight::K => "self_attn.k_proj.weight",
+            LayerWeight::V => "self_attn.v_proj.weight",
+            LayerWeight::O => "self_attn.o_proj.weight",
+            LayerWeight::PostAttentionNorm => "post_attention_layernorm.weight",
+            LayerWeight::Gate => "mlp.gate_proj.weight",
+            LayerWeight::Up => "mlp.up_proj.weight",
+            LayerWeight::Down => "mlp.down_proj.weight",
+        }
+    }
+}
+
+/// A parameter of `LlamaForCausalLM`. Its Hugging Face name is the name everywhere in
+/// flotilla (parameter sets, FSDP groups, checkpoints), so this is the only mapping.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ParamName {
+    /// `model.embed_tokens.weight`, `[vocab, hidden]`.
+    Embed,
+    /// `model.layers.{i}.…`.
+    Layer(usize, LayerWeight),
+    /// `model.norm.weight`, `[hidden]`.
+    Norm,
+    /// `lm_head.weight`, `[vocab, hidden]`; absent with tied embeddings.
+    LmHead,
+}
+
+impl ParamName {
+    pub fn hf_name(&self) -> String {
+        match self {
+            ParamName::Embed => "model.embed_tokens.weight".into(),
+            ParamName::Layer(i, w) => format!("model.layers.{i}.{}", w.suffix()),
+            ParamName::Norm => "model.norm.weight".into(),
+            ParamName::LmHead => "lm_head.weight".into(),
+        }
+    }
+
+    /// The parameter a Hugging Face weight name denotes, if any.
+    pub fn parse(name: &str) -> Option<ParamName> {
+        match name {
+            "model.embed_tokens.weight" => return Some(ParamName::Embed),
+            "model.norm.weight" => return Some(ParamName::Norm),
+            "lm_head.weight" => return Some(ParamName::LmHead),
+            _ => {}
+        }
+        let rest = name.strip_prefix("model.layers.")?;
+        let (index, suffix) = rest.split_once('.')?;
+        let i = index.parse().ok()?;
+        LayerWeight::ALL
+            .into_iter()
+            .find(|w| w.suffix() == suffix)
+            .map(|w| ParamName::Layer(i, w))
+    }
+}
+
+/// transformers' `rope_parameters` (≥ 5) or legacy `rope_scaling` dict.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct HfRopeParameters {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rope_type: Option<String>,
+    /// The legacy spelling of `rope_type`.
+    #[serde(default, rename = "type", skip_serializing_if = "Option::is_none")]
+    pub legacy_type: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rope_theta: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub factor: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub low_freq_factor: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub high_freq_factor: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub original_max_position_embeddings: Option<usize>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub partial_rotary_factor: Option<f64>,
+}
+
+/// A `LlamaForCausalLM` `config.json`. Defaults are `LlamaConfig`'s; keys flotilla does not
+/// use are ignored on reading. Convert with `ModelConfig::try_from(&hf)` (which rejects what
+/// the architecture does not implement) and `HfLlamaConfig::from(&model_config)`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct HfLlamaConfig {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub architectures: Option<Vec<String>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model_type: Option<String>,
+    pub vocab_size: usize,
+    pub hidden_size: usize,
+    pub intermediate_size: usize,
+    pub num_hidden_layers: usize,
+    pub num_attention_heads: usize,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub num_key_value_heads: Option<usize>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub head_dim: Option<usize>,
+    #[serde(default = "default_act")]
+    pub hidden_act: String,
+    #[serde(default = "default_max_positions")]
+    pub max_position_embeddings: usize,
+    #[serde(default = "default_initializer_range")]
+    pub initializer_range: f64,
+    #[serde(default = "default_eps")]
+    pub rms_norm_eps: f64,
+    /// Top-level `rope_theta` (transformers < 5 and most Hub checkpoints).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rope_theta: Option<f64>,
+    /// Legacy scaling dict (transformers < 5).
+    #[serde(default)]
+    pub rope_scaling: Option<HfRopeParameters>,
+    /// transformers ≥ 5: `rope_type`, `rope_theta` and the scaling values together.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rope_parameters: Option<HfRopeParameters>,
+    #[serde(default)]
+    pub tie_word_embeddings: bool,
+    #[serde(default)]
+    pub attention_bias: bool,
+    #[serde(default)]
+    pub mlp_bias: bool,
+    #[serde(default)]
+    pub attention_dropout: f64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bos_token_id: Option<serde_json::Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eos_token_id: Option<serde_json::Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pad_token_id: Option<serde_json::Value>,
+    /// Weight dtype (`float32`, `bfloat16`, `float16`); transformers ≥ 5 writes `dtype`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub torch_dtype: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dtype: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub use_cache: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub transformers_version: Option<String>,
+}
+
+fn default_act() -> String {
+    "silu".into()
+}
+fn default_max_positions() -> usize {
+    2048
+}
+fn default_initializer_range() -> f64 {
+    0.02
+}
+fn default_eps() -> f64 {
+    1e-6
+}
+
+/// Where `ModelConfig::try_from(&HfLlamaConfig)` errors say the config came from; the loader
+/// replaces it with the real path.
+const CONFIG_JSON: &str = "config.json";
+
+fn bad(field: &str, message: impl Into<String>) -> ModelError {
+    ModelError::BadConfigField {
+        path: PathBuf::from(CONFIG_JSON),
+        field: field.to_string(),
+        message: message.into(),
+    }
+}
+
+impl HfLlamaConfig {
+    /// Parses a `config.json` text; errors quote the offending line.
+    pub fn from_json(text: &str, path: &Path) -> Result<Self, ModelError> {
+        serde_json::from_str(text).map_err(|e| {
+            let line = text
+                .lines()
+                .nth(e.line().saturating_sub(1))
+                .unwrap_or("")
+                .trim();
+            let message = if line.is_empty() || e.line() == 0 {
+                e.to_string()
+            } else {
+                format!("{e} (`{line}`)")
+            };
+            ModelError::BadConfigJson {
+                path: path.to_path_buf(),
+                message,
+            }
+        })
+    }
+
+    /// The weight dtype the config declares (`dtype`, else `torch_dtype`), if it names one.
+    pub fn weight_kind(&self) -> Option<Kind> {
+        self.dtype
+            .as_deref()
+            .or(self.torch_dtype.as_deref())
+            .and_then(kind_from_name)
+    }
+}
+
+impl TryFrom<&HfLlamaConfig> for ModelConfig {
+    type Error = ModelError;
+
+    fn try_from(hf: &HfLlamaConfig) -> Result<Self, ModelError> {
+        if let Some(t) = hf.model_type.as_deref() {
+            if t != "llama" {
+                return Err(bad(
+                    "model_type",
+                    format!("`{t}` is not supported; flotilla implements `llama`"),
+                ));
+            }
+        }
+        if hf.hidden_act != "silu" {
+            return Err(bad(
+                "hidden_act",
+                format!("`{}` is not supported; Llama uses `silu`", hf.hidden_act),
+            ));
+        }
+        if hf.attention_bias {
+            return Err(bad("attention_bias", "biases are not supported"));
+        }
+        if hf.mlp_bias {
+            return Err(bad("mlp_bias", "biases are not supported"));
+        }
+        if hf.num_attention_heads == 0 || hf.hidden_size % hf.num_attention_heads != 0 {
+            return Err(bad(
+                "num_attention_heads",
+                format!(
+                    "{} does not divide hidden_size {}",
+                    hf.num_attention_heads, hf.hidden_size
+                ),
+            ));
+        }
+        if let Some(d) = hf.head_dim {
+            let implied = hf.hidden_size / hf.num_attention_heads;
+            if d != implied {
+                return Err(bad(
+                    "head_dim",
+                    format!(
+                        "{d} differs from hidden_size / num_attention_heads = {implied}, which is not supported"
+                    ),
+                ));
+            }
+        }
+
+        // rope_parameters (transformers >= 5) wins over the legacy rope_theta / rope_scaling.
+        let (rope, rope_field) = match (&hf.rope_parameters, &hf.rope_scaling) {
+            (Some(p), _) => (Some(p), "rope_parameters"),
+            (None, Some(s)) => (Some(s), "rope_scaling"),
+            (None, None) => (None, ""),
+        };
+        let rope_theta = hf
+            .rope_parameters
+            .as_ref()
+            .and_then(|p| p.rope_theta)
+            .or(hf.rope_theta)
+            .unwrap_or(10000.0);
+        let rope_scaling = match rope {
+            None => None,
+            Some(p) => {
+                if let Some(f) = p.partial_rotary_factor {
+                    if f != 1.0 {
+                        return Err(bad(
+                            &format!("{rope_field}.partial_rotary_factor"),
+                            format!("{f} is not supported (only 1.0)"),
+                        ));
+                    }
+                }
+                match p.rope_type.as_deref().or(p.legacy_type.as_deref()) {
+                    None | Some("default") => None,
+                    Some("llama3") => {
+                        let need = |v: Option<f64>, key: &str| {
+                            v.ok_or_else(|| {
+                                bad(&format!("{rope_field}.{key}"), "required for rope_type llama3")
+                            })
+                        };
+                        Some(RopeScaling {
+                            rope_type: RopeType::Llama3,
+                            factor: need(p.factor, "factor")?,
+                            low_freq_factor: need(p.low_freq_factor, "low_freq_factor")?,
+                            high_freq_factor: need(p.high_freq_factor, "high_freq_factor")?,
+                            original_max_position_embeddings: p
+                                .original_max_position_embeddings
+                                .ok_or_else(|| {
+                                    bad(
+                                        &format!("{rope_field}.original_max_position_embeddings"),
+                                        "required for rope_type llama3",
+                                    )
+                                })?,
+                        })
+                    }
+                    Some(other) => {
+                        return Err(bad(
+                            &format!("{rope_field}.rope_type"),
+                            format!("`{other}` is not supported; flotilla implements `default` and `llama3`"),
+                        ))
+                    }
+                }
+            }
+        };
+
+        Ok(ModelConfig {
+            name: "hf".into(),
+            vocab_size: hf.vocab_size,
+            hidden_size: hf.hidden_size,
+            intermediate_size: hf.intermediate_size,
+            num_hidden_layers: hf.num_hidden_layers,
+            num_attention_heads: hf.num_attention_heads,
+            num_key_value_heads: hf.num_key_value_heads.unwrap_or(hf.num_attention_heads),
+            max_position_embeddings: hf.max_position_embeddings,
+            rms_norm_eps: hf.rms_norm_eps,
+            rope_theta,
+            rope_scaling,
+            tie_word_embeddings: hf.tie_word_embeddings,
+            initializer_range: hf.initializer_range,
+            init_from: None,
+        })
+    }
+}
+
+impl From<&ModelConfig> for HfLlamaConfig {
+    /// The `config.json` transformers writes for this architecture (in the legacy
+    /// `rope_theta` / `rope_scaling` form, which transformers 4 and 5 both read).
+    fn from(c: &ModelConfig) -> Self {
+        HfLlamaConfig {
+            architectures: Some(vec!["LlamaForCausalLM".into()]),
+            model_type: Some("llama".into()),
+            vocab_size: c.vocab_size,
+            hidden_size: c.hidden_size,
+            intermediate_size: c.intermediate_size,
+            num_hidden_layers: c.num_hidden_layers,
+            num_attention_heads: c.num_attention_heads,
+            num_key_value_heads: Some(c.num_key_value_heads),
+            head_dim: Some(c.head_dim()),
+            hidden_act: default_act(),
+            max_position_embeddings: c.max_position_embeddings,
+            initializer_range: c.initializer_range,
+            rms_norm_eps: c.rms_norm_eps,
+            rope_theta: Some(c.rope_theta),
+            rope_scaling: c.rope_scaling.as_ref().map(|s| HfRopeParameters {
+                rope_type: Some(s.rope_type.as_str().into()),
+                factor: Some(s.factor),
+                low_freq_factor: Some(s.low_freq_factor),
+                high_freq_factor: Some(s.high_freq_factor),
+                original_max_position_embeddings: Some(s.original_max_position_embeddings),
+                ..Default::default()
+            }),
+            rope_parameters: None,
+            tie_word_embeddings: c.tie_word_embeddings,
+            attention_bias: false,
+            mlp_bias: false,
+            attention_dropout: 0.0,
+            bos_token_id: None,
+            eos_token_id: None,
+            pad_token_id: None,
+            torch_dtype: None,
+            dtype: None,
+            use_cache: Some(true),
+            transformers_version: None,
+        }
+    }
+}
+
+/// transformers' dtype spelling for a parameter kind.
+pub fn kind_name(kind: Kind) -> Option<&'static str> {
+    Some(match kind {
+        Kind::Float => "float32",
+        Kind::BFloat16 => "bfloat16",
+        Kind::Half => "float16",
+        Kind::Double => "float64",
+        _ => return None,
+    })
+}
+
+fn kind_from_name(name: &str) -> Option<Kind> {
+    Some(match name {
+        "float32" | "float" => Kind::Float,
+        "bfloat16" => Kind::BFloat16,
+        "float16" | "half" => Kind::Half,
+        "float64" | "double" => Kind::Double,
+        _ => return None,
+    })
+}
+
+fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> ModelError + '_ {
+    move |source| ModelError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// Reads and parses `dir/config.json`.
+pub fn read_hf_config(dir: impl AsRef<Path>) -> Result<HfLlamaConfig, ModelError> {
+    let path = dir.as_ref().join(CONFIG_JSON);
+    let text = fs::read_to_string(&path).map_err(io_err(&path))?;
+    HfLlamaConfig::from_json(&text, &path)
+}
+
+/// The `ModelConfig` of a Hugging Face directory: its `config.json`, named after the directory,
+/// with `init_from` pointing at it.
+pub fn read_model_config(dir: impl AsRef<Path>) -> Result<ModelConfig, ModelError> {
+    let dir = dir.as_ref();
+    let hf = read_hf_config(dir)?;
+    let mut config = ModelConfig::try_from(&hf).map_err(|e| match e {
+        ModelError::BadConfigField { field, message, .. } => ModelError::BadConfigField {
+            path: dir.join(CONFIG_JSON),
+            field,
+            message,
+        },
+        e => e,
+    })?;
+    config.name = dir
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "hf".into());
+    config.init_from = Some(dir.to_string_lossy().into_owned());
+    Ok(config)
+}
+
+/// The safetensors files of a model directory: `model.safetensors`, or the shards that
+/// `model.safetensors.index.json` lists (in first-mention order).
+fn weight_files(dir: &Path) -> Result<Vec<PathBuf>, ModelError> {
+    let index = dir.join("model.safetensors.index.json");
+    if index.is_file() {
+        #[derive(Deserialize)]
+        struct Index {
+            weight_map: indexmap::IndexMap<String, String>,
+        }
+        let text = fs::read_to_string(&index).map_err(io_err(&index))?;
+        let parsed: Index = serde_json::from_str(&text).map_err(|e| ModelError::BadConfigJson {
+            path: index.clone(),
+            message: e.to_string(),
+        })?;
+        let mut files: Vec<PathBuf> = Vec::new();
+        for file in parsed.weight_map.values() {
+            let path = dir.join(file);
+            if !files.contains(&path) {
+                files.push(path);
+            }
+        }
+        return Ok(files);
+    }
+    let single = dir.join("model.safetensors");
+    if single.is_file() {
+        return Ok(vec![single]);
+    }
+    Err(ModelError::Io {
+        path: dir.to_path_buf(),
+        source: std::io::Error::new(
+            std::io::ErrorKind::NotFound,
+            "no model.safetensors or model.safetensors.index.json in this directory",
+        ),
+    })
+}
+
+/// Loads a Hugging Face `LlamaForCausalLM` directory: the architecture from `config.json` and
+/// the weights from its safetensors file(s), onto `device` in `kind` (`None`: the dtype the
+/// config declares, else each tensor's own). Every weight is checked against the config (name,
+/// shape, dtype); a tied checkpoint that also stores `lm_head.weight` has it ignored, as
+/// transformers does.
+pub fn load_hf(
+    dir: impl AsRef<Path>,
+    device: Device,
+    kind: Option<Kind>,
+) -> Result<(Llama, Params), ModelError> {
+    let dir = dir.as_ref();
+    let config = read_model_config(dir)?;
+    let model = Llama::new(&config)?;
+    let kind = kind.or(read_hf_config(dir)?.weight_kind());
+    let files = weight_files(dir)?;
+
+    let _guard = tch::no_grad_guard();
+    let mut found: HashMap<String, Tensor> = HashMap::new();
+    for file in &files {
+        let tensors = Tensor::read_safetensors(file).map_err(|source| ModelError::Safetensors {
+            path: file.clone(),
+            source,
+        })?;
+        for (name, t) in tensors {
+            if name.ends_with("rotary_emb.inv_freq") {
+                continue; // a buffer older transformers saved; recomputed from the config
+            }
+            let Some(spec) = model.param_spec(&name) else {
+                if name == "lm_head.weight" && config.tie_word_embeddings {
+                    tracing::debug!(
+                        "{}: ignoring lm_head.weight of a tied model",
+                        file.display()
+                    );
+                    continue;
+                }
+                return Err(ModelError::UnexpectedTensor {
+                    name,
+                    file: file.clone(),
+                });
+            };
+            if !matches!(
+                t.kind(),
+                Kind::Float | Kind::BFloat16 | Kind::Half | Kind::Double
+            ) {
+                return Err(ModelError::UnsupportedDtype {
+                    name,
+                    dtype: format!("{:?}", t.kind()),
+                    file: Some(file.clone()),
+                });
+            }
+            if t.size() != spec.shape {
+                return Err(ModelError::ShapeMismatch {
+                    name,
+                    expected: spec.shape.clone(),
+                    found: t.size(),
+                    file: Some(file.clone()),
+                });
+            }
+            let t = t.to_kind(kind.unwrap_or(t.kind())).to_device(device);
+            found.insert(name, t);
+        }
+    }
+
+    let mut params = Params::new();
+    for spec in model.param_specs() {
+        let t = found
+            .remove(&spec.name)
+            .ok_or_else(|| ModelError::MissingTensor {
+                name: spec.name.clone(),
+                files: files
+                    .iter()
+                    .map(|f| f.display().to_string())
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            })?;
+        params.insert(spec.name.clone(), t);
+    }
+    Ok((model, params))
+}
+
+/// Writes a file through a temporary name in the same directory, then renames it.
+fn write_atomic(
+    path: &Path,
+    write: impl FnOnce(&Path) -> Result<(), ModelError>,
+) -> Result<(), ModelError> {
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let tmp = path.with_file_name(format!(".{name}.tmp-{}", std::process::id()));
+    if let Err(e) = write(&tmp) {
+        let _ = fs::remove_file(&tmp);
+        return Err(e);
+    }
+    fs::rename(&tmp, path).map_err(io_err(path))
+}
+
+/// Saves `params` as a Hugging Face directory that transformers' `LlamaForCausalLM` loads:
+/// `config.json` (with `torch_dtype`) and one `model.safetensors` in `kind`, with Hugging Face
+/// names and no `lm_head.weight` when embeddings are tied. Each file is written atomically; a
+/// stale `model.safetensors.index.json` in `dir` is removed so that the new file is the one
+/// loaded.
+pub fn save_hf(
+    dir: impl AsRef<Path>,
+    model: &Llama,
+    params: &Params,
+    kind: Kind,
+) -> Result<(), ModelError> {
+    let dir = dir.as_ref();
+    let dtype = kind_name(kind).ok_or_else(|| ModelError::UnsupportedDtype {
+        name: "(save dtype)".into(),
+        dtype: format!("{kind:?}"),
+        file: None,
+    })?;
+    model.check_params(params)?;
+    fs::create_dir_all(dir).map_err(io_err(dir))?;
+
+    let _guard = tch::no_grad_guard();
+    let tensors: Vec<(String, Tensor)> = model
+        .param_specs()
+        .iter()
+        .map(|s| {
+            let t = params.require(&s.name)?;
+            Ok((
+                s.name.clone(),
+                t.detach().to_device(Device::Cpu).to_kind(kind).contiguous(),
+            ))
+        })
+        .collect::<Result<_, ModelError>>()?;
+    let weights = dir.join("model.safetensors");
+    write_atomic(&weights, |tmp| {
+        Tensor::write_safetensors(&tensors, tmp).map_err(|source| ModelError::Safetensors {
+            path: weights.clone(),
+            source,
+        })
+    })?;
+    let index = dir.join("model.safetensors.index.json");
+    if index.exists() {
+        fs::remove_file(&index).map_err(io_err(&index))?;
+    }
+
+    let mut hf = HfLlamaConfig::from(model.config());
+    hf.torch_dtype = Some(dtype.into());
+    let mut text = serde_json::to_string_pretty(&hf).expect("config serialises");
+    text.push('\n');
+    let config = dir.join(CONFIG_JSON);
+    write_atomic(&config, |tmp| fs::write(tmp, &text).map_err(io_err(tmp)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_round_trip() {
+        let mut all = vec![ParamName::Embed, ParamName::Norm, ParamName::LmHead];
+        for w in LayerWeight::ALL {
+            all.push(ParamName::Layer(13, w));
+        }
+        for p in all {
+            assert_eq!(ParamName::parse(&p.hf_name()), Some(p), "{}", p.hf_name());
+        }
+        assert_eq!(
+            ParamName::Layer(2, LayerWeight::Gate).hf_name(),
+            "model.layers.2.mlp.gate_proj.weight"
+        );
+        assert_eq!(ParamName::parse("model.layers.x.mlp.up_proj.weight"), None);
+        assert_eq!(ParamName::parse("model.layers.0.mlp.up_proj.bias"), None);
+    }
+
+    fn json(extra: &str) -> String {
+        format!(
+            r#"{{"vocab_size": 100, "hidden_size": 64, "intermediate_size": 128,
+               "num_hidden_layers": 2, "num_attention_heads": 4{extra}}}"#
+        )
+    }
+
+    fn convert(text: &str) -> Result<ModelConfig, ModelError> {
+        let hf = HfLlamaConfig::from_json(text, Path::new("x/config.json"))?;
+        ModelConfig::try_from(&hf)
+    }
+
+    #[test]
+    fn config_defaults_and_rope_forms() {
+        let c = convert(&json("")).unwrap();
+        assert_eq!(c.num_key_value_heads, 4);
+        assert_eq!(c.rope_theta, 10000.0);
+        assert_eq!(c.rms_norm_eps, 1e-6);
+        assert!(!c.tie_word_embeddings && c.rope_scaling.is_none());
+
+        let legacy = convert(&json(
+            r#", "rope_theta": 500000.0, "rope_scaling": {"type": "llama3", "factor": 8.0,
+               "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 8192}"#,
+        ))
+        .unwrap();
+        let new = convert(&json(
+            r#", "rope_parameters": {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
+               "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 8192}"#,
+        ))
+        .unwrap();
+        assert_eq!(legacy, new);
+        assert_eq!(new.rope_theta, 500000.0);
+        assert_eq!(new.rope_scaling.as_ref().unwrap().factor, 8.0);
+
+        let plain = convert(&json(
+            r#", "rope_parameters": {"rope_type": "default", "rope_theta": 1000.0}"#,
+        ))
+        .unwrap();
+        assert_eq!((plain.rope_theta, plain.rope_scaling), (1000.0, None));
+    }
+
+    #[test]
+    fn config_round_trips_through_hf() {
+        let c = convert(&json(
+            r#", "num_key_value_heads": 2, "tie_word_embeddings": true,
+               "rope_scaling": {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
+               "high_freq_factor": 4.0, "original_max_position_embeddings": 64}"#,
+        ))
+        .unwrap();
+        let hf = HfLlamaConfig::from(&c);
+        let text = serde_json::to_string(&hf).unwrap();
+        assert!(
+            text.contains(r#""architectures":["LlamaForCausalLM"]"#),
+            "{text}"
+        );
+        assert_eq!(convert(&text).unwrap(), c);
+    }
+
+    #[test]
+    fn config_errors_name_the_field() {
+        let err = convert(&json(r#", "hidden_act": "gelu""#))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("`hidden_act`") && err.contains("gelu"),
+            "{err}"
+        );
+        let err = convert(&json(r#", "head_dim": 32"#))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("`head_dim`"), "{err}");
+        let err = convert(&json(
+            r#", "rope_scaling": {"rope_type": "yarn", "factor": 2.0}"#,
+        ))
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("rope_scaling.rope_type") && err.contains("yarn"),
+            "{err}"
+        );
+        let err = convert(&json(
+            r#", "rope_scaling": {"rope_type": "llama3", "factor": 2.0}"#,
+        ))
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("rope_scaling.low_freq_factor"), "{err}");
+        let err = convert(&json(r#", "model_type": "mistral""#))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("`model_type`"), "{err}");
+        let text = "{\n  \"vocab_size\": 100.5,\n  \"hidden_size\": 64\n}";
+        let err = convert(text).unwrap_err().to_string();
+        assert!(
+            err.starts_with("x/config.json") && err.contains("\"vocab_size\": 100.5"),
+            "{err}"
+        );
+        let err = convert(r#"{"vocab_size": 100}"#).unwrap_err().to_string();
+        assert!(err.contains("missing field `hidden_size`"), "{err}");
+    }
+}

@@ -1,0 +1,761 @@
+//! The Hugging Face `LlamaForCausalLM` architecture as units: the token embedding, one unit per
+//! decoder block, and the final RMSNorm with the LM head (as torchtitan groups them).
+//!
+//! Numerics follow transformers' `modeling_llama.py`: RMSNorm upcasts to fp32, normalises,
+//! casts back and multiplies by the weight; rotary tables are computed in fp32 (rotate-half
+//! convention, `rope_theta`, optional `llama3` frequency scaling) and cast to the activation
+//! dtype; attention is causal `scaled_dot_product_attention` with grouped-query heads; the MLP
+//! is SwiGLU; there are no biases. Everything else (parameter names, files) is [`super::hf`]'s.
+
+use tch::{Device, Kind, Reduction, Tensor};
+
+use flotilla_config::schema::{ModelConfig, RopeScaling, RopeType};
+
+use super::hf::{LayerWeight, ParamName};
+use super::{ForwardCtx, Init, ModelError, ParamSpec, Params, Unit};
+
+/// The architecture: config, parameter table and units. Holds no tensors (it is `Send + Sync`);
+/// parameters live in a [`Params`] or wherever the trainer keeps them.
+pub struct Llama {
+    config: ModelConfig,
+    specs: Vec<ParamSpec>,
+    units: Vec<Box<dyn Unit>>,
+    inv_freq: Vec<f32>,
+}
+
+impl std::fmt::Debug for Llama {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Llama")
+            .field("config", &self.config)
+            .field(
+                "units",
+                &self.units.iter().map(|u| u.name()).collect::<Vec<_>>(),
+            )
+            .finish()
+    }
+}
+
+impl Llama {
+    /// The architecture `config` describes, after checking that it is one.
+    pub fn new(config: &ModelConfig) -> Result<Self, ModelError> {
+        validate(config)?;
+        let c = config;
+        let (h, hd) = (c.hidden_size as i64, c.head_dim() as i64);
+        let (q_out, kv_out) = (
+            c.num_attention_heads as i64 * hd,
+            c.num_key_value_heads as i64 * hd,
+        );
+        let (inter, vocab) = (c.intermediate_size as i64, c.vocab_size as i64);
+        let normal = Init::Normal {
+            std: c.initializer_range,
+        };
+
+        let mut specs: Vec<ParamSpec> = Vec::new();
+        let mut units: Vec<Box<dyn Unit>> = Vec::new();
+        let add = |specs: &mut Vec<ParamSpec>, p: ParamName, shape: Vec<i64>, init, unit| {
+            specs.push(ParamSpec {
+                name: p.hf_name(),
+                shape,
+                init,
+                owner: unit,
+                readers: vec![unit],
+            });
+            p.hf_name()
+        };
+
+        let embed = add(&mut specs, ParamName::Embed, vec![vocab, h], normal, 0);
+        units.push(Box::new(Embedding {
+            name: "embed".into(),
+            params: vec![embed.clone()],
+        }));
+
+        for i in 0..c.num_hidden_layers {
+            let u = i + 1;
+            let mut names = Vec::new();
+            for w in LayerWeight::ALL {
+                let (shape, init) = match w {
+                    LayerWeight::InputNorm | LayerWeight::PostAttentionNorm => {
+                        (vec![h], Init::Ones)
+                    }
+                    LayerWeight::Q => (vec![q_out, h], normal),
+                    LayerWeight::K | LayerWeight::V => (vec![kv_out, h], normal),
+                    LayerWeight::O => (vec![h, q_out], normal),
+                    LayerWeight::Gate | LayerWeight::Up => (vec![inter, h], normal),
+                    LayerWeight::Down => (vec![h, inter], normal),
+                };
+                names.push(add(&mut specs, ParamName::Layer(i, w), shape, init, u));
+            }
+            units.push(Box::new(Block {
+                name: format!("layers.{i}"),
+                params: names,
+                num_heads: c.num_attention_heads as i64,
+                num_kv_heads: c.num_key_value_heads as i64,
+                head_dim: hd,
+                eps: c.rms_norm_eps,
+            }));
+        }
+
+        let head_unit = c.num_hidden_layers + 1;
+        let norm = add(&mut specs, ParamName::Norm, vec![h], Init::Ones, head_unit);
+        let head_weight = if c.tie_word_embeddings {
+            specs[0].readers.push(head_unit);
+            embed
+        } else {
+            add(
+                &mut specs,
+                ParamName::LmHead,
+                vec![vocab, h],
+                normal,
+                head_unit,
+            )
+        };
+        units.push(Box::new(Head {
+            name: "head".into(),
+            params: vec![norm, head_weight],
+            eps: c.rms_norm_eps,
+        }));
+
+        Ok(Llama {
+            config: config.clone(),
+            specs,
+            units,
+            inv_freq: inv_freq(config),
+        })
+    }
+
+    pub fn config(&self) -> &ModelConfig {
+        &self.config
+    }
+
+    /// The units in forward order: `embed`, `layers.0` … `layers.{n-1}`, `head`.
+    pub fn units(&self) -> &[Box<dyn Unit>] {
+        &self.units
+    }
+
+    /// Every parameter once, in Hugging Face order (embedding, layers, norm, lm_head).
+    pub fn param_specs(&self) -> &[ParamSpec] {
+        &self.specs
+    }
+
+    pub fn param_spec(&self, name: &str) -> Option<&ParamSpec> {
+        self.specs.iter().find(|s| s.name == name)
+    }
+
+    /// The parameters unit `unit` owns (a flat-parameter group for FSDP), in table order.
+    pub fn owned_params(&self, unit: usize) -> impl Iterator<Item = &ParamSpec> {
+        self.specs.iter().filter(move |s| s.owner == unit)
+    }
+
+    /// Freshly initialised parameters, as transformers initialises `LlamaForCausalLM`: linear
+    /// and embedding weights ~ N(0, initializer_range²), norm weights 1. The values depend only
+    /// on `seed` and the parameter names (see [`super::init`]), not on the device.
+    pub fn init_params(&self, seed: u64, device: Device, kind: Kind) -> Params {
+        let mut params = Params::new();
+        for s in &self.specs {
+            let values = s.init.values(seed, &s.name, s.numel());
+            let t = Tensor::from_slice(&values)
+                .reshape(&s.shape)
+                .to_kind(kind)
+                .to_device(device);
+            params.insert(s.name.clone(), t);
+        }
+        params
+    }
+
+    /// Checks that `params` holds every parameter with its shape and a floating dtype.
+    pub fn check_params(&self, params: &Params) -> Result<(), ModelError> {
+        for s in &self.specs {
+            let t = params.require(&s.name)?;
+            if t.size() != s.shape {
+                return Err(ModelError::ShapeMismatch {
+                    name: s.name.clone(),
+                    expected: s.shape.clone(),
+                    found: t.size(),
+                    file: None,
+                });
+            }
+            if !matches!(
+                t.kind(),
+                Kind::Float | Kind::BFloat16 | Kind::Half | Kind::Double
+            ) {
+                return Err(ModelError::UnsupportedDtype {
+                    name: s.name.clone(),
+                    dtype: format!("{:?}", t.kind()),
+                    file: None,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Shallow handles on the tensors unit `unit` reads, in its `param_names` order.
+    pub fn unit_params(&self, unit: usize, params: &Params) -> Result<Vec<Tensor>, ModelError> {
+        self.units[unit]
+            .param_names()
+            .iter()
+            .map(|n| params.require(n).map(Tensor::shallow_clone))
+            .collect()
+    }
+
+    /// The forward context for positions `0 .. seq_len` on `device`.
+    pub fn ctx(&self, seq_len: i64, device: Device) -> ForwardCtx {
+        self.ctx_for_positions(&Tensor::arange(seq_len, (Kind::Int64, device)))
+    }
+
+    /// The forward context for explicit position ids, `[T]` or `[B, T]` (transformers'
+    /// `position_ids`).
+    pub fn ctx_for_positions(&self, positions: &Tensor) -> ForwardCtx {
+        let inv = Tensor::from_slice(&self.inv_freq).to_device(positions.device());
+        // freqs = positions[..., None].float() * inv_freq; emb = cat(freqs, freqs)
+        let freqs = positions.to_kind(Kind::Float).unsqueeze(-1) * inv;
+        let emb = Tensor::cat(&[&freqs, &freqs], -1);
+        ForwardCtx {
+            cos: emb.cos(),
+            sin: emb.sin(),
+        }
+    }
+
+    /// Whole-graph forward: token ids `[B, T]` to logits `[B, T, vocab]`, running the units in
+    /// order on one autograd graph.
+    pub fn forward(&self, params: &Params, tokens: &Tensor) -> Result<Tensor, ModelError> {
+        let ctx = self.ctx(tokens.size()[1], tokens.device());
+        let mut x = tokens.shallow_clone();
+        for (i, unit) in self.units.iter().enumerate() {
+            x = unit.forward(&self.unit_params(i, params)?, &x, &ctx);
+        }
+        Ok(x)
+    }
+}
+
+fn invalid(field: &str, message: impl Into<String>) -> ModelError {
+    ModelError::InvalidConfig {
+        field: field.to_string(),
+        message: message.into(),
+    }
+}
+
+/// `v > 0`, false for NaN.
+fn positive(v: f64) -> bool {
+    v > 0.0
+}
+
+fn validate(c: &ModelConfig) -> Result<(), ModelError> {
+    for (field, v) in [
+        ("vocab_size", c.vocab_size),
+        ("hidden_size", c.hidden_size),
+        ("intermediate_size", c.intermediate_size),
+        ("num_attention_heads", c.num_attention_heads),
+        ("num_key_value_heads", c.num_key_value_heads),
+    ] {
+        if v == 0 {
+            return Err(invalid(field, "must be positive"));
+        }
+    }
+    if c.hidden_size % c.num_attention_heads != 0 {
+        return Err(invalid(
+            "num_attention_heads",
+            format!(
+                "{} does not divide hidden_size {}",
+                c.num_attention_heads, c.hidden_size
+            ),
+        ));
+    }
+    if c.num_attention_heads % c.num_key_value_heads != 0 {
+        return Err(invalid(
+            "num_key_value_heads",
+            format!(
+                "{} does not divide num_attention_heads {}",
+                c.num_key_value_heads, c.num_attention_heads
+            ),
+        ));
+    }
+    if c.head_dim() % 2 != 0 {
+        return Err(invalid(
+            "hidden_size",
+            format!(
+                "head dimension {} must be even for rotary embeddings",
+                c.head_dim()
+            ),
+        ));
+    }
+    if !positive(c.rms_norm_eps) {
+        return Err(invalid("rms_norm_eps", "must be positive"));
+    }
+    if !positive(c.rope_theta) {
+        return Err(invalid("rope_theta", "must be positive"));
+    }
+    if !(positive(c.initializer_range) || c.initializer_range == 0.0) {
+        return Err(invalid("initializer_range", "must be non-negative"));
+    }
+    if let Some(s) = &c.rope_scaling {
+        if !positive(s.factor) {
+            return Err(invalid("rope_scaling.factor", "must be positive"));
+        }
+        if !(s.high_freq_factor > s.low_freq_factor && s.low_freq_factor > 0.0) {
+            return Err(invalid(
+                "rope_scaling.high_freq_factor",
+                "llama3 scaling needs high_freq_factor > low_freq_factor > 0",
+            ));
+        }
+        if s.original_max_position_embeddings == 0 {
+            return Err(invalid(
+                "rope_scaling.original_max_position_embeddings",
+                "must be positive",
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Rotary inverse frequencies, computed with the same fp32 tensor operations as transformers'
+/// `compute_default_rope_parameters` and `_compute_llama3_parameters`.
+fn inv_freq(c: &ModelConfig) -> Vec<f32> {
+    let _guard = tch::no_grad_guard();
+    let dim = c.head_dim() as i64;
+    let exponent = Tensor::arange_start_step(0, dim, 2, (Kind::Int64, Device::Cpu))
+        .to_kind(Kind::Float)
+        / dim as f64;
+    let mut inv = Tensor::pow_scalar(c.rope_theta, &exponent).reciprocal();
+    if let Some(RopeScaling {
+        rope_type: RopeType::Llama3,
+        factor,
+        low_freq_factor,
+        high_freq_factor,
+        original_max_position_embeddings,
+    }) = c.rope_scaling
+    {
+        let old_context_len = original_max_position_embeddings as f64;
+        let low_freq_wavelen = old_context_len / low_freq_factor;
+        let high_freq_wavelen = old_context_len / high_freq_factor;
+        let wavelen = inv.reciprocal() * (2.0 * std::f64::consts::PI);
+        // torch.where(cond, a, b) is a.where_self(cond, b) in tch.
+        let scaled = (&inv / factor).where_self(&wavelen.gt(low_freq_wavelen), &inv);
+        let smooth = (wavelen.reciprocal() * old_context_len - low_freq_factor)
+            / (high_freq_factor - low_freq_factor);
+        let smoothed: Tensor = (1.0 - &smooth) * &scaled / factor + &smooth * &scaled;
+        let medium = wavelen
+            .lt(high_freq_wavelen)
+            .logical_not()
+            .logical_and(&wavelen.gt(low_freq_wavelen).logical_not());
+        inv = smoothed.where_self(&medium, &scaled);
+    }
+    Vec::<f32>::try_from(&inv).expect("inverse frequencies are f32")
+}
+
+/// transformers' `LlamaRMSNorm`: normalise in fp32, cast back, then scale by the weight.
+fn rms_norm(x: &Tensor, weight: &Tensor, eps: f64) -> Tensor {
+    let kind = x.kind();
+    let x32 = x.to_kind(Kind::Float);
+    let variance = x32.square().mean_dim(-1, true, Kind::Float);
+    let normed = x32 * (variance + eps).rsqrt();
+    weight * normed.to_kind(kind)
+}
+
+fn rotate_half(x: &Tensor) -> Tensor {
+    let half = x.size()[x.dim() - 1] / 2;
+    let x1 = x.narrow(-1, 0, half);
+    let x2 = x.narrow(-1, half, half);
+    Tensor::cat(&[&x2.neg(), &x1], -1)
+}
+
+/// Rotary tables shaped to broadcast over `[B, heads, T, head_dim]`, in `kind`.
+fn rope_tables(ctx: &ForwardCtx, kind: Kind) -> (Tensor, Tensor) {
+    let shape = |t: &Tensor| {
+        let t = t.to_kind(kind);
+        if t.dim() == 2 {
+            t.unsqueeze(0).unsqueeze(0)
+        } else {
+            t.unsqueeze(1)
+        }
+    };
+    (shape(&ctx.cos), shape(&ctx.sin))
+}
+
+fn linear(x: &Tensor, w: &Tensor) -> Tensor {
+    x.linear::<&Tensor>(w, None)
+}
+
+/// `model.embed_tokens`: token ids to hidden states.
+struct Embedding {
+    name: String,
+    params: Vec<String>,
+}
+
+impl Unit for Embedding {
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn param_names(&self) -> &[String] {
+        &self.params
+    }
+    fn forward(&self, params: &[Tensor], input: &Tensor, _ctx: &ForwardCtx) -> Tensor {
+        Tensor::embedding(&params[0], input, -1, false, false)
+    }
+}
+
+/// `model.layers.{i}`: pre-norm attention and SwiGLU MLP, each with a residual connection.
+/// Parameters in [`LayerWeight::ALL`] order.
+struct Block {
+    name: String,
+    params: Vec<String>,
+    num_heads: i64,
+    num_kv_heads: i64,
+    head_dim: i64,
+    eps: f64,
+}
+
+impl Unit for Block {
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn param_names(&self) -> &[String] {
+        &self.params
+    }
+    fn forward(&self, params: &[Tensor], x: &Tensor, ctx: &ForwardCtx) -> Tensor {
+        let [input_norm, wq, wk, wv, wo, post_norm, wg, wu, wd] = params else {
+            panic!("{}: expected 9 parameters, got {}", self.name, params.len());
+        };
+        let (b, t) = (x.size()[0], x.size()[1]);
+
+        let h = rms_norm(x, input_norm, self.eps);
+        let heads =
+            |w: &Tensor, n: i64| linear(&h, w).view([b, t, n, self.head_dim]).transpose(1, 2);
+        let q = heads(wq, self.num_heads);
+        let k = heads(wk, self.num_kv_heads);
+        let v = heads(wv, self.num_kv_heads);
+        let (cos, sin) = rope_tables(ctx, q.kind());
+        let q = &q * &cos + rotate_half(&q) * &sin;
+        let k = &k * &cos + rotate_half(&k) * &sin;
+        let gqa = self.num_kv_heads != self.num_heads;
+        let attn =
+            Tensor::scaled_dot_product_attention::<&Tensor>(&q, &k, &v, None, 0.0, true, None, gqa);
+        let attn = attn
+            .transpose(1, 2)
+            .reshape([b, t, self.num_heads * self.head_dim]);
+        let x = x + linear(&attn, wo);
+
+        let h = rms_norm(&x, post_norm, self.eps);
+        let mlp = linear(&(linear(&h, wg).silu() * linear(&h, wu)), wd);
+        x + mlp
+    }
+}
+
+/// `model.norm` + `lm_head`: hidden states to logits. With tied embeddings its second parameter
+/// is `model.embed_tokens.weight`, owned by the embedding unit.
+struct Head {
+    name: String,
+    params: Vec<String>,
+    eps: f64,
+}
+
+impl Unit for Head {
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn param_names(&self) -> &[String] {
+        &self.params
+    }
+    fn forward(&self, params: &[Tensor], x: &Tensor, _ctx: &ForwardCtx) -> Tensor {
+        linear(&rms_norm(x, &params[0], self.eps), &params[1])
+    }
+}
+
+/// transformers' `ForCausalLMLoss` with mean reduction: logits `[B, T, V]` at position `t`
+/// predict `labels[:, t + 1]`; labels equal to -100 are ignored; computed in fp32.
+pub fn causal_lm_loss(logits: &Tensor, labels: &Tensor) -> Tensor {
+    let (logits, labels) = shifted(logits, labels);
+    logits.cross_entropy_loss::<&Tensor>(&labels, None, Reduction::Mean, -100, 0.0)
+}
+
+/// The summed loss and the number of predicted (non-ignored) tokens, for normalising over
+/// gradient-accumulation micro-batches and ranks by the global token count.
+pub fn causal_lm_loss_sum(logits: &Tensor, labels: &Tensor) -> (Tensor, i64) {
+    let (logits, labels) = shifted(logits, labels);
+    let count = labels.ne(-100).sum(Kind::Int64).int64_value(&[]);
+    let sum = logits.cross_entropy_loss::<&Tensor>(&labels, None, Reduction::Sum, -100, 0.0);
+    (sum, count)
+}
+
+fn shifted(logits: &Tensor, labels: &Tensor) -> (Tensor, Tensor) {
+    let size = logits.size();
+    let (t, v) = (size[1], size[2]);
+    let logits = logits
+        .narrow(1, 0, t - 1)
+        .to_kind(Kind::Float)
+        .reshape([-1, v]);
+    let labels = labels.narrow(1, 1, t - 1).reshape([-1]);
+    (logits, labels)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::vjp;
+
+    pub(crate) fn tiny(tied: bool, kv_heads: usize) -> ModelConfig {
+        ModelConfig {
+            name: "test".into(),
+            vocab_size: 48,
+            hidden_size: 32,
+            intermediate_size: 40,
+            num_hidden_layers: 2,
+            num_attention_heads: 4,
+            num_key_value_heads: kv_heads,
+            max_position_embeddings: 64,
+            rms_norm_eps: 1e-5,
+            rope_theta: 10000.0,
+            rope_scaling: None,
+            tie_word_embeddings: tied,
+            initializer_range: 0.02,
+            init_from: None,
+        }
+    }
+
+    #[test]
+    fn units_and_parameter_table() {
+        let m = Llama::new(&tiny(true, 2)).unwrap();
+        let names: Vec<_> = m.units().iter().map(|u| u.name().to_string()).collect();
+        assert_eq!(names, ["embed", "layers.0", "layers.1", "head"]);
+        assert_eq!(m.param_specs().len(), 1 + 2 * 9 + 1);
+        let embed = m.param_spec("model.embed_tokens.weight").unwrap();
+        assert_eq!((embed.owner, embed.readers.clone()), (0, vec![0, 3]));
+        assert!(embed.is_shared());
+        assert_eq!(
+            m.units()[3].param_names(),
+            ["model.norm.weight", "model.embed_tokens.weight"]
+        );
+        assert_eq!(
+            m.param_specs()
+                .iter()
+                .map(|s| s.numel() as u64)
+                .sum::<u64>(),
+            m.config().num_parameters()
+        );
+        let untied = Llama::new(&tiny(false, 4)).unwrap();
+        assert_eq!(
+            untied.units()[3].param_names(),
+            ["model.norm.weight", "lm_head.weight"]
+        );
+        assert_eq!(untied.owned_params(3).count(), 2);
+        assert_eq!(
+            untied
+                .param_spec("model.layers.1.self_attn.k_proj.weight")
+                .unwrap()
+                .shape,
+            vec![32, 32]
+        );
+    }
+
+    #[test]
+    fn rejects_bad_configs() {
+        let mut c = tiny(true, 3);
+        let err = Llama::new(&c).unwrap_err().to_string();
+        assert!(
+            err.contains("num_key_value_heads") && err.contains("3"),
+            "{err}"
+        );
+        c = tiny(true, 2);
+        c.num_attention_heads = 5;
+        let err = Llama::new(&c).unwrap_err().to_string();
+        assert!(err.starts_with("model.num_attention_heads"), "{err}");
+    }
+
+    #[test]
+    fn init_statistics() {
+        let mut c = tiny(false, 2);
+        c.hidden_size = 128;
+        c.intermediate_size = 256;
+        c.vocab_size = 512;
+        c.initializer_range = 0.05;
+        let m = Llama::new(&c).unwrap();
+        let p = m.init_params(11, Device::Cpu, Kind::Float);
+        m.check_params(&p).unwrap();
+        for s in m.param_specs() {
+            let t = p.get(&s.name).unwrap();
+            match s.init {
+                Init::Ones => assert_eq!(t.min().double_value(&[]), 1.0, "{}", s.name),
+                Init::Normal { .. } => {
+                    let std = t.std(true).double_value(&[]);
+                    let mean = t.mean(Kind::Float).double_value(&[]);
+                    assert!((std / 0.05 - 1.0).abs() < 0.03, "{}: std {std}", s.name);
+                    assert!(mean.abs() < 0.05 * 0.03, "{}: mean {mean}", s.name);
+                }
+            }
+        }
+        // Same seed, same values (also in another dtype); another seed, other values.
+        let again = m.init_params(11, Device::Cpu, Kind::BFloat16);
+        let w = "model.layers.0.mlp.up_proj.weight";
+        assert!(again.get(w).unwrap().to_kind(Kind::Float).equal(
+            &p.get(w)
+                .unwrap()
+                .to_kind(Kind::BFloat16)
+                .to_kind(Kind::Float)
+        ));
+        let other = m.init_params(12, Device::Cpu, Kind::Float);
+        assert!(!other.get(w).unwrap().equal(p.get(w).unwrap()));
+    }
+
+    #[test]
+    fn llama3_scaling_changes_only_low_frequencies() {
+        let mut c = tiny(true, 2);
+        c.hidden_size = 64; // head_dim 16
+        c.rope_theta = 500000.0;
+        let plain = inv_freq(&c);
+        c.rope_scaling = Some(RopeScaling {
+            rope_type: RopeType::Llama3,
+            factor: 8.0,
+            low_freq_factor: 1.0,
+            high_freq_factor: 4.0,
+            original_max_position_embeddings: 64, // wavelength 32.3 lies between 64/4 and 64
+        });
+        let scaled = inv_freq(&c);
+        assert_eq!(plain[0], scaled[0], "highest frequency untouched");
+        let last = plain.len() - 1;
+        assert!(
+            (scaled[last] * 8.0 / plain[last] - 1.0).abs() < 1e-6,
+            "lowest divided by factor"
+        );
+        assert!(
+            plain
+                .iter()
+                .zip(&scaled)
+                .any(|(p, s)| s < p && s * 8.0 > *p * 1.0001),
+            "some smoothed"
+        );
+    }
+
+    fn batch() -> Tensor {
+        Tensor::from_slice(&[1i64, 5, 9, 2, 47, 0, 3, 3, 8, 13, 21, 34, 4, 4, 40, 7])
+            .reshape([2, 8])
+    }
+
+    #[test]
+    fn causal_outputs_do_not_see_the_future() {
+        let m = Llama::new(&tiny(true, 2)).unwrap();
+        let p = m.init_params(0, Device::Cpu, Kind::Float);
+        let a = batch();
+        let b = a.copy();
+        let _ = b.narrow(1, 5, 3).fill_(11);
+        let la = m.forward(&p, &a).unwrap();
+        let lb = m.forward(&p, &b).unwrap();
+        assert!(la
+            .narrow(1, 0, 5)
+            .allclose(&lb.narrow(1, 0, 5), 0.0, 0.0, false));
+        assert!(!la
+            .narrow(1, 5, 1)
+            .allclose(&lb.narrow(1, 5, 1), 1e-6, 1e-6, false));
+    }
+
+    /// The unit engine's backward (each unit on a detached leaf input, per-unit [`vjp`], shared
+    /// gradients summed) gives the same gradients as one backward through the whole graph.
+    fn unit_by_unit_equals_whole_graph(tied: bool, kv_heads: usize) {
+        let m = Llama::new(&tiny(tied, kv_heads)).unwrap();
+        let p = m.init_params(5, Device::Cpu, Kind::Float).requiring_grad();
+        let tokens = batch();
+
+        // Whole graph.
+        let loss = causal_lm_loss(&m.forward(&p, &tokens).unwrap(), &tokens);
+        let names: Vec<&str> = p.names().collect();
+        let refs: Vec<&Tensor> = names.iter().map(|n| p.get(n).unwrap()).collect();
+        let whole = vjp(&loss, None, &refs);
+
+        // Unit by unit.
+        let ctx = m.ctx(8, Device::Cpu);
+        let mut inputs = Vec::new();
+        let mut outputs = Vec::new();
+        let mut x = tokens.shallow_clone();
+        for (i, unit) in m.units().iter().enumerate() {
+            let input = if i == 0 {
+                x
+            } else {
+                x.detach().set_requires_grad(true)
+            };
+            let out = unit.forward(&m.unit_params(i, &p).unwrap(), &input, &ctx);
+            x = out.shallow_clone();
+            inputs.push(input);
+            outputs.push(out);
+        }
+        let mut grads: std::collections::HashMap<String, Tensor> = Default::default();
+        let mut grad_out: Option<Tensor> = None;
+        for i in (0..m.units().len()).rev() {
+            let unit = &m.units()[i];
+            let params = m.unit_params(i, &p).unwrap();
+            let mut wrt: Vec<&Tensor> = params.iter().collect();
+            if i > 0 {
+                wrt.push(&inputs[i]);
+            }
+            let root = if grad_out.is_none() {
+                causal_lm_loss(&outputs[i], &tokens)
+            } else {
+                outputs[i].shallow_clone()
+            };
+            let mut g = vjp(&root, grad_out.as_ref(), &wrt);
+            grad_out = if i > 0 { g.pop().unwrap() } else { None };
+            for (name, gi) in unit.param_names().iter().zip(g) {
+                let gi = gi.unwrap();
+                match grads.remove(name) {
+                    Some(prev) => grads.insert(name.clone(), prev + gi),
+                    None => grads.insert(name.clone(), gi),
+                };
+            }
+        }
+        for (name, w) in names.iter().zip(whole) {
+            let w = w.unwrap();
+            let u = &grads[*name];
+            let diff = (&w - u).abs().max().double_value(&[]);
+            assert_eq!(diff, 0.0, "{name}: unit-by-unit gradient differs by {diff}");
+            assert!(
+                w.abs().max().double_value(&[]) > 0.0,
+                "{name}: zero gradient"
+            );
+        }
+    }
+
+    #[test]
+    fn unit_by_unit_backward_tied_gqa() {
+        unit_by_unit_equals_whole_graph(true, 2);
+    }
+
+    #[test]
+    fn unit_by_unit_backward_untied_mha() {
+        unit_by_unit_equals_whole_graph(false, 4);
+    }
+
+    #[test]
+    fn reduced_precision_forward() {
+        let m = Llama::new(&tiny(true, 2)).unwrap();
+        let p32 = m.init_params(1, Device::Cpu, Kind::Float);
+        let ref_logits = m.forward(&p32, &batch()).unwrap();
+        for kind in [Kind::BFloat16, Kind::Half] {
+            let p = p32.to(Device::Cpu, kind);
+            let logits = m.forward(&p, &batch()).unwrap();
+            assert_eq!(logits.kind(), kind);
+            let err = (logits.to_kind(Kind::Float) - &ref_logits)
+                .abs()
+                .max()
+                .double_value(&[]);
+            let scale = ref_logits.abs().max().double_value(&[]);
+            assert!(
+                err / scale < 0.05,
+                "{kind:?}: relative error {}",
+                err / scale
+            );
+        }
+    }
+
+    #[test]
+    fn loss_sum_and_mean_agree() {
+        let m = Llama::new(&tiny(false, 2)).unwrap();
+        let p = m.init_params(2, Device::Cpu, Kind::Float);
+        let tokens = batch();
+        let labels = tokens.copy();
+        let _ = labels.narrow(1, 0, 3).fill_(-100);
+        let logits = m.forward(&p, &tokens).unwrap();
+        let mean = causal_lm_loss(&logits, &labels).double_value(&[]);
+        let (sum, n) = causal_lm_loss_sum(&logits, &labels);
+        assert_eq!(n, 2 * 7 - 2 * 2);
+        assert!((sum.double_value(&[]) / n as f64 - mean).abs() < 1e-6);
+        // Near ln(vocab) for a freshly initialised model.
+        assert!((mean - (48f64).ln()).abs() < 0.1, "{mean}");
+    }
+}

@@ -1,0 +1,229 @@
+//! Strategies where every rank holds every parameter: one process, and DDP. This file owns
+//! the [`Replicated`] weights (parameters, their AdamW state and the compute dtype), the
+//! engine strategy over them, and DDP's gradient reducer: gradients are flattened into
+//! buckets of `bucket_cap_mb` in the order they become final (reverse unit order) and each
+//! bucket is all-reduced asynchronously as soon as it fills, so communication overlaps the
+//! backward of earlier units; the engine reports gradients only on the last micro-batch of a
+//! step, so gradient accumulation never reduces.
+//!
+//! Reductions are sums: every rank normalises its loss by the token count of the whole global
+//! batch, so the sum over ranks is the gradient of the global mean loss.
+
+use std::sync::Arc;
+
+use tch::{Kind, Tensor};
+
+use super::engine::Strategy;
+use super::optim::{AdamW, AdamWConfig};
+use super::TrainError;
+use crate::distributed::comm::{Communicator, CommunicatorExt, ReduceOp, Work};
+use crate::model::{Llama, Params};
+
+/// Parameters replicated on this rank, with their optimizer.
+#[derive(Debug)]
+pub struct Replicated {
+    /// Master weights (fp32, or bf16 for `bf16-true`).
+    pub params: Params,
+    pub optimizer: AdamW,
+    /// Dtype the units compute in when it differs from the master weights (mixed precision).
+    pub compute_kind: Option<Kind>,
+    /// DDP's gradient reducer; `None` in one process.
+    pub reducer: Option<GradReducer>,
+}
+
+impl Replicated {
+    pub fn new(params: Params, config: AdamWConfig, compute_kind: Option<Kind>) -> Self {
+        Self {
+            params,
+            optimizer: AdamW::new(config),
+            compute_kind,
+            reducer: None,
+        }
+    }
+
+    /// The engine strategy over these weights for one step.
+    pub fn strategy(&mut self) -> ReplicatedStrategy<'_> {
+        ReplicatedStrategy {
+            params: &self.params,
+            compute_kind: self.compute_kind,
+            reducer: self.reducer.as_mut(),
+        }
+    }
+
+    /// Bytes held for parameters, gradients (one fp32 copy per parameter during the step) and
+    /// optimizer state.
+    pub fn memory(&self) -> MemoryReport {
+        let params: usize = self.params.iter().map(|(_, t)| nbytes(t)).sum();
+        let grads: usize = self.params.iter().map(|(_, t)| t.numel() * 4).sum();
+        let optimizer: usize = self
+            .optimizer
+            .state()
+            .values()
+            .map(|s| nbytes(&s.exp_avg) + nbytes(&s.exp_avg_sq))
+            .sum();
+        MemoryReport {
+            params,
+            grads,
+            optimizer,
+        }
+    }
+}
+
+/// Bytes a rank holds for training state.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct MemoryReport {
+    pub params: usize,
+    pub grads: usize,
+    pub optimizer: usize,
+}
+
+impl MemoryReport {
+    pub fn total(&self) -> usize {
+        self.params + self.grads + self.optimizer
+    }
+}
+
+pub(super) fn nbytes(t: &Tensor) -> usize {
+    t.numel() * t.kind().elt_size_in_bytes()
+}
+
+/// The engine strategy over [`Replicated`] weights.
+pub struct ReplicatedStrategy<'a> {
+    params: &'a Params,
+    compute_kind: Option<Kind>,
+    reducer: Option<&'a mut GradReducer>,
+}
+
+impl Strategy for ReplicatedStrategy<'_> {
+    fn params_for(&mut self, model: &Llama, unit: usize) -> Result<Vec<Tensor>, TrainError> {
+        let params = model.unit_params(unit, self.params)?;
+        match self.compute_kind {
+            Some(kind) => Ok(params
+                .into_iter()
+                .map(|p| p.f_to_kind(kind))
+                .collect::<Result<_, _>>()?),
+            None => Ok(params),
+        }
+    }
+
+    fn gradients_ready(&mut self, _unit: usize, grads: &Params) -> Result<(), TrainError> {
+        match self.reducer.as_deref_mut() {
+            Some(r) => r.add(grads),
+            None => Ok(()),
+        }
+    }
+
+    fn finish_backward(&mut self) -> Result<(), TrainError> {
+        match self.reducer.as_deref_mut() {
+            Some(r) => r.finish(),
+            None => Ok(()),
+        }
+    }
+}
+
+/// A bucket all-reduce in flight: the flat buffer and the gradients it came from.
+struct InFlight {
+    work: Work<'static>,
+    flat: Tensor,
+    grads: Vec<Tensor>,
+}
+
+/// DDP's bucketed, asynchronous gradient all-reduce.
+pub struct GradReducer {
+    comm: Arc<dyn Communicator>,
+    cap_bytes: usize,
+    bucket: Vec<Tensor>,
+    bucket_bytes: usize,
+    in_flight: Vec<InFlight>,
+    /// Buckets launched so far (for tests and logs).
+    pub buckets_launched: u64,
+}
+
+impl std::fmt::Debug for GradReducer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GradReducer")
+            .field("cap_bytes", &self.cap_bytes)
+            .field("buckets_launched", &self.buckets_launched)
+            .finish()
+    }
+}
+
+impl GradReducer {
+    pub fn new(comm: Arc<dyn Communicator>, bucket_cap_mb: f64) -> Self {
+        Self {
+            comm,
+            cap_bytes: ((bucket_cap_mb * 1024.0 * 1024.0) as usize).max(1),
+            bucket: vec![],
+            bucket_bytes: 0,
+            in_flight: vec![],
+            buckets_launched: 0,
+        }
+    }
+
+    /// Adds final gradients to the current bucket, launching it when it reaches the cap.
+    fn add(&mut self, grads: &Params) -> Result<(), TrainError> {
+        for (_, g) in grads.iter() {
+            self.bucket_bytes += nbytes(g);
+            self.bucket.push(g.shallow_clone());
+            if self.bucket_bytes >= self.cap_bytes {
+                self.launch()?;
+            }
+        }
+        Ok(())
+    }
+
+    fn launch(&mut self) -> Result<(), TrainError> {
+        if self.bucket.is_empty() {
+            return Ok(());
+        }
+        let grads = std::mem::take(&mut self.bucket);
+        self.bucket_bytes = 0;
+        let flat = concat_flat(&grads)?;
+        let work = self.comm.all_reduce_tensor(&flat, ReduceOp::Sum)?;
+        self.buckets_launched += 1;
+        self.in_flight.push(InFlight { work, flat, grads });
+        Ok(())
+    }
+
+    /// Launches the last partial bucket, waits for every bucket and writes the sums back.
+    fn finish(&mut self) -> Result<(), TrainError> {
+        self.launch()?;
+        for InFlight { work, flat, grads } in self.in_flight.drain(..) {
+            work.wait()?;
+            copy_from_flat(&flat, &grads)?;
+        }
+        Ok(())
+    }
+}
+
+/// The tensors flattened and concatenated, in order (a new tensor).
+fn concat_flat(tensors: &[Tensor]) -> Result<Tensor, TrainError> {
+    let flat: Vec<Tensor> = tensors.iter().map(|t| t.reshape([-1])).collect();
+    Ok(Tensor::f_cat(&flat, 0)?)
+}
+
+/// Copies consecutive pieces of `flat` back into `tensors` (the inverse of [`concat_flat`]).
+fn copy_from_flat(flat: &Tensor, tensors: &[Tensor]) -> Result<(), TrainError> {
+    let mut offset = 0;
+    tch::no_grad(|| {
+        for t in tensors {
+            let n = t.numel() as i64;
+            t.shallow_clone()
+                .f_copy_(&flat.f_narrow(0, offset, n)?.f_view(t.size().as_slice())?)?;
+            offset += n;
+        }
+        Ok(())
+    })
+}
+
+/// Copies rank 0's parameters into every rank's (DDP's start-up broadcast), one flat
+/// broadcast per dtype.
+pub fn broadcast_params(comm: &dyn Communicator, params: &Params) -> Result<(), TrainError> {
+    let tensors: Vec<Tensor> = params.iter().map(|(_, t)| t.shallow_clone()).collect();
+    if tensors.is_empty() {
+        return Ok(());
+    }
+    let flat = concat_flat(&tensors)?;
+    comm.broadcast_tensor(&flat, 0)?.wait()?;
+    copy_from_flat(&flat, &tensors)
+}

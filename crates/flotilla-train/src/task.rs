@@ -1,0 +1,379 @@
+//! One training job in a run directory, as `flotilla train` runs it in every task: pick the
+//! device, join the process group the environment describes (DDP/FSDP over NCCL or the CPU
+//! backend), build the model and data, resume, [`fit`], and write `final/` (rank 0). This file
+//! owns that sequence and what each rank says: rank 0 prints progress to the console; the
+//! other ranks print only their start and summary lines (the launchers write every rank's
+//! output to its own log file).
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tch::{Device, Kind};
+
+use super::fit::{fit, resume, EvalSet, FitOptions, RunMetricsWriter, RunRow};
+use super::trainer::{DistContext, Trainer};
+use super::TrainError;
+use crate::data::{self, BatchLayout, DataLoader, DataOptions};
+use crate::distributed::comm::{self, Backend, CommOptions, Communicator};
+use crate::distributed::store::{KvStore, Store, StoreConfig};
+use crate::model::{load_hf, save_hf, Llama};
+use flotilla_config::schema::{self, DistConfig, JobConfig};
+use flotilla_launch::rank::RankInfo;
+
+/// How a job ended.
+#[derive(Clone, Debug, PartialEq)]
+pub struct JobSummary {
+    pub steps: u64,
+    pub final_loss: Option<f64>,
+    pub eval_acc: Option<f64>,
+    pub wall_s: f64,
+}
+
+impl std::fmt::Display for JobSummary {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "done: {} steps", self.steps)?;
+        if let Some(l) = self.final_loss {
+            write!(f, ", final loss {l:.4}")?;
+        }
+        if let Some(a) = self.eval_acc {
+            write!(f, ", eval accuracy {:.1}%", 100.0 * a)?;
+        }
+        write!(f, ", wall {:.1}s", self.wall_s)
+    }
+}
+
+/// Loads `libtorch_cuda.so` (global symbols) from the directory where `libtorch_cpu.so` is
+/// mapped, so that tch can see CUDA; the binary does not link it (a login node composing
+/// configs should not load 13 CUDA libraries). Returns whether it loaded.
+pub fn load_torch_cuda() -> bool {
+    let Ok(maps) = std::fs::read_to_string("/proc/self/maps") else {
+        return false;
+    };
+    let Some(dir) = maps
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(5))
+        .find(|p| p.ends_with("/libtorch_cpu.so"))
+        .and_then(|p| Path::new(p).parent().map(|d| d.to_path_buf()))
+    else {
+        return false;
+    };
+    let path = dir.join("libtorch_cuda.so");
+    if !path.is_file() {
+        return false;
+    }
+    use libloading::os::unix::{Library, RTLD_GLOBAL, RTLD_NOW};
+    // SAFETY: loading libtorch's own CUDA library, whose initialisers only register kernels.
+    match unsafe { Library::open(Some(&path), RTLD_NOW | RTLD_GLOBAL) } {
+        Ok(lib) => {
+            // Keep it loaded for the life of the process.
+            std::mem::forget(lib);
+            true
+        }
+        Err(e) => {
+            tracing::warn!("cannot load {}: {e}", path.display());
+            false
+        }
+    }
+}
+
+/// The training device of `trainer.device` for a rank: with CUDA, the rank's device among
+/// the visible ones (device 0 when the launcher bound one device per task through
+/// `CUDA_VISIBLE_DEVICES`, else `LOCAL_RANK`).
+pub fn train_device(device: schema::Device, rank: &RankInfo) -> Result<Device, TrainError> {
+    let cuda = || -> Option<Device> {
+        if !(load_torch_cuda() && tch::Cuda::is_available()) {
+            return None;
+        }
+        let count = tch::Cuda::device_count().max(1) as usize;
+        Some(Device::Cuda(rank.local_rank % count))
+    };
+    match device {
+        schema::Device::Cpu => Ok(Device::Cpu),
+        schema::Device::Cuda => cuda().ok_or_else(|| {
+            TrainError::Unsupported(
+                "trainer.device=cuda but CUDA is not available (no GPU or no CUDA libtorch)".into(),
+            )
+        }),
+        schema::Device::Auto => Ok(cuda().unwrap_or(Device::Cpu)),
+    }
+}
+
+/// Longest wait for the master and the other ranks to join.
+pub const RENDEZVOUS_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// Joins the process group of `rank` for `trainer.dist` (`None` for one process).
+pub fn join_group(
+    rank: &RankInfo,
+    dist: &DistConfig,
+    device: Device,
+) -> Result<Option<DistContext>, TrainError> {
+    let (backend, timeout_s) = match dist {
+        DistConfig::None => {
+            if rank.world_size > 1 {
+                return Err(TrainError::Unsupported(format!(
+                    "WORLD_SIZE={} but trainer.dist.mode=none; use trainer/dist=ddp or trainer/dist=fsdp",
+                    rank.world_size
+                )));
+            }
+            return Ok(None);
+        }
+        DistConfig::Ddp(d) => (d.backend, d.timeout_s),
+        DistConfig::Fsdp(f) => (f.backend, f.timeout_s),
+    };
+    if rank.world_size == 1 {
+        return Ok(None);
+    }
+    let backend = match backend {
+        schema::Backend::Auto if device.is_cuda() => Backend::Nccl,
+        schema::Backend::Auto | schema::Backend::Cpu => Backend::Cpu,
+        schema::Backend::Nccl => Backend::Nccl,
+    };
+    if backend == Backend::Nccl && !device.is_cuda() {
+        return Err(TrainError::Unsupported(
+            "trainer.dist.backend=nccl needs trainer.device=cuda (or auto on a GPU machine)".into(),
+        ));
+    }
+    let timeout = Duration::from_secs(timeout_s.max(1));
+    // Joining waits for the master and every peer at most RENDEZVOUS_TIMEOUT (an unreachable
+    // master is an error in minutes, not after the collective timeout).
+    let rendezvous = timeout.min(RENDEZVOUS_TIMEOUT);
+    let run_id = rank
+        .job_id
+        .clone()
+        .unwrap_or_else(|| "flotilla-train".into());
+    let store_cfg = StoreConfig::from_rank_info(rank, run_id, rendezvous);
+    let store: Arc<dyn KvStore> = Arc::new(Store::connect(&store_cfg)?);
+    let comm: Arc<dyn Communicator> = Arc::from(comm::init(
+        store,
+        &CommOptions::for_rank(rank, backend, timeout),
+    )?);
+    Ok(Some(DistContext {
+        comm,
+        local_world_size: rank.local_world_size,
+    }))
+}
+
+/// Runs `job` in `run_dir` as rank `rank` (config files are the caller's business) and returns
+/// the summary. `on_row` sees every metrics row (rank 0's console progress).
+pub fn run_job(
+    job: &JobConfig,
+    run_dir: &Path,
+    rank: &RankInfo,
+    on_row: Option<&mut dyn FnMut(&RunRow)>,
+) -> Result<JobSummary, TrainError> {
+    let wall = Instant::now();
+    // A stop signal during start-up is honoured at the first step.
+    super::preempt::install()?;
+    let t = &job.trainer;
+    if let Some(n) = std::env::var("OMP_NUM_THREADS")
+        .ok()
+        .and_then(|v| v.trim().parse::<i32>().ok())
+        .filter(|n| *n > 0)
+    {
+        tch::set_num_threads(n);
+    }
+    let device = train_device(t.device, rank)?;
+    let dist = join_group(rank, &t.dist, device)?;
+    let (model, params) = match &job.model.init_from {
+        Some(dir) => load_hf(dir, device, Some(Kind::Float))?,
+        None => {
+            let model = Llama::new(&job.model)?;
+            let params = model.init_params(t.seed as u64, device, Kind::Float);
+            (model, params)
+        }
+    };
+    let data = data::build(
+        &job.data,
+        &DataOptions {
+            model_vocab_size: model.config().vocab_size,
+            run_dir: Some(run_dir),
+        },
+    )?;
+    let layout = BatchLayout {
+        global_batch_size: t.global_batch_size,
+        micro_batch_size: t.micro_batch_size,
+        rank: rank.rank,
+        world_size: rank.world_size,
+    };
+    let loader = DataLoader::new(
+        data.train.clone(),
+        job.data.shuffle(),
+        t.seed as u64,
+        layout,
+        device,
+    )?;
+    let mut trainer = Trainer::distributed(model, &params, t, loader, device, dist)?;
+    drop(params);
+    let is_zero = rank.rank == 0;
+    if let Some((dir, state)) = resume(&mut trainer, run_dir, &t.resume)? {
+        if is_zero {
+            eprintln!("resuming from {} (step {})", dir.display(), state.step);
+        }
+    }
+    let metrics_path = run_dir.join("metrics.csv");
+    let mut metrics = if is_zero {
+        Some(RunMetricsWriter::open(&metrics_path, trainer.step_index())?)
+    } else {
+        None
+    };
+    let eval = data.eval.as_ref().map(|d| EvalSet {
+        dataset: d.clone(),
+        num_batches: t.eval_batches,
+        micro_batch_size: t.micro_batch_size,
+        task: data.arithmetic.as_ref().map(|a| (a, 256)),
+    });
+    let mode = match &t.dist {
+        _ if rank.world_size == 1 => "single process".to_string(),
+        DistConfig::None => "single process".to_string(),
+        DistConfig::Ddp(_) => format!("DDP, {} ranks", rank.world_size),
+        DistConfig::Fsdp(f) => format!(
+            "FSDP {}, {} ranks",
+            f.sharding_strategy.as_str(),
+            rank.world_size
+        ),
+    };
+    let intro = format!(
+        "training {} on {device:?} ({mode}, {}): {} steps from step {}",
+        job.model.name,
+        t.precision.as_str(),
+        t.max_steps,
+        trainer.step_index()
+    );
+    if is_zero {
+        eprintln!("{intro}");
+    } else {
+        eprintln!("[rank {}] {intro}", rank.rank);
+    }
+    let mut last_eval_acc = None;
+    let mut track = |r: &RunRow| {
+        if let Some(acc) = r.eval_acc {
+            last_eval_acc = Some(acc);
+        }
+    };
+    let mut forward = on_row;
+    let mut observe = |r: &RunRow| {
+        track(r);
+        if let Some(f) = forward.as_deref_mut() {
+            f(r);
+        }
+    };
+    let rows = fit(
+        &mut trainer,
+        metrics.as_mut(),
+        FitOptions {
+            run_dir,
+            until: t.max_steps,
+            eval_every: t.eval_every,
+            eval,
+            checkpoint_every: t.checkpoint_every,
+            keep_last_checkpoints: t.keep_last_checkpoints,
+            on_row: Some(&mut observe),
+        },
+    )?;
+
+    // Gathering is collective; rank 0 writes.
+    let params = trainer.full_params()?;
+    if is_zero {
+        let final_dir = run_dir.join("final");
+        save_hf(&final_dir, trainer.model(), &params, Kind::Float)?;
+        if let Some(tok) = &data.tokenizer {
+            tok.save(final_dir.join("tokenizer.json"))?;
+        }
+    }
+    if let Some(comm) = trainer.comm() {
+        use crate::distributed::comm::CommunicatorExt;
+        comm.barrier()?;
+    }
+    let summary = JobSummary {
+        steps: trainer.step_index(),
+        final_loss: rows.last().map(|r| r.loss),
+        eval_acc: last_eval_acc,
+        wall_s: wall.elapsed().as_secs_f64(),
+    };
+    let m = trainer.memory();
+    let mut memory = format!(
+        "memory held: params {} B, grads {} B, optimizer {} B",
+        m.params, m.grads, m.optimizer
+    );
+    if let Some(peak) = trainer.peak_gathered_bytes() {
+        memory.push_str(&format!(", peak gathered params {peak} B"));
+    }
+    tracing::info!("{memory}");
+    if !is_zero {
+        eprintln!("[rank {}] {memory}", rank.rank);
+        eprintln!("[rank {}] {summary}", rank.rank);
+    }
+    Ok(summary)
+}
+
+/// Logs to stderr (colour only on a terminal), filtered by `FLOTILLA_LOG` (default `warn`).
+pub fn init_logging() {
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("FLOTILLA_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .init();
+}
+
+/// `flotilla train`: this process's part of a run in `run_dir` (one process, or one rank of a
+/// DDP/FSDP job whose rank comes from the environment). Unless the directory was `prepared` by
+/// `flotilla run`, rank 0 first writes `config.yaml` and `overrides.yaml`. Rank 0 shows the
+/// progress on the console.
+pub fn train_in_run_dir(
+    composed: &flotilla_config::Composed,
+    run_dir: &Path,
+    prepared: bool,
+) -> anyhow::Result<()> {
+    use anyhow::Context;
+    use flotilla_launch::rundir::{overrides_yaml, CONFIG_FILE, OVERRIDES_FILE};
+    let job = composed
+        .typed
+        .as_ref()
+        .context("the composed config is not a flotilla job (or --no-validate was given)")?;
+    let rank = flotilla_launch::rank::discover_from_process()
+        .context("reading this task's rank from the environment")?;
+    std::fs::create_dir_all(run_dir)
+        .with_context(|| format!("cannot create {}", run_dir.display()))?;
+    if rank.is_master() && !prepared {
+        let write = |name: &str, text: String| -> anyhow::Result<()> {
+            let p = run_dir.join(name);
+            std::fs::write(&p, text).with_context(|| format!("cannot write {}", p.display()))
+        };
+        let emit = flotilla_config::yaml::EmitOptions { provenance: false };
+        write(
+            CONFIG_FILE,
+            flotilla_config::yaml::to_yaml(&composed.job, emit),
+        )?;
+        write(OVERRIDES_FILE, overrides_yaml(&composed.task_overrides))?;
+    }
+    let t = &job.trainer;
+    let mut progress = rank
+        .is_master()
+        .then(|| super::Progress::new(t.max_steps, t.log_every));
+    let mut log = |r: &RunRow| {
+        if let Some(p) = progress.as_mut() {
+            p.on_row(r);
+        }
+    };
+    let on_row: Option<&mut dyn FnMut(&RunRow)> = if rank.is_master() {
+        Some(&mut log)
+    } else {
+        None
+    };
+    let summary = run_job(job, run_dir, &rank, on_row).with_context(|| {
+        format!(
+            "training in {} (rank {} of {})",
+            run_dir.display(),
+            rank.rank,
+            rank.world_size
+        )
+    })?;
+    if let Some(p) = progress.as_mut() {
+        p.finish(&summary.to_string());
+    }
+    Ok(())
+}

@@ -1,0 +1,468 @@
+//! The training loop: [`Trainer`] runs optimizer steps (data → unit engine → gradient
+//! unscaling and clipping → AdamW at the scheduled learning rate) over [`Weights`] that are
+//! either replicated (one process, DDP) or sharded (FSDP), and reports one [`StepMetrics`]
+//! row per step, global over the ranks (loss summed over ranks of the globally normalised
+//! per-rank losses, tokens/s summed), written to `metrics.csv` by [`MetricsWriter`]. This file
+//! owns the loop, precision handling (mixed precision and fp16 dynamic loss scaling), and the
+//! step-metrics format; checkpoints, evaluation and run directories live in `checkpoint.rs`
+//! and `run.rs`.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Instant;
+
+use serde::Serialize;
+use tch::{Device, Kind, Tensor};
+
+use super::engine::{Engine, EngineOptions};
+use super::fsdp::{process_groups, Fsdp, FsdpOptions};
+use super::optim::{clip_grad_norm, AdamWConfig};
+use super::replicated::{broadcast_params, GradReducer, MemoryReport, Replicated};
+use super::schedule::Schedule;
+use super::TrainError;
+use crate::data::DataLoader;
+use crate::distributed::comm::{Communicator, CommunicatorExt, ReduceOp};
+use crate::model::{Llama, Params};
+use flotilla_config::schema::{self, DistConfig, Dtype, Precision, StateDictType, TrainerConfig};
+
+/// One row of `metrics.csv`.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct StepMetrics {
+    /// 0-based optimizer step.
+    pub step: u64,
+    /// Mean loss over the labelled tokens of the global batch.
+    pub loss: f64,
+    /// Global gradient L2 norm before clipping.
+    pub grad_norm: f64,
+    /// Learning rate used by this step.
+    pub lr: f64,
+    /// Input tokens (rows × seq_len, on this rank) per second of this step.
+    pub tokens_per_s: f64,
+    /// Seconds since the trainer was created, at the end of this step.
+    pub elapsed_s: f64,
+}
+
+/// Appends [`StepMetrics`] rows to a CSV file (header first), flushing after each row.
+pub struct MetricsWriter {
+    writer: csv::Writer<std::fs::File>,
+}
+
+impl MetricsWriter {
+    /// Creates (truncates) `path`.
+    pub fn create(path: &Path) -> Result<Self, TrainError> {
+        let file = std::fs::File::create(path).map_err(|source| TrainError::Io {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        Ok(Self {
+            writer: csv::Writer::from_writer(file),
+        })
+    }
+
+    pub fn write(&mut self, row: &StepMetrics) -> Result<(), TrainError> {
+        self.writer.serialize(row)?;
+        self.writer.flush().map_err(|e| TrainError::Csv(e.into()))?;
+        Ok(())
+    }
+}
+
+/// The torch device of `trainer.device` (`auto`: CUDA when available).
+pub fn torch_device(device: schema::Device) -> Device {
+    match device {
+        schema::Device::Cpu => Device::Cpu,
+        schema::Device::Cuda => Device::Cuda(0),
+        schema::Device::Auto => Device::cuda_if_available(),
+    }
+}
+
+/// Where the parameters live and how they are updated.
+#[derive(Debug)]
+pub enum Weights {
+    /// Every rank holds every parameter (one process, DDP).
+    Replicated(Replicated),
+    /// FSDP shards.
+    Sharded(Fsdp),
+}
+
+/// The process group a trainer runs in.
+#[derive(Clone)]
+pub struct DistContext {
+    pub comm: Arc<dyn Communicator>,
+    /// Ranks per node (HYBRID_SHARD shards within a node).
+    pub local_world_size: usize,
+}
+
+/// fp16 dynamic loss scaling (`torch.amp.GradScaler` defaults): the loss is multiplied by the
+/// scale before backward; a step whose unscaled gradients hold an inf/NaN is skipped and the
+/// scale halved; after 2000 clean steps in a row the scale doubles.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, serde::Deserialize)]
+pub struct LossScaler {
+    pub scale: f64,
+    pub growth_tracker: u64,
+}
+
+impl LossScaler {
+    pub const INIT_SCALE: f64 = 65536.0;
+    pub const GROWTH_INTERVAL: u64 = 2000;
+
+    pub fn new() -> Self {
+        Self {
+            scale: Self::INIT_SCALE,
+            growth_tracker: 0,
+        }
+    }
+
+    /// Updates the scale after a step (`found_inf`: the step was skipped).
+    pub fn update(&mut self, found_inf: bool) {
+        if found_inf {
+            self.scale *= 0.5;
+            self.growth_tracker = 0;
+        } else {
+            self.growth_tracker += 1;
+            if self.growth_tracker == Self::GROWTH_INTERVAL {
+                self.scale *= 2.0;
+                self.growth_tracker = 0;
+            }
+        }
+    }
+}
+
+impl Default for LossScaler {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// Dtypes of a precision setting: `(master weights, compute)`.
+fn precision_kinds(p: Precision) -> (Kind, Kind) {
+    match p {
+        Precision::Full32 => (Kind::Float, Kind::Float),
+        Precision::Bf16Mixed => (Kind::Float, Kind::BFloat16),
+        Precision::Bf16True => (Kind::BFloat16, Kind::BFloat16),
+        Precision::Fp16Mixed => (Kind::Float, Kind::Half),
+    }
+}
+
+fn dtype_kind(d: Dtype) -> Kind {
+    match d {
+        Dtype::Float32 => Kind::Float,
+        Dtype::Bfloat16 => Kind::BFloat16,
+        Dtype::Float16 => Kind::Half,
+    }
+}
+
+/// A trainer over a data loader: one process, or one rank of a DDP/FSDP job.
+pub struct Trainer {
+    pub(super) model: Llama,
+    pub(super) weights: Weights,
+    pub(super) dist: Option<DistContext>,
+    pub(super) schedule: Schedule,
+    pub(super) loader: DataLoader,
+    pub(super) options: EngineOptions,
+    pub(super) grad_clip: f64,
+    pub(super) scaler: Option<LossScaler>,
+    pub(super) sharded_checkpoints: bool,
+    pub(super) step: u64,
+    pub(super) stop_requested: bool,
+    pub(super) start: Instant,
+}
+
+impl Trainer {
+    /// A single-process trainer for `model` starting from `params` (copied to `device` in the
+    /// master dtype of `trainer.precision`). `trainer.dist` may be `ddp` or `fsdp` (then it
+    /// runs as a world of one).
+    pub fn new(
+        model: Llama,
+        params: &Params,
+        config: &TrainerConfig,
+        loader: DataLoader,
+        device: Device,
+    ) -> Result<Self, TrainError> {
+        Self::distributed(model, params, config, loader, device, None)
+    }
+
+    /// A trainer for one rank of `dist` (or one process with `None`). Every rank must pass the
+    /// same `params` (DDP broadcasts rank 0's anyway, and so does FSDP with
+    /// `sync_module_states`). Collective when `dist` is given.
+    pub fn distributed(
+        model: Llama,
+        params: &Params,
+        config: &TrainerConfig,
+        loader: DataLoader,
+        device: Device,
+        dist: Option<DistContext>,
+    ) -> Result<Self, TrainError> {
+        model.check_params(params)?;
+        let world = dist.as_ref().map_or(1, |d| d.comm.world_size());
+        if world > 1 && matches!(config.dist, DistConfig::None) {
+            return Err(TrainError::Unsupported(format!(
+                "{world} ranks but trainer.dist.mode=none; use trainer/dist=ddp or trainer/dist=fsdp"
+            )));
+        }
+        let (master_kind, compute_kind) = precision_kinds(config.precision);
+        let adam = AdamWConfig {
+            betas: config.betas,
+            eps: config.eps,
+            weight_decay: config.weight_decay,
+        };
+        let comm = dist.as_ref().map(|d| d.comm.clone());
+        let mut activation_checkpointing = config.activation_checkpointing;
+        let mut sharded_checkpoints = false;
+        let weights = match &config.dist {
+            DistConfig::None | DistConfig::Ddp(_) => {
+                let params = params.to(device, master_kind);
+                let compute = (compute_kind != master_kind).then_some(compute_kind);
+                let mut w = Replicated::new(params, adam, compute);
+                if let (DistConfig::Ddp(ddp), Some(comm)) = (&config.dist, &comm) {
+                    if comm.world_size() > 1 {
+                        broadcast_params(comm.as_ref(), &w.params)?;
+                        w.reducer = Some(GradReducer::new(comm.clone(), ddp.bucket_cap_mb));
+                    }
+                }
+                Weights::Replicated(w)
+            }
+            DistConfig::Fsdp(f) => {
+                activation_checkpointing |= f.activation_checkpointing;
+                sharded_checkpoints = f.state_dict_type == StateDictType::Sharded;
+                let local = dist.as_ref().map_or(1, |d| d.local_world_size);
+                let (shard, replica) = process_groups(f.sharding_strategy, comm.as_ref(), local)?;
+                let full = params.to(device, master_kind);
+                if f.sync_module_states {
+                    if let Some(comm) = &comm {
+                        broadcast_params(comm.as_ref(), &full)?;
+                    }
+                }
+                let options = FsdpOptions {
+                    sharding: f.sharding_strategy,
+                    wrap: f.auto_wrap_policy,
+                    min_num_params: f.min_num_params,
+                    forward_prefetch: f.forward_prefetch,
+                    backward_prefetch: f.backward_prefetch.is_some(),
+                    limit_all_gathers: f.limit_all_gathers,
+                    param_kind: f.param_dtype.map_or(compute_kind, dtype_kind),
+                    reduce_kind: f.reduce_dtype.map_or(compute_kind, dtype_kind),
+                    master_kind,
+                    cpu_offload: f.cpu_offload,
+                };
+                let fsdp = Fsdp::new(&model, &full, options, adam, shard, replica, device)?;
+                drop(full);
+                Weights::Sharded(fsdp)
+            }
+        };
+        Ok(Self {
+            model,
+            weights,
+            dist,
+            schedule: Schedule {
+                kind: config.schedule,
+                lr: config.lr,
+                min_lr: config.min_lr,
+                warmup_steps: config.warmup_steps,
+                max_steps: config.max_steps,
+            },
+            loader,
+            options: EngineOptions {
+                activation_checkpointing,
+                loss_scale: 1.0,
+            },
+            grad_clip: config.grad_clip,
+            scaler: (config.precision == Precision::Fp16Mixed).then(LossScaler::new),
+            sharded_checkpoints,
+            step: 0,
+            stop_requested: false,
+            start: Instant::now(),
+        })
+    }
+
+    pub fn model(&self) -> &Llama {
+        &self.model
+    }
+
+    pub fn weights(&self) -> &Weights {
+        &self.weights
+    }
+
+    /// This rank's index and the world size.
+    pub fn rank_world(&self) -> (usize, usize) {
+        self.dist
+            .as_ref()
+            .map_or((0, 1), |d| (d.comm.rank(), d.comm.world_size()))
+    }
+
+    /// The world communicator, when distributed.
+    pub fn comm(&self) -> Option<&Arc<dyn Communicator>> {
+        self.dist.as_ref().map(|d| &d.comm)
+    }
+
+    /// The full parameters in the master dtype: the replicated tensors themselves, or (FSDP,
+    /// collective) gathered from every shard.
+    pub fn full_params(&self) -> Result<Params, TrainError> {
+        match &self.weights {
+            Weights::Replicated(w) => {
+                let mut out = Params::new();
+                for (n, t) in w.params.iter() {
+                    out.insert(n, t.shallow_clone());
+                }
+                Ok(out)
+            }
+            Weights::Sharded(f) => f.full_params(),
+        }
+    }
+
+    /// Bytes this rank holds for parameters, gradients and optimizer state.
+    pub fn memory(&self) -> MemoryReport {
+        match &self.weights {
+            Weights::Replicated(w) => w.memory(),
+            Weights::Sharded(f) => f.memory(),
+        }
+    }
+
+    /// FSDP: the most bytes of gathered (unsharded) parameters held at once so far.
+    pub fn peak_gathered_bytes(&self) -> Option<usize> {
+        match &self.weights {
+            Weights::Replicated(_) => None,
+            Weights::Sharded(f) => Some(f.peak_gathered_bytes()),
+        }
+    }
+
+    /// The current loss scale (16-mixed).
+    pub fn loss_scaler(&self) -> Option<LossScaler> {
+        self.scaler
+    }
+
+    /// Steps taken so far (the 0-based index of the next step).
+    pub fn step_index(&self) -> u64 {
+        self.step
+    }
+
+    /// Whether a stop (preemption signal on any rank) was agreed on at the last step.
+    pub fn stop_requested(&self) -> bool {
+        self.stop_requested
+    }
+
+    /// One optimizer step (collective when distributed).
+    pub fn step(&mut self) -> Result<StepMetrics, TrainError> {
+        let t0 = Instant::now();
+        let batches = self.loader.next_step()?;
+        let mut options = self.options;
+        options.loss_scale = self.scaler.map_or(1.0, |s| s.scale);
+        let engine = Engine::new(&self.model, options);
+        let lr = self.schedule.lr_at(self.step);
+        let inv_scale = 1.0 / options.loss_scale;
+        let (local_loss, grad_norm, found_inf) = match &mut self.weights {
+            Weights::Replicated(w) => {
+                let (loss, grads) = engine.forward_backward(
+                    &mut w.strategy(),
+                    &batches.micro_batches,
+                    batches.global_loss_tokens,
+                )?;
+                // DDP gradients are identical on every rank here, so is `found_inf`.
+                let found_inf = match self.scaler {
+                    Some(_) => unscale(grads.iter().map(|(_, g)| g), inv_scale)?,
+                    None => false,
+                };
+                let grad_norm = clip_grad_norm(&grads, self.grad_clip)?;
+                if !found_inf {
+                    w.optimizer.step(&w.params, &grads, lr)?;
+                }
+                (loss, grad_norm, found_inf)
+            }
+            Weights::Sharded(f) => {
+                let (loss, _) = engine.forward_backward(
+                    f,
+                    &batches.micro_batches,
+                    batches.global_loss_tokens,
+                )?;
+                let mut found_inf = match self.scaler {
+                    Some(_) => f.unscale(inv_scale)?,
+                    None => false,
+                };
+                if self.scaler.is_some() {
+                    if let Some(d) = &self.dist {
+                        let flag = Tensor::from_slice(&[found_inf as i64]);
+                        d.comm.all_reduce_tensor(&flag, ReduceOp::Max)?.wait()?;
+                        found_inf = flag.int64_value(&[0]) != 0;
+                    }
+                }
+                let grad_norm = f.clip_grad_norm(self.grad_clip)?;
+                if found_inf {
+                    f.discard_grads();
+                } else {
+                    f.optimizer_step(lr)?;
+                }
+                f.end_step()?;
+                (loss, grad_norm, found_inf)
+            }
+        };
+        if let Some(s) = &mut self.scaler {
+            s.update(found_inf);
+        }
+        let local_tokens: i64 = batches
+            .micro_batches
+            .iter()
+            .map(|b| b.input_ids.numel() as i64)
+            .sum();
+        let stop_here = super::preempt::requested();
+        let (loss, stop, world) = match &self.dist {
+            Some(d) if d.comm.world_size() > 1 => {
+                // The loss travels as an f32 pair (value, rounding remainder) so that its sum
+                // keeps f64 precision; the third entry is the stop flag.
+                let hi = local_loss as f32;
+                let lo = (local_loss - hi as f64) as f32;
+                let t = Tensor::from_slice(&[hi, lo, stop_here as i32 as f32]);
+                d.comm.all_reduce_tensor(&t, ReduceOp::Sum)?.wait()?;
+                let v: Vec<f32> = Vec::<f32>::try_from(&t)?;
+                (v[0] as f64 + v[1] as f64, v[2] > 0.0, d.comm.world_size())
+            }
+            _ => (local_loss, stop_here, 1),
+        };
+        self.stop_requested = stop;
+        let row = StepMetrics {
+            step: self.step,
+            loss,
+            grad_norm,
+            lr,
+            tokens_per_s: (local_tokens as f64 * world as f64)
+                / t0.elapsed().as_secs_f64().max(1e-9),
+            elapsed_s: self.start.elapsed().as_secs_f64(),
+        };
+        self.step += 1;
+        Ok(row)
+    }
+
+    /// Runs `steps` steps, writing each row to `metrics` when given; returns the rows.
+    pub fn run(
+        &mut self,
+        steps: u64,
+        mut metrics: Option<&mut MetricsWriter>,
+    ) -> Result<Vec<StepMetrics>, TrainError> {
+        let mut rows = Vec::with_capacity(steps as usize);
+        for _ in 0..steps {
+            let row = self.step()?;
+            if let Some(w) = metrics.as_deref_mut() {
+                w.write(&row)?;
+            }
+            rows.push(row);
+        }
+        Ok(rows)
+    }
+}
+
+/// Multiplies gradients by `inv_scale` in place; returns whether any is inf or NaN.
+pub(super) fn unscale<'a>(
+    grads: impl Iterator<Item = &'a Tensor>,
+    inv_scale: f64,
+) -> Result<bool, TrainError> {
+    let mut found = false;
+    tch::no_grad(|| -> Result<(), TrainError> {
+        for g in grads {
+            let mut g = g.shallow_clone();
+            let _ = g.f_mul_scalar_(inv_scale)?;
+            if !found && g.f_isfinite()?.f_all()?.f_int64_value(&[])? == 0 {
+                found = true;
+            }
+        }
+        Ok(())
+    })?;
+    Ok(found)
+}

@@ -1,0 +1,111 @@
+//! One function per subcommand of the `flotilla` CLI, the arguments they share, and the edge
+//! where errors become exit statuses (2 for the user's config, 1 for the rest).
+
+mod compose;
+mod forward;
+mod plan;
+mod run;
+mod status;
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Context;
+use clap::Args;
+use flotilla_config::{ComposeOptions, Composer, ConfigError};
+
+pub use compose::{compose, ComposeArgs, COMPOSE_EXAMPLES};
+pub use forward::{forward_to_task, ForwardArgs};
+pub use plan::{plan, PlanArgs, PLAN_EXAMPLES};
+pub use run::{run, RunArgs, RUN_EXAMPLES};
+pub use status::{status, StatusArgs};
+
+/// Where the config comes from, shared by every subcommand that composes.
+#[derive(Args, Clone)]
+pub struct ConfigArgs {
+    /// Directory holding the primary config and the config groups.
+    #[arg(long, default_value = "conf")]
+    pub config_dir: PathBuf,
+    /// Name of the primary config (without .yaml).
+    #[arg(long, default_value = "config")]
+    pub config_name: String,
+    /// Skip the typed validation of the model/trainer/data/compute sections.
+    #[arg(long)]
+    pub no_validate: bool,
+}
+
+impl ConfigArgs {
+    pub fn composer(&self) -> Result<Composer, ConfigError> {
+        let mut composer = Composer::new(ComposeOptions {
+            config_dir: self.config_dir.clone(),
+            config_name: self.config_name.clone(),
+        })?;
+        composer.set_validate(!self.no_validate);
+        Ok(composer)
+    }
+}
+
+/// A failure, and whether it was the user's config (exit 2) or something else (exit 1).
+pub enum Failure {
+    Config(ConfigError),
+    Other(anyhow::Error),
+}
+
+impl From<ConfigError> for Failure {
+    fn from(e: ConfigError) -> Self {
+        Failure::Config(e)
+    }
+}
+
+impl From<anyhow::Error> for Failure {
+    fn from(e: anyhow::Error) -> Self {
+        Failure::Other(e)
+    }
+}
+
+impl From<flotilla_launch::LaunchError> for Failure {
+    fn from(e: flotilla_launch::LaunchError) -> Self {
+        use flotilla_launch::rundir::RunDirError;
+        use flotilla_launch::LaunchError;
+        match e {
+            LaunchError::RunDir(RunDirError::Config(c)) => Failure::Config(c),
+            other => Failure::Other(other.into()),
+        }
+    }
+}
+
+/// Logs to stderr (colour only on a terminal), filtered by `FLOTILLA_LOG` (default `warn`).
+pub fn init_logging() {
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("FLOTILLA_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .init();
+}
+
+/// The process's exit status for a subcommand's result; the error goes to stderr.
+pub fn exit_code(result: Result<(), Failure>) -> ExitCode {
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(Failure::Config(e)) => {
+            eprintln!("error: {e}");
+            ExitCode::from(2)
+        }
+        Err(Failure::Other(e)) => {
+            eprintln!("error: {e:#}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+pub fn write_stdout(text: &str) -> Result<(), Failure> {
+    let mut out = std::io::stdout().lock();
+    out.write_all(text.as_bytes())
+        .and_then(|_| out.flush())
+        .context("cannot write to standard output")?;
+    Ok(())
+}

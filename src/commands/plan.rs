@@ -1,0 +1,99 @@
+//! `flotilla plan`: the jobs a command would run, as a table or JSON.
+
+use clap::{Args, ValueEnum};
+use flotilla_config::node::to_json_text;
+use flotilla_config::sweep::{plan_each, PlannedJob, SweepFile};
+use std::path::PathBuf;
+
+use super::{write_stdout, ConfigArgs, Failure};
+
+pub const PLAN_EXAMPLES: &str =
+    "Overrides use Hydra's grammar; with -m a comma list, range(), choice(), glob() or interval \
+sweep expands into one job per combination, in Hydra's BasicSweeper order.
+
+Examples:
+  flotilla plan -m trainer.lr=1e-4,3e-4 model=tiny,small
+  flotilla plan -m '+seed=range(0,5)' --format json
+  flotilla plan -m --sweep sweeps/lr.yaml";
+
+#[derive(Args)]
+pub struct PlanArgs {
+    #[command(flatten)]
+    config: ConfigArgs,
+    /// Expand sweeps (a,b / range() / choice() / glob()) into one job per combination.
+    #[arg(short = 'm', long)]
+    multirun: bool,
+    /// A named sweep file with `params:` and optional fixed `overrides:`.
+    #[arg(long)]
+    sweep: Option<PathBuf>,
+    #[arg(long, value_enum, default_value_t = PlanFormat::Table)]
+    format: PlanFormat,
+    /// Overrides: key=value, +key=value, ++key=value, ~key, group=option, sweeps a,b ...
+    #[arg(allow_hyphen_values = true)]
+    overrides: Vec<String>,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum PlanFormat {
+    Table,
+    Json,
+}
+
+pub fn plan(args: PlanArgs) -> Result<(), Failure> {
+    let composer = args.config.composer()?;
+    let sweep_file = args.sweep.as_deref().map(SweepFile::load).transpose()?;
+    // Every job is composed and validated before anything is printed: a sweep with a broken job
+    // prints nothing but the error.
+    let mut text = String::new();
+    let mut count = 0usize;
+    if let PlanFormat::Json = args.format {
+        text.push_str("{\"jobs\":[");
+    }
+    plan_each(
+        &composer,
+        &args.overrides,
+        sweep_file.as_ref(),
+        args.multirun,
+        |job| {
+            match args.format {
+                PlanFormat::Json => {
+                    if count > 0 {
+                        text.push(',');
+                    }
+                    push_json_job(&mut text, &job);
+                }
+                PlanFormat::Table => push_table_row(&mut text, &job),
+            }
+            count += 1;
+            Ok(())
+        },
+    )?;
+    match args.format {
+        PlanFormat::Json => text.push_str("]}\n"),
+        PlanFormat::Table => text.push_str(&format!(
+            "{count} job{}\n",
+            if count == 1 { "" } else { "s" }
+        )),
+    }
+    write_stdout(&text)
+}
+
+/// `{"num":N,"overrides":[...],"config":{...}}`: the config is written by the node's own JSON
+/// writer (key order and number spelling kept), so the line is assembled here.
+fn push_json_job(text: &mut String, job: &PlannedJob) {
+    let overrides = serde_json::Value::from(job.overrides.clone()).to_string();
+    let config = to_json_text(&job.composed.job, None);
+    text.push_str(&format!(
+        "{{\"num\":{},\"overrides\":{overrides},\"config\":{config}}}",
+        job.num
+    ));
+}
+
+fn push_table_row(text: &mut String, job: &PlannedJob) {
+    let line = if job.overrides.is_empty() {
+        "(defaults)".to_string()
+    } else {
+        job.overrides.join(" ")
+    };
+    text.push_str(&format!("{:>5}  {}\n", job.num, line));
+}

@@ -1,0 +1,93 @@
+//! `flotilla run`: prepare the run or sweep directories, then start the jobs locally or submit
+//! them to SLURM; `--resume-sweep` starts again what did not complete.
+
+use clap::{Args, ValueEnum};
+use flotilla_config::sweep::SweepFile;
+use flotilla_launch::{LocalOptions, RunOptions, TaskCommand, JOB_DIR_PLACEHOLDER};
+use std::path::PathBuf;
+
+use super::{write_stdout, ConfigArgs, Failure};
+
+pub const RUN_EXAMPLES: &str = "Overrides use Hydra's grammar: key=value, +key=value, ++key=value, ~key, group=option; with -m \
+a,b / range() / choice() / glob() sweep into one job per combination.
+
+Examples:
+  flotilla run trainer.max_steps=200
+  flotilla run -m trainer.lr=1e-4,3e-4,1e-3 compute=slurm compute.partition=gpu
+  flotilla run --resume-sweep outputs/multirun/2026-01-01/12-00-00";
+
+#[derive(Args)]
+pub struct RunArgs {
+    #[command(flatten)]
+    config: ConfigArgs,
+    /// Expand sweeps into one job per combination, under a sweep directory.
+    #[arg(short = 'm', long)]
+    multirun: bool,
+    /// A named sweep file with `params:` and optional fixed `overrides:`.
+    #[arg(long)]
+    sweep: Option<PathBuf>,
+    /// Start (or re-submit) again the jobs of this sweep or run directory that did not
+    /// complete; they resume from their checkpoints.
+    #[arg(long, value_name = "DIR", conflicts_with_all = ["multirun", "sweep", "overrides"])]
+    resume_sweep: Option<PathBuf>,
+    /// Prepare the directories (and sbatch scripts) and start nothing.
+    #[arg(long)]
+    dry_run: bool,
+    #[arg(long, value_enum, default_value_t = OutputFormat::Text)]
+    format: OutputFormat,
+    /// Seconds between SIGTERM and SIGKILL when stopping the ranks of a local job.
+    #[arg(long, default_value_t = 10.0)]
+    stop_grace_s: f64,
+    /// Run this program (with the job directory as its argument) in every rank instead of
+    /// the training task (testing launchers).
+    #[arg(long, hide = true)]
+    task_exec: Option<PathBuf>,
+    /// Overrides: key=value, +key=value, ++key=value, ~key, group=option, sweeps a,b ...
+    #[arg(allow_hyphen_values = true)]
+    overrides: Vec<String>,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+pub enum OutputFormat {
+    Text,
+    Json,
+}
+
+pub fn run(args: RunArgs) -> Result<(), Failure> {
+    // The task binary is found before anything is created: a missing one fails here.
+    let task = match &args.task_exec {
+        Some(p) => TaskCommand::new([p.as_os_str(), JOB_DIR_PLACEHOLDER.as_ref()]),
+        None => TaskCommand::train()?,
+    };
+    let mut local = LocalOptions::with_task(task);
+    local.grace = std::time::Duration::from_secs_f64(args.stop_grace_s.max(0.0));
+    local.catch_interrupts = true;
+    let options = RunOptions {
+        dry_run: args.dry_run,
+        local,
+    };
+    let report = match &args.resume_sweep {
+        Some(dir) => flotilla_launch::resume(dir, options)?,
+        None => {
+            let composer = args.config.composer()?;
+            let sweep_file = args.sweep.as_deref().map(SweepFile::load).transpose()?;
+            let request = flotilla_launch::rundir::RunRequest {
+                overrides: args.overrides,
+                sweep_file,
+                multirun: args.multirun,
+                argv: std::env::args().collect(),
+            };
+            flotilla_launch::run(&composer, &request, options)?
+        }
+    };
+    write_stdout(&match args.format {
+        OutputFormat::Json => report.to_json(),
+        OutputFormat::Text => report.to_text(),
+    })?;
+    let problems = report.problems();
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        Err(Failure::Other(anyhow::anyhow!(problems.join("\n"))))
+    }
+}
