@@ -221,10 +221,10 @@ fn very_deep_nesting_is_a_clean_error() {
     let depth = 100_000;
     let text = format!("a: {}{}\n", "[".repeat(depth), "]".repeat(depth));
     let (out, _) = compose_text(text.as_bytes());
-    assert_config_error(&out, &["config.yaml:", "nested deeper than"]);
+    assert_config_error(&out, &["config.yaml:1:", "recursion limit"]);
     let text = format!("a: {}1{}\n", "{b: ".repeat(600), "}".repeat(600));
     let (out, _) = compose_text(text.as_bytes());
-    assert_config_error(&out, &["config.yaml:", "nested deeper than 512"]);
+    assert_config_error(&out, &["config.yaml:1:", "recursion limit"]);
 }
 
 #[test]
@@ -235,4 +235,22 @@ fn huge_scalar_and_junk_bytes_are_handled() {
     assert_eq!(stdout(&out).len(), big.len() + "a: \n".len());
     let (out, _) = compose_text(b"a: 1\n\xff\xfe\x00junk: [\n");
     assert_config_error(&out, &["config.yaml"]);
+}
+
+#[test]
+fn merge_keys_order_and_precedence_follow_pyyaml() {
+    // As PyYAML 6.0.4 + OmegaConf load it (checked with OmegaConf.load): merged pairs first in
+    // source order, explicit keys win and keep the merged place; between sources a
+    // 1-character key keeps the first source's value, a longer key takes the last one's.
+    let (out, _) = compose_text(
+        b"a: &a {p: 1, q: 1, pp: 1, qq: 1}\nb: &b {q: 2, r: 2, qq: 2, rr: 2}\nm:\n  s: 0\n  <<: [*a, *b]\n  r: 9\nn:\n  <<: *a\n  <<: *b\n",
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&out);
+    let expected_m = "m:\n  p: 1\n  q: 1\n  pp: 1\n  qq: 2\n  r: 9\n  rr: 2\n  s: 0\n";
+    let expected_n = "'n':\n  p: 1\n  q: 1\n  pp: 1\n  qq: 2\n  r: 2\n  rr: 2\n";
+    assert!(
+        text.contains(expected_m) && text.ends_with(expected_n),
+        "{text}"
+    );
 }

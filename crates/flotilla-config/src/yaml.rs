@@ -88,7 +88,6 @@ pub fn load_str(text: &str, path: &str) -> Result<Node, YamlError> {
         text,
         anchors: HashMap::new(),
         cost: 0,
-        depth: 0,
     };
     let syntax = |e: yaml_rust2::ScanError| YamlError::Syntax {
         path: path.into(),
@@ -143,13 +142,10 @@ pub fn load_str(text: &str, path: &str) -> Result<Node, YamlError> {
 /// [`NODE_COST`], every scalar its text too), aliases counted as the copies they create. Real
 /// configs cost kilobytes; a YAML alias bomb ("billion laughs") is stopped here long before it
 /// exhausts memory.
-pub const MAX_DOCUMENT_COST: u64 = 256 << 20;
+pub const MAX_DOCUMENT_COST: u64 = 64 << 20;
 
 /// The estimated cost of one node, apart from its text.
 const NODE_COST: u64 = 64;
-
-/// The deepest nesting of mappings and sequences a document may have.
-pub const MAX_DEPTH: usize = 512;
 
 struct Builder<'p> {
     file: Arc<str>,
@@ -159,7 +155,6 @@ struct Builder<'p> {
     anchors: HashMap<usize, (Node, u64)>,
     /// The cost of everything built so far, aliases included.
     cost: u64,
-    depth: usize,
 }
 
 impl Builder<'_> {
@@ -194,8 +189,8 @@ impl Builder<'_> {
             return Err(YamlError::Other {
                 path: format!("{}:{}", self.path, mark.line()),
                 message: format!(
-                    "{} expands the document past {} MiB; aliases may not multiply a document \
-                     this much (a YAML alias bomb?)",
+                    "{} takes the document past {} MiB; a config this large is an alias bomb \
+                     (anchors expanded many times over) or data that belongs in a data file",
                     culprit(),
                     MAX_DOCUMENT_COST >> 20
                 ),
@@ -219,25 +214,7 @@ impl Builder<'_> {
         next: &mut impl FnMut() -> Result<(Event, Marker), YamlError>,
     ) -> Result<Node, YamlError> {
         let cost_before = self.cost;
-        let nests = matches!(ev, Event::SequenceStart(..) | Event::MappingStart(..));
-        if nests {
-            self.depth += 1;
-            if self.depth > MAX_DEPTH {
-                return Err(YamlError::Syntax {
-                    path: self.path.into(),
-                    line: mark.line(),
-                    col: mark.col() + 1,
-                    message: format!(
-                        "mappings and sequences nested deeper than {MAX_DEPTH} levels"
-                    ),
-                });
-            }
-        }
-        let node = self.node_inner(ev, mark, next, cost_before);
-        if nests {
-            self.depth -= 1;
-        }
-        node
+        self.node_inner(ev, mark, next, cost_before)
     }
 
     fn node_inner(
@@ -290,7 +267,13 @@ impl Builder<'_> {
             Event::MappingStart(anchor, _) => {
                 self.spend(NODE_COST, mark, || "a mapping".into())?;
                 let mut dict = Dict::new();
-                let mut merged: Vec<Dict> = Vec::new();
+                // PyYAML 6.0.2+'s flatten_mapping, which OmegaConf and so Hydra use: the pairs
+                // of every merge source come first, in source order, then the mapping's own
+                // pairs; a later pair replaces an earlier value and keeps its place, so explicit
+                // keys win. Among merge sources PyYAML drops a pair whose key object it has seen
+                // (identity, not equality): CPython shares one object per 1-character Latin-1
+                // string, so for such keys the first source wins, for longer keys the last.
+                let mut merged: Vec<(String, Node)> = Vec::new();
                 loop {
                     let (ev, key_mark) = next()?;
                     if ev == Event::MappingEnd {
@@ -303,14 +286,16 @@ impl Builder<'_> {
                     let value = self.node(ev, m, next)?;
                     if is_merge_key {
                         match value.value {
-                            Value::Dict(d) => merged.push(d),
+                            Value::Dict(d) => merged.extend(d),
                             Value::List(items) => {
+                                let mut sources = Vec::with_capacity(items.len());
                                 for item in items {
                                     match item.value {
-                                        Value::Dict(d) => merged.push(d),
+                                        Value::Dict(d) => sources.push(d),
                                         _ => return Err(self.merge_error(key_mark)),
                                     }
                                 }
+                                merged.extend(sources.into_iter().flatten());
                             }
                             _ => return Err(self.merge_error(key_mark)),
                         }
@@ -332,11 +317,18 @@ impl Builder<'_> {
                     }
                     dict.insert(key, value);
                 }
-                // Keys given explicitly win over merged ones; earlier merge sources win over later.
-                for source in merged {
-                    for (k, v) in source {
-                        dict.entry(k).or_insert(v);
+                if !merged.is_empty() {
+                    let own = std::mem::take(&mut dict);
+                    for (key, value) in merged {
+                        let shared_key_object = {
+                            let mut chars = key.chars();
+                            matches!((chars.next(), chars.next()), (Some(c), None) if (c as u32) < 256)
+                        };
+                        if !(shared_key_object && dict.contains_key(&key)) {
+                            dict.insert(key, value);
+                        }
                     }
+                    dict.extend(own);
                 }
                 let node = Node::new(Value::Dict(dict), self.origin(mark));
                 self.remember(anchor, &node, cost_before);
