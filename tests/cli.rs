@@ -254,3 +254,159 @@ fn merge_keys_order_and_precedence_follow_pyyaml() {
         "{text}"
     );
 }
+
+/// Runs flotilla in `cwd` with the settings layers pointed into `home` (site file
+/// `home/site.yaml`, user file `home/flotilla/settings.yaml`) and the extra variables `env`.
+fn flotilla_with_settings(cwd: &Path, home: &Path, env: &[(&str, &str)], args: &[&str]) -> Output {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_flotilla"));
+    cmd.args(args)
+        .current_dir(cwd)
+        .env("FLOTILLA_SITE_SETTINGS", home.join("site.yaml"))
+        .env("XDG_CONFIG_HOME", home);
+    for var in [
+        "FLOTILLA_ACCOUNT",
+        "FLOTILLA_PARTITION",
+        "FLOTILLA_QOS",
+        "FLOTILLA_SETUP",
+    ] {
+        cmd.env_remove(var);
+    }
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd.output().expect("run flotilla")
+}
+
+#[test]
+fn settings_layers_fill_unset_compute_keys_with_their_origin() {
+    let home = tempfile::tempdir().unwrap();
+    let project = tempfile::tempdir().unwrap();
+    let conf = Path::new(env!("CARGO_MANIFEST_DIR")).join("conf");
+    std::fs::write(
+        home.path().join("site.yaml"),
+        "account: site-acct\npartition: site-part\nqos: site-qos\nsetup: [module load site]\n",
+    )
+    .unwrap();
+    std::fs::create_dir_all(home.path().join("flotilla")).unwrap();
+    std::fs::write(
+        home.path().join("flotilla/settings.yaml"),
+        "# mine\npartition: user-part\nqos: user-qos\n",
+    )
+    .unwrap();
+    std::fs::create_dir_all(project.path().join(".flotilla")).unwrap();
+    std::fs::write(
+        project.path().join(".flotilla/settings.yaml"),
+        "qos: project-qos\n",
+    )
+    .unwrap();
+    let args = [
+        "compose",
+        "--config-dir",
+        conf.to_str().unwrap(),
+        "--format",
+        "json",
+        "--provenance",
+        "compute=slurm",
+        "compute.tasks_per_node=2",
+    ];
+    let out = flotilla_with_settings(project.path(), home.path(), &[], &args);
+    let doc = json(&out);
+    let compute = &doc["config"]["compute"];
+    assert_eq!(compute["account"], "site-acct");
+    assert_eq!(compute["partition"], "user-part");
+    assert_eq!(compute["qos"], "project-qos");
+    assert_eq!(compute["setup"], serde_json::json!(["module load site"]));
+    let origin = |key: &str| doc["provenance"][key].as_str().unwrap().to_string();
+    assert!(origin("compute.account").ends_with("site.yaml:1"), "{doc}");
+    assert!(
+        origin("compute.partition").ends_with("flotilla/settings.yaml:2"),
+        "{doc}"
+    );
+    assert!(
+        origin("compute.qos").ends_with(".flotilla/settings.yaml:1"),
+        "{doc}"
+    );
+    // The environment is the last layer; a config value or an override beats every layer.
+    let out = flotilla_with_settings(
+        project.path(),
+        home.path(),
+        &[("FLOTILLA_QOS", "env-qos")],
+        &[&args[..], &["compute.account=cli-acct"]].concat(),
+    );
+    let doc = json(&out);
+    assert_eq!(doc["config"]["compute"]["qos"], "env-qos");
+    assert_eq!(
+        doc["provenance"]["compute.qos"],
+        "environment variable FLOTILLA_QOS"
+    );
+    assert_eq!(doc["config"]["compute"]["account"], "cli-acct");
+}
+
+#[test]
+fn malformed_or_unknown_settings_are_config_errors_naming_file_and_line() {
+    let home = tempfile::tempdir().unwrap();
+    let conf = Path::new(env!("CARGO_MANIFEST_DIR")).join("conf");
+    let args = ["compose", "--config-dir", conf.to_str().unwrap()];
+    std::fs::write(home.path().join("site.yaml"), "account: ok\nacount: typo\n").unwrap();
+    let out = flotilla_with_settings(home.path(), home.path(), &[], &args);
+    assert_config_error(
+        &out,
+        &[
+            "site.yaml:2",
+            "unknown setting 'acount'",
+            "did you mean 'account'",
+        ],
+    );
+    std::fs::write(home.path().join("site.yaml"), "account: [unclosed\n").unwrap();
+    let out = flotilla_with_settings(home.path(), home.path(), &[], &args);
+    assert_config_error(&out, &["site.yaml:2:", "malformed YAML"]);
+    std::fs::write(home.path().join("site.yaml"), "setup: 3\n").unwrap();
+    let out = flotilla_with_settings(home.path(), home.path(), &[], &args);
+    assert_config_error(&out, &["setup"]);
+}
+
+#[test]
+fn a_missing_training_binary_is_refused_before_anything_is_created() {
+    let home = tempfile::tempdir().unwrap();
+    let conf = Path::new(env!("CARGO_MANIFEST_DIR")).join("conf");
+    let out = flotilla_with_settings(
+        home.path(),
+        home.path(),
+        &[("FLOTILLA_TRAIN_BINARY", "/nonexistent/flotilla-train")],
+        &["run", "--config-dir", conf.to_str().unwrap()],
+    );
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(
+        err.contains("/nonexistent/flotilla-train")
+            && err.contains("cargo build --release -p flotilla-train"),
+        "{err}"
+    );
+    assert!(
+        !home.path().join("outputs").exists(),
+        "nothing may be created"
+    );
+    // A lone `flotilla` with no task binary beside it or on PATH says where it looked.
+    let lone = home.path().join("bin");
+    std::fs::create_dir_all(&lone).unwrap();
+    std::fs::copy(env!("CARGO_BIN_EXE_flotilla"), lone.join("flotilla")).unwrap();
+    let out = Command::new(lone.join("flotilla"))
+        .args(["run", "--config-dir", conf.to_str().unwrap()])
+        .current_dir(home.path())
+        .env("PATH", "/usr/bin:/bin")
+        .env("FLOTILLA_SITE_SETTINGS", home.path().join("site.yaml"))
+        .env("XDG_CONFIG_HOME", home.path())
+        .env_remove("FLOTILLA_TRAIN_BINARY")
+        .output()
+        .unwrap();
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("`flotilla-train` was not found") && err.contains(lone.to_str().unwrap()),
+        "{err}"
+    );
+    assert!(
+        !home.path().join("outputs").exists(),
+        "nothing may be created"
+    );
+}

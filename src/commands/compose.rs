@@ -26,7 +26,6 @@ pub struct ComposeArgs {
     #[arg(long)]
     provenance: bool,
     /// Overrides: key=value, +key=value, ++key=value, ~key, group=option, ...
-    #[arg(allow_hyphen_values = true)]
     overrides: Vec<String>,
 }
 
@@ -37,7 +36,10 @@ enum ComposeFormat {
 }
 
 pub fn compose(args: ComposeArgs) -> Result<(), Failure> {
-    let composed = args.config.composer()?.compose(&args.overrides)?;
+    let composed = args
+        .config
+        .composer(&super::settings()?)?
+        .compose(&args.overrides)?;
     let text = match args.format {
         ComposeFormat::Yaml => to_yaml(
             &composed.job,

@@ -16,7 +16,7 @@ pub struct ForwardArgs {
 }
 
 pub fn forward_to_task(subcommand: &str, args: ForwardArgs) -> Result<(), Failure> {
-    let binary = flotilla_launch::locate_train_binary()?;
+    let binary = flotilla_launch::locate_train_binary(&super::settings()?)?;
     let error = std::process::Command::new(&binary)
         .arg(subcommand)
         .args(&args.args)

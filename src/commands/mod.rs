@@ -14,6 +14,7 @@ use std::process::ExitCode;
 use anyhow::Context;
 use clap::Args;
 use flotilla_config::{ComposeOptions, Composer, ConfigError};
+use flotilla_launch::settings::{Settings, SettingsError, SettingsSources};
 
 pub use compose::{compose, ComposeArgs, COMPOSE_EXAMPLES};
 pub use forward::{forward_to_task, ForwardArgs};
@@ -36,19 +37,27 @@ pub struct ConfigArgs {
 }
 
 impl ConfigArgs {
-    pub fn composer(&self) -> Result<Composer, ConfigError> {
+    /// A composer for these arguments whose jobs take `settings` where they leave a key unset.
+    pub fn composer(&self, settings: &Settings) -> Result<Composer, ConfigError> {
         let mut composer = Composer::new(ComposeOptions {
             config_dir: self.config_dir.clone(),
             config_name: self.config_name.clone(),
         })?;
         composer.set_validate(!self.no_validate);
+        composer.set_fallbacks(settings.fallbacks());
         Ok(composer)
     }
+}
+
+/// The site, user and project settings files and the `FLOTILLA_*` variables, merged.
+pub fn settings() -> Result<Settings, Failure> {
+    Settings::load(&SettingsSources::standard()).map_err(Failure::Settings)
 }
 
 /// A failure, and whether it was the user's config (exit 2) or something else (exit 1).
 pub enum Failure {
     Config(ConfigError),
+    Settings(SettingsError),
     Other(anyhow::Error),
 }
 
@@ -92,6 +101,10 @@ pub fn exit_code(result: Result<(), Failure>) -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(Failure::Config(e)) => {
+            eprintln!("error: {e}");
+            ExitCode::from(2)
+        }
+        Err(Failure::Settings(e)) => {
             eprintln!("error: {e}");
             ExitCode::from(2)
         }

@@ -29,7 +29,6 @@ pub struct PlanArgs {
     #[arg(long, value_enum, default_value_t = PlanFormat::Table)]
     format: PlanFormat,
     /// Overrides: key=value, +key=value, ++key=value, ~key, group=option, sweeps a,b ...
-    #[arg(allow_hyphen_values = true)]
     overrides: Vec<String>,
 }
 
@@ -40,7 +39,7 @@ enum PlanFormat {
 }
 
 pub fn plan(args: PlanArgs) -> Result<(), Failure> {
-    let composer = args.config.composer()?;
+    let composer = args.config.composer(&super::settings()?)?;
     let sweep_file = args.sweep.as_deref().map(SweepFile::load).transpose()?;
     // Every job is composed and validated before anything is printed: a sweep with a broken job
     // prints nothing but the error.

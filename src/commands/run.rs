@@ -43,7 +43,6 @@ pub struct RunArgs {
     #[arg(long, hide = true)]
     task_exec: Option<PathBuf>,
     /// Overrides: key=value, +key=value, ++key=value, ~key, group=option, sweeps a,b ...
-    #[arg(allow_hyphen_values = true)]
     overrides: Vec<String>,
 }
 
@@ -54,10 +53,11 @@ pub enum OutputFormat {
 }
 
 pub fn run(args: RunArgs) -> Result<(), Failure> {
+    let settings = super::settings()?;
     // The task binary is found before anything is created: a missing one fails here.
     let task = match &args.task_exec {
         Some(p) => TaskCommand::new([p.as_os_str(), JOB_DIR_PLACEHOLDER.as_ref()]),
-        None => TaskCommand::train()?,
+        None => TaskCommand::train(&settings)?,
     };
     let mut local = LocalOptions::with_task(task);
     local.grace = std::time::Duration::from_secs_f64(args.stop_grace_s.max(0.0));
@@ -69,7 +69,7 @@ pub fn run(args: RunArgs) -> Result<(), Failure> {
     let report = match &args.resume_sweep {
         Some(dir) => flotilla_launch::resume(dir, options)?,
         None => {
-            let composer = args.config.composer()?;
+            let composer = args.config.composer(&settings)?;
             let sweep_file = args.sweep.as_deref().map(SweepFile::load).transpose()?;
             let request = flotilla_launch::rundir::RunRequest {
                 overrides: args.overrides,

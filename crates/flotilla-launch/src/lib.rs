@@ -226,8 +226,8 @@ impl TaskCommand {
 
     /// `<flotilla-train> train --run-dir {job_dir} --prepared`: the built-in training task,
     /// with the binary found by [`locate_train_binary`].
-    pub fn train() -> Result<TaskCommand, LaunchError> {
-        Ok(TaskCommand::train_with(&locate_train_binary()?))
+    pub fn train(settings: &settings::Settings) -> Result<TaskCommand, LaunchError> {
+        Ok(TaskCommand::train_with(&locate_train_binary(settings)?))
     }
 
     /// The built-in training task run by the binary at `train_binary`.
@@ -263,17 +263,14 @@ impl TaskCommand {
 /// The file name of the training task binary.
 pub const TRAIN_BINARY_NAME: &str = "flotilla-train";
 
-/// The variable that names the training task binary explicitly.
-pub const TRAIN_BINARY_ENV: &str = "FLOTILLA_TRAIN_BIN";
-
-/// Finds the training task binary: `$FLOTILLA_TRAIN_BIN` when set, else `flotilla-train` beside
-/// the running executable, else `flotilla-train` on `PATH`. The error says where it looked and
-/// how to provide it.
-pub fn locate_train_binary() -> Result<PathBuf, LaunchError> {
+/// Finds the training task binary: the `train_binary` setting (a settings file or
+/// `FLOTILLA_TRAIN_BINARY`) when set, else `flotilla-train` beside the running executable, else
+/// `flotilla-train` on `PATH`. The error says where it looked and how to provide it.
+pub fn locate_train_binary(settings: &settings::Settings) -> Result<PathBuf, LaunchError> {
     let exe = std::env::current_exe().ok();
     let path = std::env::var_os("PATH");
     locate_train_binary_in(
-        std::env::var_os(TRAIN_BINARY_ENV).map(PathBuf::from),
+        settings.train_binary.clone(),
         exe.as_deref().and_then(Path::parent),
         path.as_deref(),
     )
@@ -291,8 +288,9 @@ pub fn locate_train_binary_in(
             Ok(explicit)
         } else {
             Err(LaunchError::TaskBinary(format!(
-                "{TRAIN_BINARY_ENV}={} is not an executable file; point it at the \
-                 `{TRAIN_BINARY_NAME}` binary (built by `cargo build --release -p flotilla-train`)",
+                "the train_binary setting {} is not an executable file; point it (in a settings \
+                 file or FLOTILLA_TRAIN_BINARY) at the `{TRAIN_BINARY_NAME}` binary, built by \
+                 `cargo build --release -p flotilla-train`",
                 explicit.display()
             )))
         };
@@ -317,7 +315,7 @@ pub fn locate_train_binary_in(
     Err(LaunchError::TaskBinary(format!(
         "the training task `{TRAIN_BINARY_NAME}` was not found (looked in {}); build it with \
          `cargo build --release -p flotilla-train` (it goes beside `flotilla`), or set \
-         {TRAIN_BINARY_ENV} to its path",
+         `train_binary` in a settings file or FLOTILLA_TRAIN_BINARY to its path",
         looked.join(" and ")
     )))
 }

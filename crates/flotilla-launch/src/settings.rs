@@ -61,12 +61,38 @@ pub struct Settings {
     pub account: Option<String>,
     pub partition: Option<String>,
     pub qos: Option<String>,
-    #[serde(default)]
+    /// Shell lines for the sbatch script; one string is one line.
+    #[serde(default, deserialize_with = "one_or_many_lines")]
     pub setup: Vec<String>,
     pub train_binary: Option<PathBuf>,
     /// Where each set value came from, by key.
     #[serde(skip)]
     pub origins: Vec<(String, Origin)>,
+}
+
+/// A list of lines, or one line given as a string (`FLOTILLA_SETUP='module load cuda'`).
+fn one_or_many_lines<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
+    struct Lines;
+    impl<'de> serde::de::Visitor<'de> for Lines {
+        type Value = Vec<String>;
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("a list of shell lines, or one line as a string")
+        }
+        fn visit_str<E: serde::de::Error>(self, line: &str) -> Result<Vec<String>, E> {
+            Ok(vec![line.to_string()])
+        }
+        fn visit_seq<A: serde::de::SeqAccess<'de>>(
+            self,
+            mut seq: A,
+        ) -> Result<Vec<String>, A::Error> {
+            let mut lines = Vec::new();
+            while let Some(line) = seq.next_element::<String>()? {
+                lines.push(line);
+            }
+            Ok(lines)
+        }
+    }
+    d.deserialize_any(Lines)
 }
 
 /// Where the layers are read from.
