@@ -158,6 +158,71 @@ fn plan_multirun_orders_jobs_like_hydra() {
     assert_eq!(jobs[4]["config"]["tag"], "b");
 }
 
+/// A sweep large enough to be composed on several threads, varying a group choice (so jobs share
+/// merged defaults trees per choice) and a value: every job's config equals the config
+/// `flotilla compose` prints for its overrides alone, in BasicSweeper order.
+#[test]
+fn a_large_sweep_plans_in_order_and_each_job_equals_its_own_composition() {
+    let plan = json(&flotilla(&[
+        "plan",
+        "-m",
+        "--format",
+        "json",
+        "model=tiny,small",
+        "+a=range(0,60)",
+        "trainer.lr=0.1,0.2",
+    ]));
+    let jobs = plan["jobs"].as_array().unwrap();
+    assert_eq!(jobs.len(), 240);
+    for (i, job) in jobs.iter().enumerate() {
+        assert_eq!(job["num"], i);
+        let model = if i < 120 { "tiny" } else { "small" };
+        let a = (i / 2) % 60;
+        let lr = if i % 2 == 0 { "0.1" } else { "0.2" };
+        let expected = [
+            format!("model={model}"),
+            format!("+a={a}"),
+            format!("trainer.lr={lr}"),
+        ];
+        assert_eq!(job["overrides"], serde_json::json!(expected), "job {i}");
+        assert_eq!(job["config"]["a"], a, "job {i}");
+    }
+    for i in [0usize, 1, 119, 120, 239] {
+        let overrides: Vec<&str> = jobs[i]["overrides"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_str().unwrap())
+            .collect();
+        let mut args = vec!["compose", "--format", "json"];
+        args.extend(overrides);
+        let alone = json(&flotilla(&args));
+        assert_eq!(jobs[i]["config"], alone, "job {i}");
+    }
+    assert_ne!(jobs[0]["config"]["model"], jobs[120]["config"]["model"]);
+}
+
+/// A broken job deep in a large sweep: the error names the first broken job in job order and
+/// nothing is printed on stdout.
+#[test]
+fn a_large_sweep_reports_its_first_broken_job_and_prints_nothing() {
+    let out = flotilla(&[
+        "plan",
+        "-m",
+        "--format",
+        "json",
+        "trainer.max_steps=5,-1",
+        "+a=range(0,100)",
+    ]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(out.stdout.is_empty(), "{}", stdout(&out));
+    let err = stderr(&out);
+    assert!(
+        err.contains("job 100 (trainer.max_steps=-1 +a=0)") && err.contains("trainer.max_steps"),
+        "{err}"
+    );
+}
+
 #[test]
 fn plan_with_named_sweep_file() {
     assert!(Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -409,4 +474,69 @@ fn a_missing_training_binary_is_refused_before_anything_is_created() {
         !home.path().join("outputs").exists(),
         "nothing may be created"
     );
+}
+
+#[test]
+fn the_cli_links_no_libtorch_and_works_beside_a_task_binary_it_never_loads() {
+    let readelf = Command::new("readelf")
+        .args(["-d", env!("CARGO_BIN_EXE_flotilla")])
+        .output()
+        .expect("readelf (binutils) runs");
+    let dynamic = String::from_utf8_lossy(&readelf.stdout);
+    let needed: Vec<&str> = dynamic.lines().filter(|l| l.contains("(NEEDED)")).collect();
+    assert!(!needed.is_empty(), "{dynamic}");
+    for lib in ["torch", "c10", "cuda", "nccl"] {
+        assert!(
+            !needed.iter().any(|l| l.contains(lib)),
+            "links {lib}: {needed:?}"
+        );
+    }
+    // A login node: `flotilla` and a `flotilla-train` that cannot even start (no libtorch there),
+    // no LD_LIBRARY_PATH. Composing, planning and preparing a run never touch the task binary.
+    let node = tempfile::tempdir().unwrap();
+    let bin = node.path().join("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    std::fs::copy(env!("CARGO_BIN_EXE_flotilla"), bin.join("flotilla")).unwrap();
+    std::fs::write(
+        bin.join("flotilla-train"),
+        "#!/bin/sh\necho 'no libtorch here' >&2\nexit 127\n",
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(
+        bin.join("flotilla-train"),
+        std::fs::Permissions::from_mode(0o755),
+    )
+    .unwrap();
+    let conf = Path::new(env!("CARGO_MANIFEST_DIR")).join("conf");
+    let run = |args: &[&str]| {
+        Command::new(bin.join("flotilla"))
+            .args(args)
+            .arg("--config-dir")
+            .arg(&conf)
+            .current_dir(node.path())
+            .env_clear()
+            .env("PATH", "/usr/bin:/bin")
+            .env("HOME", node.path())
+            .env("FLOTILLA_SITE_SETTINGS", node.path().join("none.yaml"))
+            .output()
+            .unwrap()
+    };
+    let out = run(&["compose"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let out = run(&["plan", "-m", "trainer.lr=1e-4,3e-4"]);
+    assert!(
+        out.status.success() && stdout(&out).ends_with("2 jobs\n"),
+        "{}",
+        stderr(&out)
+    );
+    let out = run(&[
+        "run",
+        "--dry-run",
+        "--format",
+        "json",
+        "flotilla.run.dir=outputs/dry",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(node.path().join("outputs/dry/config.yaml").is_file());
 }

@@ -29,7 +29,7 @@ fn composer() -> Composer {
         .unwrap();
     c.set_context(ResolveContext {
         now,
-        env: Box::new(|name| std::env::var(name).ok()),
+        env: std::sync::Arc::new(|name| std::env::var(name).ok()),
     });
     c
 }

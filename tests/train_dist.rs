@@ -44,7 +44,7 @@ use flotilla_train::distributed::cpu::{CpuComm, CpuOptions};
 use flotilla_train::distributed::store::MemoryStore;
 use flotilla_train::fsdp::{layouts, wrap_units};
 use flotilla_train::model::{load_hf, Llama};
-use flotilla_train::replicated::MemoryReport;
+use flotilla_train::weights::MemoryReport;
 use flotilla_train::{DistContext, RunRow, Trainer};
 use tch::{Device, Kind, Tensor};
 use world::{Shape, World};

@@ -2,7 +2,7 @@
 
 use clap::{Args, ValueEnum};
 use flotilla_config::node::to_json_text;
-use flotilla_config::sweep::{plan_each, PlannedJob, SweepFile};
+use flotilla_config::sweep::{plan_map, PlannedJob, SweepFile};
 use std::path::PathBuf;
 
 use super::{write_stdout, ConfigArgs, Failure};
@@ -48,21 +48,23 @@ pub fn plan(args: PlanArgs) -> Result<(), Failure> {
     if let PlanFormat::Json = args.format {
         text.push_str("{\"jobs\":[");
     }
-    plan_each(
+    // Each job is rendered on the thread that composed it; the pieces arrive in job order.
+    plan_map(
         &composer,
         &args.overrides,
         sweep_file.as_ref(),
         args.multirun,
         |job| {
-            match args.format {
-                PlanFormat::Json => {
-                    if count > 0 {
-                        text.push(',');
-                    }
-                    push_json_job(&mut text, &job);
-                }
-                PlanFormat::Table => push_table_row(&mut text, &job),
+            Ok(match args.format {
+                PlanFormat::Json => json_job(&job),
+                PlanFormat::Table => table_row(&job),
+            })
+        },
+        |piece| {
+            if count > 0 && matches!(args.format, PlanFormat::Json) {
+                text.push(',');
             }
+            text.push_str(&piece);
             count += 1;
             Ok(())
         },
@@ -79,20 +81,20 @@ pub fn plan(args: PlanArgs) -> Result<(), Failure> {
 
 /// `{"num":N,"overrides":[...],"config":{...}}`: the config is written by the node's own JSON
 /// writer (key order and number spelling kept), so the line is assembled here.
-fn push_json_job(text: &mut String, job: &PlannedJob) {
+fn json_job(job: &PlannedJob) -> String {
     let overrides = serde_json::Value::from(job.overrides.clone()).to_string();
     let config = to_json_text(&job.composed.job, None);
-    text.push_str(&format!(
+    format!(
         "{{\"num\":{},\"overrides\":{overrides},\"config\":{config}}}",
         job.num
-    ));
+    )
 }
 
-fn push_table_row(text: &mut String, job: &PlannedJob) {
+fn table_row(job: &PlannedJob) -> String {
     let line = if job.overrides.is_empty() {
         "(defaults)".to_string()
     } else {
         job.overrides.join(" ")
     };
-    text.push_str(&format!("{:>5}  {}\n", job.num, line));
+    format!("{:>5}  {}\n", job.num, line)
 }

@@ -243,7 +243,7 @@ fn main() {
     }
     let ctx = ResolveContext {
         now: chrono::Local::now(),
-        env: Box::new(|k| (k == "FUZZ_HOME").then(|| "/home/fuzz".to_string())),
+        env: std::sync::Arc::new(|k| (k == "FUZZ_HOME").then(|| "/home/fuzz".to_string())),
     };
     let seed: u64 = std::env::args()
         .nth(2)

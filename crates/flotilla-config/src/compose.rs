@@ -9,8 +9,9 @@ use super::repo::ConfigRepo;
 use super::schema::{self, JobConfig};
 use super::{near_miss, yaml, ConfigError};
 use indexmap::IndexMap;
+use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 /// Root keys that hold the runtime node rather than job config. `hydra` is accepted as an alias
 /// of `flotilla` so that Hydra config trees work unchanged.
@@ -81,7 +82,23 @@ pub struct Composer {
     validate: bool,
     runtime_defaults: Node,
     fallbacks: Vec<Fallback>,
+    merged: Mutex<MergedDefaultsCache>,
 }
+
+/// A defaults list merged into one tree, before any value override.
+#[derive(Debug)]
+struct MergedDefaults {
+    config: Node,
+    runtime: Node,
+    choices: IndexMap<String, Option<String>>,
+}
+
+/// Merged trees by `(skip_missing, defaults-shaping overrides)`.
+type MergedDefaultsCache = HashMap<(bool, Vec<String>), Arc<MergedDefaults>>;
+
+/// Distinct group-choice combinations kept merged at once (a sweep over many group options
+/// starts over when it has more).
+const MERGED_DEFAULTS_CACHE_SIZE: usize = 256;
 
 /// A value a composed job takes where its config leaves the key unset: absent, null, or an
 /// empty list. Site and user settings (a cluster account, module loads) reach the job this
@@ -140,6 +157,7 @@ impl Composer {
             validate: true,
             runtime_defaults: default_runtime(&options_name),
             fallbacks: Vec::new(),
+            merged: Mutex::new(HashMap::new()),
         })
     }
 
@@ -249,34 +267,9 @@ impl Composer {
             parsed.iter().partition(|o| is_runtime_override(o));
         let job_overrides: Vec<Override> = job_overrides.into_iter().cloned().collect();
         let mut groups = GroupOverrides::new(&self.repo, &job_overrides)?;
-        let defaults = DefaultsBuilder::new(&self.repo, skip_missing)
-            .build(&self.options.config_name, &mut groups)?;
-
-        let mut cfg = Node::empty_dict();
-        for d in &defaults {
-            let loaded = self.repo.load(&d.config_path)?.ok_or_else(|| {
-                ConfigError::Composition(format!("could not load '{}'", d.config_path))
-            })?;
-            let mut body = loaded.body.clone();
-            if !d.package.is_empty() {
-                body = embed_at_package(body, &d.package);
-            }
-            if let Err(path) = merge_into(&mut cfg, body) {
-                return Err(merge_error(&d.config_path, &cfg, &path));
-            }
-        }
-
-        // The runtime node: built-in defaults, then `hydra:` and `flotilla:` from the configs.
-        let mut runtime = self.runtime_defaults.clone();
-        if let Value::Dict(root) = &mut cfg.value {
-            for key in ["hydra", "flotilla"] {
-                if let Some(node) = root.shift_remove(key) {
-                    if let Err(path) = merge_into(&mut runtime, node) {
-                        return Err(merge_error(key, &runtime, &path));
-                    }
-                }
-            }
-        }
+        let merged = self.merged_defaults(&mut groups, skip_missing)?;
+        let mut cfg = merged.config.clone();
+        let mut runtime = merged.runtime.clone();
         for o in &groups.config_overrides {
             apply_override(&mut cfg, o, o.key_or_group.as_str(), false)?;
         }
@@ -299,7 +292,64 @@ impl Composer {
             }
             apply_override(&mut runtime, o, key, true)?;
         }
-        Ok((cfg, runtime, groups.known_choices))
+        Ok((cfg, runtime, merged.choices.clone()))
+    }
+
+    /// The defaults list of `groups` merged into one tree, with the runtime node taken out of
+    /// it: built once per distinct set of defaults-shaping overrides and shared by every job of
+    /// a sweep that makes the same group choices (value overrides are applied afterwards).
+    fn merged_defaults(
+        &self,
+        groups: &mut GroupOverrides,
+        skip_missing: bool,
+    ) -> Result<Arc<MergedDefaults>, ConfigError> {
+        let key = (skip_missing, std::mem::take(&mut groups.defaults_key));
+        if let Some(hit) = self.lock_merged().get(&key) {
+            return Ok(hit.clone());
+        }
+        let defaults = DefaultsBuilder::new(&self.repo, skip_missing)
+            .build(&self.options.config_name, groups)?;
+        let mut config = Node::empty_dict();
+        for d in &defaults {
+            let loaded = self.repo.load(&d.config_path)?.ok_or_else(|| {
+                ConfigError::Composition(format!("could not load '{}'", d.config_path))
+            })?;
+            let mut body = loaded.body.clone();
+            if !d.package.is_empty() {
+                body = embed_at_package(body, &d.package);
+            }
+            if let Err(path) = merge_into(&mut config, body) {
+                return Err(merge_error(&d.config_path, &config, &path));
+            }
+        }
+        // The runtime node: built-in defaults, then `hydra:` and `flotilla:` from the configs.
+        let mut runtime = self.runtime_defaults.clone();
+        if let Value::Dict(root) = &mut config.value {
+            for key in ["hydra", "flotilla"] {
+                if let Some(node) = root.shift_remove(key) {
+                    if let Err(path) = merge_into(&mut runtime, node) {
+                        return Err(merge_error(key, &runtime, &path));
+                    }
+                }
+            }
+        }
+        let merged = Arc::new(MergedDefaults {
+            config,
+            runtime,
+            choices: std::mem::take(&mut groups.known_choices),
+        });
+        let mut cache = self.lock_merged();
+        if cache.len() >= MERGED_DEFAULTS_CACHE_SIZE {
+            cache.clear();
+        }
+        cache.insert(key, merged.clone());
+        Ok(merged)
+    }
+
+    fn lock_merged(&self) -> std::sync::MutexGuard<'_, MergedDefaultsCache> {
+        self.merged
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     fn resolve_job(&self, tree: &Node) -> Result<Node, ConfigError> {

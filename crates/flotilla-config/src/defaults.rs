@@ -423,6 +423,9 @@ pub struct GroupOverrides {
     known_choices_per_group: HashMap<String, BTreeSet<String>>,
     /// Overrides that change config values rather than defaults.
     pub config_overrides: Vec<Override>,
+    /// The overrides that shape the defaults list (group choices, additions, deletions),
+    /// verbatim and in order: two compositions with equal keys merge the same configs.
+    pub defaults_key: Vec<String>,
 }
 
 impl GroupOverrides {
@@ -439,6 +442,7 @@ impl GroupOverrides {
                 out.config_overrides.push(o.clone());
                 continue;
             }
+            out.defaults_key.push(o.input.clone());
             if o.is_force_add() {
                 return Err(ConfigError::Composition(format!(
                     "force-add of config groups is not supported: '{}'",

@@ -23,6 +23,7 @@ use std::fmt::{self, Write as _};
 use std::hash::{BuildHasherDefault, Hasher};
 use std::ops::Range;
 use std::rc::Rc;
+use std::sync::Arc;
 
 use super::node::{python_float_repr, python_repr, python_str, Dict, Node, Origin, Value};
 
@@ -31,9 +32,10 @@ use super::node::{python_float_repr, python_repr, python_str, Dict, Node, Origin
 // ------------------------------------------------------------------------------------------
 
 /// Environment lookup: the value of a variable, if set.
-pub type EnvLookup = Box<dyn Fn(&str) -> Option<String>>;
+pub type EnvLookup = Arc<dyn Fn(&str) -> Option<String> + Send + Sync>;
 
 /// What resolution may consult besides the tree: the clock and the environment.
+#[derive(Clone)]
 pub struct ResolveContext {
     /// One instant per composition, used by every `${now:...}`.
     pub now: chrono::DateTime<chrono::Local>,
@@ -46,7 +48,7 @@ impl ResolveContext {
     pub fn from_process_env() -> Self {
         ResolveContext {
             now: chrono::Local::now(),
-            env: Box::new(|name| std::env::var(name).ok()),
+            env: Arc::new(|name| std::env::var(name).ok()),
         }
     }
 }
@@ -2671,7 +2673,7 @@ mod tests {
             .collect();
         ResolveContext {
             now: fixed_now(),
-            env: Box::new(move |k| env.get(k).cloned()),
+            env: Arc::new(move |k| env.get(k).cloned()),
         }
     }
 

@@ -1,14 +1,14 @@
 //! The config repository: a config directory on disk, its groups and options, and a cache of
-//! loaded config files (parsed once per process, shared by every job of a sweep).
+//! loaded config files (parsed once per process, shared by every job of a sweep and by the
+//! threads that compose them).
 
 use super::defaults::{parse_defaults_list, InputDefault};
 use super::node::{Node, Value};
 use super::yaml::{load_str, parse_header};
 use super::ConfigError;
-use std::cell::RefCell;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::rc::Rc;
+use std::sync::{Arc, Mutex, PoisonError};
 
 /// One config file as loaded: its body (without `defaults`), its defaults list and header.
 #[derive(Debug)]
@@ -24,18 +24,18 @@ pub struct LoadedConfig {
 /// A directory of configs, laid out as Hydra's file config source.
 pub struct ConfigRepo {
     root: PathBuf,
-    cache: RefCell<HashMap<String, Option<Rc<LoadedConfig>>>>,
-    options_cache: RefCell<HashMap<String, Rc<Vec<String>>>>,
-    group_cache: RefCell<HashMap<String, bool>>,
+    cache: Mutex<HashMap<String, Option<Arc<LoadedConfig>>>>,
+    options_cache: Mutex<HashMap<String, Arc<Vec<String>>>>,
+    group_cache: Mutex<HashMap<String, bool>>,
 }
 
 impl ConfigRepo {
     pub fn new(root: impl Into<PathBuf>) -> ConfigRepo {
         ConfigRepo {
             root: root.into(),
-            cache: RefCell::new(HashMap::new()),
-            options_cache: RefCell::new(HashMap::new()),
-            group_cache: RefCell::new(HashMap::new()),
+            cache: Mutex::new(HashMap::new()),
+            options_cache: Mutex::new(HashMap::new()),
+            group_cache: Mutex::new(HashMap::new()),
         }
     }
 
@@ -51,7 +51,12 @@ impl ConfigRepo {
 
     /// True when `config_path` (e.g. `model/tiny`) names a config file.
     pub fn config_exists(&self, config_path: &str) -> bool {
-        if let Some(cached) = self.cache.borrow().get(config_path) {
+        if let Some(cached) = self
+            .cache
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(config_path)
+        {
             return cached.is_some();
         }
         self.file_for(config_path).is_some()
@@ -63,20 +68,31 @@ impl ConfigRepo {
         if group.is_empty() {
             return false;
         }
-        if let Some(found) = self.group_cache.borrow().get(group) {
+        if let Some(found) = self
+            .group_cache
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(group)
+        {
             return *found;
         }
         let exists = self.root.join(group).is_dir();
         self.group_cache
-            .borrow_mut()
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
             .insert(group.to_string(), exists);
         exists
     }
 
     /// The options of a group: its config files without extension, sorted.
-    pub fn group_options(&self, group: &str) -> Rc<Vec<String>> {
+    pub fn group_options(&self, group: &str) -> Arc<Vec<String>> {
         let group = group.trim_start_matches('/');
-        if let Some(found) = self.options_cache.borrow().get(group) {
+        if let Some(found) = self
+            .options_cache
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(group)
+        {
             return found.clone();
         }
         let mut options = Vec::new();
@@ -96,24 +112,31 @@ impl ConfigRepo {
         }
         options.sort();
         options.dedup();
-        let options = Rc::new(options);
+        let options = Arc::new(options);
         self.options_cache
-            .borrow_mut()
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
             .insert(group.to_string(), options.clone());
         options
     }
 
     /// Loads (once) the config at `config_path`; `None` when no such file exists.
-    pub fn load(&self, config_path: &str) -> Result<Option<Rc<LoadedConfig>>, ConfigError> {
-        if let Some(cached) = self.cache.borrow().get(config_path) {
+    pub fn load(&self, config_path: &str) -> Result<Option<Arc<LoadedConfig>>, ConfigError> {
+        if let Some(cached) = self
+            .cache
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(config_path)
+        {
             return Ok(cached.clone());
         }
         let loaded = match self.file_for(config_path) {
             None => None,
-            Some(file) => Some(Rc::new(self.read(config_path, &file)?)),
+            Some(file) => Some(Arc::new(self.read(config_path, &file)?)),
         };
         self.cache
-            .borrow_mut()
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
             .insert(config_path.to_string(), loaded.clone());
         Ok(loaded)
     }

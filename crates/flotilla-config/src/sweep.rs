@@ -156,14 +156,32 @@ pub fn plan(
     Ok(jobs)
 }
 
-/// Like [`plan`], handing each job to `on_job` as soon as it is composed, so that a large
-/// sweep needs memory for one job at a time. Composition stops at the first error.
+/// Like [`plan`], handing each job to `on_job` in job order as soon as it is composed, so
+/// that a large sweep needs memory for a few jobs at a time. Composition stops at the first
+/// error (the failing job with the lowest number is the one reported).
 pub fn plan_each(
     composer: &Composer,
     overrides: &[String],
     sweep_file: Option<&SweepFile>,
     multirun: bool,
-    mut on_job: impl FnMut(PlannedJob) -> Result<(), ConfigError>,
+    on_job: impl FnMut(PlannedJob) -> Result<(), ConfigError>,
+) -> Result<(), ConfigError> {
+    plan_map(composer, overrides, sweep_file, multirun, Ok, on_job)
+}
+
+/// Sweeps with at least this many jobs are composed on several threads.
+const PARALLEL_PLAN_MIN_JOBS: usize = 64;
+
+/// Like [`plan_each`], with `map` applied to each composed job on the composing thread (a
+/// sweep of many jobs is composed on all cores) and `on_result` called with its results in job
+/// order, on the calling thread.
+pub fn plan_map<T: Send>(
+    composer: &Composer,
+    overrides: &[String],
+    sweep_file: Option<&SweepFile>,
+    multirun: bool,
+    map: impl Fn(PlannedJob) -> Result<T, ConfigError> + Sync,
+    mut on_result: impl FnMut(T) -> Result<(), ConfigError>,
 ) -> Result<(), ConfigError> {
     let parsed = composer.parse_overrides(overrides)?;
     if !multirun {
@@ -173,11 +191,11 @@ pub fn plan_each(
             ));
         }
         let composed = composer.compose(overrides)?;
-        return on_job(PlannedJob {
+        return on_result(map(PlannedJob {
             num: 0,
             overrides: composed.task_overrides.clone(),
             composed,
-        });
+        })?);
     }
     let (runtime, task): (Vec<Override>, Vec<Override>) =
         parsed.into_iter().partition(is_runtime_override);
@@ -213,20 +231,89 @@ pub fn plan_each(
         }
     }
     all.extend(task);
-    let job_overrides = expand(composer, &all)?;
-    for (num, job) in job_overrides.into_iter().enumerate() {
+    let jobs = expand(composer, &all)?;
+    let compose_job = |num: usize| -> Result<T, ConfigError> {
+        let job = &jobs[num];
         let mut parsed = runtime.clone();
-        for text in &job {
+        for text in job {
             parsed.push(parse_override(text)?);
         }
         let composed = composer
             .compose_parsed(&parsed, Some(num))
             .map_err(|e| ConfigError::Composition(format!("job {num} ({}): {e}", job.join(" "))))?;
-        on_job(PlannedJob {
+        map(PlannedJob {
             num,
-            overrides: job,
+            overrides: job.clone(),
             composed,
-        })?;
+        })
+    };
+    let threads = if jobs.len() < PARALLEL_PLAN_MIN_JOBS {
+        1
+    } else {
+        std::thread::available_parallelism().map_or(1, |n| n.get().min(16))
+    };
+    if threads <= 1 {
+        for num in 0..jobs.len() {
+            on_result(compose_job(num)?)?;
+        }
+        return Ok(());
     }
-    Ok(())
+    in_order_parallel(jobs.len(), threads, compose_job, on_result)
+}
+
+/// Runs `work(0..count)` on `threads` scoped threads and hands the results to `consume` in
+/// index order on the calling thread. The first error in index order (from `work` or
+/// `consume`) is returned; threads stop taking new indices past a failed one.
+fn in_order_parallel<T: Send>(
+    count: usize,
+    threads: usize,
+    work: impl Fn(usize) -> Result<T, ConfigError> + Sync,
+    mut consume: impl FnMut(T) -> Result<(), ConfigError>,
+) -> Result<(), ConfigError> {
+    use std::collections::BTreeMap;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::mpsc;
+
+    // Indices are handed out in small blocks so that results arrive nearly in order.
+    const BLOCK: usize = 16;
+    let next = AtomicUsize::new(0);
+    let stop_at = AtomicUsize::new(usize::MAX);
+    std::thread::scope(|scope| {
+        let (sender, receiver) = mpsc::channel::<(usize, Result<T, ConfigError>)>();
+        for _ in 0..threads {
+            let sender = sender.clone();
+            let (next, stop_at, work) = (&next, &stop_at, &work);
+            scope.spawn(move || loop {
+                let start = next.fetch_add(BLOCK, Ordering::Relaxed);
+                if start >= count.min(stop_at.load(Ordering::Relaxed)) {
+                    break;
+                }
+                for index in start..(start + BLOCK).min(count) {
+                    let result = work(index);
+                    if result.is_err() {
+                        stop_at.fetch_min(index, Ordering::Relaxed);
+                    }
+                    if sender.send((index, result)).is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+        drop(sender);
+        let mut pending = BTreeMap::new();
+        let mut expected = 0;
+        for (index, result) in receiver.iter() {
+            pending.insert(index, result);
+            while let Some(result) = pending.remove(&expected) {
+                expected += 1;
+                let outcome = result.and_then(&mut consume);
+                if outcome.is_err() {
+                    // Dropping the receiver makes the workers' next send fail: they stop.
+                    stop_at.store(0, Ordering::Relaxed);
+                    return outcome;
+                }
+            }
+        }
+        Ok(())
+    })
 }

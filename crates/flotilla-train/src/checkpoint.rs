@@ -14,8 +14,9 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 use tch::Tensor;
 
-use super::fsdp::{unflatten, GroupLayout};
-use super::trainer::{LossScaler, Trainer, Weights};
+use super::fsdp_layout::{unflatten, GroupLayout};
+use super::trainer::{LossScaler, Trainer};
+use super::weights::CheckpointState;
 use super::{read_safetensors, write_safetensors, TrainError};
 use crate::data::SamplerState;
 use crate::distributed::comm::{CommunicatorExt, ReduceOp};
@@ -163,18 +164,18 @@ pub fn save(trainer: &Trainer, run_dir: &Path, keep_last: usize) -> Result<PathB
         Ok(())
     })?;
 
-    match (&trainer.weights, trainer.sharded_checkpoints) {
-        (Weights::Sharded(f), true) => on_all_ranks(trainer, "write", || {
-            let (shard_rank, shard_world) = f.shard_rank_world();
-            if f.is_first_replica() {
-                write_safetensors(&tmp.join(shard_file(shard_rank)), &f.shard_tensors())?;
+    // Gathering (full checkpoints of sharded weights) is collective: every rank takes part.
+    match trainer.weights().checkpoint_state()? {
+        CheckpointState::Sharded(shard) => on_all_ranks(trainer, "write", || {
+            if shard.writes_shard {
+                write_safetensors(&tmp.join(shard_file(shard.shard_rank)), &shard.tensors)?;
             }
             if rank == 0 {
                 let meta = ShardedMeta {
                     format: SHARDED_FORMAT.to_string(),
-                    shard_world,
-                    optimizer_step: f.optimizer_steps(),
-                    groups: f.layouts(),
+                    shard_world: shard.shard_world,
+                    optimizer_step: shard.optimizer_step,
+                    groups: shard.layouts,
                 };
                 let path = tmp.join(SHARDED_META_FILE);
                 let json = serde_json::to_string_pretty(&meta)
@@ -183,25 +184,18 @@ pub fn save(trainer: &Trainer, run_dir: &Path, keep_last: usize) -> Result<PathB
             }
             Ok(())
         })?,
-        _ => {
-            // Gathering is collective: every rank takes part, rank 0 writes.
-            let params = trainer.full_params()?;
-            let optimizer = match &trainer.weights {
-                Weights::Replicated(w) => w.optimizer.state_tensors(),
-                Weights::Sharded(f) => f.full_optimizer_state()?,
-            };
-            on_all_ranks(trainer, "write", || {
-                if rank == 0 {
-                    let params: Vec<(String, Tensor)> = params
-                        .iter()
-                        .map(|(n, t)| (n.to_string(), t.shallow_clone()))
-                        .collect();
-                    write_safetensors(&tmp.join(MODEL_FILE), &params)?;
-                    write_safetensors(&tmp.join(OPTIMIZER_FILE), &optimizer)?;
-                }
-                Ok(())
-            })?
-        }
+        CheckpointState::Full { params, optimizer } => on_all_ranks(trainer, "write", || {
+            // Rank 0 writes.
+            if rank == 0 {
+                let params: Vec<(String, Tensor)> = params
+                    .iter()
+                    .map(|(n, t)| (n.to_string(), t.shallow_clone()))
+                    .collect();
+                write_safetensors(&tmp.join(MODEL_FILE), &params)?;
+                write_safetensors(&tmp.join(OPTIMIZER_FILE), &optimizer)?;
+            }
+            Ok(())
+        })?,
     }
 
     on_all_ranks(trainer, "commit", || {
@@ -376,38 +370,7 @@ pub fn restore(trainer: &mut Trainer, dir: &Path) -> Result<TrainerState, TrainE
     let state = read_state(dir)?;
     let (loaded, optimizer) = read_full(dir)?;
     trainer.model.check_params(&loaded)?;
-    match &mut trainer.weights {
-        Weights::Replicated(w) => {
-            tch::no_grad(|| -> Result<(), TrainError> {
-                for (name, p) in w.params.iter() {
-                    let src = loaded.require(name)?;
-                    let mut p = p.shallow_clone();
-                    p.f_copy_(src)?;
-                }
-                Ok(())
-            })?;
-            let (device, kind) = w
-                .params
-                .iter()
-                .next()
-                .map_or((tch::Device::Cpu, tch::Kind::Float), |(_, t)| {
-                    (t.device(), t.kind())
-                });
-            let optimizer = optimizer
-                .into_iter()
-                .map(|(n, t)| {
-                    let t = if n == "step" {
-                        t
-                    } else {
-                        t.to_device(device).to_kind(kind)
-                    };
-                    (n, t)
-                })
-                .collect::<Vec<_>>();
-            w.optimizer.load_state_tensors(optimizer)?;
-        }
-        Weights::Sharded(f) => f.load_full(&loaded, Some(&optimizer))?,
-    }
+    trainer.weights.load_full_state(&loaded, optimizer)?;
     trainer.loader.restore(&state.sampler)?;
     trainer.step = state.step;
     if trainer.scaler.is_some() {

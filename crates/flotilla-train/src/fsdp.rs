@@ -28,19 +28,21 @@
 //! group ahead with `forward_prefetch`, one group behind in backward with `backward_prefetch`,
 //! at most two groups in flight with `limit_all_gathers`), reduce-scatters in reverse order.
 
-use std::ops::Range;
 use std::sync::Arc;
 
-use serde::{Deserialize, Serialize};
 use tch::{Device, Kind, Tensor};
 
-use super::engine::Strategy;
+use super::engine::{Engine, Strategy};
 use super::optim::{adamw_update, scale_to_max_norm, AdamWConfig, Decay};
-use super::replicated::{nbytes, MemoryReport};
+use super::trainer::unscale;
+use super::weights::{nbytes, CheckpointState, MemoryReport, ParallelWeights, ShardState};
 use super::TrainError;
+use crate::data::StepBatches;
 use crate::distributed::comm::{Communicator, CommunicatorExt, ReduceOp, Work};
 use crate::model::{Llama, Params};
 use flotilla_config::schema::{AutoWrapPolicy, ShardingStrategy};
+
+pub use super::fsdp_layout::{flatten, layouts, unflatten, wrap_units, FlatEntry, GroupLayout};
 
 /// FSDP settings (from `trainer.dist` and `trainer.precision`).
 #[derive(Clone, Debug)]
@@ -60,156 +62,8 @@ pub struct FsdpOptions {
     /// Keep shards, gradients and optimizer state on the host (the compute device gets only
     /// gathered parameters).
     pub cpu_offload: bool,
-}
-
-/// One parameter's place in a flat group.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct FlatEntry {
-    pub name: String,
-    pub shape: Vec<i64>,
-    pub offset: i64,
-    pub numel: i64,
-}
-
-/// The layout of one flat parameter group.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct GroupLayout {
-    /// Engine units whose parameters the group owns.
-    pub units: Range<usize>,
-    pub entries: Vec<FlatEntry>,
-    /// Elements without padding.
-    pub numel: i64,
-    /// Elements with padding (`shard_len × shard group size`).
-    pub padded: i64,
-    pub shard_len: i64,
-}
-
-/// Groups of engine units under an auto-wrap policy: `block` gives one group per unit;
-/// `size` closes a group once its units own at least `min_num_params` parameters (the rest
-/// form the last group).
-pub fn wrap_units(model: &Llama, wrap: AutoWrapPolicy, min_num_params: u64) -> Vec<Range<usize>> {
-    let n = model.units().len();
-    match wrap {
-        AutoWrapPolicy::Block => (0..n).map(|u| u..u + 1).collect(),
-        AutoWrapPolicy::Size => {
-            let mut groups = vec![];
-            let mut start = 0;
-            let mut count = 0u64;
-            for u in 0..n {
-                count += model.owned_params(u).map(|s| s.numel() as u64).sum::<u64>();
-                if count >= min_num_params {
-                    groups.push(start..u + 1);
-                    start = u + 1;
-                    count = 0;
-                }
-            }
-            if start < n {
-                groups.push(start..n);
-            }
-            groups
-        }
-    }
-}
-
-/// Flat layouts of `groups` for a shard group of `shard_world` ranks.
-pub fn layouts(model: &Llama, groups: &[Range<usize>], shard_world: usize) -> Vec<GroupLayout> {
-    groups
-        .iter()
-        .map(|units| {
-            let mut entries = vec![];
-            let mut offset = 0i64;
-            for u in units.clone() {
-                for s in model.owned_params(u) {
-                    let numel = s.numel() as i64;
-                    entries.push(FlatEntry {
-                        name: s.name.clone(),
-                        shape: s.shape.clone(),
-                        offset,
-                        numel,
-                    });
-                    offset += numel;
-                }
-            }
-            let w = shard_world as i64;
-            let shard_len = (offset + w - 1) / w;
-            GroupLayout {
-                units: units.clone(),
-                entries,
-                numel: offset,
-                padded: shard_len * w,
-                shard_len,
-            }
-        })
-        .collect()
-}
-
-impl GroupLayout {
-    /// Shard `rank`'s part of a flat `[padded]` tensor (a view).
-    pub fn shard_of(&self, flat: &Tensor, rank: usize) -> Result<Tensor, TrainError> {
-        Ok(flat.f_narrow(0, rank as i64 * self.shard_len, self.shard_len)?)
-    }
-
-    /// Copies the tensors of `named` into their slots of the flat `[padded]` tensor `flat`;
-    /// with `require_all`, a parameter missing from `named` is an error, else its slot is
-    /// left as it is.
-    fn fill(&self, flat: &Tensor, named: &Params, require_all: bool) -> Result<(), TrainError> {
-        tch::no_grad(|| {
-            for e in &self.entries {
-                let Some(src) = named.get(&e.name) else {
-                    if require_all {
-                        return Err(TrainError::BadState(format!(
-                            "no tensor for parameter `{}`",
-                            e.name
-                        )));
-                    }
-                    continue;
-                };
-                flat.f_narrow(0, e.offset, e.numel)?
-                    .f_copy_(&src.f_reshape([-1])?)?;
-            }
-            Ok(())
-        })
-    }
-
-    /// Shard `rank` of the flattened `named` tensors, as a tensor of its own (in `kind`, on
-    /// `device`).
-    fn own_shard(
-        &self,
-        named: &Params,
-        rank: usize,
-        kind: Kind,
-        device: Device,
-    ) -> Result<Tensor, TrainError> {
-        let full = flatten(self, named, kind, device)?;
-        Ok(self
-            .shard_of(&full, rank)?
-            .f_contiguous()?
-            .f_detach_copy()?)
-    }
-}
-
-/// A flat, padded tensor of a group from named tensors (in `kind`, on `device`).
-pub fn flatten(
-    layout: &GroupLayout,
-    named: &Params,
-    kind: Kind,
-    device: Device,
-) -> Result<Tensor, TrainError> {
-    let flat = Tensor::f_zeros([layout.padded], (kind, device))?;
-    layout.fill(&flat, named, true)?;
-    Ok(flat)
-}
-
-/// Named views of a flat group tensor.
-pub fn unflatten(layout: &GroupLayout, flat: &Tensor, out: &mut Params) -> Result<(), TrainError> {
-    for e in &layout.entries {
-        out.insert(
-            e.name.clone(),
-            flat.f_narrow(0, e.offset, e.numel)?
-                .f_view(e.shape.as_slice())?,
-        );
-    }
-    Ok(())
+    /// Checkpoints keep the shards (`state_dict_type: sharded`) instead of full tensors.
+    pub sharded_checkpoints: bool,
 }
 
 /// A gather in flight or done.
@@ -248,6 +102,8 @@ pub struct Fsdp {
     unit_group: Vec<usize>,
     /// Groups each engine unit reads (its own and the owners of tied parameters).
     unit_reads: Vec<Vec<usize>>,
+    /// Every rank of the job, when distributed.
+    world_comm: Option<Arc<dyn Communicator>>,
     shard_comm: Option<Arc<dyn Communicator>>,
     replica_comm: Option<Arc<dyn Communicator>>,
     shard_rank: usize,
@@ -276,16 +132,33 @@ impl std::fmt::Debug for Fsdp {
 /// A process group, or `None` for a group of one.
 pub type ProcessGroup = Option<Arc<dyn Communicator>>;
 
-/// The process groups of a sharding strategy: `(shard, replica)`; `None` is a group of one.
+/// The process groups FSDP runs over.
+#[derive(Clone, Default)]
+pub struct ProcessGroups {
+    /// Every rank of the job (agrees on skipped fp16 steps); `None` in one process.
+    pub world: ProcessGroup,
+    /// Parameters are gathered and gradients reduce-scattered within it.
+    pub shard: ProcessGroup,
+    /// Gradient shards are all-reduced across it.
+    pub replica: ProcessGroup,
+}
+
+/// The process groups of a sharding strategy over `world`; shard and replica groups of one
+/// rank are `None`.
 pub fn process_groups(
     sharding: ShardingStrategy,
     world: Option<&Arc<dyn Communicator>>,
     local_world_size: usize,
-) -> Result<(ProcessGroup, ProcessGroup), TrainError> {
+) -> Result<ProcessGroups, TrainError> {
+    let all = world.cloned();
     let Some(world) = world.filter(|w| w.world_size() > 1) else {
-        return Ok((None, None));
+        return Ok(ProcessGroups {
+            world: all,
+            shard: None,
+            replica: None,
+        });
     };
-    Ok(match sharding {
+    let (shard, replica) = match sharding {
         ShardingStrategy::FullShard | ShardingStrategy::ShardGradOp => (Some(world.clone()), None),
         ShardingStrategy::NoShard => (None, Some(world.clone())),
         ShardingStrategy::HybridShard => {
@@ -297,6 +170,11 @@ pub fn process_groups(
                 (inter.world_size() > 1).then_some(inter),
             )
         }
+    };
+    Ok(ProcessGroups {
+        world: all,
+        shard,
+        replica,
     })
 }
 
@@ -307,10 +185,14 @@ impl Fsdp {
         params: &Params,
         options: FsdpOptions,
         adam: AdamWConfig,
-        shard_comm: Option<Arc<dyn Communicator>>,
-        replica_comm: Option<Arc<dyn Communicator>>,
+        groups: ProcessGroups,
         device: Device,
     ) -> Result<Self, TrainError> {
+        let ProcessGroups {
+            world: world_comm,
+            shard: shard_comm,
+            replica: replica_comm,
+        } = groups;
         let (shard_rank, shard_world) = shard_comm
             .as_ref()
             .map_or((0, 1), |c| (c.rank(), c.world_size()));
@@ -371,6 +253,7 @@ impl Fsdp {
             groups,
             unit_group,
             unit_reads,
+            world_comm,
             shard_comm,
             replica_comm,
             shard_rank,
@@ -400,17 +283,6 @@ impl Fsdp {
 
     pub fn optimizer_steps(&self) -> u64 {
         self.opt_step
-    }
-
-    /// Bytes held between steps for parameter shards, gradient shards and AdamW moments.
-    pub fn memory(&self) -> MemoryReport {
-        let mut m = MemoryReport::default();
-        for g in &self.groups {
-            m.params += nbytes(&g.shard);
-            m.grads += nbytes(&g.shard);
-            m.optimizer += nbytes(&g.exp_avg) + nbytes(&g.exp_avg_sq);
-        }
-        m
     }
 
     /// Starts gathering group `g` (in the param dtype) unless it is gathered or in flight.
@@ -479,11 +351,6 @@ impl Fsdp {
             .sum()
     }
 
-    /// Most bytes of gathered parameters held at once so far.
-    pub fn peak_gathered_bytes(&self) -> usize {
-        self.peak_gathered
-    }
-
     fn wait_gather(&mut self, g: usize) -> Result<(), TrainError> {
         if let Some(Gathered::Pending(..)) = &self.groups[g].gathered {
             let Some(Gathered::Pending(work, out)) = self.groups[g].gathered.take() else {
@@ -539,16 +406,6 @@ impl Fsdp {
             self.issue_gather(own - 1)?;
         }
         Ok(flats)
-    }
-
-    /// Full fp32 parameters, gathered from every shard (collective on the shard group).
-    pub fn full_params(&self) -> Result<Params, TrainError> {
-        let mut out = Params::new();
-        for g in &self.groups {
-            let flat = self.gather_full(&g.shard)?;
-            unflatten(&g.layout, &flat, &mut out)?;
-        }
-        Ok(out)
     }
 
     /// Full AdamW state in the single-process format (`{name}.exp_avg`, `{name}.exp_avg_sq`,
@@ -652,88 +509,6 @@ impl Fsdp {
 
     pub fn set_optimizer_steps(&mut self, steps: u64) {
         self.opt_step = steps;
-    }
-
-    /// The global L2 norm of the gradient shards (before clipping; collective on the shard
-    /// group), then clipping to `max_norm` when it is positive, as `clip_grad_norm_`.
-    pub fn clip_grad_norm(&mut self, max_norm: f64) -> Result<f64, TrainError> {
-        tch::no_grad(|| {
-            // As `clip_grad_norm_` does per tensor: the norm of each parameter's piece of the
-            // local shard, then the squared norm of those norms, summed over the shard group.
-            let mut norms = vec![];
-            for g in &self.groups {
-                let Some(grad) = &g.grad else { continue };
-                let grad = grad.f_to_device(self.device)?.f_to_kind(Kind::Float)?;
-                for (start, len) in g.local_segments(self.shard_rank) {
-                    norms.push(grad.f_narrow(0, start, len)?.f_norm()?);
-                }
-            }
-            let sq = if norms.is_empty() {
-                Tensor::f_zeros([1], (Kind::Float, self.device))?
-            } else {
-                Tensor::f_stack(&norms, 0)?
-                    .f_norm()?
-                    .f_pow_tensor_scalar(2)?
-                    .f_reshape([1])?
-            };
-            if let Some(comm) = &self.shard_comm {
-                comm.all_reduce_tensor(&sq, ReduceOp::Sum)?.wait()?;
-            }
-            let total = sq.f_sqrt()?;
-            let norm = total.f_double_value(&[0])?;
-            scale_to_max_norm(
-                &total,
-                max_norm,
-                self.groups.iter().filter_map(|g| g.grad.as_ref()),
-            )?;
-            Ok(norm)
-        })
-    }
-
-    /// One AdamW step over the local shards (the formulas of [`super::optim::AdamW::step`],
-    /// element-wise, weight decay where the element belongs to a 2+-dimensional parameter).
-    pub fn optimizer_step(&mut self, lr: f64) -> Result<(), TrainError> {
-        self.opt_step += 1;
-        let h = self.adam.scalars(self.opt_step, lr);
-        tch::no_grad(|| -> Result<(), TrainError> {
-            for g in &mut self.groups {
-                let Some(grad) = g.grad.take() else { continue };
-                adamw_update(
-                    &mut g.shard,
-                    &grad,
-                    &mut g.exp_avg,
-                    &mut g.exp_avg_sq,
-                    &h,
-                    Decay::Mask(&g.decay),
-                )?;
-            }
-            Ok(())
-        })
-    }
-
-    /// Multiplies the gradient shards by `inv_scale` (fp16 loss scaling); returns whether any
-    /// local element is inf or NaN.
-    pub fn unscale(&mut self, inv_scale: f64) -> Result<bool, TrainError> {
-        super::trainer::unscale(
-            self.groups.iter().filter_map(|g| g.grad.as_ref()),
-            inv_scale,
-        )
-    }
-
-    /// Drops this step's gradient shards (a skipped step).
-    pub fn discard_grads(&mut self) {
-        for g in &mut self.groups {
-            g.grad = None;
-        }
-    }
-
-    /// Frees every gathered group (end of step).
-    pub fn end_step(&mut self) -> Result<(), TrainError> {
-        for g in 0..self.groups.len() {
-            self.drop_gathered(g)?;
-        }
-        self.backward = false;
-        Ok(())
     }
 }
 
@@ -871,5 +646,157 @@ impl Fsdp {
                 .f_contiguous()?,
         );
         Ok(())
+    }
+}
+
+impl ParallelWeights for Fsdp {
+    fn forward_backward(
+        &mut self,
+        engine: &Engine<'_>,
+        batches: &StepBatches,
+    ) -> Result<f64, TrainError> {
+        let (loss, _) =
+            engine.forward_backward(self, &batches.micro_batches, batches.global_loss_tokens)?;
+        Ok(loss)
+    }
+
+    /// Unscales the local gradient shards, then (distributed) takes the maximum of the
+    /// found-inf flags over every rank, so that all ranks skip the same steps.
+    fn unscale_grads(&mut self, inv_scale: f64) -> Result<bool, TrainError> {
+        let mut found_inf = unscale(
+            self.groups.iter().filter_map(|g| g.grad.as_ref()),
+            inv_scale,
+        )?;
+        if let Some(world) = &self.world_comm {
+            let flag = Tensor::from_slice(&[found_inf as i64]);
+            world.all_reduce_tensor(&flag, ReduceOp::Max)?.wait()?;
+            found_inf = flag.int64_value(&[0]) != 0;
+        }
+        Ok(found_inf)
+    }
+
+    /// The global L2 norm of the gradient shards (before clipping; collective on the shard
+    /// group), then clipping to `max_norm` when it is positive, as `clip_grad_norm_`.
+    fn clip_grad_norm(&mut self, max_norm: f64) -> Result<f64, TrainError> {
+        tch::no_grad(|| {
+            // As `clip_grad_norm_` does per tensor: the norm of each parameter's piece of the
+            // local shard, then the squared norm of those norms, summed over the shard group.
+            let mut norms = vec![];
+            for g in &self.groups {
+                let Some(grad) = &g.grad else { continue };
+                let grad = grad.f_to_device(self.device)?.f_to_kind(Kind::Float)?;
+                for (start, len) in g.local_segments(self.shard_rank) {
+                    norms.push(grad.f_narrow(0, start, len)?.f_norm()?);
+                }
+            }
+            let sq = if norms.is_empty() {
+                Tensor::f_zeros([1], (Kind::Float, self.device))?
+            } else {
+                Tensor::f_stack(&norms, 0)?
+                    .f_norm()?
+                    .f_pow_tensor_scalar(2)?
+                    .f_reshape([1])?
+            };
+            if let Some(comm) = &self.shard_comm {
+                comm.all_reduce_tensor(&sq, ReduceOp::Sum)?.wait()?;
+            }
+            let total = sq.f_sqrt()?;
+            let norm = total.f_double_value(&[0])?;
+            scale_to_max_norm(
+                &total,
+                max_norm,
+                self.groups.iter().filter_map(|g| g.grad.as_ref()),
+            )?;
+            Ok(norm)
+        })
+    }
+
+    /// One AdamW step over the local shards (the formulas of [`super::optim::AdamW::step`],
+    /// element-wise, weight decay where the element belongs to a 2+-dimensional parameter).
+    fn optimizer_step(&mut self, lr: f64) -> Result<(), TrainError> {
+        self.opt_step += 1;
+        let h = self.adam.scalars(self.opt_step, lr);
+        tch::no_grad(|| -> Result<(), TrainError> {
+            for g in &mut self.groups {
+                let Some(grad) = g.grad.take() else { continue };
+                adamw_update(
+                    &mut g.shard,
+                    &grad,
+                    &mut g.exp_avg,
+                    &mut g.exp_avg_sq,
+                    &h,
+                    Decay::Mask(&g.decay),
+                )?;
+            }
+            Ok(())
+        })
+    }
+
+    /// Drops this step's gradient shards (a skipped step).
+    fn discard_grads(&mut self) {
+        for g in &mut self.groups {
+            g.grad = None;
+        }
+    }
+
+    /// Frees every gathered group (end of step).
+    fn end_step(&mut self) -> Result<(), TrainError> {
+        for g in 0..self.groups.len() {
+            self.drop_gathered(g)?;
+        }
+        self.backward = false;
+        Ok(())
+    }
+
+    /// Full fp32 parameters, gathered from every shard (collective on the shard group).
+    fn full_params(&self) -> Result<Params, TrainError> {
+        let mut out = Params::new();
+        for g in &self.groups {
+            let flat = self.gather_full(&g.shard)?;
+            unflatten(&g.layout, &flat, &mut out)?;
+        }
+        Ok(out)
+    }
+
+    /// Bytes held between steps for parameter shards, gradient shards and AdamW moments.
+    fn memory(&self) -> MemoryReport {
+        let mut m = MemoryReport::default();
+        for g in &self.groups {
+            m.params += nbytes(&g.shard);
+            m.grads += nbytes(&g.shard);
+            m.optimizer += nbytes(&g.exp_avg) + nbytes(&g.exp_avg_sq);
+        }
+        m
+    }
+
+    fn peak_gathered_bytes(&self) -> Option<usize> {
+        Some(self.peak_gathered)
+    }
+
+    /// Sharded checkpoints: this rank's shards (no communication); full ones: the parameters
+    /// and optimizer state gathered from every shard.
+    fn checkpoint_state(&self) -> Result<CheckpointState, TrainError> {
+        if self.options.sharded_checkpoints {
+            return Ok(CheckpointState::Sharded(ShardState {
+                shard_rank: self.shard_rank,
+                shard_world: self.shard_world,
+                writes_shard: self.is_first_replica(),
+                tensors: self.shard_tensors(),
+                optimizer_step: self.opt_step,
+                layouts: self.layouts(),
+            }));
+        }
+        Ok(CheckpointState::Full {
+            params: self.full_params()?,
+            optimizer: self.full_optimizer_state()?,
+        })
+    }
+
+    fn load_full_state(
+        &mut self,
+        params: &Params,
+        optimizer: Vec<(String, Tensor)>,
+    ) -> Result<(), TrainError> {
+        self.load_full(params, Some(&optimizer))
     }
 }

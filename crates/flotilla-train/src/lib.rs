@@ -10,8 +10,10 @@ pub mod distributed;
 pub mod engine;
 pub mod fit;
 pub mod fsdp;
+pub mod fsdp_layout;
 pub mod model;
 pub mod optim;
+pub mod parallelize;
 pub mod preempt;
 pub mod progress;
 pub mod replicated;
@@ -19,6 +21,7 @@ pub mod schedule;
 pub mod storage_shim;
 pub mod task;
 pub mod trainer;
+pub mod weights;
 
 pub use flotilla_launch::LIBTORCH_VERSION;
 
@@ -27,11 +30,11 @@ use std::path::PathBuf;
 pub use engine::{Engine, EngineOptions, SingleProcess, Strategy};
 pub use fit::{fit, resume, EvalMetrics, EvalSet, FitOptions, RunMetricsWriter, RunRow};
 pub use optim::{clip_grad_norm, AdamW, AdamWConfig};
+pub use parallelize::{parallelize, DistContext};
 pub use progress::Progress;
 pub use schedule::Schedule;
-pub use trainer::{
-    torch_device, DistContext, LossScaler, MetricsWriter, StepMetrics, Trainer, Weights,
-};
+pub use trainer::{torch_device, LossScaler, MetricsWriter, StepMetrics, Trainer};
+pub use weights::{MemoryReport, ParallelWeights};
 
 /// Errors of the trainer.
 #[derive(Debug, thiserror::Error)]

@@ -91,7 +91,7 @@ fn main() -> ExitCode {
         Command::Consolidate { checkpoint, out } => consolidate(&checkpoint, &out),
         Command::Bench {
             what: BenchCommand::Comm(args),
-        } => bench::run(&args).map_err(Into::into),
+        } => bench::run(&args),
     };
     exit_with(result)
 }

@@ -13,9 +13,12 @@ use std::sync::Arc;
 
 use tch::{Kind, Tensor};
 
-use super::engine::Strategy;
-use super::optim::{AdamW, AdamWConfig};
+use super::engine::{Engine, Strategy};
+use super::optim::{clip_grad_norm, AdamW, AdamWConfig};
+use super::trainer::unscale;
+use super::weights::{nbytes, CheckpointState, MemoryReport, ParallelWeights};
 use super::TrainError;
+use crate::data::StepBatches;
 use crate::distributed::comm::{Communicator, CommunicatorExt, ReduceOp, Work};
 use crate::model::{Llama, Params};
 
@@ -29,6 +32,8 @@ pub struct Replicated {
     pub compute_kind: Option<Kind>,
     /// DDP's gradient reducer; `None` in one process.
     pub reducer: Option<GradReducer>,
+    /// This step's gradients (reduced, under DDP), from backward to the optimizer step.
+    grads: Params,
 }
 
 impl Replicated {
@@ -38,6 +43,7 @@ impl Replicated {
             optimizer: AdamW::new(config),
             compute_kind,
             reducer: None,
+            grads: Params::new(),
         }
     }
 
@@ -49,10 +55,57 @@ impl Replicated {
             reducer: self.reducer.as_mut(),
         }
     }
+}
+
+impl ParallelWeights for Replicated {
+    fn forward_backward(
+        &mut self,
+        engine: &Engine<'_>,
+        batches: &StepBatches,
+    ) -> Result<f64, TrainError> {
+        let (loss, grads) = engine.forward_backward(
+            &mut self.strategy(),
+            &batches.micro_batches,
+            batches.global_loss_tokens,
+        )?;
+        self.grads = grads;
+        Ok(loss)
+    }
+
+    /// DDP gradients are identical on every rank here, so is the flag: no communication.
+    fn unscale_grads(&mut self, inv_scale: f64) -> Result<bool, TrainError> {
+        unscale(self.grads.iter().map(|(_, g)| g), inv_scale)
+    }
+
+    fn clip_grad_norm(&mut self, max_norm: f64) -> Result<f64, TrainError> {
+        clip_grad_norm(&self.grads, max_norm)
+    }
+
+    fn optimizer_step(&mut self, lr: f64) -> Result<(), TrainError> {
+        self.optimizer.step(&self.params, &self.grads, lr)
+    }
+
+    fn discard_grads(&mut self) {
+        self.grads = Params::new();
+    }
+
+    fn end_step(&mut self) -> Result<(), TrainError> {
+        self.grads = Params::new();
+        Ok(())
+    }
+
+    /// The replicated tensors themselves (no copy).
+    fn full_params(&self) -> Result<Params, TrainError> {
+        let mut out = Params::new();
+        for (n, t) in self.params.iter() {
+            out.insert(n, t.shallow_clone());
+        }
+        Ok(out)
+    }
 
     /// Bytes held for parameters, gradients (one fp32 copy per parameter during the step) and
     /// optimizer state.
-    pub fn memory(&self) -> MemoryReport {
+    fn memory(&self) -> MemoryReport {
         let params: usize = self.params.iter().map(|(_, t)| nbytes(t)).sum();
         let grads: usize = self.params.iter().map(|(_, t)| t.numel() * 4).sum();
         let optimizer: usize = self
@@ -67,24 +120,53 @@ impl Replicated {
             optimizer,
         }
     }
-}
 
-/// Bytes a rank holds for training state.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
-pub struct MemoryReport {
-    pub params: usize,
-    pub grads: usize,
-    pub optimizer: usize,
-}
-
-impl MemoryReport {
-    pub fn total(&self) -> usize {
-        self.params + self.grads + self.optimizer
+    fn peak_gathered_bytes(&self) -> Option<usize> {
+        None
     }
-}
 
-pub(super) fn nbytes(t: &Tensor) -> usize {
-    t.numel() * t.kind().elt_size_in_bytes()
+    fn checkpoint_state(&self) -> Result<CheckpointState, TrainError> {
+        Ok(CheckpointState::Full {
+            params: self.full_params()?,
+            optimizer: self.optimizer.state_tensors(),
+        })
+    }
+
+    /// Copies the parameters in place; the optimizer state moves to the parameters' device
+    /// and dtype (the step count excepted).
+    fn load_full_state(
+        &mut self,
+        params: &Params,
+        optimizer: Vec<(String, Tensor)>,
+    ) -> Result<(), TrainError> {
+        tch::no_grad(|| -> Result<(), TrainError> {
+            for (name, p) in self.params.iter() {
+                let src = params.require(name)?;
+                let mut p = p.shallow_clone();
+                p.f_copy_(src)?;
+            }
+            Ok(())
+        })?;
+        let (device, kind) = self
+            .params
+            .iter()
+            .next()
+            .map_or((tch::Device::Cpu, Kind::Float), |(_, t)| {
+                (t.device(), t.kind())
+            });
+        let optimizer = optimizer
+            .into_iter()
+            .map(|(n, t)| {
+                let t = if n == "step" {
+                    t
+                } else {
+                    t.to_device(device).to_kind(kind)
+                };
+                (n, t)
+            })
+            .collect::<Vec<_>>();
+        self.optimizer.load_state_tensors(optimizer)
+    }
 }
 
 /// The engine strategy over [`Replicated`] weights.

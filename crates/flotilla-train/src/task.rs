@@ -12,7 +12,8 @@ use std::time::{Duration, Instant};
 use tch::{Device, Kind};
 
 use super::fit::{fit, resume, EvalSet, FitOptions, RunMetricsWriter, RunRow};
-use super::trainer::{DistContext, Trainer};
+use super::parallelize::DistContext;
+use super::trainer::Trainer;
 use super::TrainError;
 use crate::data::{self, BatchLayout, DataLoader, DataOptions};
 use crate::distributed::comm::{self, Backend, CommOptions, Communicator};

@@ -1,6 +1,6 @@
 //! The training loop: [`Trainer`] runs optimizer steps (data → unit engine → gradient
-//! unscaling and clipping → AdamW at the scheduled learning rate) over [`Weights`] that are
-//! either replicated (one process, DDP) or sharded (FSDP), and reports one [`StepMetrics`]
+//! unscaling and clipping → AdamW at the scheduled learning rate) over [`ParallelWeights`]
+//! (built once by `parallelize.rs`; the loop never asks which parallelism), and reports one [`StepMetrics`]
 //! row per step, global over the ranks (loss summed over ranks of the globally normalised
 //! per-rank losses, tokens/s summed), written to `metrics.csv` by [`MetricsWriter`]. This file
 //! owns the loop, precision handling (mixed precision and fp16 dynamic loss scaling), and the
@@ -12,18 +12,17 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use serde::Serialize;
-use tch::{Device, Kind, Tensor};
+use tch::{Device, Tensor};
 
 use super::engine::{Engine, EngineOptions};
-use super::fsdp::{process_groups, Fsdp, FsdpOptions};
-use super::optim::{clip_grad_norm, AdamWConfig};
-use super::replicated::{broadcast_params, GradReducer, MemoryReport, Replicated};
+use super::parallelize::{parallelize, DistContext, Parallelized};
 use super::schedule::Schedule;
+use super::weights::{MemoryReport, ParallelWeights};
 use super::TrainError;
 use crate::data::DataLoader;
 use crate::distributed::comm::{Communicator, CommunicatorExt, ReduceOp};
 use crate::model::{Llama, Params};
-use flotilla_config::schema::{self, DistConfig, Dtype, Precision, StateDictType, TrainerConfig};
+use flotilla_config::schema::{self, DistConfig, Precision, TrainerConfig};
 
 /// One row of `metrics.csv`.
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -75,23 +74,6 @@ pub fn torch_device(device: schema::Device) -> Device {
     }
 }
 
-/// Where the parameters live and how they are updated.
-#[derive(Debug)]
-pub enum Weights {
-    /// Every rank holds every parameter (one process, DDP).
-    Replicated(Replicated),
-    /// FSDP shards.
-    Sharded(Fsdp),
-}
-
-/// The process group a trainer runs in.
-#[derive(Clone)]
-pub struct DistContext {
-    pub comm: Arc<dyn Communicator>,
-    /// Ranks per node (HYBRID_SHARD shards within a node).
-    pub local_world_size: usize,
-}
-
 /// fp16 dynamic loss scaling (`torch.amp.GradScaler` defaults): the loss is multiplied by the
 /// scale before backward; a step whose unscaled gradients hold an inf/NaN is skipped and the
 /// scale halved; after 2000 clean steps in a row the scale doubles.
@@ -133,35 +115,16 @@ impl Default for LossScaler {
     }
 }
 
-/// Dtypes of a precision setting: `(master weights, compute)`.
-fn precision_kinds(p: Precision) -> (Kind, Kind) {
-    match p {
-        Precision::Full32 => (Kind::Float, Kind::Float),
-        Precision::Bf16Mixed => (Kind::Float, Kind::BFloat16),
-        Precision::Bf16True => (Kind::BFloat16, Kind::BFloat16),
-        Precision::Fp16Mixed => (Kind::Float, Kind::Half),
-    }
-}
-
-fn dtype_kind(d: Dtype) -> Kind {
-    match d {
-        Dtype::Float32 => Kind::Float,
-        Dtype::Bfloat16 => Kind::BFloat16,
-        Dtype::Float16 => Kind::Half,
-    }
-}
-
 /// A trainer over a data loader: one process, or one rank of a DDP/FSDP job.
 pub struct Trainer {
     pub(super) model: Llama,
-    pub(super) weights: Weights,
+    pub(super) weights: Box<dyn ParallelWeights>,
     pub(super) dist: Option<DistContext>,
     pub(super) schedule: Schedule,
     pub(super) loader: DataLoader,
     pub(super) options: EngineOptions,
     pub(super) grad_clip: f64,
     pub(super) scaler: Option<LossScaler>,
-    pub(super) sharded_checkpoints: bool,
     pub(super) step: u64,
     pub(super) stop_requested: bool,
     pub(super) start: Instant,
@@ -199,56 +162,8 @@ impl Trainer {
                 "{world} ranks but trainer.dist.mode=none; use trainer/dist=ddp or trainer/dist=fsdp"
             )));
         }
-        let (master_kind, compute_kind) = precision_kinds(config.precision);
-        let adam = AdamWConfig {
-            betas: config.betas,
-            eps: config.eps,
-            weight_decay: config.weight_decay,
-        };
-        let comm = dist.as_ref().map(|d| d.comm.clone());
-        let mut activation_checkpointing = config.activation_checkpointing;
-        let mut sharded_checkpoints = false;
-        let weights = match &config.dist {
-            DistConfig::None | DistConfig::Ddp(_) => {
-                let params = params.to(device, master_kind);
-                let compute = (compute_kind != master_kind).then_some(compute_kind);
-                let mut w = Replicated::new(params, adam, compute);
-                if let (DistConfig::Ddp(ddp), Some(comm)) = (&config.dist, &comm) {
-                    if comm.world_size() > 1 {
-                        broadcast_params(comm.as_ref(), &w.params)?;
-                        w.reducer = Some(GradReducer::new(comm.clone(), ddp.bucket_cap_mb));
-                    }
-                }
-                Weights::Replicated(w)
-            }
-            DistConfig::Fsdp(f) => {
-                activation_checkpointing |= f.activation_checkpointing;
-                sharded_checkpoints = f.state_dict_type == StateDictType::Sharded;
-                let local = dist.as_ref().map_or(1, |d| d.local_world_size);
-                let (shard, replica) = process_groups(f.sharding_strategy, comm.as_ref(), local)?;
-                let full = params.to(device, master_kind);
-                if f.sync_module_states {
-                    if let Some(comm) = &comm {
-                        broadcast_params(comm.as_ref(), &full)?;
-                    }
-                }
-                let options = FsdpOptions {
-                    sharding: f.sharding_strategy,
-                    wrap: f.auto_wrap_policy,
-                    min_num_params: f.min_num_params,
-                    forward_prefetch: f.forward_prefetch,
-                    backward_prefetch: f.backward_prefetch.is_some(),
-                    limit_all_gathers: f.limit_all_gathers,
-                    param_kind: f.param_dtype.map_or(compute_kind, dtype_kind),
-                    reduce_kind: f.reduce_dtype.map_or(compute_kind, dtype_kind),
-                    master_kind,
-                    cpu_offload: f.cpu_offload,
-                };
-                let fsdp = Fsdp::new(&model, &full, options, adam, shard, replica, device)?;
-                drop(full);
-                Weights::Sharded(fsdp)
-            }
-        };
+        let Parallelized { weights, engine } =
+            parallelize(&model, params, config, device, dist.as_ref())?;
         Ok(Self {
             model,
             weights,
@@ -261,13 +176,9 @@ impl Trainer {
                 max_steps: config.max_steps,
             },
             loader,
-            options: EngineOptions {
-                activation_checkpointing,
-                loss_scale: 1.0,
-            },
+            options: engine,
             grad_clip: config.grad_clip,
             scaler: (config.precision == Precision::Fp16Mixed).then(LossScaler::new),
-            sharded_checkpoints,
             step: 0,
             stop_requested: false,
             start: Instant::now(),
@@ -278,8 +189,9 @@ impl Trainer {
         &self.model
     }
 
-    pub fn weights(&self) -> &Weights {
-        &self.weights
+    /// This rank's weights (replicated or sharded, as `trainer.dist` says).
+    pub fn weights(&self) -> &dyn ParallelWeights {
+        self.weights.as_ref()
     }
 
     /// This rank's index and the world size.
@@ -297,32 +209,17 @@ impl Trainer {
     /// The full parameters in the master dtype: the replicated tensors themselves, or (FSDP,
     /// collective) gathered from every shard.
     pub fn full_params(&self) -> Result<Params, TrainError> {
-        match &self.weights {
-            Weights::Replicated(w) => {
-                let mut out = Params::new();
-                for (n, t) in w.params.iter() {
-                    out.insert(n, t.shallow_clone());
-                }
-                Ok(out)
-            }
-            Weights::Sharded(f) => f.full_params(),
-        }
+        self.weights.full_params()
     }
 
     /// Bytes this rank holds for parameters, gradients and optimizer state.
     pub fn memory(&self) -> MemoryReport {
-        match &self.weights {
-            Weights::Replicated(w) => w.memory(),
-            Weights::Sharded(f) => f.memory(),
-        }
+        self.weights.memory()
     }
 
     /// FSDP: the most bytes of gathered (unsharded) parameters held at once so far.
     pub fn peak_gathered_bytes(&self) -> Option<usize> {
-        match &self.weights {
-            Weights::Replicated(_) => None,
-            Weights::Sharded(f) => Some(f.peak_gathered_bytes()),
-        }
+        self.weights.peak_gathered_bytes()
     }
 
     /// The current loss scale (16-mixed).
@@ -349,51 +246,19 @@ impl Trainer {
         let engine = Engine::new(&self.model, options);
         let lr = self.schedule.lr_at(self.step);
         let inv_scale = 1.0 / options.loss_scale;
-        let (local_loss, grad_norm, found_inf) = match &mut self.weights {
-            Weights::Replicated(w) => {
-                let (loss, grads) = engine.forward_backward(
-                    &mut w.strategy(),
-                    &batches.micro_batches,
-                    batches.global_loss_tokens,
-                )?;
-                // DDP gradients are identical on every rank here, so is `found_inf`.
-                let found_inf = match self.scaler {
-                    Some(_) => unscale(grads.iter().map(|(_, g)| g), inv_scale)?,
-                    None => false,
-                };
-                let grad_norm = clip_grad_norm(&grads, self.grad_clip)?;
-                if !found_inf {
-                    w.optimizer.step(&w.params, &grads, lr)?;
-                }
-                (loss, grad_norm, found_inf)
-            }
-            Weights::Sharded(f) => {
-                let (loss, _) = engine.forward_backward(
-                    f,
-                    &batches.micro_batches,
-                    batches.global_loss_tokens,
-                )?;
-                let mut found_inf = match self.scaler {
-                    Some(_) => f.unscale(inv_scale)?,
-                    None => false,
-                };
-                if self.scaler.is_some() {
-                    if let Some(d) = &self.dist {
-                        let flag = Tensor::from_slice(&[found_inf as i64]);
-                        d.comm.all_reduce_tensor(&flag, ReduceOp::Max)?.wait()?;
-                        found_inf = flag.int64_value(&[0]) != 0;
-                    }
-                }
-                let grad_norm = f.clip_grad_norm(self.grad_clip)?;
-                if found_inf {
-                    f.discard_grads();
-                } else {
-                    f.optimizer_step(lr)?;
-                }
-                f.end_step()?;
-                (loss, grad_norm, found_inf)
-            }
+        let weights = &mut self.weights;
+        let local_loss = weights.forward_backward(&engine, &batches)?;
+        let found_inf = match self.scaler {
+            Some(_) => weights.unscale_grads(inv_scale)?,
+            None => false,
         };
+        let grad_norm = weights.clip_grad_norm(self.grad_clip)?;
+        if found_inf {
+            weights.discard_grads();
+        } else {
+            weights.optimizer_step(lr)?;
+        }
+        weights.end_step()?;
         if let Some(s) = &mut self.scaler {
             s.update(found_inf);
         }

@@ -1,0 +1,169 @@
+//! Flat parameter groups of FSDP: which engine units form a group under an auto-wrap policy
+//! ([`wrap_units`]), where each owned parameter sits in its group's flat, padded tensor
+//! ([`GroupLayout`], [`layouts`]), a shard's slice of it, and the conversion between named
+//! tensors and flat ones ([`flatten`], [`unflatten`]). Sharded checkpoints store these
+//! layouts; `fsdp.rs` runs the groups.
+
+use std::ops::Range;
+
+use serde::{Deserialize, Serialize};
+use tch::{Device, Kind, Tensor};
+
+use super::TrainError;
+use crate::model::{Llama, Params};
+use flotilla_config::schema::AutoWrapPolicy;
+
+/// One parameter's place in a flat group.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct FlatEntry {
+    pub name: String,
+    pub shape: Vec<i64>,
+    pub offset: i64,
+    pub numel: i64,
+}
+
+/// The layout of one flat parameter group.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct GroupLayout {
+    /// Engine units whose parameters the group owns.
+    pub units: Range<usize>,
+    pub entries: Vec<FlatEntry>,
+    /// Elements without padding.
+    pub numel: i64,
+    /// Elements with padding (`shard_len × shard group size`).
+    pub padded: i64,
+    pub shard_len: i64,
+}
+
+/// Groups of engine units under an auto-wrap policy: `block` gives one group per unit;
+/// `size` closes a group once its units own at least `min_num_params` parameters (the rest
+/// form the last group).
+pub fn wrap_units(model: &Llama, wrap: AutoWrapPolicy, min_num_params: u64) -> Vec<Range<usize>> {
+    let n = model.units().len();
+    match wrap {
+        AutoWrapPolicy::Block => (0..n).map(|u| u..u + 1).collect(),
+        AutoWrapPolicy::Size => {
+            let mut groups = vec![];
+            let mut start = 0;
+            let mut count = 0u64;
+            for u in 0..n {
+                count += model.owned_params(u).map(|s| s.numel() as u64).sum::<u64>();
+                if count >= min_num_params {
+                    groups.push(start..u + 1);
+                    start = u + 1;
+                    count = 0;
+                }
+            }
+            if start < n {
+                groups.push(start..n);
+            }
+            groups
+        }
+    }
+}
+
+/// Flat layouts of `groups` for a shard group of `shard_world` ranks.
+pub fn layouts(model: &Llama, groups: &[Range<usize>], shard_world: usize) -> Vec<GroupLayout> {
+    groups
+        .iter()
+        .map(|units| {
+            let mut entries = vec![];
+            let mut offset = 0i64;
+            for u in units.clone() {
+                for s in model.owned_params(u) {
+                    let numel = s.numel() as i64;
+                    entries.push(FlatEntry {
+                        name: s.name.clone(),
+                        shape: s.shape.clone(),
+                        offset,
+                        numel,
+                    });
+                    offset += numel;
+                }
+            }
+            let w = shard_world as i64;
+            let shard_len = (offset + w - 1) / w;
+            GroupLayout {
+                units: units.clone(),
+                entries,
+                numel: offset,
+                padded: shard_len * w,
+                shard_len,
+            }
+        })
+        .collect()
+}
+
+impl GroupLayout {
+    /// Shard `rank`'s part of a flat `[padded]` tensor (a view).
+    pub fn shard_of(&self, flat: &Tensor, rank: usize) -> Result<Tensor, TrainError> {
+        Ok(flat.f_narrow(0, rank as i64 * self.shard_len, self.shard_len)?)
+    }
+
+    /// Copies the tensors of `named` into their slots of the flat `[padded]` tensor `flat`;
+    /// with `require_all`, a parameter missing from `named` is an error, else its slot is
+    /// left as it is.
+    pub(crate) fn fill(
+        &self,
+        flat: &Tensor,
+        named: &Params,
+        require_all: bool,
+    ) -> Result<(), TrainError> {
+        tch::no_grad(|| {
+            for e in &self.entries {
+                let Some(src) = named.get(&e.name) else {
+                    if require_all {
+                        return Err(TrainError::BadState(format!(
+                            "no tensor for parameter `{}`",
+                            e.name
+                        )));
+                    }
+                    continue;
+                };
+                flat.f_narrow(0, e.offset, e.numel)?
+                    .f_copy_(&src.f_reshape([-1])?)?;
+            }
+            Ok(())
+        })
+    }
+
+    /// Shard `rank` of the flattened `named` tensors, as a tensor of its own (in `kind`, on
+    /// `device`).
+    pub(crate) fn own_shard(
+        &self,
+        named: &Params,
+        rank: usize,
+        kind: Kind,
+        device: Device,
+    ) -> Result<Tensor, TrainError> {
+        let full = flatten(self, named, kind, device)?;
+        Ok(self
+            .shard_of(&full, rank)?
+            .f_contiguous()?
+            .f_detach_copy()?)
+    }
+}
+
+/// A flat, padded tensor of a group from named tensors (in `kind`, on `device`).
+pub fn flatten(
+    layout: &GroupLayout,
+    named: &Params,
+    kind: Kind,
+    device: Device,
+) -> Result<Tensor, TrainError> {
+    let flat = Tensor::f_zeros([layout.padded], (kind, device))?;
+    layout.fill(&flat, named, true)?;
+    Ok(flat)
+}
+
+/// Named views of a flat group tensor.
+pub fn unflatten(layout: &GroupLayout, flat: &Tensor, out: &mut Params) -> Result<(), TrainError> {
+    for e in &layout.entries {
+        out.insert(
+            e.name.clone(),
+            flat.f_narrow(0, e.offset, e.numel)?
+                .f_view(e.shape.as_slice())?,
+        );
+    }
+    Ok(())
+}
