@@ -9,7 +9,7 @@ mod commands;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use commands::{ComposeArgs, ForwardArgs, PlanArgs, RunArgs, StatusArgs};
+use commands::{ComposeArgs, ForwardArgs, PlanArgs, ReportArgs, RunArgs, StatusArgs};
 
 /// Composition allocates and frees many small trees; mimalloc does this faster than glibc's
 /// allocator, most visibly in large sweeps.
@@ -41,6 +41,10 @@ enum Command {
     Run(RunArgs),
     /// Show the state of the jobs of a run, job or sweep directory.
     Status(StatusArgs),
+    /// Compare the jobs of run and sweep directories: one row per job with its parameters and
+    /// metric; a table, CSV, JSON, Markdown, an HTML page with plots.
+    #[command(after_help = commands::REPORT_EXAMPLES)]
+    Report(ReportArgs),
     /// Train in a run directory (runs `flotilla-train train`; see `flotilla train --help`).
     #[command(disable_help_flag = true)]
     Train(ForwardArgs),
@@ -61,6 +65,7 @@ fn main() -> ExitCode {
         Command::Plan(args) => commands::plan(args),
         Command::Run(args) => commands::run(args),
         Command::Status(args) => commands::status(args),
+        Command::Report(args) => commands::report(args),
         Command::Train(args) => commands::forward_to_task("train", args),
         Command::Consolidate(args) => commands::forward_to_task("consolidate", args),
         Command::Bench(args) => commands::forward_to_task("bench", args),

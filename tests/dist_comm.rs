@@ -7,6 +7,9 @@
 //! exits, is killed or goes silent mid-collective, every other rank gets an error naming a
 //! peer within the configured timeout (a few seconds here), and that nothing hangs.
 
+mod common;
+
+use common::free_port;
 use flotilla_train::distributed::comm::{
     CommError, Communicator, CommunicatorExt, Element, ReduceOp, Work,
 };
@@ -36,14 +39,6 @@ struct Outcome {
     status: ExitStatus,
     stdout: String,
     stderr: String,
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 fn spawn_world(

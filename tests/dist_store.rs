@@ -8,6 +8,9 @@
 //! ignored, and does nothing without the scenario variable). Every spawned process is waited
 //! for, and killed first if a test fails or runs past its deadline.
 
+mod common;
+
+use common::free_port;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::process::{Child, Command, ExitStatus, Stdio};
@@ -29,11 +32,6 @@ const TEST_DEADLINE: Duration = Duration::from_secs(20);
 // ---------------------------------------------------------------------------------------------
 // Parent side
 // ---------------------------------------------------------------------------------------------
-
-fn free_port() -> u16 {
-    let l = TcpListener::bind("127.0.0.1:0").expect("bind a free port");
-    l.local_addr().unwrap().port()
-}
 
 /// A worker process. Dropping it kills and reaps the process.
 struct Worker {

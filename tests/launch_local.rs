@@ -3,9 +3,12 @@
 //! Ctrl-C leaving no process behind, parallel sweeps, and `flotilla run` end to end with the
 //! real `train` command (one rank and DDP).
 
-use flotilla_config::{ComposeOptions, Composer};
+mod common;
+
+use common::{composer, conf_dir, read_env};
 use flotilla_launch::local::{rank_env, rank_slot, threads_per_rank, EnvSpec};
-use flotilla_launch::rundir::{self, JobState, PreparedRun, RunRequest};
+use flotilla_launch::rank::{discover, RankEnv, RankSource};
+use flotilla_launch::rundir::{self, JobState, PreparedRun};
 use flotilla_launch::{
     Cancel, JobOutcome, Launcher, LocalLauncher, LocalOptions, TaskCommand, TaskExit,
 };
@@ -14,21 +17,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-fn conf_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("conf")
-}
-
-fn composer() -> Composer {
-    Composer::new(ComposeOptions {
-        config_dir: conf_dir(),
-        config_name: "config".into(),
-    })
-    .unwrap()
-}
-
-/// Prepares a run (or with `multirun`, a sweep) under `root`.
+/// Prepares a run (or with `multirun`, a sweep) under `root`; several ranks train with DDP.
 fn prepare(root: &Path, overrides: &[&str], multirun: bool) -> PreparedRun {
-    let mut ov: Vec<String> = overrides.iter().map(|s| s.to_string()).collect();
+    let mut ov = common::ov(overrides);
     if overrides
         .iter()
         .any(|o| o.starts_with("compute.tasks_per_node=") || o.starts_with("compute.nodes="))
@@ -38,16 +29,7 @@ fn prepare(root: &Path, overrides: &[&str], multirun: bool) -> PreparedRun {
     }
     ov.push(format!("flotilla.run.dir={}/run", root.display()));
     ov.push(format!("flotilla.sweep.dir={}/sweep", root.display()));
-    rundir::prepare(
-        &composer(),
-        &RunRequest {
-            overrides: ov,
-            sweep_file: None,
-            multirun,
-            argv: vec!["test".into()],
-        },
-    )
-    .unwrap()
+    common::prepare(&composer(), &ov, multirun).unwrap()
 }
 
 /// A task running `script` with `sh`; `$1` is the job directory.
@@ -65,16 +47,6 @@ fn options(task: TaskCommand) -> LocalOptions {
 
 fn launch(run: &PreparedRun, opts: LocalOptions) -> Vec<JobOutcome> {
     LocalLauncher::new(opts).launch(run).unwrap()
-}
-
-/// `KEY=VALUE` lines of a file written by `env`.
-fn read_env(path: &Path) -> BTreeMap<String, String> {
-    std::fs::read_to_string(path)
-        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
-        .lines()
-        .filter_map(|l| l.split_once('='))
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect()
 }
 
 fn alive(pid: i32) -> bool {
@@ -254,6 +226,60 @@ fn rank_slots_and_thread_shares() {
     assert_eq!(env["MASTER_PORT"], "1234");
     assert_eq!(threads_per_rank(2, 4), 1);
     assert_eq!(threads_per_rank(16, 4), 4);
+}
+
+/// The variables a launcher sets for a rank (the local launcher's, and the bare ones of
+/// `RankEnv::on_this_host` that `bench comm` and the multi-process tests use) are read back by
+/// the task as that rank.
+#[test]
+fn every_rank_discovers_the_slot_its_environment_gives_it() {
+    let mut c = composer()
+        .compose(&[
+            "compute.tasks_per_node=2".into(),
+            "trainer/dist=ddp".into(),
+            "trainer.micro_batch_size=2".into(),
+        ])
+        .unwrap()
+        .typed
+        .unwrap()
+        .compute;
+    c.nodes = 2;
+    let dir = PathBuf::from("/x");
+    let spec = EnvSpec {
+        compute: &c,
+        master_port: 1234,
+        threads: None,
+        parent_devices: None,
+        run_id: "run-7".into(),
+        job_dir: &dir,
+        job_num: 3,
+    };
+    for rank in 0..4 {
+        let launched: BTreeMap<String, String> = rank_env(&spec, rank).into_iter().collect();
+        let bare: BTreeMap<String, String> = RankEnv::on_this_host(rank, 2, 2, 1234)
+            .vars()
+            .into_iter()
+            .collect();
+        for (env, job_id) in [(&launched, Some("run-7")), (&bare, None)] {
+            let info = discover(&|k| env.get(k).cloned()).unwrap();
+            let slot = rank_slot(&c, rank);
+            assert_eq!(
+                (info.rank, info.local_rank, info.node_rank),
+                (rank, slot.local_rank, slot.node_rank)
+            );
+            assert_eq!(
+                (info.world_size, info.local_world_size, info.num_nodes),
+                (4, 2, 2)
+            );
+            assert_eq!(
+                (info.master_addr.as_str(), info.master_port),
+                ("127.0.0.1", 1234)
+            );
+            assert_eq!(info.source, RankSource::Torchrun);
+            assert_eq!(info.job_id.as_deref(), job_id);
+        }
+        assert_eq!(launched["FLOTILLA_JOB_NUM"], "3");
+    }
 }
 
 #[test]

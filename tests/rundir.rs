@@ -2,26 +2,21 @@
 //! (also across many concurrent `flotilla run --dry-run` processes), `meta.json`, `sweep.json`
 //! and its typed update API, and `flotilla status` from a directory's markers.
 
+mod common;
+
+use common::{conf_dir, ov};
 use flotilla_config::interp::ResolveContext;
-use flotilla_config::{ComposeOptions, Composer, ConfigError};
+use flotilla_config::{Composer, ConfigError};
 use flotilla_launch::rundir::status::{combine, markers};
 use flotilla_launch::rundir::{
-    self, JobRecord, JobState, Meta, Plan, PlanFile, PreparedRun, RunDirError, RunRequest,
+    self, JobRecord, JobState, Meta, Plan, PlanFile, PreparedRun, RunDirError,
 };
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-fn conf_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("conf")
-}
-
 /// A composer whose `${now:...}` is 2024-01-02 03:04:05 local time.
-fn composer() -> Composer {
-    let mut c = Composer::new(ComposeOptions {
-        config_dir: conf_dir(),
-        config_name: "config".into(),
-    })
-    .unwrap();
+fn fixed_clock_composer() -> Composer {
+    let mut c = common::composer();
     use chrono::TimeZone;
     let now = chrono::Local
         .with_ymd_and_hms(2024, 1, 2, 3, 4, 5)
@@ -34,21 +29,9 @@ fn composer() -> Composer {
     c
 }
 
-fn request(overrides: &[String], multirun: bool) -> RunRequest {
-    RunRequest {
-        overrides: overrides.to_vec(),
-        sweep_file: None,
-        multirun,
-        argv: vec!["flotilla".into(), "run".into(), "--test".into()],
-    }
-}
-
+/// Prepares a run (or with `multirun`, a sweep) at the fixed time.
 fn prepare(overrides: &[String], multirun: bool) -> Result<PreparedRun, RunDirError> {
-    rundir::prepare(&composer(), &request(overrides, multirun))
-}
-
-fn ov(list: &[&str]) -> Vec<String> {
-    list.iter().map(|s| s.to_string()).collect()
+    common::prepare(&fixed_clock_composer(), overrides, multirun)
 }
 
 fn entries(dir: &Path) -> Vec<String> {

@@ -5,9 +5,11 @@
 //!
 //! Golden files live in `tests/slurm/`; `UPDATE_GOLDEN=1 cargo test --test slurm` rewrites them.
 
+mod common;
+
+use common::{ov, read_env};
 use flotilla_config::schema::{ComputeConfig, Launcher};
-use flotilla_config::{ComposeOptions, Composer};
-use flotilla_launch::rundir::{self, JobState, RunRequest};
+use flotilla_launch::rundir::{self, JobState};
 use flotilla_launch::slurm::{
     self, expand_ids, format_time, parse_max_array_size, parse_squeue, parse_srun_error,
     quote_task, render_script, sbatch_options, sbatch_quote, shell_quote, ScriptSpec, SlurmOptions,
@@ -485,25 +487,8 @@ impl Drop for Cluster {
 
 /// Prepares a run or sweep with the repository's conf tree.
 fn prepare(overrides: &[String], multirun: bool) -> rundir::PreparedRun {
-    let composer = Composer::new(ComposeOptions {
-        config_dir: Path::new(REPO).join("conf"),
-        config_name: "config".into(),
-    })
-    .unwrap();
-    rundir::prepare(
-        &composer,
-        &RunRequest {
-            overrides: overrides.to_vec(),
-            sweep_file: None,
-            multirun,
-            argv: vec!["flotilla".into(), "run".into()],
-        },
-    )
-    .unwrap_or_else(|e| panic!("prepare {overrides:?}: {e}"))
-}
-
-fn ov(list: &[&str]) -> Vec<String> {
-    list.iter().map(|s| s.to_string()).collect()
+    common::prepare(&common::composer(), overrides, multirun)
+        .unwrap_or_else(|e| panic!("prepare {overrides:?}: {e}"))
 }
 
 /// Polls `slurm::status` until every job is in a terminal state.
@@ -568,15 +553,6 @@ const SMALL_TRAIN: &[&str] = &[
     "data.num_train=200",
     "data.num_eval=0",
 ];
-
-fn read_env(path: &Path) -> std::collections::HashMap<String, String> {
-    std::fs::read_to_string(path)
-        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
-        .lines()
-        .filter_map(|l| l.split_once('='))
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect()
-}
 
 fn sbatch_task(script: &Path, mode: &str) -> SlurmOptions {
     let mut argv = vec![

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use flotilla_config::schema::{DataConfig, ModelConfig, Resume, TrainerConfig};
 use flotilla_train::data::{self, BatchLayout, Data, DataLoader, DataOptions};
 use flotilla_train::model::Llama;
-use flotilla_train::{checkpoint, fit, resume, EvalSet, FitOptions, RunMetricsWriter, Trainer};
+use flotilla_train::{checkpoint, fit, resume, EvalSet, FitOptions, MetricsWriter, Trainer};
 use tch::{Device, Kind};
 
 fn model_config() -> ModelConfig {
@@ -61,7 +61,7 @@ fn trainer(t: &TrainerConfig, d: &Data) -> Trainer {
 fn run(dir: &Path, t: &TrainerConfig, d: &Data, until: u64) -> Trainer {
     let mut tr = trainer(t, d);
     resume(&mut tr, dir, &t.resume).unwrap();
-    let mut w = RunMetricsWriter::open(&dir.join("metrics.csv"), tr.step_index()).unwrap();
+    let mut w = MetricsWriter::open(&dir.join("metrics.csv"), tr.step_index()).unwrap();
     let eval = EvalSet {
         dataset: Arc::clone(d.eval.as_ref().unwrap()),
         num_batches: t.eval_batches,

@@ -35,6 +35,7 @@ use std::process::Command;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
+use common::conf_dir;
 use flotilla_config::schema::AutoWrapPolicy;
 use flotilla_config::schema::{DataConfig, ModelConfig, TrainerConfig};
 use flotilla_train::checkpoint::{ShardedMeta, SHARDED_META_FILE};
@@ -45,7 +46,7 @@ use flotilla_train::distributed::store::MemoryStore;
 use flotilla_train::fsdp::{layouts, wrap_units};
 use flotilla_train::model::{load_hf, Llama};
 use flotilla_train::weights::MemoryReport;
-use flotilla_train::{DistContext, RunRow, Trainer};
+use flotilla_train::{DistContext, MetricsRow, Trainer};
 use tch::{Device, Kind, Tensor};
 use world::{Shape, World};
 
@@ -61,10 +62,6 @@ const WORLD_LIMIT: Duration = Duration::from_secs(300);
 
 fn exe() -> &'static Path {
     Path::new(env!("CARGO_BIN_EXE_flotilla"))
-}
-
-fn conf_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("conf")
 }
 
 /// This test binary's scratch directory, under target/tmp. It outlives the process (the
@@ -100,7 +97,7 @@ fn root() -> &'static Path {
 struct Run {
     name: String,
     dir: PathBuf,
-    rows: Vec<RunRow>,
+    rows: Vec<MetricsRow>,
     /// Remove `dir` on drop (runs that no other test uses).
     remove_on_drop: bool,
 }
@@ -123,11 +120,11 @@ impl Run {
     }
 }
 
-fn read_rows(path: &Path) -> Vec<RunRow> {
+fn read_rows(path: &Path) -> Vec<MetricsRow> {
     let mut reader =
         csv::Reader::from_path(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     reader
-        .deserialize::<RunRow>()
+        .deserialize::<MetricsRow>()
         .map(|r| r.unwrap_or_else(|e| panic!("{}: {e}", path.display())))
         .collect()
 }

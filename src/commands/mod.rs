@@ -4,6 +4,7 @@
 mod compose;
 mod forward;
 mod plan;
+mod report;
 mod run;
 mod status;
 
@@ -19,6 +20,7 @@ use flotilla_launch::settings::{Settings, SettingsError, SettingsSources};
 pub use compose::{compose, ComposeArgs, COMPOSE_EXAMPLES};
 pub use forward::{forward_to_task, ForwardArgs};
 pub use plan::{plan, PlanArgs, PLAN_EXAMPLES};
+pub use report::{report, ReportArgs, REPORT_EXAMPLES};
 pub use run::{run, RunArgs, RUN_EXAMPLES};
 pub use status::{status, StatusArgs};
 

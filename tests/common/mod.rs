@@ -1,9 +1,72 @@
-//! Fixtures shared by the integration tests.
+//! Fixtures and helpers shared by the integration tests: the repository's config tree and a
+//! composer over it, preparing runs, reading the environment a task wrote, a free port, small
+//! model and trainer configs, and the Python oracle. Included with `mod common;`; each test
+//! uses what it needs.
+
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
 
 use flotilla_config::schema::{ModelConfig, TrainerConfig};
+use flotilla_config::{ComposeOptions, Composer};
+use flotilla_launch::rundir::{self, PreparedRun, RunDirError, RunRequest};
+
+/// The repository's config tree.
+pub fn conf_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("conf")
+}
+
+/// A composer of the repository's `conf/config.yaml`.
+pub fn composer() -> Composer {
+    Composer::new(ComposeOptions {
+        config_dir: conf_dir(),
+        config_name: "config".into(),
+    })
+    .unwrap()
+}
+
+/// The command line prepared runs record (`meta.json`, `sweep.json`).
+pub const ARGV: [&str; 3] = ["flotilla", "run", "--test"];
+
+/// Prepares a run (or with `multirun`, a sweep) of `overrides` with `composer`.
+pub fn prepare(
+    composer: &Composer,
+    overrides: &[String],
+    multirun: bool,
+) -> Result<PreparedRun, RunDirError> {
+    rundir::prepare(
+        composer,
+        &RunRequest {
+            overrides: overrides.to_vec(),
+            sweep_file: None,
+            multirun,
+            argv: ARGV.iter().map(|s| s.to_string()).collect(),
+        },
+    )
+}
+
+/// Owned overrides.
+pub fn ov(list: &[&str]) -> Vec<String> {
+    list.iter().map(|s| s.to_string()).collect()
+}
+
+/// `KEY=VALUE` lines of a file written by `env`.
+pub fn read_env(path: &Path) -> BTreeMap<String, String> {
+    std::fs::read_to_string(path)
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+        .lines()
+        .filter_map(|l| l.split_once('='))
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+/// A free TCP port on 127.0.0.1 (the launcher's `MASTER_PORT` finder).
+pub fn free_port() -> u16 {
+    flotilla_launch::rank::free_port().expect("a free port on 127.0.0.1")
+}
 
 /// A small Llama configuration (2 layers, GQA 4:2) for fast model and engine tests.
-#[allow(dead_code)]
 pub fn tiny_model_config(tied: bool) -> ModelConfig {
     ModelConfig {
         name: "t".into(),
@@ -26,7 +89,6 @@ pub fn tiny_model_config(tied: bool) -> ModelConfig {
 /// A complete `trainer:` section for tests: one process, fp32 on CPU, constant LR with no
 /// warmup, no evaluation or checkpoints, with `overrides` (a YAML mapping such as
 /// `{max_steps: 12, schedule: cosine}`) replacing keys of that base.
-#[allow(dead_code)]
 pub fn trainer_config(overrides: &str) -> TrainerConfig {
     const BASE: &str = "
 dist: {mode: none}
@@ -65,7 +127,6 @@ seed: 7
 
 /// Runs a Python oracle (`.venv/bin/python` with transformers quiet and offline), asserts that
 /// it succeeded, and parses the JSON of its last line of output.
-#[allow(dead_code)]
 pub fn run_oracle<T: serde::de::DeserializeOwned>(cmd: &mut std::process::Command) -> T {
     let out = cmd
         .env("TRANSFORMERS_VERBOSITY", "error")
@@ -83,17 +144,15 @@ pub fn run_oracle<T: serde::de::DeserializeOwned>(cmd: &mut std::process::Comman
 }
 
 /// The project venv's python (`FLOTILLA_VENV`, else `.venv`).
-#[allow(dead_code)]
-pub fn venv_python() -> std::path::PathBuf {
+pub fn venv_python() -> PathBuf {
     let venv = std::env::var_os("FLOTILLA_VENV")
-        .map(std::path::PathBuf::from)
-        .unwrap_or_else(|| std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(".venv"));
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join(".venv"));
     venv.join("bin").join("python")
 }
 
 /// The venv python, if transformers and safetensors import there.
-#[allow(dead_code)]
-pub fn oracle_python() -> Option<std::path::PathBuf> {
+pub fn oracle_python() -> Option<PathBuf> {
     let python = venv_python();
     let ok = std::process::Command::new(&python)
         .args(["-c", "import transformers, safetensors"])

@@ -1,6 +1,7 @@
 //! Starting `flotilla train` as a torchrun-style world of local processes, for the
-//! multi-process training tests. Each rank gets the torchrun variables (`RANK`, `LOCAL_RANK`,
-//! `WORLD_SIZE`, `LOCAL_WORLD_SIZE`, `GROUP_RANK`, `MASTER_ADDR`, `MASTER_PORT`) for a free
+//! multi-process training tests. Each rank gets the torchrun variables of
+//! `flotilla_launch::rank::RankEnv` (`RANK`, `LOCAL_RANK`, `WORLD_SIZE`, `LOCAL_WORLD_SIZE`,
+//! `NODE_RANK`/`GROUP_RANK`, `GROUP_WORLD_SIZE`, `MASTER_ADDR`, `MASTER_PORT`) for a free
 //! localhost port and `OMP_NUM_THREADS=1`, and writes its stdout and stderr to its own log
 //! file. A [`World`] kills and reaps every rank still running when it is dropped (a failing or
 //! panicking test leaves no process behind), and [`World::wait`] fails, after killing them
@@ -14,14 +15,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
-/// A free TCP port on localhost (bind port 0, read it back, release it).
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .expect("binding 127.0.0.1:0")
-        .local_addr()
-        .unwrap()
-        .port()
-}
+use flotilla_launch::rank::{free_port, RankEnv};
 
 /// The shape of a world: `nodes × per_node` ranks (rank `r` is on node `r / per_node`).
 #[derive(Clone, Copy, Debug)]
@@ -112,7 +106,7 @@ pub fn spawn_command(
     configure: impl Fn(&mut Command),
 ) -> World {
     std::fs::create_dir_all(log_dir).unwrap();
-    let port = free_port();
+    let port = free_port().expect("a free port on 127.0.0.1");
     let world = shape.world_size();
     let mut out = World {
         name: name.to_string(),
@@ -131,15 +125,9 @@ pub fn spawn_command(
                 cmd.env_remove(&k);
             }
         }
-        cmd.env("RANK", rank.to_string())
-            .env("LOCAL_RANK", (rank % shape.per_node).to_string())
-            .env("WORLD_SIZE", world.to_string())
-            .env("LOCAL_WORLD_SIZE", shape.per_node.to_string())
-            .env("GROUP_RANK", (rank / shape.per_node).to_string())
-            .env("GROUP_WORLD_SIZE", shape.nodes.to_string())
-            .env("MASTER_ADDR", "127.0.0.1")
-            .env("MASTER_PORT", port.to_string())
-            .env("OMP_NUM_THREADS", "1")
+        let mut env = RankEnv::on_this_host(rank, shape.nodes, shape.per_node, port);
+        env.threads = Some(1);
+        cmd.envs(env.vars())
             .env("RUST_BACKTRACE", "0")
             .env_remove("RUST_LOG")
             .stdin(Stdio::null())

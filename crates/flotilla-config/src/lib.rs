@@ -7,6 +7,7 @@
 //! sweep.
 
 pub mod compose;
+pub mod default_element;
 pub mod defaults;
 pub mod interp;
 pub mod node;

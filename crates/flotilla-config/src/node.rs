@@ -262,6 +262,38 @@ pub fn python_float_repr(x: f64) -> String {
     }
 }
 
+/// The value of a `FLOAT` token of the override and interpolation grammars, which share
+/// Python's float literals: `1_000.5`, `.5`, `5.`, `1e-3`, `-inf`, `NaN` (underscores between
+/// digits, at most one sign, `inf` and `nan` in any case). The lexers produce nothing else;
+/// other text gives NaN.
+pub(crate) fn python_float_literal(text: &str) -> f64 {
+    let cleaned: String = text.chars().filter(|&c| c != '_').collect();
+    let (neg, body) = match cleaned.strip_prefix('-') {
+        Some(b) => (true, b),
+        None => (false, cleaned.strip_prefix('+').unwrap_or(&cleaned)),
+    };
+    let v = if body.eq_ignore_ascii_case("inf") {
+        f64::INFINITY
+    } else if body.eq_ignore_ascii_case("nan") {
+        f64::NAN
+    } else {
+        // The lexers only produce valid Python float literals.
+        body.parse::<f64>().unwrap_or(f64::NAN)
+    };
+    if neg {
+        -v
+    } else {
+        v
+    }
+}
+
+/// The value of an `INT` token of the override and interpolation grammars (`1_000`, `-5`,
+/// `+3`), or `None` when it does not fit in an `i64` (Python would keep a big integer).
+pub(crate) fn python_int_literal(text: &str) -> Option<i64> {
+    let cleaned: String = text.chars().filter(|&c| c != '_').collect();
+    cleaned.parse::<i64>().ok()
+}
+
 /// Renders a value as Python's `str()` would render the OmegaConf container holding it. This
 /// is how values are spliced into string interpolations (`"lr=${lr}"` → `lr=0.001`).
 pub fn python_str(value: &Value) -> String {

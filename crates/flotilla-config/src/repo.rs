@@ -2,7 +2,7 @@
 //! loaded config files (parsed once per process, shared by every job of a sweep and by the
 //! threads that compose them).
 
-use super::defaults::{parse_defaults_list, InputDefault};
+use super::default_element::{parse_defaults_list, InputDefault};
 use super::node::{Node, Value};
 use super::yaml::{load_str, parse_header};
 use super::ConfigError;

@@ -8,9 +8,11 @@
 
 pub mod local;
 pub mod rank;
+pub mod report;
 pub mod rundir;
 pub mod settings;
 pub mod slurm;
+pub mod tfevents;
 
 /// The exit status of a task that stopped on request (SIGUSR2/SIGTERM) after writing a
 /// checkpoint: the launchers requeue such a job, and the same command resumes it.

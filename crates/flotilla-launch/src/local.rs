@@ -1,6 +1,6 @@
 //! The local launcher: runs each job's ranks as processes on this machine, like `torchrun`.
 //!
-//! Every rank gets the torchrun variables (`RANK`, `LOCAL_RANK`, `WORLD_SIZE`,
+//! Every rank gets the torchrun variables ([`RankEnv`]: `RANK`, `LOCAL_RANK`, `WORLD_SIZE`,
 //! `LOCAL_WORLD_SIZE`, `NODE_RANK`/`GROUP_RANK`, `GROUP_WORLD_SIZE`, `ROLE_RANK`,
 //! `ROLE_WORLD_SIZE`, `MASTER_ADDR=127.0.0.1`, `MASTER_PORT` = a free port,
 //! `TORCHELASTIC_RUN_ID`), `OMP_NUM_THREADS` = its share of the cores (unless set already),
@@ -19,6 +19,7 @@
 //! of a sweep run one after another, or up to `compute.max_parallel` at once.
 
 use super::{JobOutcome, LaunchError, Launcher, RankFailure, TaskCommand, TaskExit};
+use crate::rank::{free_port, RankEnv, DEFAULT_MASTER_ADDR};
 use crate::rundir::{JobState, Plan, PlanFile, PreparedJob, PreparedRun, LOGS_DIR};
 use flotilla_config::schema::ComputeConfig;
 use std::collections::HashMap;
@@ -180,37 +181,13 @@ pub struct EnvSpec<'a> {
     pub job_num: usize,
 }
 
-/// The variables set for `rank` (in addition to the inherited environment).
+/// The variables set for `rank` (in addition to the inherited environment): the torchrun
+/// variables of its slot with torchrun's elastic-agent ones ([`RankEnv`]), then
+/// `FLOTILLA_JOB_DIR` and `FLOTILLA_JOB_NUM`.
 pub fn rank_env(spec: &EnvSpec<'_>, rank: usize) -> Vec<(String, String)> {
     let c = spec.compute;
     let slot = rank_slot(c, rank);
-    let world = c.world_size();
-    let mut env: Vec<(String, String)> = vec![
-        ("RANK".into(), rank.to_string()),
-        ("LOCAL_RANK".into(), slot.local_rank.to_string()),
-        ("WORLD_SIZE".into(), world.to_string()),
-        ("LOCAL_WORLD_SIZE".into(), c.tasks_per_node.to_string()),
-        ("NODE_RANK".into(), slot.node_rank.to_string()),
-        ("GROUP_RANK".into(), slot.node_rank.to_string()),
-        ("GROUP_WORLD_SIZE".into(), c.nodes.to_string()),
-        ("ROLE_NAME".into(), "default".into()),
-        ("ROLE_RANK".into(), rank.to_string()),
-        ("ROLE_WORLD_SIZE".into(), world.to_string()),
-        ("MASTER_ADDR".into(), "127.0.0.1".into()),
-        ("MASTER_PORT".into(), spec.master_port.to_string()),
-        ("TORCHELASTIC_RUN_ID".into(), spec.run_id.clone()),
-        ("TORCHELASTIC_RESTART_COUNT".into(), "0".into()),
-        ("TORCHELASTIC_MAX_RESTARTS".into(), "0".into()),
-        (
-            "FLOTILLA_JOB_DIR".into(),
-            spec.job_dir.to_string_lossy().into_owned(),
-        ),
-        ("FLOTILLA_JOB_NUM".into(), spec.job_num.to_string()),
-    ];
-    if let Some(t) = spec.threads {
-        env.push(("OMP_NUM_THREADS".into(), t.to_string()));
-    }
-    if let Some(devices) = slot.devices {
+    let visible_devices = slot.devices.map(|devices| {
         let parent: Option<Vec<&str>> = spec
             .parent_devices
             .as_deref()
@@ -228,19 +205,30 @@ pub fn rank_env(spec: &EnvSpec<'_>, rank: usize) -> Vec<(String, String)> {
                 None => d.to_string(),
             })
             .collect();
-        env.push(("CUDA_VISIBLE_DEVICES".into(), names.join(",")));
+        names.join(",")
+    });
+    let mut env = RankEnv {
+        rank,
+        local_rank: slot.local_rank,
+        world_size: c.world_size(),
+        local_world_size: c.tasks_per_node,
+        node_rank: slot.node_rank,
+        num_nodes: c.nodes,
+        master_addr: DEFAULT_MASTER_ADDR.to_string(),
+        master_port: spec.master_port,
+        elastic_run_id: Some(spec.run_id.clone()),
+        threads: spec.threads,
+        visible_devices,
     }
+    .vars();
+    env.extend([
+        (
+            "FLOTILLA_JOB_DIR".to_string(),
+            spec.job_dir.to_string_lossy().into_owned(),
+        ),
+        ("FLOTILLA_JOB_NUM".to_string(), spec.job_num.to_string()),
+    ]);
     env
-}
-
-/// A free TCP port on 127.0.0.1 (bound, read, released).
-pub fn free_port() -> Result<u16, LaunchError> {
-    let listener = std::net::TcpListener::bind(("127.0.0.1", 0))
-        .map_err(|e| LaunchError::io("finding a free port for MASTER_PORT", e))?;
-    listener
-        .local_addr()
-        .map(|a| a.port())
-        .map_err(|e| LaunchError::io("finding a free port for MASTER_PORT", e))
 }
 
 /// The last `n` lines of a file (reading at most its last 64 KiB).
@@ -401,7 +389,8 @@ impl LocalLauncher {
             .then(|| threads_per_rank(cores, world * parallel.max(1)));
         let spec = EnvSpec {
             compute,
-            master_port: free_port()?,
+            master_port: free_port()
+                .map_err(|e| LaunchError::io("finding a free port for MASTER_PORT", e))?,
             threads,
             parent_devices: std::env::var("CUDA_VISIBLE_DEVICES").ok(),
             run_id: format!("flotilla-{}-{}", std::process::id(), job.num),

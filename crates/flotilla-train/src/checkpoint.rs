@@ -15,7 +15,8 @@ use serde::{Deserialize, Serialize};
 use tch::Tensor;
 
 use super::fsdp_layout::{unflatten, GroupLayout};
-use super::trainer::{LossScaler, Trainer};
+use super::loss_scale::LossScaler;
+use super::trainer::Trainer;
 use super::weights::CheckpointState;
 use super::{read_safetensors, write_safetensors, TrainError};
 use crate::data::SamplerState;

@@ -1,7 +1,8 @@
-//! The single-process unit engine (DESIGN §7): forward unit by unit, each unit on the previous
-//! output detached into a fresh leaf, backward unit by unit in reverse with [`vjp`], parameter
-//! gradients accumulated across micro-batches (tied weights summed over their readers), and
-//! optional activation checkpointing (keep only each unit's input, recompute in backward).
+//! The single-process unit engine (docs/ARCHITECTURE.md, "The unit engine"): forward unit by
+//! unit, each unit on the previous output detached into a fresh leaf, backward unit by unit in
+//! reverse with [`vjp`], parameter gradients accumulated across micro-batches (tied weights
+//! summed over their readers), and optional activation checkpointing (keep only each unit's
+//! input, recompute in backward).
 //!
 //! Where the parameters come from and what happens to finished gradients is the business of a
 //! [`Strategy`]; this file owns the strategy contract and the single-process strategy

@@ -1,33 +1,23 @@
 //! A training run in a run directory: [`fit`] steps a [`Trainer`] up to a step count,
 //! evaluating every `eval_every` steps and at the end ([`Trainer::evaluate`]: loss, perplexity
 //! and, for arithmetic data, greedy exact match), checkpointing every `checkpoint_every` steps
-//! and at the end, and appending [`RunRow`]s to `metrics.csv` with [`RunMetricsWriter`], which
-//! drops rows a resumed run is about to redo. [`resume`] applies `trainer.resume`.
+//! and at the end, and appending a [`MetricsRow`] per step to `metrics.csv` with the
+//! [`MetricsWriter`] of the run (which drops rows a resumed run is about to redo). [`resume`]
+//! applies `trainer.resume`.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use serde::{Deserialize, Serialize};
 use tch::Tensor;
 
 use super::checkpoint::{self, TrainerState};
+use super::metrics::{EvalMetrics, MetricsRow, MetricsWriter};
 use super::preempt;
-use super::trainer::{StepMetrics, Trainer};
+use super::trainer::Trainer;
 use super::TrainError;
 use crate::data::{eval_batches, greedy_generate, ArithmeticTask, Dataset};
 use crate::distributed::comm::{CommunicatorExt, ReduceOp};
 use flotilla_config::schema::Resume;
-
-/// Evaluation results.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct EvalMetrics {
-    /// Summed loss over the evaluation tokens / their count.
-    pub loss: f64,
-    /// `exp(loss)`.
-    pub ppl: f64,
-    /// Greedy exact-match accuracy (arithmetic data only).
-    pub acc: Option<f64>,
-}
 
 /// What to evaluate on.
 #[derive(Clone)]
@@ -106,90 +96,6 @@ impl Trainer {
     }
 }
 
-/// One row of a run's `metrics.csv`: the step metrics, then the evaluation columns (empty on
-/// rows without an evaluation).
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct RunRow {
-    pub step: u64,
-    pub loss: f64,
-    pub grad_norm: f64,
-    pub lr: f64,
-    pub tokens_per_s: f64,
-    pub elapsed_s: f64,
-    pub eval_loss: Option<f64>,
-    pub eval_ppl: Option<f64>,
-    pub eval_acc: Option<f64>,
-}
-
-impl RunRow {
-    fn new(m: &StepMetrics, eval: Option<EvalMetrics>) -> Self {
-        RunRow {
-            step: m.step,
-            loss: m.loss,
-            grad_norm: m.grad_norm,
-            lr: m.lr,
-            tokens_per_s: m.tokens_per_s,
-            elapsed_s: m.elapsed_s,
-            eval_loss: eval.map(|e| e.loss),
-            eval_ppl: eval.map(|e| e.ppl),
-            eval_acc: eval.and_then(|e| e.acc),
-        }
-    }
-}
-
-/// Writes [`RunRow`]s to `metrics.csv`, keeping the rows of earlier steps of a resumed run.
-pub struct RunMetricsWriter {
-    writer: csv::Writer<std::fs::File>,
-}
-
-impl RunMetricsWriter {
-    /// Opens `path`, keeping its rows with `step < first_step` and dropping the rest (they
-    /// belong to steps after the checkpoint that is resumed), then appends.
-    pub fn open(path: &Path, first_step: u64) -> Result<Self, TrainError> {
-        let mut kept: Vec<RunRow> = vec![];
-        if first_step > 0 && path.is_file() {
-            let mut reader = csv::Reader::from_path(path)?;
-            for row in reader.deserialize::<RunRow>() {
-                let row = row?;
-                if row.step < first_step {
-                    kept.push(row);
-                }
-            }
-        }
-        let file = std::fs::File::create(path).map_err(|source| TrainError::Io {
-            path: path.to_path_buf(),
-            source,
-        })?;
-        let mut writer = csv::WriterBuilder::new()
-            .has_headers(false)
-            .from_writer(file);
-        {
-            writer.write_record([
-                "step",
-                "loss",
-                "grad_norm",
-                "lr",
-                "tokens_per_s",
-                "elapsed_s",
-                "eval_loss",
-                "eval_ppl",
-                "eval_acc",
-            ])?;
-        }
-        for row in &kept {
-            writer.serialize(row)?;
-        }
-        writer.flush().map_err(|e| TrainError::Csv(e.into()))?;
-        Ok(Self { writer })
-    }
-
-    pub fn write(&mut self, row: &RunRow) -> Result<(), TrainError> {
-        self.writer.serialize(row)?;
-        self.writer.flush().map_err(|e| TrainError::Csv(e.into()))?;
-        Ok(())
-    }
-}
-
 /// Applies `trainer.resume`: `auto` restores the latest complete checkpoint of `run_dir` (if
 /// any), `never` none, a path that checkpoint. Returns the checkpoint used.
 pub fn resume(
@@ -223,7 +129,7 @@ pub struct FitOptions<'a> {
     pub checkpoint_every: u64,
     pub keep_last_checkpoints: usize,
     /// Called with each row after it is written.
-    pub on_row: Option<&'a mut dyn FnMut(&RunRow)>,
+    pub on_row: Option<&'a mut dyn FnMut(&MetricsRow)>,
 }
 
 /// Steps `trainer` from its current step to `opts.until`, writing rows to `metrics` (rank 0's), evaluating
@@ -233,13 +139,13 @@ pub struct FitOptions<'a> {
 /// [`preempt::PreemptError::Stopped`].
 pub fn fit(
     trainer: &mut Trainer,
-    mut metrics: Option<&mut RunMetricsWriter>,
+    mut metrics: Option<&mut MetricsWriter>,
     mut opts: FitOptions<'_>,
-) -> Result<Vec<RunRow>, TrainError> {
+) -> Result<Vec<MetricsRow>, TrainError> {
     preempt::install()?;
     let mut rows = vec![];
     while trainer.step_index() < opts.until {
-        let m = trainer.step()?;
+        let step = trainer.step()?;
         let done = trainer.step_index();
         let last = done == opts.until;
         let at_end = done == trainer.schedule.max_steps;
@@ -249,7 +155,7 @@ pub fn fit(
             }
             _ => None,
         };
-        let row = RunRow::new(&m, eval);
+        let row = step.with_eval(eval);
         if let Some(m) = metrics.as_deref_mut() {
             m.write(&row)?;
         }

@@ -1,7 +1,8 @@
-//! Fully sharded data parallelism on the unit engine (DESIGN §7). This file owns the flat
-//! parameter groups, their sharding across ranks, the gather / release / reduce-scatter
-//! schedule, the AdamW step over the local shards, and the conversion between shards and full
-//! named tensors (for evaluation, full checkpoints and resharding).
+//! Fully sharded data parallelism on the unit engine (docs/ARCHITECTURE.md, "The unit
+//! engine"). This file owns the sharded weights of a rank ([`Fsdp`]) over the flat parameter
+//! groups of `fsdp_layout.rs`: their sharding across ranks and process groups, the gather /
+//! release / reduce-scatter schedule, the AdamW step over the local shards, and the conversion
+//! between shards and full named tensors (for evaluation, full checkpoints and resharding).
 //!
 //! Each FSDP group (one per engine unit with `auto_wrap_policy: block`; consecutive units
 //! until `min_num_params` with `size`) owns one flat parameter: the parameters its units own,
@@ -33,8 +34,8 @@ use std::sync::Arc;
 use tch::{Device, Kind, Tensor};
 
 use super::engine::{Engine, Strategy};
+use super::loss_scale::unscale;
 use super::optim::{adamw_update, scale_to_max_norm, AdamWConfig, Decay};
-use super::trainer::unscale;
 use super::weights::{nbytes, CheckpointState, MemoryReport, ParallelWeights, ShardState};
 use super::TrainError;
 use crate::data::StepBatches;

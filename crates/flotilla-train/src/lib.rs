@@ -1,8 +1,13 @@
-//! Training: the learning-rate [`schedule`], the [`optim`]izer (AdamW and gradient clipping)
-//! and the unit [`engine`] (forward and backward unit by unit, gradient accumulation,
-//! activation checkpointing, strategy hooks), and the single-process [`trainer`] loop with its
-//! `metrics.csv` rows, its [`checkpoint`]s, and a [`run`] in a run directory (evaluation,
-//! checkpointing, resuming). This file owns the module's error type.
+//! The training task: the Llama-style [`model`], the [`data`] pipelines, the [`distributed`]
+//! runtime (rendezvous store, CPU and NCCL collectives), the learning-rate [`schedule`], the
+//! [`optim`]izer (AdamW and gradient clipping), the unit [`engine`] (forward and backward unit
+//! by unit, gradient accumulation, activation checkpointing, strategy hooks), the weights of a
+//! rank ([`weights`]: [`replicated`] for one process and DDP, [`fsdp`] sharded) as
+//! [`parallelize`] builds them, the [`trainer`] loop with its fp16 [`loss_scale`] and its
+//! [`metrics`] rows, its [`checkpoint`]s, a run in a run directory ([`fit`]: evaluation,
+//! checkpointing, resuming; [`preempt`]ion) and the `flotilla train` job ([`task`]). This file
+//! owns the crate's error type, [`find_stopped`] (a preemption stop in an error chain), and the
+//! safetensors helpers that name the file in their errors.
 
 pub mod checkpoint;
 pub mod data;
@@ -11,6 +16,8 @@ pub mod engine;
 pub mod fit;
 pub mod fsdp;
 pub mod fsdp_layout;
+pub mod loss_scale;
+pub mod metrics;
 pub mod model;
 pub mod optim;
 pub mod parallelize;
@@ -27,13 +34,17 @@ pub use flotilla_launch::LIBTORCH_VERSION;
 
 use std::path::PathBuf;
 
+use preempt::PreemptError;
+
 pub use engine::{Engine, EngineOptions, SingleProcess, Strategy};
-pub use fit::{fit, resume, EvalMetrics, EvalSet, FitOptions, RunMetricsWriter, RunRow};
+pub use fit::{fit, resume, EvalSet, FitOptions};
+pub use loss_scale::LossScaler;
+pub use metrics::{EvalMetrics, MetricsRow, MetricsWriter};
 pub use optim::{clip_grad_norm, AdamW, AdamWConfig};
 pub use parallelize::{parallelize, DistContext};
 pub use progress::Progress;
 pub use schedule::Schedule;
-pub use trainer::{torch_device, LossScaler, MetricsWriter, StepMetrics, Trainer};
+pub use trainer::{torch_device, Trainer};
 pub use weights::{MemoryReport, ParallelWeights};
 
 /// Errors of the trainer.
@@ -68,7 +79,7 @@ pub enum TrainError {
     Csv(#[from] csv::Error),
     /// A stop on request (SIGUSR2/SIGTERM) after a checkpoint, or a handler that cannot be set.
     #[error(transparent)]
-    Preempt(#[from] preempt::PreemptError),
+    Preempt(#[from] PreemptError),
     #[error(transparent)]
     Comm(#[from] crate::distributed::comm::CommError),
     #[error("rendezvous with the other ranks (MASTER_ADDR:MASTER_PORT)")]
@@ -100,4 +111,44 @@ pub(crate) fn read_safetensors(
         path: path.to_path_buf(),
         source,
     })
+}
+
+/// The [`PreemptError::Stopped`] in an error or among its sources, if any (for the exit
+/// status of a command whose error wraps the trainer's).
+pub fn find_stopped<'a>(err: &'a (dyn std::error::Error + 'static)) -> Option<&'a PreemptError> {
+    let mut cur = Some(err);
+    while let Some(e) = cur {
+        let found = match e.downcast_ref::<TrainError>() {
+            Some(TrainError::Preempt(p)) => Some(p),
+            _ => e.downcast_ref::<PreemptError>(),
+        };
+        if let Some(p @ PreemptError::Stopped { .. }) = found {
+            return Some(p);
+        }
+        cur = e.source();
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stopped_is_found_through_wrappers() {
+        let stop = TrainError::Preempt(PreemptError::Stopped {
+            reason: "SIGUSR2".into(),
+            step: 7,
+            checkpoint: PathBuf::from("run/checkpoints/step_7"),
+        });
+        let e = anyhow::Error::from(stop).context("training");
+        let found = e.chain().find_map(find_stopped).unwrap();
+        assert_eq!(
+            found.to_string(),
+            "stopped by SIGUSR2 at step 7; checkpoint written to run/checkpoints/step_7; \
+             resume with the same command"
+        );
+        let other = anyhow::anyhow!("disk full");
+        assert!(other.chain().find_map(find_stopped).is_none());
+    }
 }

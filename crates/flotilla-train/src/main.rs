@@ -105,7 +105,7 @@ fn exit_with(result: anyhow::Result<()>) -> ExitCode {
         eprintln!("error: {config}");
         return ExitCode::from(2);
     }
-    if let Some(stop) = e.chain().find_map(preempt::find_stopped) {
+    if let Some(stop) = e.chain().find_map(flotilla_train::find_stopped) {
         eprintln!("{stop}");
         return ExitCode::from(preempt::EXIT_CODE);
     }

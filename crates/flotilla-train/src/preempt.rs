@@ -2,10 +2,11 @@
 //! SIGTERM (what it sends at the limit or on `scancel`) ask a run to stop. [`install`] sets
 //! handlers that only store to static atomics (async-signal-safe); the training loop polls
 //! [`requested`] after each step, writes a checkpoint and returns [`PreemptError::Stopped`],
-//! which `flotilla train` reports with exit status [`EXIT_CODE`] so that a launcher can
-//! requeue the same command, which resumes from that checkpoint. A multi-rank run must agree
-//! on the step it stops at: reduce [`requested`] over the ranks (a rank that learns of a stop
-//! from its peers records it with [`request`]).
+//! which `flotilla train` finds with [`crate::find_stopped`] and reports with exit status
+//! [`EXIT_CODE`] so that a launcher can requeue the same command, which resumes from that
+//! checkpoint. A multi-rank run must agree on the step it stops at: reduce [`requested`] over
+//! the ranks (a rank that learns of a stop from its peers records it with [`request`]). This
+//! file owns the signal handling and the stop state; it depends on nothing else of the crate.
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
@@ -102,23 +103,6 @@ pub fn reason() -> &'static str {
     name(SIGNAL.load(Ordering::SeqCst))
 }
 
-/// The [`PreemptError::Stopped`] in an error or among its sources, if any (for the exit
-/// status of a command whose error wraps the trainer's).
-pub fn find_stopped<'a>(err: &'a (dyn std::error::Error + 'static)) -> Option<&'a PreemptError> {
-    let mut cur = Some(err);
-    while let Some(e) = cur {
-        let found = match e.downcast_ref::<super::TrainError>() {
-            Some(super::TrainError::Preempt(p)) => Some(p),
-            _ => e.downcast_ref::<PreemptError>(),
-        };
-        if let Some(p @ PreemptError::Stopped { .. }) = found {
-            return Some(p);
-        }
-        cur = e.source();
-    }
-    None
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -138,23 +122,5 @@ mod tests {
         clear();
         assert!(!requested());
         assert_eq!(reason(), "a stop request");
-    }
-
-    #[test]
-    fn stopped_is_found_through_wrappers() {
-        let stop = super::super::TrainError::Preempt(PreemptError::Stopped {
-            reason: "SIGUSR2".into(),
-            step: 7,
-            checkpoint: PathBuf::from("run/checkpoints/step_7"),
-        });
-        let e = anyhow::Error::from(stop).context("training");
-        let found = e.chain().find_map(find_stopped).unwrap();
-        assert_eq!(
-            found.to_string(),
-            "stopped by SIGUSR2 at step 7; checkpoint written to run/checkpoints/step_7; \
-             resume with the same command"
-        );
-        let other = anyhow::anyhow!("disk full");
-        assert!(other.chain().find_map(find_stopped).is_none());
     }
 }

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
-use super::fit::RunRow;
+use super::metrics::MetricsRow;
 
 /// Progress reporting of one run.
 pub struct Progress {
@@ -60,7 +60,7 @@ impl Progress {
     }
 
     /// Reports a metrics row (the step it ends is `row.step + 1`).
-    pub fn on_row(&mut self, row: &RunRow) {
+    pub fn on_row(&mut self, row: &MetricsRow) {
         match &self.bar {
             Some(bar) => {
                 if !self.started {
@@ -100,13 +100,13 @@ impl Progress {
 
     /// The plain line of a row, when one is due: every `log_every` steps, at `max_steps`, and
     /// on evaluation rows.
-    pub fn plain_line(&self, row: &RunRow) -> Option<String> {
+    pub fn plain_line(&self, row: &MetricsRow) -> Option<String> {
         let done = row.step + 1;
         (done % self.log_every == 0 || done == self.max_steps || row.eval_loss.is_some())
             .then(|| self.line(row))
     }
 
-    fn line(&self, r: &RunRow) -> String {
+    fn line(&self, r: &MetricsRow) -> String {
         let mut line = format!(
             "step {}/{} loss {:.4} lr {:.3e} tokens/s {:.0}",
             r.step + 1,
@@ -139,8 +139,8 @@ impl Drop for Progress {
 mod tests {
     use super::*;
 
-    fn row(step: u64, eval: bool) -> RunRow {
-        RunRow {
+    fn row(step: u64, eval: bool) -> MetricsRow {
+        MetricsRow {
             step,
             loss: 1.234567,
             grad_norm: 0.5,

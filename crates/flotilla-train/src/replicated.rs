@@ -14,8 +14,8 @@ use std::sync::Arc;
 use tch::{Kind, Tensor};
 
 use super::engine::{Engine, Strategy};
+use super::loss_scale::unscale;
 use super::optim::{clip_grad_norm, AdamW, AdamWConfig};
-use super::trainer::unscale;
 use super::weights::{nbytes, CheckpointState, MemoryReport, ParallelWeights};
 use super::TrainError;
 use crate::data::StepBatches;

@@ -11,16 +11,19 @@ use std::time::{Duration, Instant};
 
 use tch::{Device, Kind};
 
-use super::fit::{fit, resume, EvalSet, FitOptions, RunMetricsWriter, RunRow};
+use super::fit::{fit, resume, EvalSet, FitOptions};
+use super::metrics::{MetricsRow, MetricsWriter};
 use super::parallelize::DistContext;
 use super::trainer::Trainer;
 use super::TrainError;
 use crate::data::{self, BatchLayout, DataLoader, DataOptions};
-use crate::distributed::comm::{self, Backend, CommOptions, Communicator};
+use crate::distributed::comm::{Backend, Communicator};
+use crate::distributed::connect::{self, CommOptions};
 use crate::distributed::store::{KvStore, Store, StoreConfig};
 use crate::model::{load_hf, save_hf, Llama};
 use flotilla_config::schema::{self, DistConfig, JobConfig};
 use flotilla_launch::rank::RankInfo;
+use flotilla_launch::tfevents::{self, EventWriter, SessionStatus};
 
 /// How a job ended.
 #[derive(Clone, Debug, PartialEq)]
@@ -145,7 +148,7 @@ pub fn join_group(
         .unwrap_or_else(|| "flotilla-train".into());
     let store_cfg = StoreConfig::from_rank_info(rank, run_id, rendezvous);
     let store: Arc<dyn KvStore> = Arc::new(Store::connect(&store_cfg)?);
-    let comm: Arc<dyn Communicator> = Arc::from(comm::init(
+    let comm: Arc<dyn Communicator> = Arc::from(connect::init(
         store,
         &CommOptions::for_rank(rank, backend, timeout),
     )?);
@@ -161,7 +164,7 @@ pub fn run_job(
     job: &JobConfig,
     run_dir: &Path,
     rank: &RankInfo,
-    on_row: Option<&mut dyn FnMut(&RunRow)>,
+    on_row: Option<&mut dyn FnMut(&MetricsRow)>,
 ) -> Result<JobSummary, TrainError> {
     let wall = Instant::now();
     // A stop signal during start-up is honoured at the first step.
@@ -214,7 +217,7 @@ pub fn run_job(
     }
     let metrics_path = run_dir.join("metrics.csv");
     let mut metrics = if is_zero {
-        Some(RunMetricsWriter::open(&metrics_path, trainer.step_index())?)
+        Some(MetricsWriter::open(&metrics_path, trainer.step_index())?)
     } else {
         None
     };
@@ -247,19 +250,33 @@ pub fn run_job(
         eprintln!("[rank {}] {intro}", rank.rank);
     }
     let mut last_eval_acc = None;
-    let mut track = |r: &RunRow| {
+    let mut track = |r: &MetricsRow| {
         if let Some(acc) = r.eval_acc {
             last_eval_acc = Some(acc);
         }
     };
+    // Rank 0 mirrors metrics.csv into TensorBoard events, with the job's swept values as
+    // HParams; a write error warns once and training goes on.
+    let mut events = is_zero.then(|| {
+        let mut writer = EventWriter::create(&run_dir.join(tfevents::TB_DIR));
+        let metric_tags: &[&str] = match data.eval {
+            Some(_) => &["loss", "eval_loss", "eval_ppl", "eval_acc", "tokens_per_s"],
+            None => &["loss", "tokens_per_s"],
+        };
+        writer.hparams_start(&tfevents::job_hparams(run_dir), metric_tags);
+        writer
+    });
     let mut forward = on_row;
-    let mut observe = |r: &RunRow| {
+    let mut observe = |r: &MetricsRow| {
         track(r);
+        if let Some(events) = events.as_mut() {
+            events.scalars(r.step, &r.scalars());
+        }
         if let Some(f) = forward.as_deref_mut() {
             f(r);
         }
     };
-    let rows = fit(
+    let fitted = fit(
         &mut trainer,
         metrics.as_mut(),
         FitOptions {
@@ -271,7 +288,14 @@ pub fn run_job(
             keep_last_checkpoints: t.keep_last_checkpoints,
             on_row: Some(&mut observe),
         },
-    )?;
+    );
+    if let Some(events) = events.as_mut() {
+        events.hparams_end(match &fitted {
+            Ok(_) => SessionStatus::Success,
+            Err(_) => SessionStatus::Failure,
+        });
+    }
+    let rows = fitted?;
 
     // Gathering is collective; rank 0 writes.
     let params = trainer.full_params()?;
@@ -355,12 +379,12 @@ pub fn train_in_run_dir(
     let mut progress = rank
         .is_master()
         .then(|| super::Progress::new(t.max_steps, t.log_every));
-    let mut log = |r: &RunRow| {
+    let mut log = |r: &MetricsRow| {
         if let Some(p) = progress.as_mut() {
             p.on_row(r);
         }
     };
-    let on_row: Option<&mut dyn FnMut(&RunRow)> = if rank.is_master() {
+    let on_row: Option<&mut dyn FnMut(&MetricsRow)> = if rank.is_master() {
         Some(&mut log)
     } else {
         None

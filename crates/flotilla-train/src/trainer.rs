@@ -1,20 +1,20 @@
 //! The training loop: [`Trainer`] runs optimizer steps (data → unit engine → gradient
 //! unscaling and clipping → AdamW at the scheduled learning rate) over [`ParallelWeights`]
-//! (built once by `parallelize.rs`; the loop never asks which parallelism), and reports one [`StepMetrics`]
-//! row per step, global over the ranks (loss summed over ranks of the globally normalised
-//! per-rank losses, tokens/s summed), written to `metrics.csv` by [`MetricsWriter`]. This file
-//! owns the loop, precision handling (mixed precision and fp16 dynamic loss scaling), and the
-//! step-metrics format; checkpoints, evaluation and run directories live in `checkpoint.rs`
-//! and `run.rs`.
+//! (built once by `parallelize.rs`; the loop never asks which parallelism), and reports one
+//! [`MetricsRow`] per step, global over the ranks (loss summed over ranks of the globally
+//! normalised per-rank losses, tokens/s summed), which a [`MetricsWriter`] appends to
+//! `metrics.csv`. This file owns the loop and when the fp16 loss scale applies; the row format
+//! is `metrics.rs`'s, loss scaling `loss_scale.rs`'s, and checkpoints, evaluation and run
+//! directories live in `checkpoint.rs` and `fit.rs`.
 
-use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
 
-use serde::Serialize;
 use tch::{Device, Tensor};
 
 use super::engine::{Engine, EngineOptions};
+use super::loss_scale::LossScaler;
+use super::metrics::{MetricsRow, MetricsWriter};
 use super::parallelize::{parallelize, DistContext, Parallelized};
 use super::schedule::Schedule;
 use super::weights::{MemoryReport, ParallelWeights};
@@ -24,94 +24,12 @@ use crate::distributed::comm::{Communicator, CommunicatorExt, ReduceOp};
 use crate::model::{Llama, Params};
 use flotilla_config::schema::{self, DistConfig, Precision, TrainerConfig};
 
-/// One row of `metrics.csv`.
-#[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct StepMetrics {
-    /// 0-based optimizer step.
-    pub step: u64,
-    /// Mean loss over the labelled tokens of the global batch.
-    pub loss: f64,
-    /// Global gradient L2 norm before clipping.
-    pub grad_norm: f64,
-    /// Learning rate used by this step.
-    pub lr: f64,
-    /// Input tokens (rows × seq_len, on this rank) per second of this step.
-    pub tokens_per_s: f64,
-    /// Seconds since the trainer was created, at the end of this step.
-    pub elapsed_s: f64,
-}
-
-/// Appends [`StepMetrics`] rows to a CSV file (header first), flushing after each row.
-pub struct MetricsWriter {
-    writer: csv::Writer<std::fs::File>,
-}
-
-impl MetricsWriter {
-    /// Creates (truncates) `path`.
-    pub fn create(path: &Path) -> Result<Self, TrainError> {
-        let file = std::fs::File::create(path).map_err(|source| TrainError::Io {
-            path: path.to_path_buf(),
-            source,
-        })?;
-        Ok(Self {
-            writer: csv::Writer::from_writer(file),
-        })
-    }
-
-    pub fn write(&mut self, row: &StepMetrics) -> Result<(), TrainError> {
-        self.writer.serialize(row)?;
-        self.writer.flush().map_err(|e| TrainError::Csv(e.into()))?;
-        Ok(())
-    }
-}
-
 /// The torch device of `trainer.device` (`auto`: CUDA when available).
 pub fn torch_device(device: schema::Device) -> Device {
     match device {
         schema::Device::Cpu => Device::Cpu,
         schema::Device::Cuda => Device::Cuda(0),
         schema::Device::Auto => Device::cuda_if_available(),
-    }
-}
-
-/// fp16 dynamic loss scaling (`torch.amp.GradScaler` defaults): the loss is multiplied by the
-/// scale before backward; a step whose unscaled gradients hold an inf/NaN is skipped and the
-/// scale halved; after 2000 clean steps in a row the scale doubles.
-#[derive(Clone, Copy, Debug, PartialEq, Serialize, serde::Deserialize)]
-pub struct LossScaler {
-    pub scale: f64,
-    pub growth_tracker: u64,
-}
-
-impl LossScaler {
-    pub const INIT_SCALE: f64 = 65536.0;
-    pub const GROWTH_INTERVAL: u64 = 2000;
-
-    pub fn new() -> Self {
-        Self {
-            scale: Self::INIT_SCALE,
-            growth_tracker: 0,
-        }
-    }
-
-    /// Updates the scale after a step (`found_inf`: the step was skipped).
-    pub fn update(&mut self, found_inf: bool) {
-        if found_inf {
-            self.scale *= 0.5;
-            self.growth_tracker = 0;
-        } else {
-            self.growth_tracker += 1;
-            if self.growth_tracker == Self::GROWTH_INTERVAL {
-                self.scale *= 2.0;
-                self.growth_tracker = 0;
-            }
-        }
-    }
-}
-
-impl Default for LossScaler {
-    fn default() -> Self {
-        Self::new()
     }
 }
 
@@ -238,7 +156,8 @@ impl Trainer {
     }
 
     /// One optimizer step (collective when distributed).
-    pub fn step(&mut self) -> Result<StepMetrics, TrainError> {
+    /// The row has no evaluation figures; `fit.rs` adds them on evaluation steps.
+    pub fn step(&mut self) -> Result<MetricsRow, TrainError> {
         let t0 = Instant::now();
         let batches = self.loader.next_step()?;
         let mut options = self.options;
@@ -282,7 +201,7 @@ impl Trainer {
             _ => (local_loss, stop_here, 1),
         };
         self.stop_requested = stop;
-        let row = StepMetrics {
+        let row = MetricsRow {
             step: self.step,
             loss,
             grad_norm,
@@ -290,6 +209,9 @@ impl Trainer {
             tokens_per_s: (local_tokens as f64 * world as f64)
                 / t0.elapsed().as_secs_f64().max(1e-9),
             elapsed_s: self.start.elapsed().as_secs_f64(),
+            eval_loss: None,
+            eval_ppl: None,
+            eval_acc: None,
         };
         self.step += 1;
         Ok(row)
@@ -300,7 +222,7 @@ impl Trainer {
         &mut self,
         steps: u64,
         mut metrics: Option<&mut MetricsWriter>,
-    ) -> Result<Vec<StepMetrics>, TrainError> {
+    ) -> Result<Vec<MetricsRow>, TrainError> {
         let mut rows = Vec::with_capacity(steps as usize);
         for _ in 0..steps {
             let row = self.step()?;
@@ -311,23 +233,4 @@ impl Trainer {
         }
         Ok(rows)
     }
-}
-
-/// Multiplies gradients by `inv_scale` in place; returns whether any is inf or NaN.
-pub(super) fn unscale<'a>(
-    grads: impl Iterator<Item = &'a Tensor>,
-    inv_scale: f64,
-) -> Result<bool, TrainError> {
-    let mut found = false;
-    tch::no_grad(|| -> Result<(), TrainError> {
-        for g in grads {
-            let mut g = g.shallow_clone();
-            let _ = g.f_mul_scalar_(inv_scale)?;
-            if !found && g.f_isfinite()?.f_all()?.f_int64_value(&[])? == 0 {
-                found = true;
-            }
-        }
-        Ok(())
-    })?;
-    Ok(found)
 }

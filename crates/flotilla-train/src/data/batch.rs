@@ -7,9 +7,9 @@ use std::sync::Arc;
 
 use tch::{Device, Kind, Reduction, Tensor};
 
+use super::dataset::{Dataset, Sample, IGNORE_INDEX};
 use super::error::{DataError, Result};
 use super::sampler::{eval_rows, micro_batch_rows, rank_rows, Sampler, SamplerState};
-use super::{Dataset, Sample, IGNORE_INDEX};
 
 /// One micro-batch.
 #[derive(Debug)]

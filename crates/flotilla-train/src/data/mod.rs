@@ -63,6 +63,7 @@
 
 pub mod arithmetic;
 pub mod batch;
+pub mod dataset;
 pub mod error;
 pub mod jsonl;
 pub mod rng;
@@ -79,6 +80,7 @@ use flotilla_config::schema::DataConfig;
 
 pub use arithmetic::{greedy_generate, Accuracy, ArithmeticTask, Problem};
 pub use batch::{eval_batches, Batch, BatchLayout, DataLoader, StepBatches};
+pub use dataset::{Dataset, Sample, IGNORE_INDEX};
 pub use error::{DataError, Result};
 pub use jsonl::{read_records, Record, Template};
 pub use sampler::{eval_rows, micro_batch_rows, rank_rows, Sampler, SamplerState};
@@ -86,48 +88,6 @@ pub use sequences::SequenceDataset;
 pub use text::{resolve_paths, PackedDataset};
 pub use tokenizer::{Tokenizer, TokenizerKind};
 pub use tokens::TokensDataset;
-
-/// Label of a position that does not count in the loss (PyTorch's `ignore_index`).
-pub const IGNORE_INDEX: i64 = -100;
-
-/// One training sample: `T` input ids and their `T` (already shifted) labels.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Sample {
-    pub input_ids: Vec<i64>,
-    pub labels: Vec<i64>,
-}
-
-impl Sample {
-    /// Labelled positions (labels other than [`IGNORE_INDEX`]).
-    pub fn num_loss_tokens(&self) -> usize {
-        self.labels.iter().filter(|&&l| l != IGNORE_INDEX).count()
-    }
-}
-
-/// A list of fixed-length samples with random access.
-pub trait Dataset: Send + Sync {
-    /// Number of samples.
-    fn len(&self) -> usize;
-
-    fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    /// `T`: positions per sample.
-    fn seq_len(&self) -> usize;
-
-    /// Sample `index` (`index < len()`).
-    fn get(&self, index: usize) -> Result<Sample>;
-
-    /// Labelled positions of sample `index`; datasets override it when they know it without
-    /// reading the sample.
-    fn num_loss_tokens(&self, index: usize) -> Result<usize> {
-        Ok(self.get(index)?.num_loss_tokens())
-    }
-
-    /// A short description for logs (`tokens /data/train.bin: 1234 samples of 512`).
-    fn describe(&self) -> String;
-}
 
 /// What [`build`] needs besides the config.
 #[derive(Clone, Debug)]

@@ -3,8 +3,8 @@
 //! (PAD inputs, -100 labels). Label `i` (the target `s[i+1]`) counts only when `i+1` is at or
 //! after the sequence's `loss_from`, so a prompt of `P` tokens is masked with `loss_from = P`.
 
+use super::dataset::{Dataset, Sample, IGNORE_INDEX};
 use super::error::{DataError, Result};
-use super::{Dataset, Sample, IGNORE_INDEX};
 
 /// Sequences with their loss start, padded to `T` on read.
 #[derive(Clone, Debug)]

@@ -6,10 +6,10 @@
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 
+use super::dataset::{Dataset, Sample};
 use super::error::{DataError, Result};
 use super::tokenizer::Tokenizer;
 use super::tokens::{num_windows, window};
-use super::{Dataset, Sample};
 
 /// Documents longer than this are encoded in pieces cut after a newline, so that the
 /// tokenizer's per-encoding bookkeeping stays small.

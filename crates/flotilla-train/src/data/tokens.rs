@@ -8,8 +8,8 @@ use std::path::{Path, PathBuf};
 
 use flotilla_config::schema::TokenDtype;
 
+use super::dataset::{Dataset, Sample};
 use super::error::{DataError, Result};
-use super::{Dataset, Sample};
 
 /// Bytes per element of `dtype`.
 pub fn dtype_width(dtype: TokenDtype) -> u64 {

@@ -1,18 +1,19 @@
 //! `flotilla bench comm`: the collective-communication benchmark. [`run`] starts `--nprocs`
 //! local ranks (copies of the current executable in a hidden worker mode:
-//! `FLOTILLA_BENCH_WORKER=1` plus the torchrun variables on a free port), each with its share
-//! of the cores; [`worker_main`] is that worker. Every rank times each iteration between two
-//! barriers; rank 0 takes, per iteration, the slowest rank's time, and prints per size the
-//! median of those with nccl-tests' bandwidths: algbw = bytes / time, busbw = algbw ×
-//! 2(n−1)/n (all_reduce), × (n−1)/n (all_gather, reduce_scatter), × 1 (broadcast). `bytes` is
-//! the all_reduce / broadcast buffer, the all_gather output, the reduce_scatter input.
+//! `FLOTILLA_BENCH_WORKER=1` plus the torchrun variables of `flotilla_launch::rank::RankEnv`
+//! on a free port), each with its share of the cores; [`worker_main`] is that worker. Every
+//! rank times each iteration between two barriers; rank 0 takes, per iteration, the slowest
+//! rank's time, and prints per size the median of those with nccl-tests' bandwidths:
+//! algbw = bytes / time, busbw = algbw × 2(n−1)/n (all_reduce), × (n−1)/n (all_gather,
+//! reduce_scatter), × 1 (broadcast). `bytes` is the all_reduce / broadcast buffer, the
+//! all_gather output, the reduce_scatter input.
 
 use super::comm::{Communicator, CommunicatorExt, DType, OpKind, RawOp, ReduceOp};
 use super::cpu::{CpuComm, CpuOptions};
 use super::nccl::{NcclComm, NcclOptions};
 use super::store::{KvStore, Store, StoreConfig};
 use anyhow::{bail, Context};
-use flotilla_launch::rank::discover_from_process;
+use flotilla_launch::rank::{discover_from_process, free_port, RankEnv};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -209,7 +210,7 @@ pub fn run(args: &CommBenchArgs) -> anyhow::Result<()> {
         parse_size(s)?;
     }
     let exe = std::env::current_exe().context("locating the flotilla executable")?;
-    let port = flotilla_launch::local::free_port()?;
+    let port = free_port().context("finding a free port for MASTER_PORT")?;
     let cores = std::thread::available_parallelism()
         .map(|n| n.get())
         .unwrap_or(1);
@@ -217,23 +218,19 @@ pub fn run(args: &CommBenchArgs) -> anyhow::Result<()> {
     let encoded = serde_json::to_string(args)?;
     let mut children: Vec<(usize, Child)> = Vec::new();
     for rank in 0..args.nprocs {
+        let mut env = RankEnv::on_this_host(rank, 1, args.nprocs, port);
+        env.threads = Some(threads);
+        if args.backend == BenchBackend::Nccl {
+            env.visible_devices = Some(gpu_for(
+                rank,
+                std::env::var("CUDA_VISIBLE_DEVICES").ok().as_deref(),
+            )?);
+        }
         let mut cmd = Command::new(&exe);
         cmd.env(WORKER_ENV, "1")
             .env(ARGS_ENV, &encoded)
-            .env("RANK", rank.to_string())
-            .env("LOCAL_RANK", rank.to_string())
-            .env("WORLD_SIZE", args.nprocs.to_string())
-            .env("LOCAL_WORLD_SIZE", args.nprocs.to_string())
-            .env("MASTER_ADDR", "127.0.0.1")
-            .env("MASTER_PORT", port.to_string())
-            .env("OMP_NUM_THREADS", threads.to_string())
+            .envs(env.vars())
             .stdin(Stdio::null());
-        if args.backend == BenchBackend::Nccl {
-            cmd.env(
-                "CUDA_VISIBLE_DEVICES",
-                gpu_for(rank, std::env::var("CUDA_VISIBLE_DEVICES").ok().as_deref())?,
-            );
-        }
         if rank != 0 {
             cmd.stdout(Stdio::null());
         }

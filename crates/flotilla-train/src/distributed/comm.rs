@@ -2,7 +2,8 @@
 //! (all_reduce, reduce_scatter, all_gather, broadcast, barrier and sub-groups by `split`), the
 //! element types it moves ([`Element`]: f32, bf16, f16, i64; the half types are reduced in f32),
 //! the reduce operations, the asynchronous [`Work`] handle, the typed and tensor front ends in
-//! [`CommunicatorExt`], and [`init`], which builds the backend a run asked for.
+//! [`CommunicatorExt`]. The backends live in `cpu.rs` and `nccl.rs`; `connect.rs` builds the
+//! one a run asks for.
 //!
 //! Semantics shared by all backends:
 //! - operations of one communicator run in submission order, whatever order their `Work`s are
@@ -18,12 +19,11 @@
 //! tensor in the `Work` instead of a borrow: as with `torch.distributed(async_op=True)`, the
 //! tensors must not be read or written until the `Work` is waited.
 
-use super::store::{KvStore, StoreError};
+use super::store::StoreError;
 use half::{bf16, f16};
 use std::any::Any;
 use std::fmt;
 use std::marker::PhantomData;
-use std::sync::Arc;
 use std::time::Duration;
 
 /// Element type of a buffer taking part in a collective.
@@ -845,71 +845,6 @@ fn check_pair(
         ));
     }
     Ok(())
-}
-
-/// How to build a communicator (see [`init`]).
-#[derive(Debug, Clone)]
-pub struct CommOptions {
-    pub backend: Backend,
-    /// How long a collective may wait on a silent peer before failing (also connection set-up).
-    pub timeout: Duration,
-    /// Local rank: picks the GPU for NCCL (`LOCAL_RANK`).
-    pub local_rank: usize,
-    /// Host the other ranks reach (`MASTER_ADDR`); the CPU backend listens on the interface
-    /// that routes there.
-    pub master_addr: Option<String>,
-}
-
-impl CommOptions {
-    /// Options for a discovered rank (`dist::env`): its local rank and master address.
-    pub fn for_rank(
-        info: &flotilla_launch::rank::RankInfo,
-        backend: Backend,
-        timeout: Duration,
-    ) -> CommOptions {
-        CommOptions {
-            backend,
-            timeout,
-            local_rank: info.local_rank,
-            master_addr: Some(info.master_addr.clone()),
-        }
-    }
-}
-
-impl Default for CommOptions {
-    fn default() -> Self {
-        CommOptions {
-            backend: Backend::Cpu,
-            timeout: Duration::from_secs(1800),
-            local_rank: 0,
-            master_addr: None,
-        }
-    }
-}
-
-/// Builds the world communicator over `store` (whose rank and world size it takes).
-/// Collective: every rank calls it.
-pub fn init(
-    store: Arc<dyn KvStore>,
-    opts: &CommOptions,
-) -> Result<Box<dyn Communicator>, CommError> {
-    match opts.backend {
-        Backend::Cpu => {
-            let cpu = super::cpu::CpuOptions {
-                timeout: opts.timeout,
-                route_to: opts.master_addr.clone(),
-                ..super::cpu::CpuOptions::default()
-            };
-            Ok(Box::new(super::cpu::CpuComm::new(store, cpu)?))
-        }
-        Backend::Nccl => {
-            let nccl = super::nccl::NcclOptions {
-                timeout: opts.timeout,
-                local_rank: opts.local_rank,
-            };
-            Ok(Box::new(super::nccl::NcclComm::new(store, &nccl)?))
-        }
-    }
 }
 
 #[cfg(test)]

@@ -5,13 +5,14 @@
 //! casts back and multiplies by the weight; rotary tables are computed in fp32 (rotate-half
 //! convention, `rope_theta`, optional `llama3` frequency scaling) and cast to the activation
 //! dtype; attention is causal `scaled_dot_product_attention` with grouped-query heads; the MLP
-//! is SwiGLU; there are no biases. Everything else (parameter names, files) is [`super::hf`]'s.
+//! is SwiGLU; there are no biases. Parameter names are [`super::names`]'s; files are
+//! [`super::hf`]'s.
 
 use tch::{Device, Kind, Reduction, Tensor};
 
 use flotilla_config::schema::{ModelConfig, RopeScaling, RopeType};
 
-use super::hf::{LayerWeight, ParamName};
+use super::names::{LayerWeight, ParamName};
 use super::{ForwardCtx, Init, ModelError, ParamSpec, Params, Unit};
 
 /// The architecture: config, parameter table and units. Holds no tensors (it is `Send + Sync`);

@@ -3,14 +3,14 @@
 //!
 //! This module owns the unit contract ([`Unit`], [`ForwardCtx`], [`ParamSpec`], [`Params`]),
 //! the per-unit backward helper ([`vjp`]) and the error type. The architecture lives in
-//! [`llama`], seeded initialisation in [`init`], and everything about the Hugging Face format
-//! (weight names, `config.json`, safetensors) in [`hf`].
+//! [`llama`], seeded initialisation in [`init`], the Hugging Face weight names in [`names`],
+//! and the Hugging Face files (`config.json`, safetensors) in [`hf`].
 //!
-//! The model knows nothing of parallelism (DESIGN §7). A unit is a pure function
-//! `(params, input, ctx) -> output`: the trainer decides where the parameter tensors come from
-//! (plain tensors, views into a gathered FSDP flat buffer, bf16 copies of fp32 masters), runs
-//! each unit on the previous output detached into a fresh leaf, and backpropagates unit by unit
-//! with [`vjp`].
+//! The model knows nothing of parallelism (docs/ARCHITECTURE.md, "The unit engine"). A unit
+//! is a pure function `(params, input, ctx) -> output`: the trainer decides where the parameter
+//! tensors come from (plain tensors, views into a gathered FSDP flat buffer, bf16 copies of
+//! fp32 masters), runs each unit on the previous output detached into a fresh leaf, and
+//! backpropagates unit by unit with [`vjp`].
 //!
 //! ## Shared parameters (tied embeddings)
 //!
@@ -29,17 +29,17 @@
 pub mod hf;
 pub mod init;
 pub mod llama;
+pub mod names;
 
 use std::path::PathBuf;
 
 use indexmap::IndexMap;
 use tch::{Device, Kind, Tensor};
 
-pub use hf::{
-    load_hf, read_hf_config, read_model_config, save_hf, HfLlamaConfig, LayerWeight, ParamName,
-};
+pub use hf::{load_hf, read_hf_config, read_model_config, save_hf, HfLlamaConfig};
 pub use init::Init;
 pub use llama::{causal_lm_loss, causal_lm_loss_sum, Llama};
+pub use names::{LayerWeight, ParamName};
 
 /// Errors of model construction, loading and saving. Each names its culprit: the file, the
 /// tensor or the config field.

@@ -1,0 +1,528 @@
+//! Validation: [`validate`] reads the top-level sections of the job config and then applies
+//! the semantic rules that belong to the config (head counts, batch divisibility, world size,
+//! sequence length, vocabulary, ...), naming where each offending value was set.
+
+use super::from_node::{read, Cx, FromNode};
+use super::messages::{alternatives, set_note, show, typo_note};
+use super::types::{
+    AutoWrapPolicy, Backend, ComputeConfig, DataConfig, Device, DistConfig, DistMode, JobConfig,
+    Launcher, ModelConfig, TokenizerSpec, TrainerConfig,
+};
+use super::{ProblemKind, SchemaError};
+use crate::node::{python_float_repr, Dict, Node, Value};
+
+/// Fewest model ids the byte-level tokenizer needs (one per byte, before special tokens).
+pub const BYTE_VOCAB: usize = 256;
+
+/// Largest `data.digits` for the built-in arithmetic data (products must fit in an `i64`).
+pub const MAX_ARITHMETIC_DIGITS: usize = 9;
+
+/// Checks the resolved job config tree and returns it typed, or every problem found.
+pub fn validate(job: &Node) -> Result<JobConfig, SchemaError> {
+    let mut cx = Cx::default();
+    let Value::Dict(root) = &job.value else {
+        cx.push(
+            ProblemKind::WrongType,
+            "",
+            &job.origin,
+            format!(
+                "the job config must be a dict, got {}{}",
+                show(&job.value),
+                set_note(&job.origin)
+            ),
+        );
+        return Err(SchemaError {
+            problems: cx.problems,
+        });
+    };
+
+    let seed = top::<i64>(
+        job,
+        root,
+        "seed",
+        "1234",
+        "add it, e.g. +seed=1234",
+        &mut cx,
+    );
+    let model = top::<ModelConfig>(
+        job,
+        root,
+        "model",
+        "tiny",
+        "select a preset in the defaults list (- model: tiny) or with model=tiny",
+        &mut cx,
+    );
+    let trainer = top::<TrainerConfig>(
+        job,
+        root,
+        "trainer",
+        "default",
+        "select it in the defaults list (- trainer: default) or with trainer=default",
+        &mut cx,
+    );
+    let data = top::<DataConfig>(
+        job,
+        root,
+        "data",
+        "arithmetic",
+        "select a source in the defaults list (- data: arithmetic) or with data=arithmetic",
+        &mut cx,
+    );
+    let compute = top::<ComputeConfig>(
+        job,
+        root,
+        "compute",
+        "local",
+        "select one in the defaults list (- compute: local) or with compute=local",
+        &mut cx,
+    );
+
+    let mut ck = Check { job, cx: &mut cx };
+    if let Some(m) = &model {
+        ck.model(m);
+    }
+    if let Some(t) = &trainer {
+        ck.trainer(t, compute.as_ref());
+    }
+    if let Some(d) = &data {
+        ck.data(d, model.as_ref());
+    }
+    if let Some(c) = &compute {
+        ck.compute(c, trainer.as_ref());
+    }
+
+    match (seed, model, trainer, data, compute) {
+        (Some(seed), Some(model), Some(trainer), Some(data), Some(compute))
+            if cx.problems.is_empty() =>
+        {
+            Ok(JobConfig {
+                seed,
+                model,
+                trainer,
+                data,
+                compute,
+            })
+        }
+        _ => Err(SchemaError {
+            problems: cx.problems,
+        }),
+    }
+}
+
+/// Reads one top-level section; `fix` says how to add it when absent.
+fn top<T: FromNode>(
+    job: &Node,
+    root: &Dict,
+    name: &str,
+    example: &str,
+    fix: &str,
+    cx: &mut Cx,
+) -> Option<T> {
+    if let Some(node) = root.get(name) {
+        return read::<T>(node, name, Some(example), cx);
+    }
+    let message = format!("{name} is missing — {fix}{}", typo_note(root, "", name));
+    cx.push(ProblemKind::MissingKey, name, &job.origin, message);
+    None
+}
+
+/// Semantic checks on typed sections; origins are looked up in the tree by key.
+struct Check<'a> {
+    job: &'a Node,
+    cx: &'a mut Cx,
+}
+
+impl Check<'_> {
+    fn invalid(&mut self, key: &str, problem: String, fix: String) {
+        let origin = self
+            .job
+            .select(key)
+            .map(|n| n.origin.clone())
+            .unwrap_or_default();
+        let message = format!("{key}: {problem}{}; {fix}", set_note(&origin));
+        self.cx.push(ProblemKind::Invalid, key, &origin, message);
+    }
+
+    fn at_least(&mut self, key: &str, value: u64, min: u64) -> bool {
+        if value < min {
+            self.invalid(
+                key,
+                format!("must be at least {min}, got {value}"),
+                format!("set {key}={min} or more"),
+            );
+            return false;
+        }
+        true
+    }
+
+    fn positive(&mut self, key: &str, value: f64) -> bool {
+        if !(value.is_finite() && value > 0.0) {
+            self.invalid(
+                key,
+                format!(
+                    "must be a positive number, got {}",
+                    python_float_repr(value)
+                ),
+                format!("set {key} to a number above 0"),
+            );
+            return false;
+        }
+        true
+    }
+
+    fn non_negative(&mut self, key: &str, value: f64) -> bool {
+        if !(value.is_finite() && value >= 0.0) {
+            self.invalid(
+                key,
+                format!("must be 0 or more, got {}", python_float_repr(value)),
+                format!("set {key} to a number ≥ 0"),
+            );
+            return false;
+        }
+        true
+    }
+
+    fn model(&mut self, m: &ModelConfig) {
+        let sizes = [
+            ("model.vocab_size", m.vocab_size),
+            ("model.hidden_size", m.hidden_size),
+            ("model.intermediate_size", m.intermediate_size),
+            ("model.num_hidden_layers", m.num_hidden_layers),
+            ("model.num_attention_heads", m.num_attention_heads),
+            ("model.num_key_value_heads", m.num_key_value_heads),
+            ("model.max_position_embeddings", m.max_position_embeddings),
+        ];
+        let mut all_positive = true;
+        for (key, v) in sizes {
+            all_positive &= self.at_least(key, v as u64, 1);
+        }
+        self.positive("model.rms_norm_eps", m.rms_norm_eps);
+        self.positive("model.rope_theta", m.rope_theta);
+        self.positive("model.initializer_range", m.initializer_range);
+        if let Some(r) = &m.rope_scaling {
+            if r.factor.is_nan() || r.factor < 1.0 {
+                self.invalid(
+                    "model.rope_scaling.factor",
+                    format!("must be at least 1, got {}", python_float_repr(r.factor)),
+                    "set model.rope_scaling.factor=1.0 or more (Llama 3.1 uses 8.0)".into(),
+                );
+            }
+            if self.positive("model.rope_scaling.low_freq_factor", r.low_freq_factor)
+                && r.high_freq_factor.partial_cmp(&r.low_freq_factor)
+                    != Some(std::cmp::Ordering::Greater)
+            {
+                self.invalid(
+                    "model.rope_scaling.high_freq_factor",
+                    format!(
+                        "{} must be above model.rope_scaling.low_freq_factor ({})",
+                        python_float_repr(r.high_freq_factor),
+                        python_float_repr(r.low_freq_factor)
+                    ),
+                    "raise it (Llama 3 uses low 1.0, high 4.0)".into(),
+                );
+            }
+            self.at_least(
+                "model.rope_scaling.original_max_position_embeddings",
+                r.original_max_position_embeddings as u64,
+                1,
+            );
+        }
+        if !all_positive {
+            return;
+        }
+        let heads = m.num_attention_heads;
+        if m.hidden_size % heads != 0 {
+            self.invalid(
+                "model.hidden_size",
+                format!(
+                    "{} is not divisible by model.num_attention_heads ({heads})",
+                    m.hidden_size
+                ),
+                format!(
+                    "use a multiple of {heads}, e.g. model.hidden_size={}, or change \
+                     model.num_attention_heads",
+                    nearest_multiple(m.hidden_size, heads)
+                ),
+            );
+        } else if m.head_dim() % 2 != 0 {
+            self.invalid(
+                "model.hidden_size",
+                format!(
+                    "gives an odd head dimension {} (model.hidden_size / \
+                     model.num_attention_heads = {} / {heads}); rotary embeddings need it even",
+                    m.head_dim(),
+                    m.hidden_size
+                ),
+                format!(
+                    "use a multiple of {}, e.g. model.hidden_size={}",
+                    2 * heads,
+                    nearest_multiple(m.hidden_size, 2 * heads)
+                ),
+            );
+        }
+        let kv = m.num_key_value_heads;
+        if heads % kv != 0 {
+            let divisors: Vec<String> = (1..=heads)
+                .filter(|d| heads % d == 0)
+                .map(|d| d.to_string())
+                .collect();
+            self.invalid(
+                "model.num_key_value_heads",
+                format!("{kv} does not divide model.num_attention_heads ({heads})"),
+                format!("use one of {}", alternatives(&divisors, false)),
+            );
+        }
+    }
+
+    fn trainer(&mut self, t: &TrainerConfig, compute: Option<&ComputeConfig>) {
+        self.at_least("trainer.max_steps", t.max_steps, 1);
+        let global_ok = self.at_least("trainer.global_batch_size", t.global_batch_size as u64, 1);
+        let micro_ok = self.at_least("trainer.micro_batch_size", t.micro_batch_size as u64, 1);
+        self.at_least("trainer.log_every", t.log_every, 1);
+        let lr_ok = self.positive("trainer.lr", t.lr);
+        if self.non_negative("trainer.min_lr", t.min_lr) && lr_ok && t.min_lr > t.lr {
+            self.invalid(
+                "trainer.min_lr",
+                format!(
+                    "{} is above trainer.lr ({})",
+                    python_float_repr(t.min_lr),
+                    python_float_repr(t.lr)
+                ),
+                "set it to at most trainer.lr (often a tenth of it)".into(),
+            );
+        }
+        // warmup_steps > max_steps is allowed: the warm-up ramp simply never completes (a
+        // quick `trainer.max_steps=5` smoke run must not need a second override).
+        self.non_negative("trainer.weight_decay", t.weight_decay);
+        if t.betas.iter().any(|b| !(0.0..1.0).contains(b)) {
+            self.invalid(
+                "trainer.betas",
+                format!(
+                    "each beta must be in [0, 1), got [{}, {}]",
+                    python_float_repr(t.betas[0]),
+                    python_float_repr(t.betas[1])
+                ),
+                "use e.g. trainer.betas=[0.9,0.95]".into(),
+            );
+        }
+        self.positive("trainer.eps", t.eps);
+        self.non_negative("trainer.grad_clip", t.grad_clip);
+        if t.eval_every > 0 && t.eval_batches == 0 {
+            self.invalid(
+                "trainer.eval_batches",
+                format!("is 0 but trainer.eval_every is {}", t.eval_every),
+                "set trainer.eval_batches=1 or more, or trainer.eval_every=0 to disable evaluation"
+                    .into(),
+            );
+        }
+
+        // The batch must split evenly over micro-batches and ranks.
+        let world = compute
+            .map(|c| c.world_size())
+            .filter(|w| *w > 0)
+            .unwrap_or(1);
+        if global_ok && micro_ok {
+            let per_step = t.micro_batch_size * world;
+            if t.global_batch_size % per_step != 0 {
+                let problem = if world == 1 {
+                    format!(
+                        "{} is not divisible by trainer.micro_batch_size ({})",
+                        t.global_batch_size, t.micro_batch_size
+                    )
+                } else {
+                    format!(
+                        "{} is not divisible by trainer.micro_batch_size × world size = {} × {world} \
+                         = {per_step} (world size = compute.nodes × compute.tasks_per_node)",
+                        t.global_batch_size, t.micro_batch_size
+                    )
+                };
+                self.invalid(
+                    "trainer.global_batch_size",
+                    problem,
+                    format!(
+                        "use a multiple of {per_step}, e.g. trainer.global_batch_size={}, or \
+                         change trainer.micro_batch_size",
+                        nearest_multiple(t.global_batch_size, per_step)
+                    ),
+                );
+            }
+        }
+
+        match &t.dist {
+            DistConfig::None => {
+                if world > 1 {
+                    let c = compute.expect("world > 1 comes from compute");
+                    self.invalid(
+                        "trainer.dist.mode",
+                        format!(
+                            "is none but the job starts {world} processes (compute.nodes {} × \
+                             compute.tasks_per_node {})",
+                            c.nodes, c.tasks_per_node
+                        ),
+                        "select trainer/dist=ddp or trainer/dist=fsdp, or set compute.nodes=1 \
+                         compute.tasks_per_node=1"
+                            .into(),
+                    );
+                }
+            }
+            DistConfig::Ddp(d) => {
+                self.at_least("trainer.dist.timeout_s", d.timeout_s, 1);
+                self.positive("trainer.dist.bucket_cap_mb", d.bucket_cap_mb);
+            }
+            DistConfig::Fsdp(f) => {
+                self.at_least("trainer.dist.timeout_s", f.timeout_s, 1);
+                if f.auto_wrap_policy == AutoWrapPolicy::Size {
+                    self.at_least("trainer.dist.min_num_params", f.min_num_params, 1);
+                }
+            }
+        }
+        if t.dist.backend() == Some(Backend::Nccl) && t.device == Device::Cpu {
+            self.invalid(
+                "trainer.dist.backend",
+                "nccl needs CUDA but trainer.device is cpu".into(),
+                "set trainer.dist.backend=cpu (or auto), or trainer.device=cuda".into(),
+            );
+        }
+    }
+
+    fn data(&mut self, d: &DataConfig, model: Option<&ModelConfig>) {
+        let seq_len = d.seq_len();
+        if self.at_least("data.seq_len", seq_len as u64, 1) {
+            if let Some(m) = model.filter(|m| m.max_position_embeddings > 0) {
+                if seq_len > m.max_position_embeddings {
+                    self.invalid(
+                        "data.seq_len",
+                        format!(
+                            "{seq_len} exceeds model.max_position_embeddings ({})",
+                            m.max_position_embeddings
+                        ),
+                        format!(
+                            "set data.seq_len={} or less, or raise model.max_position_embeddings",
+                            m.max_position_embeddings
+                        ),
+                    );
+                }
+            }
+        }
+        match d {
+            DataConfig::Arithmetic(a) => {
+                if a.digits == 0 || a.digits > MAX_ARITHMETIC_DIGITS {
+                    self.invalid(
+                        "data.digits",
+                        format!(
+                            "must be between 1 and {MAX_ARITHMETIC_DIGITS}, got {}",
+                            a.digits
+                        ),
+                        "set e.g. data.digits=3".into(),
+                    );
+                }
+                self.at_least("data.num_train", a.num_train as u64, 1);
+            }
+            DataConfig::Tokens(t) => {
+                self.non_empty("data.path", &t.path);
+            }
+            DataConfig::Text(t) => {
+                if t.paths.is_empty() {
+                    self.invalid(
+                        "data.paths",
+                        "is an empty list".into(),
+                        "list the text files or globs, e.g. data.paths=[/path/to/a.txt]".into(),
+                    );
+                }
+                self.vocab(&t.tokenizer, t.vocab_size, model);
+            }
+            DataConfig::Jsonl(j) => {
+                self.non_empty("data.path", &j.path);
+                self.non_empty("data.completion_key", &j.completion_key);
+                self.vocab(&j.tokenizer, j.vocab_size, model);
+            }
+        }
+    }
+
+    fn non_empty(&mut self, key: &str, value: &str) {
+        if value.is_empty() {
+            self.invalid(key, "is empty".into(), format!("set {key}"));
+        }
+    }
+
+    /// The tokenizer's ids must fit the model's embedding table.
+    fn vocab(&mut self, tokenizer: &TokenizerSpec, vocab_size: usize, model: Option<&ModelConfig>) {
+        match tokenizer {
+            TokenizerSpec::Bpe => {
+                if !self.at_least("data.vocab_size", vocab_size as u64, 1) {
+                    return;
+                }
+                if let Some(m) = model.filter(|m| vocab_size > m.vocab_size) {
+                    self.invalid(
+                        "data.vocab_size",
+                        format!(
+                            "the bpe tokenizer's {vocab_size} tokens exceed model.vocab_size ({})",
+                            m.vocab_size
+                        ),
+                        format!(
+                            "set data.vocab_size={} or less, or raise model.vocab_size",
+                            m.vocab_size
+                        ),
+                    );
+                }
+            }
+            TokenizerSpec::Byte => {
+                if let Some(m) = model.filter(|m| m.vocab_size > 0 && m.vocab_size < BYTE_VOCAB) {
+                    self.invalid(
+                        "model.vocab_size",
+                        format!(
+                            "{} is too small for data.tokenizer=byte, which needs at least \
+                             {BYTE_VOCAB} ids plus its special tokens",
+                            m.vocab_size
+                        ),
+                        "raise model.vocab_size (e.g. model=small), or use data.tokenizer=bpe"
+                            .into(),
+                    );
+                }
+            }
+            TokenizerSpec::File(_) => {}
+        }
+    }
+
+    fn compute(&mut self, c: &ComputeConfig, trainer: Option<&TrainerConfig>) {
+        self.at_least("compute.nodes", c.nodes as u64, 1);
+        self.at_least("compute.tasks_per_node", c.tasks_per_node as u64, 1);
+        self.at_least("compute.cpus_per_task", c.cpus_per_task as u64, 1);
+        self.at_least("compute.timeout_min", c.timeout_min, 1);
+        self.at_least("compute.array_parallelism", c.array_parallelism as u64, 1);
+        self.at_least("compute.max_parallel", c.max_parallel as u64, 1);
+        if let Some(mem) = c.mem_gb {
+            self.at_least("compute.mem_gb", mem, 1);
+        }
+        let Some(t) = trainer else { return };
+        if c.launcher == Launcher::Slurm && t.device == Device::Cuda && c.gpus_per_node == 0 {
+            self.invalid(
+                "compute.gpus_per_node",
+                "is 0 but trainer.device is cuda".into(),
+                "request GPUs, e.g. compute.gpus_per_node=8, or set trainer.device=cpu".into(),
+            );
+        }
+        if c.gpus_per_node > 0
+            && c.tasks_per_node > c.gpus_per_node
+            && t.dist.mode() != DistMode::None
+            && t.device != Device::Cpu
+        {
+            self.invalid(
+                "compute.tasks_per_node",
+                format!(
+                    "{} ranks per node would share {} GPUs; each rank needs its own GPU",
+                    c.tasks_per_node, c.gpus_per_node
+                ),
+                format!(
+                    "set compute.tasks_per_node={} (or fewer), or raise compute.gpus_per_node",
+                    c.gpus_per_node
+                ),
+            );
+        }
+    }
+}
+
+/// The multiple of `m` nearest to `x` (at least `m`).
+fn nearest_multiple(x: usize, m: usize) -> usize {
+    (((x + m / 2) / m) * m).max(m)
+}

@@ -1,0 +1,738 @@
+//! The typed config: the sections `validate` returns (`model`, `trainer` with
+//! `trainer.dist`, `data`, `compute`) and the string enums they use, each declared with how it
+//! is read from a node (`choice!` and `section!` generate the `FromNode` impls).
+
+use super::from_node::{field, parse_choice, parse_tagged, Choice, Cx, Fail, FromNode, Parsed};
+use super::messages::{alternatives, quote_list, set_note, show, suggest};
+use super::ProblemKind;
+use crate::node::{Dict, Node, Value};
+use indexmap::IndexMap;
+use serde::{Deserialize, Serialize};
+use std::fmt;
+
+// ---------------------------------------------------------------------------------------------
+// Choice enums
+// ---------------------------------------------------------------------------------------------
+
+macro_rules! choice {
+    (
+        $(#[$m:meta])*
+        pub enum $name:ident { $( $(#[$vm:meta])* $var:ident = $s:literal ),+ $(,)? }
+    ) => {
+        $(#[$m])*
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+        pub enum $name {
+            $( $(#[$vm])* #[serde(rename = $s)] $var, )+
+        }
+
+        impl $name {
+            /// Every value, in the order the schema lists them.
+            pub const ALL: &'static [$name] = &[$($name::$var),+];
+
+            /// The spelling used in config files.
+            pub fn as_str(self) -> &'static str {
+                match self {
+                    $( $name::$var => $s, )+
+                }
+            }
+        }
+
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(self.as_str())
+            }
+        }
+
+        impl Choice for $name {
+            const NAMES: &'static [&'static str] = &[$($s),+];
+            const ALL: &'static [$name] = &[$($name::$var),+];
+        }
+
+        impl FromNode for $name {
+            fn expected() -> String {
+                format!("one of {}", quote_list(<$name as Choice>::NAMES))
+            }
+            fn example() -> String {
+                $name::ALL[0].as_str().to_string()
+            }
+            fn parse(node: &Node, key: &str, cx: &mut Cx) -> Parsed<Self> {
+                parse_choice::<$name>(node, key, cx)
+            }
+        }
+    };
+}
+
+choice! {
+    /// Learning-rate schedule after warmup.
+    pub enum LrSchedule { Constant = "constant", Cosine = "cosine", Linear = "linear" }
+}
+
+choice! {
+    /// Numeric precision of training (Lightning's spellings).
+    pub enum Precision {
+        /// Float32 weights and compute.
+        Full32 = "32-true",
+        /// Float32 weights, bfloat16 autocast compute.
+        Bf16Mixed = "bf16-mixed",
+        /// Bfloat16 weights and compute.
+        Bf16True = "bf16-true",
+        /// Float32 weights, float16 autocast compute with loss scaling.
+        Fp16Mixed = "16-mixed",
+    }
+}
+
+choice! {
+    /// Where to train: `auto` picks CUDA when available.
+    pub enum Device { Auto = "auto", Cpu = "cpu", Cuda = "cuda" }
+}
+
+choice! {
+    /// How training is distributed (`trainer.dist.mode`).
+    pub enum DistMode { None = "none", Ddp = "ddp", Fsdp = "fsdp" }
+}
+
+choice! {
+    /// Collective backend: `auto` is nccl on CUDA and the CPU backend otherwise.
+    pub enum Backend { Auto = "auto", Nccl = "nccl", Cpu = "cpu" }
+}
+
+choice! {
+    /// FSDP sharding strategy (torch's `ShardingStrategy` names).
+    pub enum ShardingStrategy {
+        FullShard = "FULL_SHARD",
+        ShardGradOp = "SHARD_GRAD_OP",
+        HybridShard = "HYBRID_SHARD",
+        NoShard = "NO_SHARD",
+    }
+}
+
+choice! {
+    /// FSDP unit boundaries: one unit per decoder block, or by parameter count.
+    pub enum AutoWrapPolicy { Block = "block", Size = "size" }
+}
+
+choice! {
+    /// FSDP backward prefetch (torch's `BackwardPrefetch` names).
+    pub enum BackwardPrefetch { BackwardPre = "BACKWARD_PRE", BackwardPost = "BACKWARD_POST" }
+}
+
+choice! {
+    /// A floating-point dtype for FSDP mixed precision.
+    pub enum Dtype { Float32 = "float32", Bfloat16 = "bfloat16", Float16 = "float16" }
+}
+
+choice! {
+    /// FSDP checkpoint layout: one consolidated file, or one shard per rank.
+    pub enum StateDictType { Full = "full", Sharded = "sharded" }
+}
+
+choice! {
+    /// Rotary-embedding scaling (Hugging Face `rope_scaling.rope_type`).
+    pub enum RopeType { Llama3 = "llama3" }
+}
+
+choice! {
+    /// Which data source `data` describes (`data.kind`).
+    pub enum DataKind { Arithmetic = "arithmetic", Tokens = "tokens", Text = "text", Jsonl = "jsonl" }
+}
+
+choice! {
+    /// Element type of a pre-tokenized file.
+    pub enum TokenDtype { Uint16 = "uint16", Uint32 = "uint32" }
+}
+
+choice! {
+    /// Where jobs run.
+    pub enum Launcher { Local = "local", Slurm = "slurm" }
+}
+
+/// `trainer.resume`: `auto` (latest checkpoint of the run directory, if any), `never`, or the
+/// path of a checkpoint to start from.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(from = "String", into = "String")]
+pub enum Resume {
+    Auto,
+    Never,
+    Path(String),
+}
+
+impl From<String> for Resume {
+    fn from(s: String) -> Self {
+        match s.as_str() {
+            "auto" => Resume::Auto,
+            "never" => Resume::Never,
+            _ => Resume::Path(s),
+        }
+    }
+}
+
+impl From<Resume> for String {
+    fn from(r: Resume) -> Self {
+        match r {
+            Resume::Auto => "auto".into(),
+            Resume::Never => "never".into(),
+            Resume::Path(p) => p,
+        }
+    }
+}
+
+/// `data.tokenizer`: the byte-level tokenizer, a BPE tokenizer trained on the data
+/// (`data.vocab_size` tokens), or a Hugging Face `tokenizer.json` file. A file is recognised by
+/// a `/` in the value or a `.json` ending.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(from = "String", into = "String")]
+pub enum TokenizerSpec {
+    Byte,
+    Bpe,
+    File(String),
+}
+
+impl From<String> for TokenizerSpec {
+    fn from(s: String) -> Self {
+        match s.as_str() {
+            "byte" => TokenizerSpec::Byte,
+            "bpe" => TokenizerSpec::Bpe,
+            _ => TokenizerSpec::File(s),
+        }
+    }
+}
+
+impl From<TokenizerSpec> for String {
+    fn from(t: TokenizerSpec) -> Self {
+        match t {
+            TokenizerSpec::Byte => "byte".into(),
+            TokenizerSpec::Bpe => "bpe".into(),
+            TokenizerSpec::File(p) => p,
+        }
+    }
+}
+
+impl FromNode for Resume {
+    fn expected() -> String {
+        "'auto', 'never' or a checkpoint path".into()
+    }
+    fn example() -> String {
+        "auto".into()
+    }
+    fn parse(node: &Node, key: &str, cx: &mut Cx) -> Parsed<Self> {
+        match &node.value {
+            Value::Str(s) if !s.is_empty() => Ok(Resume::from(s.clone())),
+            Value::Str(_) => {
+                let message = format!(
+                    "{key}: expected {}, got an empty string{}",
+                    Self::expected(),
+                    set_note(&node.origin)
+                );
+                cx.push(ProblemKind::BadChoice, key, &node.origin, message);
+                Err(Fail::Reported)
+            }
+            _ => Err(Fail::WrongType),
+        }
+    }
+}
+
+impl FromNode for TokenizerSpec {
+    fn expected() -> String {
+        "'byte', 'bpe' or a path to a tokenizer.json".into()
+    }
+    fn example() -> String {
+        "byte".into()
+    }
+    fn parse(node: &Node, key: &str, cx: &mut Cx) -> Parsed<Self> {
+        let Value::Str(s) = &node.value else {
+            return Err(Fail::WrongType);
+        };
+        if s == "byte" || s == "bpe" || s.contains('/') || s.ends_with(".json") {
+            return Ok(TokenizerSpec::from(s.clone()));
+        }
+        let mut message = format!(
+            "{key}: expected {}, got {}{}",
+            Self::expected(),
+            show(&node.value),
+            set_note(&node.origin)
+        );
+        let near = suggest(s, &["byte", "bpe"]);
+        if near.is_empty() {
+            message.push_str("; a tokenizer file needs a '/' or a .json ending, e.g. ./tok.json");
+        } else {
+            message.push_str(&format!("; did you mean {}?", alternatives(&near, true)));
+        }
+        cx.push(ProblemKind::BadChoice, key, &node.origin, message);
+        Err(Fail::Reported)
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Sections
+// ---------------------------------------------------------------------------------------------
+
+/// Declares a config section: the struct (serde, `deny_unknown_fields`), its `KEYS`, and the
+/// walk that reads it from a [`Node`] collecting every problem. `field: Type => "example"` gives
+/// the example value used when the key is missing or `???`.
+macro_rules! section {
+    (
+        $(#[$m:meta])*
+        pub struct $name:ident {
+            $( $(#[$fm:meta])* $f:ident : $t:ty $(=> $ex:literal)? ),+ $(,)?
+        }
+    ) => {
+        $(#[$m])*
+        #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+        #[serde(deny_unknown_fields)]
+        pub struct $name {
+            $( $(#[$fm])* pub $f: $t, )+
+        }
+
+        impl $name {
+            /// The keys this section accepts, in file order.
+            pub const KEYS: &'static [&'static str] = &[$(stringify!($f)),+];
+
+            fn parse_fields(
+                node: &Node,
+                dict: &Dict,
+                key: &str,
+                cx: &mut Cx,
+                skip: &[&str],
+            ) -> Parsed<Self> {
+                cx.unknown_keys(dict, key, Self::KEYS, skip);
+                $( let $f = field::<$t>(node, dict, key, stringify!($f), section!(@ex $($ex)?), cx); )+
+                Ok($name { $( $f: $f.ok_or(Fail::Reported)?, )+ })
+            }
+        }
+
+        impl FromNode for $name {
+            fn expected() -> String {
+                "a dict".into()
+            }
+            fn parse(node: &Node, key: &str, cx: &mut Cx) -> Parsed<Self> {
+                let Value::Dict(dict) = &node.value else {
+                    return Err(Fail::WrongType);
+                };
+                Self::parse_fields(node, dict, key, cx, &[])
+            }
+        }
+    };
+    (@ex) => { None };
+    (@ex $ex:literal) => { Some($ex) };
+}
+
+/// The validated job config.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct JobConfig {
+    pub seed: i64,
+    pub model: ModelConfig,
+    pub trainer: TrainerConfig,
+    pub data: DataConfig,
+    pub compute: ComputeConfig,
+}
+
+section! {
+    /// `model`: Hugging Face `LlamaConfig` field names.
+    pub struct ModelConfig {
+        /// Preset name, for logs and run names.
+        name: String,
+        vocab_size: usize,
+        hidden_size: usize,
+        intermediate_size: usize,
+        num_hidden_layers: usize,
+        num_attention_heads: usize,
+        num_key_value_heads: usize,
+        max_position_embeddings: usize,
+        rms_norm_eps: f64,
+        rope_theta: f64,
+        /// Llama 3 rotary scaling; `None` for plain RoPE.
+        rope_scaling: Option<RopeScaling>,
+        tie_word_embeddings: bool,
+        initializer_range: f64,
+        /// Hugging Face model directory (`config.json` + `*.safetensors`) to load weights from.
+        init_from: Option<String> => "/path/to/hf-model-dir",
+    }
+}
+
+section! {
+    /// `model.rope_scaling` (Hugging Face's `rope_scaling` dict for `rope_type: llama3`).
+    pub struct RopeScaling {
+        rope_type: RopeType,
+        factor: f64,
+        low_freq_factor: f64,
+        high_freq_factor: f64,
+        original_max_position_embeddings: usize,
+    }
+}
+
+impl ModelConfig {
+    /// Per-head dimension (`hidden_size / num_attention_heads`).
+    pub fn head_dim(&self) -> usize {
+        self.hidden_size / self.num_attention_heads.max(1)
+    }
+
+    /// Parameter count of the Llama architecture this config describes.
+    pub fn num_parameters(&self) -> u64 {
+        let h = self.hidden_size as u64;
+        let kv = (self.num_key_value_heads * self.head_dim()) as u64;
+        let layer = 2 * h * h + 2 * h * kv + 3 * h * self.intermediate_size as u64 + 2 * h;
+        let embeddings = self.vocab_size as u64 * h;
+        let head = if self.tie_word_embeddings {
+            0
+        } else {
+            embeddings
+        };
+        self.num_hidden_layers as u64 * layer + embeddings + head + h
+    }
+}
+
+section! {
+    /// `trainer`: optimisation, precision, evaluation, checkpointing; `trainer.dist` chooses how
+    /// training is distributed.
+    pub struct TrainerConfig {
+        dist: DistConfig,
+        max_steps: u64,
+        /// Sequences per optimizer step over all ranks: micro_batch_size × world size × the
+        /// number of gradient-accumulation steps.
+        global_batch_size: usize,
+        /// Sequences per forward/backward on one rank.
+        micro_batch_size: usize,
+        /// Peak learning rate (AdamW).
+        lr: f64,
+        /// Floor of the cosine/linear decay.
+        min_lr: f64,
+        /// Linear warmup steps from 0 to `lr`.
+        warmup_steps: u64,
+        schedule: LrSchedule,
+        weight_decay: f64,
+        betas: [f64; 2],
+        eps: f64,
+        /// Max global gradient norm; 0 disables clipping.
+        grad_clip: f64,
+        precision: Precision,
+        device: Device,
+        /// Steps between evaluations; 0 disables evaluation.
+        eval_every: u64,
+        /// Micro-batches per evaluation.
+        eval_batches: usize,
+        /// Steps between checkpoints; 0 saves only the final one.
+        checkpoint_every: u64,
+        /// Most recent checkpoints kept; 0 keeps all.
+        keep_last_checkpoints: usize,
+        resume: Resume => "auto",
+        log_every: u64,
+        /// Recompute each decoder block in the backward pass.
+        activation_checkpointing: bool,
+        seed: i64 => "1234",
+    }
+}
+
+impl TrainerConfig {
+    /// Gradient-accumulation steps per optimizer step for `world_size` ranks (validation
+    /// guarantees an exact division).
+    pub fn grad_accum_steps(&self, world_size: usize) -> usize {
+        (self.global_batch_size / (self.micro_batch_size * world_size.max(1)).max(1)).max(1)
+    }
+}
+
+/// `trainer.dist`, chosen by `trainer.dist.mode` (the `trainer/dist` config group).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "mode")]
+pub enum DistConfig {
+    /// One process, no process group.
+    #[serde(rename = "none")]
+    None,
+    #[serde(rename = "ddp")]
+    Ddp(DdpConfig),
+    #[serde(rename = "fsdp")]
+    Fsdp(FsdpConfig),
+}
+
+section! {
+    /// `trainer.dist` with `mode: ddp`.
+    pub struct DdpConfig {
+        backend: Backend,
+        /// Collective timeout in seconds.
+        timeout_s: u64,
+        /// Gradient bucket size (torch default 25).
+        bucket_cap_mb: f64,
+    }
+}
+
+section! {
+    /// `trainer.dist` with `mode: fsdp`; defaults follow `torch.distributed.fsdp`.
+    pub struct FsdpConfig {
+        backend: Backend,
+        /// Collective timeout in seconds.
+        timeout_s: u64,
+        sharding_strategy: ShardingStrategy,
+        auto_wrap_policy: AutoWrapPolicy,
+        /// Threshold of the `size` wrap policy.
+        min_num_params: u64,
+        /// Checkpoint-wrap each FSDP unit.
+        activation_checkpointing: bool,
+        limit_all_gathers: bool,
+        forward_prefetch: bool,
+        backward_prefetch: Option<BackwardPrefetch>,
+        sync_module_states: bool,
+        /// Keep sharded parameters and their gradients in CPU memory.
+        cpu_offload: bool,
+        /// `None`: follow `trainer.precision`.
+        param_dtype: Option<Dtype>,
+        /// `None`: follow `trainer.precision`.
+        reduce_dtype: Option<Dtype>,
+        state_dict_type: StateDictType,
+    }
+}
+
+impl DistConfig {
+    pub fn mode(&self) -> DistMode {
+        match self {
+            DistConfig::None => DistMode::None,
+            DistConfig::Ddp(_) => DistMode::Ddp,
+            DistConfig::Fsdp(_) => DistMode::Fsdp,
+        }
+    }
+
+    /// The collective backend (`None` for `mode: none`).
+    pub fn backend(&self) -> Option<Backend> {
+        match self {
+            DistConfig::None => None,
+            DistConfig::Ddp(d) => Some(d.backend),
+            DistConfig::Fsdp(f) => Some(f.backend),
+        }
+    }
+
+    /// The collective timeout in seconds (`None` for `mode: none`).
+    pub fn timeout_s(&self) -> Option<u64> {
+        match self {
+            DistConfig::None => None,
+            DistConfig::Ddp(d) => Some(d.timeout_s),
+            DistConfig::Fsdp(f) => Some(f.timeout_s),
+        }
+    }
+
+    fn keys_of(mode: DistMode) -> &'static [&'static str] {
+        match mode {
+            DistMode::None => &[],
+            DistMode::Ddp => DdpConfig::KEYS,
+            DistMode::Fsdp => FsdpConfig::KEYS,
+        }
+    }
+}
+
+impl FromNode for DistConfig {
+    fn expected() -> String {
+        "a dict".into()
+    }
+    fn example() -> String {
+        "{mode: none}".into()
+    }
+    fn parse(node: &Node, key: &str, cx: &mut Cx) -> Parsed<Self> {
+        let (mode, dict, skip) =
+            parse_tagged::<DistMode>(node, key, "mode", "trainer/dist", DistConfig::keys_of, cx)?;
+        Ok(match mode {
+            DistMode::None => {
+                cx.unknown_keys(dict, key, &[], &skip);
+                DistConfig::None
+            }
+            DistMode::Ddp => DistConfig::Ddp(DdpConfig::parse_fields(node, dict, key, cx, &skip)?),
+            DistMode::Fsdp => {
+                DistConfig::Fsdp(FsdpConfig::parse_fields(node, dict, key, cx, &skip)?)
+            }
+        })
+    }
+}
+
+/// `data`, chosen by `data.kind` (the `data` config group).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind")]
+pub enum DataConfig {
+    #[serde(rename = "arithmetic")]
+    Arithmetic(ArithmeticData),
+    #[serde(rename = "tokens")]
+    Tokens(TokensData),
+    #[serde(rename = "text")]
+    Text(TextData),
+    #[serde(rename = "jsonl")]
+    Jsonl(JsonlData),
+}
+
+section! {
+    /// `data` with `kind: arithmetic`: generated problems, char-level tokenizer.
+    pub struct ArithmeticData {
+        /// Operands have 1..=digits digits.
+        digits: usize,
+        num_train: usize,
+        /// Held-out problems; 0: no evaluation data.
+        num_eval: usize,
+        /// Problem generation seed.
+        seed: i64,
+        seq_len: usize,
+        shuffle: bool,
+        num_workers: usize,
+    }
+}
+
+section! {
+    /// `data` with `kind: tokens`: a flat binary file of token ids.
+    pub struct TokensData {
+        path: String => "/path/to/tokens.bin",
+        /// Held-out file of the same dtype; `None`: no evaluation data.
+        eval_path: Option<String> => "/path/to/eval.bin",
+        token_dtype: TokenDtype,
+        seq_len: usize,
+        shuffle: bool,
+        num_workers: usize,
+    }
+}
+
+section! {
+    /// `data` with `kind: text`: plain-text files (or glob patterns), tokenized and packed.
+    pub struct TextData {
+        /// Files or glob patterns; a single string is taken as a one-item list.
+        paths: Vec<String> => "[/path/to/a.txt,/path/to/b.txt]",
+        /// Held-out files or globs; `None`: no evaluation data.
+        eval_paths: Option<Vec<String>> => "[/path/to/eval.txt]",
+        tokenizer: TokenizerSpec => "byte",
+        /// Vocabulary of a trained `bpe` tokenizer.
+        vocab_size: usize,
+        seq_len: usize,
+        shuffle: bool,
+        num_workers: usize,
+    }
+}
+
+section! {
+    /// `data` with `kind: jsonl`: prompt/completion records.
+    pub struct JsonlData {
+        path: String => "/path/to/train.jsonl",
+        /// Held-out records; `None`: no evaluation data.
+        eval_path: Option<String> => "/path/to/eval.jsonl",
+        /// `{field}` is replaced by that record field.
+        prompt_template: String => "'{prompt}'",
+        /// Record field appended after the rendered prompt.
+        completion_key: String => "completion",
+        /// Loss only on completion tokens.
+        mask_prompt: bool,
+        tokenizer: TokenizerSpec => "byte",
+        /// Vocabulary of a trained `bpe` tokenizer.
+        vocab_size: usize,
+        seq_len: usize,
+        shuffle: bool,
+        num_workers: usize,
+    }
+}
+
+impl DataConfig {
+    pub fn kind(&self) -> DataKind {
+        match self {
+            DataConfig::Arithmetic(_) => DataKind::Arithmetic,
+            DataConfig::Tokens(_) => DataKind::Tokens,
+            DataConfig::Text(_) => DataKind::Text,
+            DataConfig::Jsonl(_) => DataKind::Jsonl,
+        }
+    }
+
+    pub fn seq_len(&self) -> usize {
+        match self {
+            DataConfig::Arithmetic(d) => d.seq_len,
+            DataConfig::Tokens(d) => d.seq_len,
+            DataConfig::Text(d) => d.seq_len,
+            DataConfig::Jsonl(d) => d.seq_len,
+        }
+    }
+
+    pub fn shuffle(&self) -> bool {
+        match self {
+            DataConfig::Arithmetic(d) => d.shuffle,
+            DataConfig::Tokens(d) => d.shuffle,
+            DataConfig::Text(d) => d.shuffle,
+            DataConfig::Jsonl(d) => d.shuffle,
+        }
+    }
+
+    pub fn num_workers(&self) -> usize {
+        match self {
+            DataConfig::Arithmetic(d) => d.num_workers,
+            DataConfig::Tokens(d) => d.num_workers,
+            DataConfig::Text(d) => d.num_workers,
+            DataConfig::Jsonl(d) => d.num_workers,
+        }
+    }
+
+    /// The tokenizer choice of `text` and `jsonl` data.
+    pub fn tokenizer(&self) -> Option<&TokenizerSpec> {
+        match self {
+            DataConfig::Text(d) => Some(&d.tokenizer),
+            DataConfig::Jsonl(d) => Some(&d.tokenizer),
+            _ => None,
+        }
+    }
+
+    fn keys_of(kind: DataKind) -> &'static [&'static str] {
+        match kind {
+            DataKind::Arithmetic => ArithmeticData::KEYS,
+            DataKind::Tokens => TokensData::KEYS,
+            DataKind::Text => TextData::KEYS,
+            DataKind::Jsonl => JsonlData::KEYS,
+        }
+    }
+}
+
+impl FromNode for DataConfig {
+    fn expected() -> String {
+        "a dict".into()
+    }
+    fn parse(node: &Node, key: &str, cx: &mut Cx) -> Parsed<Self> {
+        let (kind, dict, skip) =
+            parse_tagged::<DataKind>(node, key, "kind", "data", DataConfig::keys_of, cx)?;
+        Ok(match kind {
+            DataKind::Arithmetic => {
+                DataConfig::Arithmetic(ArithmeticData::parse_fields(node, dict, key, cx, &skip)?)
+            }
+            DataKind::Tokens => {
+                DataConfig::Tokens(TokensData::parse_fields(node, dict, key, cx, &skip)?)
+            }
+            DataKind::Text => DataConfig::Text(TextData::parse_fields(node, dict, key, cx, &skip)?),
+            DataKind::Jsonl => {
+                DataConfig::Jsonl(JsonlData::parse_fields(node, dict, key, cx, &skip)?)
+            }
+        })
+    }
+}
+
+section! {
+    /// `compute`: where and with what resources jobs run (submitit's parameter names).
+    pub struct ComputeConfig {
+        launcher: Launcher,
+        nodes: usize,
+        /// Processes (ranks) per node.
+        tasks_per_node: usize,
+        gpus_per_node: usize,
+        cpus_per_task: usize,
+        /// `None`: no memory request.
+        mem_gb: Option<u64> => "64",
+        timeout_min: u64,
+        partition: Option<String> => "gpu",
+        account: Option<String> => "my-account",
+        qos: Option<String> => "normal",
+        constraint: Option<String> => "h100",
+        /// Sweeps: most SLURM array tasks running at once.
+        array_parallelism: usize,
+        /// Seconds before the time limit at which the job is signalled to checkpoint and requeue.
+        signal_delay_s: u64,
+        /// Requeues after a timeout before giving up.
+        max_num_timeout: u32,
+        /// Shell lines run before the job starts; a single string is one line.
+        setup: Vec<String> => "[]",
+        /// Extra `#SBATCH --key=value` options.
+        additional_parameters: IndexMap<String, serde_json::Value> => "{}",
+        /// sbatch template; `None`: `launchers/slurm.sbatch.j2`.
+        template: Option<String> => "launchers/slurm.sbatch.j2",
+        /// Local sweeps: jobs running at the same time.
+        max_parallel: usize,
+    }
+}
+
+impl ComputeConfig {
+    /// Ranks per job: `nodes × tasks_per_node`.
+    pub fn world_size(&self) -> usize {
+        self.nodes * self.tasks_per_node
+    }
+}

@@ -1,0 +1,488 @@
+//! `flotilla report` and `flotilla diff` as a user runs them: on a sweep prepared by `flotilla run
+//! --dry-run` whose jobs are then given every kind of broken or partial output, on a real
+//! training sweep, and the HTML page in a real headless Chromium.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn flotilla_in(cwd: &Path, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_flotilla"))
+        .args(args)
+        .current_dir(cwd)
+        .env_remove("FLOTILLA_LOG")
+        .output()
+        .expect("run flotilla")
+}
+
+fn flotilla(args: &[&str]) -> Output {
+    flotilla_in(Path::new(env!("CARGO_MANIFEST_DIR")), args)
+}
+
+fn ok(o: Output) -> String {
+    assert!(
+        o.status.success(),
+        "exit {:?}\nstdout:\n{}\nstderr:\n{}",
+        o.status.code(),
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// Every file under `dir` with its size and modification time.
+fn snapshot(dir: &Path) -> BTreeMap<PathBuf, (u64, std::time::SystemTime)> {
+    let mut out = BTreeMap::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap().flatten() {
+            let m = e.metadata().unwrap();
+            if m.is_dir() {
+                stack.push(e.path());
+            }
+            out.insert(e.path(), (m.len(), m.modified().unwrap()));
+        }
+    }
+    out
+}
+
+/// A sweep of five jobs prepared (not started) under `root/sweep`.
+fn prepared_sweep(root: &Path) -> PathBuf {
+    let sweep = root.join("sweep");
+    ok(flotilla(&[
+        "run",
+        "-m",
+        "--dry-run",
+        "trainer.lr=0.1,0.2,0.3,0.4,0.5",
+        &format!("flotilla.sweep.dir={}", sweep.display()),
+    ]));
+    assert!(sweep.join("sweep.json").is_file());
+    sweep
+}
+
+fn set_record(sweep: &Path, num: usize, state: &str, message: Option<&str>) {
+    let path = sweep.join("sweep.json");
+    let mut plan: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    plan["jobs"][num]["state"] = state.into();
+    if let Some(m) = message {
+        plan["jobs"][num]["message"] = m.into();
+    }
+    std::fs::write(&path, serde_json::to_string_pretty(&plan).unwrap()).unwrap();
+}
+
+const HEADER: &str = "step,loss,grad_norm,lr,tokens_per_s,elapsed_s,eval_loss,eval_ppl,eval_acc\n";
+
+#[test]
+fn every_job_gets_its_row_whatever_state_its_files_are_in() {
+    let tmp = tempfile::tempdir().unwrap();
+    let sweep = prepared_sweep(tmp.path());
+    // 0: completed, evaluated twice (best at step 1).
+    std::fs::write(
+        sweep.join("0/metrics.csv"),
+        format!("{HEADER}0,3.0,1,0.1,1000,1.0,,,\n1,2.5,1,0.1,1200,2.0,2.4,11.0,\n2,2.0,1,0.1,1100,3.0,2.6,13.4,\n"),
+    )
+    .unwrap();
+    std::fs::create_dir(sweep.join("0/final")).unwrap();
+    set_record(&sweep, 0, "COMPLETED", None);
+    // 1: failed, its loss went NaN at step 1.
+    std::fs::write(
+        sweep.join("1/metrics.csv"),
+        format!("{HEADER}0,3.1,1,0.2,900,1.0,,,\n1,NaN,1,0.2,900,2.0,,,\n"),
+    )
+    .unwrap();
+    set_record(&sweep, 1, "FAILED", Some("rank 0 exited with status 1"));
+    // 2: running; its writer is in the middle of a row.
+    std::fs::write(
+        sweep.join("2/metrics.csv"),
+        format!("{HEADER}0,3.2,1,0.3,800,1.0,,,\n1,2.9,1,0.3,800,2.0,2.8,16.4,\n2,2.7,1,0."),
+    )
+    .unwrap();
+    set_record(&sweep, 2, "RUNNING", None);
+    // 3: a program that logs JSON lines, and whose config is gone.
+    std::fs::remove_file(sweep.join("3/config.yaml")).unwrap();
+    std::fs::write(
+        sweep.join("3/metrics.jsonl"),
+        "{\"step\": 0, \"loss\": 3.3}\n{\"step\": 4, \"loss\": 2.2, \"eval_loss\": 2.3}\n",
+    )
+    .unwrap();
+    // 4: never started: nothing but what `run` prepared.
+    let before = snapshot(&sweep);
+
+    let out = ok(flotilla(&[
+        "report",
+        sweep.to_str().unwrap(),
+        "--format",
+        "json",
+    ]));
+    let report: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(report["metric"], "eval_loss");
+    assert_eq!(report["mode"], "min");
+    let jobs = report["jobs"].as_array().unwrap();
+    assert_eq!(jobs.len(), 5);
+    let states: Vec<&str> = jobs.iter().map(|j| j["state"].as_str().unwrap()).collect();
+    assert_eq!(
+        states,
+        ["COMPLETED", "FAILED", "RUNNING", "PENDING", "PENDING"]
+    );
+    for (i, job) in jobs.iter().enumerate() {
+        assert_eq!(job["num"], i);
+        // The only parameter that differs is the swept one; job 3 takes it from its overrides.
+        let params = job["params"].as_object().unwrap();
+        assert_eq!(params.keys().collect::<Vec<_>>(), ["trainer.lr"], "job {i}");
+        assert_eq!(
+            params["trainer.lr"],
+            [0.1, 0.2, 0.3, 0.4, 0.5][i],
+            "job {i}"
+        );
+    }
+    assert_eq!(jobs[0]["final"], 2.6);
+    assert_eq!(jobs[0]["best"], 2.4);
+    assert_eq!(jobs[0]["best_step"], 1);
+    assert_eq!(jobs[0]["steps"], 3);
+    assert_eq!(jobs[0]["wall_s"], 3.0);
+    assert_eq!(jobs[0]["tokens_per_s"], 1100.0);
+    assert!(jobs[1]["final"].is_null() && jobs[1]["best"].is_null());
+    assert!(jobs[1]["reason"]
+        .as_str()
+        .unwrap()
+        .contains("rank 0 exited with status 1"));
+    assert_eq!(jobs[2]["best"], 2.8);
+    assert_eq!(jobs[2]["steps"], 2);
+    assert!(jobs[2]["reason"].as_str().unwrap().contains("cut short"));
+    assert_eq!(jobs[3]["best"], 2.3);
+    assert_eq!(jobs[3]["best_step"], 4);
+    assert!(jobs[3]["reason"].as_str().unwrap().contains("config.yaml"));
+    assert!(jobs[4]["reason"].as_str().unwrap().contains("no metrics"));
+    assert_eq!(report["best"]["num"], 3);
+
+    // With loss, job 1's NaN is reported and the best is the lowest finite loss.
+    let out = ok(flotilla(&[
+        "report",
+        sweep.to_str().unwrap(),
+        "--format",
+        "json",
+        "--metric",
+        "loss",
+        "--sort",
+        "best",
+        "--top",
+        "2",
+    ]));
+    let report: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let jobs = report["jobs"].as_array().unwrap();
+    assert_eq!(jobs.len(), 2);
+    assert_eq!(
+        (jobs[0]["num"].as_u64(), jobs[0]["best"].as_f64()),
+        (Some(0), Some(2.0))
+    );
+    assert_eq!(
+        (jobs[1]["num"].as_u64(), jobs[1]["best"].as_f64()),
+        (Some(3), Some(2.2))
+    );
+
+    // The table a person reads: the best job starred, the failure's reason on its row.
+    let table = ok(flotilla(&["report", sweep.to_str().unwrap()]));
+    let lines: Vec<&str> = table.lines().collect();
+    assert!(
+        lines[0].starts_with("num  state") && lines[0].contains("trainer.lr"),
+        "{table}"
+    );
+    assert!(
+        lines[4].trim_start().starts_with("3*") && lines[4].contains("2.3"),
+        "{table}"
+    );
+    assert!(
+        lines[2].contains("FAILED") && lines[2].contains("rank 0 exited"),
+        "{table}"
+    );
+    assert!(table.contains("best eval_loss (min): job 3"), "{table}");
+
+    let csv = ok(flotilla(&[
+        "report",
+        sweep.to_str().unwrap(),
+        "--format",
+        "csv",
+    ]));
+    assert!(
+        csv.starts_with("num,dir,state,trainer.lr,final,best,"),
+        "{csv}"
+    );
+    let md = ok(flotilla(&[
+        "report",
+        sweep.to_str().unwrap(),
+        "--format",
+        "markdown",
+    ]));
+    assert!(md.lines().nth(1).unwrap().starts_with("|---|"), "{md}");
+
+    assert_eq!(
+        snapshot(&sweep),
+        before,
+        "the report wrote into the run dirs"
+    );
+}
+
+#[test]
+fn an_unreadable_plan_still_reports_its_jobs_and_a_missing_path_is_an_error() {
+    let tmp = tempfile::tempdir().unwrap();
+    let sweep = prepared_sweep(tmp.path());
+    std::fs::write(
+        sweep.join("1/metrics.csv"),
+        format!("{HEADER}0,3.0,1,0.2,1000,1.0,,,\n"),
+    )
+    .unwrap();
+    std::fs::write(sweep.join("sweep.json"), "{ not json").unwrap();
+    // The directory above the sweep is searched recursively.
+    let out = ok(flotilla(&[
+        "report",
+        tmp.path().to_str().unwrap(),
+        "--format",
+        "json",
+    ]));
+    let report: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let jobs = report["jobs"].as_array().unwrap();
+    assert_eq!(jobs.len(), 5);
+    assert_eq!(jobs[1]["num"], 1);
+    assert_eq!(jobs[1]["final"], 3.0);
+    assert!(jobs[1]["reason"].as_str().unwrap().contains("sweep.json"));
+    assert_eq!(report["metric"], "loss");
+
+    let missing = flotilla(&["report", "no/such/dir"]);
+    assert!(!missing.status.success());
+    let err = String::from_utf8_lossy(&missing.stderr);
+    assert!(
+        err.contains("no/such/dir") && err.contains("no such directory"),
+        "{err}"
+    );
+    let empty = tempfile::tempdir().unwrap();
+    let none = flotilla(&["report", empty.path().to_str().unwrap()]);
+    assert!(String::from_utf8_lossy(&none.stderr).contains("no job under"));
+    let bad_sort = flotilla(&["report", sweep.to_str().unwrap(), "--sort", "nope"]);
+    assert!(String::from_utf8_lossy(&bad_sort.stderr).contains("unknown sort key 'nope'"));
+}
+
+/// Debian's Chromium, or `None` (the test then says it skipped).
+fn chromium() -> Option<PathBuf> {
+    ["/usr/bin/chromium", "/usr/bin/chromium-browser"]
+        .iter()
+        .map(PathBuf::from)
+        .find(|p| p.is_file())
+}
+
+fn headless(chromium: &Path, profile: &Path, args: &[&str]) -> Output {
+    Command::new(chromium)
+        .args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-quic",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            "--enable-logging=stderr",
+            "--v=0",
+        ])
+        .arg(format!("--user-data-dir={}", profile.display()))
+        .args(args)
+        .output()
+        .expect("run chromium")
+}
+
+#[test]
+fn the_html_report_renders_in_headless_chromium_without_console_errors() {
+    let tmp = tempfile::tempdir().unwrap();
+    let sweep = prepared_sweep(tmp.path());
+    for (i, scale) in [1.0, 0.8, 0.9, 1.2, 1.1].iter().enumerate() {
+        let mut text = HEADER.to_string();
+        for step in 0..30 {
+            let loss = scale * (3.0 - (step as f64).ln_1p() * 0.4);
+            let eval = if step % 10 == 9 {
+                format!("{:.4}", loss + 0.1)
+            } else {
+                String::new()
+            };
+            text.push_str(&format!("{step},{loss:.4},1,0.1,1000,{step},{eval},,\n"));
+        }
+        std::fs::write(sweep.join(format!("{i}/metrics.csv")), text).unwrap();
+    }
+    let page = tmp.path().join("report.html");
+    let plots = tmp.path().join("plots");
+    ok(flotilla(&[
+        "report",
+        sweep.to_str().unwrap(),
+        "--html",
+        page.to_str().unwrap(),
+        "--plot",
+        plots.to_str().unwrap(),
+    ]));
+    let html = std::fs::read_to_string(&page).unwrap();
+    assert!(
+        !html.contains("http://") || !html.contains("<script src"),
+        "the page must be self-contained"
+    );
+    // Curves for loss and eval_loss, one per parameter, parallel coordinates.
+    let figures: Vec<String> = std::fs::read_dir(&plots)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    for name in [
+        "curves_loss.svg",
+        "curves_eval_loss.svg",
+        "param_trainer.lr.svg",
+        "parallel.svg",
+    ] {
+        assert!(figures.contains(&name.to_string()), "{figures:?}");
+    }
+    assert_eq!(html.matches("<svg").count(), 4);
+    assert_eq!(html.matches("class=\"curve\"").count(), 10);
+
+    let Some(chromium) = chromium() else {
+        eprintln!("SKIPPED: chromium is not installed (apt-get install chromium)");
+        return;
+    };
+    let profile = tmp.path().join("profile");
+    let url = format!("file://{}", page.display());
+    let dom = headless(&chromium, &profile, &["--dump-dom", &url]);
+    let dom_text = String::from_utf8_lossy(&dom.stdout);
+    let log = String::from_utf8_lossy(&dom.stderr);
+    assert!(
+        dom_text.contains("data-ready=\"yes\""),
+        "the page script did not run to its end:\n{log}"
+    );
+    let console_errors: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("CONSOLE") || l.contains("Uncaught"))
+        .collect();
+    assert!(console_errors.is_empty(), "{console_errors:?}");
+    let shot = tmp.path().join("report.png");
+    let out = headless(
+        &chromium,
+        &profile,
+        &[
+            &format!("--screenshot={}", shot.display()),
+            "--window-size=1300,1900",
+            &url,
+        ],
+    );
+    assert!(shot.is_file(), "{}", String::from_utf8_lossy(&out.stderr));
+    let png = std::fs::read(&shot).unwrap();
+    assert_eq!(&png[1..4], b"PNG");
+    assert!(
+        png.len() > 30_000,
+        "a screenshot of tables and plots is not {} bytes",
+        png.len()
+    );
+    if let Ok(keep) = std::env::var("FLOTILLA_KEEP_SCREENSHOT") {
+        std::fs::copy(&shot, keep).unwrap();
+    }
+}
+
+fn venv_python() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join(".venv/bin/python")
+}
+
+/// The issue's own acceptance run, shortened: a real two-job sweep of the built-in trainer,
+/// reported, and its TensorBoard events read back by the real `tensorboard` package.
+#[test]
+fn a_real_sweep_is_reported_and_tensorboard_reads_its_events() {
+    let tmp = tempfile::tempdir().unwrap();
+    let sweep = tmp.path().join("sweep");
+    ok(flotilla(&[
+        "run",
+        "-m",
+        "trainer.lr=1e-3,3e-3",
+        "trainer.max_steps=20",
+        "trainer.eval_every=10",
+        &format!("flotilla.sweep.dir={}", sweep.display()),
+    ]));
+    let out = ok(flotilla(&[
+        "report",
+        sweep.to_str().unwrap(),
+        "--format",
+        "json",
+    ]));
+    let report: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(report["metric"], "eval_loss");
+    let jobs = report["jobs"].as_array().unwrap();
+    assert_eq!(jobs.len(), 2);
+    let mut bests = Vec::new();
+    for (i, job) in jobs.iter().enumerate() {
+        assert_eq!(job["state"], "COMPLETED", "{job}");
+        assert_eq!(job["steps"], 20);
+        assert_eq!(job["params"]["trainer.lr"], [1e-3, 3e-3][i]);
+        // The report's figures are metrics.csv's.
+        let mut reader = csv::Reader::from_path(sweep.join(format!("{i}/metrics.csv"))).unwrap();
+        let headers = reader.headers().unwrap().clone();
+        let col = |name: &str| headers.iter().position(|h| h == name).unwrap();
+        let rows: Vec<csv::StringRecord> = reader.records().map(Result::unwrap).collect();
+        let evals: Vec<(u64, f64)> = rows
+            .iter()
+            .filter(|r| !r[col("eval_loss")].is_empty())
+            .map(|r| {
+                (
+                    r[col("step")].parse().unwrap(),
+                    r[col("eval_loss")].parse().unwrap(),
+                )
+            })
+            .collect();
+        assert_eq!(evals.iter().map(|e| e.0).collect::<Vec<_>>(), [9, 19]);
+        let best = evals
+            .iter()
+            .cloned()
+            .fold((0, f64::INFINITY), |a, e| if e.1 < a.1 { e } else { a });
+        assert_eq!(job["final"].as_f64(), Some(evals[1].1));
+        assert_eq!(job["best"].as_f64(), Some(best.1));
+        assert_eq!(job["best_step"].as_u64(), Some(best.0));
+        bests.push(best.1);
+
+        // TensorBoard sees every value of metrics.csv at its step (as float32), and the hparams.
+        let read = Command::new(venv_python())
+            .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/oracle/tensorboard_events.py"))
+            .arg(sweep.join(format!("{i}/tb")))
+            .output()
+            .expect("run the tensorboard oracle (scripts/setup.sh installs it)");
+        let events: serde_json::Value = serde_json::from_str(&ok(read)).unwrap();
+        for name in [
+            "loss",
+            "grad_norm",
+            "lr",
+            "tokens_per_s",
+            "elapsed_s",
+            "eval_loss",
+            "eval_ppl",
+            "eval_acc",
+        ] {
+            let expected: Vec<(u64, f32)> = rows
+                .iter()
+                .filter(|r| !r[col(name)].is_empty())
+                .map(|r| {
+                    (
+                        r[col("step")].parse().unwrap(),
+                        r[col(name)].parse::<f64>().unwrap() as f32,
+                    )
+                })
+                .collect();
+            let got: Vec<(u64, f32)> = events["scalars"][name]
+                .as_array()
+                .unwrap_or_else(|| panic!("no {name} in {events}"))
+                .iter()
+                .map(|p| (p[0].as_u64().unwrap(), p[1].as_f64().unwrap() as f32))
+                .collect();
+            assert_eq!(got, expected, "{name} of job {i}");
+        }
+        assert_eq!(
+            events["hparams"]["trainer.lr"].as_f64(),
+            Some([1e-3, 3e-3][i])
+        );
+        assert_eq!(events["hparam_names"][0], "trainer.lr");
+        assert!(events["metric_tags"]
+            .as_array()
+            .unwrap()
+            .contains(&"eval_loss".into()));
+        assert_eq!(events["status"], 1, "SessionEndInfo SUCCESS");
+    }
+    let best_num = if bests[0] <= bests[1] { 0 } else { 1 };
+    assert_eq!(report["best"]["num"], best_num);
+}
