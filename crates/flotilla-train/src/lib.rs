@@ -3,11 +3,12 @@
 //! [`optim`]izer (AdamW and gradient clipping), the unit [`engine`] (forward and backward unit
 //! by unit, gradient accumulation, activation checkpointing, strategy hooks), the weights of a
 //! rank ([`weights`]: [`replicated`] for one process and DDP, [`fsdp`] sharded) as
-//! [`parallelize`] builds them, the [`trainer`] loop with its fp16 [`loss_scale`] and its
-//! [`metrics`] rows, its [`checkpoint`]s, a run in a run directory ([`fit`]: evaluation,
-//! checkpointing, resuming; [`preempt`]ion) and the `flotilla train` job ([`task`]). This file
-//! owns the crate's error type, [`find_stopped`] (a preemption stop in an error chain), and the
-//! safetensors helpers that name the file in their errors.
+//! [`parallelize`](mod@parallelize) builds them, the [`trainer`] loop with its fp16
+//! [`loss_scale`] and its [`metrics`] rows, its [`checkpoint`]s, a run in a run directory
+//! ([`fit`](mod@fit): evaluation, checkpointing, resuming; [`preempt`]ion) and the
+//! `flotilla train` job ([`task`]). This file owns the crate's error type, [`find_stopped`] (a
+//! preemption stop in an error chain), and the safetensors helpers that name the file in their
+//! errors.
 
 pub mod checkpoint;
 pub mod data;
