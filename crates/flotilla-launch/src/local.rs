@@ -19,7 +19,7 @@
 //! of a sweep run one after another, or up to `compute.max_parallel` at once.
 
 use super::{JobOutcome, LaunchError, Launcher, RankFailure, TaskCommand, TaskExit};
-use crate::rank::{free_port, RankEnv, DEFAULT_MASTER_ADDR};
+use crate::rank::{free_port, RankEnv, RankInfo, RankSource, DEFAULT_MASTER_ADDR};
 use crate::rundir::{JobState, Plan, PlanFile, PreparedJob, PreparedRun, LOGS_DIR};
 use flotilla_config::schema::ComputeConfig;
 use std::collections::HashMap;
@@ -208,15 +208,19 @@ pub fn rank_env(spec: &EnvSpec<'_>, rank: usize) -> Vec<(String, String)> {
         names.join(",")
     });
     let mut env = RankEnv {
-        rank,
-        local_rank: slot.local_rank,
-        world_size: c.world_size(),
-        local_world_size: c.tasks_per_node,
-        node_rank: slot.node_rank,
-        num_nodes: c.nodes,
-        master_addr: DEFAULT_MASTER_ADDR.to_string(),
-        master_port: spec.master_port,
-        elastic_run_id: Some(spec.run_id.clone()),
+        place: RankInfo {
+            rank,
+            local_rank: slot.local_rank,
+            world_size: c.world_size(),
+            local_world_size: c.tasks_per_node,
+            node_rank: slot.node_rank,
+            num_nodes: c.nodes,
+            master_addr: DEFAULT_MASTER_ADDR.to_string(),
+            master_port: spec.master_port,
+            source: RankSource::Torchrun,
+            job_id: Some(spec.run_id.clone()),
+            restart_count: 0,
+        },
         threads: spec.threads,
         visible_devices,
     }

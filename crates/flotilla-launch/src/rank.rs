@@ -839,23 +839,13 @@ pub fn free_port() -> std::io::Result<u16> {
 }
 
 /// The environment of one rank a launcher starts: the torchrun variables that place it in the
-/// job (what [`discover`] reads back as a [`RankSource::Torchrun`] [`RankInfo`]), and as asked
-/// the variables torchrun's elastic agent adds, its thread count and its GPUs.
+/// job (what [`discover`] reads back as `place`), and as asked its thread count and its GPUs.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RankEnv {
-    pub rank: usize,
-    pub local_rank: usize,
-    pub world_size: usize,
-    pub local_world_size: usize,
-    /// `NODE_RANK` and `GROUP_RANK`.
-    pub node_rank: usize,
-    /// `GROUP_WORLD_SIZE`.
-    pub num_nodes: usize,
-    pub master_addr: String,
-    pub master_port: u16,
-    /// `TORCHELASTIC_RUN_ID`; when set, also `ROLE_NAME`/`ROLE_RANK`/`ROLE_WORLD_SIZE` and the
-    /// restart counters of a first start, as torchrun's agent sets them.
-    pub elastic_run_id: Option<String>,
+    /// Where the rank sits. `source` is not written (the variables are torchrun's); `job_id`,
+    /// when set, becomes `TORCHELASTIC_RUN_ID` with the other variables torchrun's elastic
+    /// agent sets (`ROLE_NAME`/`ROLE_RANK`/`ROLE_WORLD_SIZE`, the restart counters).
+    pub place: RankInfo,
     /// `OMP_NUM_THREADS`; `None` leaves the inherited value.
     pub threads: Option<usize>,
     /// `CUDA_VISIBLE_DEVICES`; `None` leaves the inherited value.
@@ -873,15 +863,19 @@ impl RankEnv {
         master_port: u16,
     ) -> RankEnv {
         RankEnv {
-            rank,
-            local_rank: rank % local_world_size,
-            world_size: num_nodes * local_world_size,
-            local_world_size,
-            node_rank: rank / local_world_size,
-            num_nodes,
-            master_addr: DEFAULT_MASTER_ADDR.to_string(),
-            master_port,
-            elastic_run_id: None,
+            place: RankInfo {
+                rank,
+                local_rank: rank % local_world_size,
+                world_size: num_nodes * local_world_size,
+                local_world_size,
+                node_rank: rank / local_world_size,
+                num_nodes,
+                master_addr: DEFAULT_MASTER_ADDR.to_string(),
+                master_port,
+                source: RankSource::Torchrun,
+                job_id: None,
+                restart_count: 0,
+            },
             threads: None,
             visible_devices: None,
         }
@@ -889,30 +883,31 @@ impl RankEnv {
 
     /// The variables to set (in addition to the inherited environment), in a fixed order.
     pub fn vars(&self) -> Vec<(String, String)> {
+        let p = &self.place;
         let mut vars: Vec<(&str, String)> = vec![
-            ("RANK", self.rank.to_string()),
-            ("LOCAL_RANK", self.local_rank.to_string()),
-            ("WORLD_SIZE", self.world_size.to_string()),
-            ("LOCAL_WORLD_SIZE", self.local_world_size.to_string()),
-            ("NODE_RANK", self.node_rank.to_string()),
-            ("GROUP_RANK", self.node_rank.to_string()),
-            ("GROUP_WORLD_SIZE", self.num_nodes.to_string()),
+            ("RANK", p.rank.to_string()),
+            ("LOCAL_RANK", p.local_rank.to_string()),
+            ("WORLD_SIZE", p.world_size.to_string()),
+            ("LOCAL_WORLD_SIZE", p.local_world_size.to_string()),
+            ("NODE_RANK", p.node_rank.to_string()),
+            ("GROUP_RANK", p.node_rank.to_string()),
+            ("GROUP_WORLD_SIZE", p.num_nodes.to_string()),
         ];
-        if self.elastic_run_id.is_some() {
+        if p.job_id.is_some() {
             vars.extend([
                 ("ROLE_NAME", "default".to_string()),
-                ("ROLE_RANK", self.rank.to_string()),
-                ("ROLE_WORLD_SIZE", self.world_size.to_string()),
+                ("ROLE_RANK", p.rank.to_string()),
+                ("ROLE_WORLD_SIZE", p.world_size.to_string()),
             ]);
         }
         vars.extend([
-            ("MASTER_ADDR", self.master_addr.clone()),
-            ("MASTER_PORT", self.master_port.to_string()),
+            ("MASTER_ADDR", p.master_addr.clone()),
+            ("MASTER_PORT", p.master_port.to_string()),
         ]);
-        if let Some(run_id) = &self.elastic_run_id {
+        if let Some(run_id) = &p.job_id {
             vars.extend([
                 ("TORCHELASTIC_RUN_ID", run_id.clone()),
-                ("TORCHELASTIC_RESTART_COUNT", "0".to_string()),
+                ("TORCHELASTIC_RESTART_COUNT", p.restart_count.to_string()),
                 ("TORCHELASTIC_MAX_RESTARTS", "0".to_string()),
             ]);
         }
