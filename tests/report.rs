@@ -6,6 +6,9 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+mod common;
+use common::venv_python;
+
 fn flotilla_in(cwd: &Path, args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_flotilla"))
         .args(args)
@@ -73,31 +76,40 @@ fn set_record(sweep: &Path, num: usize, state: &str, message: Option<&str>) {
 
 const HEADER: &str = "step,loss,grad_norm,lr,tokens_per_s,elapsed_s,eval_loss,eval_ppl,eval_acc\n";
 
+/// Writes job `num`'s metrics.csv: the trainer's header, then `rows` verbatim.
+fn write_metrics(sweep: &Path, num: usize, rows: &str) {
+    std::fs::write(
+        sweep.join(format!("{num}/metrics.csv")),
+        format!("{HEADER}{rows}"),
+    )
+    .unwrap();
+}
+
 #[test]
 fn every_job_gets_its_row_whatever_state_its_files_are_in() {
     let tmp = tempfile::tempdir().unwrap();
     let sweep = prepared_sweep(tmp.path());
     // 0: completed, evaluated twice (best at step 1).
-    std::fs::write(
-        sweep.join("0/metrics.csv"),
-        format!("{HEADER}0,3.0,1,0.1,1000,1.0,,,\n1,2.5,1,0.1,1200,2.0,2.4,11.0,\n2,2.0,1,0.1,1100,3.0,2.6,13.4,\n"),
-    )
-    .unwrap();
+    write_metrics(
+        &sweep,
+        0,
+        "0,3.0,1,0.1,1000,1.0,,,\n1,2.5,1,0.1,1200,2.0,2.4,11.0,\n2,2.0,1,0.1,1100,3.0,2.6,13.4,\n",
+    );
     std::fs::create_dir(sweep.join("0/final")).unwrap();
     set_record(&sweep, 0, "COMPLETED", None);
     // 1: failed, its loss went NaN at step 1.
-    std::fs::write(
-        sweep.join("1/metrics.csv"),
-        format!("{HEADER}0,3.1,1,0.2,900,1.0,,,\n1,NaN,1,0.2,900,2.0,,,\n"),
-    )
-    .unwrap();
+    write_metrics(
+        &sweep,
+        1,
+        "0,3.1,1,0.2,900,1.0,,,\n1,NaN,1,0.2,900,2.0,,,\n",
+    );
     set_record(&sweep, 1, "FAILED", Some("rank 0 exited with status 1"));
     // 2: running; its writer is in the middle of a row.
-    std::fs::write(
-        sweep.join("2/metrics.csv"),
-        format!("{HEADER}0,3.2,1,0.3,800,1.0,,,\n1,2.9,1,0.3,800,2.0,2.8,16.4,\n2,2.7,1,0."),
-    )
-    .unwrap();
+    write_metrics(
+        &sweep,
+        2,
+        "0,3.2,1,0.3,800,1.0,,,\n1,2.9,1,0.3,800,2.0,2.8,16.4,\n2,2.7,1,0.",
+    );
     set_record(&sweep, 2, "RUNNING", None);
     // 3: a program that logs JSON lines, and whose config is gone.
     std::fs::remove_file(sweep.join("3/config.yaml")).unwrap();
@@ -227,11 +239,7 @@ fn every_job_gets_its_row_whatever_state_its_files_are_in() {
 fn an_unreadable_plan_still_reports_its_jobs_and_a_missing_path_is_an_error() {
     let tmp = tempfile::tempdir().unwrap();
     let sweep = prepared_sweep(tmp.path());
-    std::fs::write(
-        sweep.join("1/metrics.csv"),
-        format!("{HEADER}0,3.0,1,0.2,1000,1.0,,,\n"),
-    )
-    .unwrap();
+    write_metrics(&sweep, 1, "0,3.0,1,0.2,1000,1.0,,,\n");
     std::fs::write(sweep.join("sweep.json"), "{ not json").unwrap();
     // The directory above the sweep is searched recursively.
     let out = ok(flotilla(&[
@@ -295,7 +303,7 @@ fn the_html_report_renders_in_headless_chromium_without_console_errors() {
     let tmp = tempfile::tempdir().unwrap();
     let sweep = prepared_sweep(tmp.path());
     for (i, scale) in [1.0, 0.8, 0.9, 1.2, 1.1].iter().enumerate() {
-        let mut text = HEADER.to_string();
+        let mut text = String::new();
         for step in 0..30 {
             let loss = scale * (3.0 - (step as f64).ln_1p() * 0.4);
             let eval = if step % 10 == 9 {
@@ -305,7 +313,7 @@ fn the_html_report_renders_in_headless_chromium_without_console_errors() {
             };
             text.push_str(&format!("{step},{loss:.4},1,0.1,1000,{step},{eval},,\n"));
         }
-        std::fs::write(sweep.join(format!("{i}/metrics.csv")), text).unwrap();
+        write_metrics(&sweep, i, &text);
     }
     let page = tmp.path().join("report.html");
     let plots = tmp.path().join("plots");
@@ -377,10 +385,6 @@ fn the_html_report_renders_in_headless_chromium_without_console_errors() {
     if let Ok(keep) = std::env::var("FLOTILLA_KEEP_SCREENSHOT") {
         std::fs::copy(&shot, keep).unwrap();
     }
-}
-
-fn venv_python() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join(".venv/bin/python")
 }
 
 /// The issue's own acceptance run, shortened: a real two-job sweep of the built-in trainer,

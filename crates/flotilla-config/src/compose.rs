@@ -5,7 +5,7 @@ use super::defaults::{DefaultsBuilder, GroupOverrides};
 use super::interp::{self, ResolveContext};
 use super::node::{split_key, Dict, Node, Origin, Value};
 use super::overrides::{parse_override, Override};
-use super::repo::ConfigRepo;
+use super::repo::{lock, ConfigRepo};
 use super::schema::{self, JobConfig};
 use super::{near_miss, yaml, ConfigError};
 use indexmap::IndexMap;
@@ -304,7 +304,7 @@ impl Composer {
         skip_missing: bool,
     ) -> Result<Arc<MergedDefaults>, ConfigError> {
         let key = (skip_missing, std::mem::take(&mut groups.defaults_key));
-        if let Some(hit) = self.lock_merged().get(&key) {
+        if let Some(hit) = lock(&self.merged).get(&key) {
             return Ok(hit.clone());
         }
         let defaults = DefaultsBuilder::new(&self.repo, skip_missing)
@@ -338,18 +338,12 @@ impl Composer {
             runtime,
             choices: std::mem::take(&mut groups.known_choices),
         });
-        let mut cache = self.lock_merged();
+        let mut cache = lock(&self.merged);
         if cache.len() >= MERGED_DEFAULTS_CACHE_SIZE {
             cache.clear();
         }
         cache.insert(key, merged.clone());
         Ok(merged)
-    }
-
-    fn lock_merged(&self) -> std::sync::MutexGuard<'_, MergedDefaultsCache> {
-        self.merged
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     fn resolve_job(&self, tree: &Node) -> Result<Node, ConfigError> {

@@ -8,7 +8,7 @@ use super::yaml::{load_str, parse_header};
 use super::ConfigError;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 /// One config file as loaded: its body (without `defaults`), its defaults list and header.
 #[derive(Debug)]
@@ -51,12 +51,7 @@ impl ConfigRepo {
 
     /// True when `config_path` (e.g. `model/tiny`) names a config file.
     pub fn config_exists(&self, config_path: &str) -> bool {
-        if let Some(cached) = self
-            .cache
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .get(config_path)
-        {
+        if let Some(cached) = lock(&self.cache).get(config_path) {
             return cached.is_some();
         }
         self.file_for(config_path).is_some()
@@ -68,31 +63,18 @@ impl ConfigRepo {
         if group.is_empty() {
             return false;
         }
-        if let Some(found) = self
-            .group_cache
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .get(group)
-        {
+        if let Some(found) = lock(&self.group_cache).get(group) {
             return *found;
         }
         let exists = self.root.join(group).is_dir();
-        self.group_cache
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .insert(group.to_string(), exists);
+        lock(&self.group_cache).insert(group.to_string(), exists);
         exists
     }
 
     /// The options of a group: its config files without extension, sorted.
     pub fn group_options(&self, group: &str) -> Arc<Vec<String>> {
         let group = group.trim_start_matches('/');
-        if let Some(found) = self
-            .options_cache
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .get(group)
-        {
+        if let Some(found) = lock(&self.options_cache).get(group) {
             return found.clone();
         }
         let mut options = Vec::new();
@@ -113,31 +95,20 @@ impl ConfigRepo {
         options.sort();
         options.dedup();
         let options = Arc::new(options);
-        self.options_cache
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .insert(group.to_string(), options.clone());
+        lock(&self.options_cache).insert(group.to_string(), options.clone());
         options
     }
 
     /// Loads (once) the config at `config_path`; `None` when no such file exists.
     pub fn load(&self, config_path: &str) -> Result<Option<Arc<LoadedConfig>>, ConfigError> {
-        if let Some(cached) = self
-            .cache
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .get(config_path)
-        {
+        if let Some(cached) = lock(&self.cache).get(config_path) {
             return Ok(cached.clone());
         }
         let loaded = match self.file_for(config_path) {
             None => None,
             Some(file) => Some(Arc::new(self.read(config_path, &file)?)),
         };
-        self.cache
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .insert(config_path.to_string(), loaded.clone());
+        lock(&self.cache).insert(config_path.to_string(), loaded.clone());
         Ok(loaded)
     }
 
@@ -184,6 +155,12 @@ impl ConfigRepo {
             package_header,
         })
     }
+}
+
+/// Locks a cache. A thread that panicked while holding it left it consistent (every update is
+/// one insert), so a poisoned lock is taken as it is.
+pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// Adds `.yaml` unless the name already ends in `.yaml` or `.yml` (Hydra's rule).

@@ -64,23 +64,26 @@ impl MetricsRow {
     /// The row's figures by column name, without the step and the empty evaluation columns
     /// (what TensorBoard gets of it).
     pub fn scalars(&self) -> Vec<(&'static str, f64)> {
-        let mut out = vec![
-            ("loss", self.loss),
-            ("grad_norm", self.grad_norm),
-            ("lr", self.lr),
-            ("tokens_per_s", self.tokens_per_s),
-            ("elapsed_s", self.elapsed_s),
+        let step = [
+            self.loss,
+            self.grad_norm,
+            self.lr,
+            self.tokens_per_s,
+            self.elapsed_s,
         ];
-        for (name, value) in [
-            ("eval_loss", self.eval_loss),
-            ("eval_ppl", self.eval_ppl),
-            ("eval_acc", self.eval_acc),
-        ] {
-            if let Some(v) = value {
-                out.push((name, v));
-            }
-        }
-        out
+        let eval = [self.eval_loss, self.eval_ppl, self.eval_acc];
+        STEP_COLUMNS[1..]
+            .iter()
+            .copied()
+            .zip(step)
+            .chain(
+                EVAL_COLUMNS
+                    .iter()
+                    .copied()
+                    .zip(eval)
+                    .filter_map(|(name, value)| Some((name, value?))),
+            )
+            .collect()
     }
 
     /// This row with the figures of `eval` (none: the evaluation columns stay empty).

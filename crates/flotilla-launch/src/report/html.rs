@@ -130,13 +130,18 @@ impl Svg {
         Svg { body }
     }
 
-    fn axes(&mut self, x: &Axis, y: &Axis, x_label: &str, y_label: &str) {
+    /// The axis lines, the y ticks, the x ticks of a numeric x axis (`None`: the caller labels
+    /// categories) and both labels.
+    fn axes(&mut self, x: Option<&Axis>, y: &Axis, x_label: &str, y_label: &str) {
         let (x0, x1, y0, y1) = (LEFT, WIDTH - RIGHT, HEIGHT - BOTTOM, TOP);
         let _ = writeln!(
             self.body,
             "<path d=\"M{x0},{y1} L{x0},{y0} L{x1},{y0}\" stroke=\"#333\" fill=\"none\"/>"
         );
-        for t in x.ticks() {
+        for (x, t) in x
+            .into_iter()
+            .flat_map(|x| x.ticks().into_iter().map(move |t| (x, t)))
+        {
             let px = x.map(t);
             let _ = writeln!(
                 self.body,
@@ -187,6 +192,17 @@ impl Svg {
     }
 }
 
+/// The values in order of first appearance, each once.
+fn distinct(values: impl IntoIterator<Item = String>) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    for v in values {
+        if !out.contains(&v) {
+            out.push(v);
+        }
+    }
+    out
+}
+
 fn job_label(report: &Report, i: usize) -> String {
     let row = &report.jobs[i];
     let params: Vec<String> = row
@@ -221,7 +237,7 @@ pub fn curves_svg(report: &Report, name: &str) -> Option<String> {
     );
     let y = Axis::new(points.map(|(_, v)| *v), HEIGHT - BOTTOM, TOP, false);
     let mut svg = Svg::new(&format!("{name} by step"));
-    svg.axes(&x, &y, "step", name);
+    svg.axes(Some(&x), &y, "step", name);
     let mut legend = Vec::new();
     for (i, s) in &series {
         let path: Vec<String> = s
@@ -263,17 +279,7 @@ pub fn param_svg(report: &Report, key: &str) -> Option<String> {
         return None;
     }
     let numeric = points.iter().all(|(_, v, _)| v.is_number());
-    let categories: Vec<String> = {
-        let mut c: Vec<String> = points.iter().map(|(_, v, _)| param(v)).collect();
-        c.dedup();
-        let mut seen = Vec::new();
-        for v in c {
-            if !seen.contains(&v) {
-                seen.push(v);
-            }
-        }
-        seen
-    };
+    let categories = distinct(points.iter().map(|(_, v, _)| param(v)));
     let xs: Vec<f64> = points
         .iter()
         .map(|(_, v, _)| {
@@ -294,18 +300,13 @@ pub fn param_svg(report: &Report, key: &str) -> Option<String> {
     let mut svg = Svg::new(&format!("best {} by {key}", report.metric));
     if numeric {
         svg.axes(
-            &x,
+            Some(&x),
             &y,
             &format!("{key}{}", if x.log { " (log)" } else { "" }),
             &report.metric,
         );
     } else {
-        let empty = Axis {
-            lo: 0.0,
-            hi: 0.0,
-            ..x
-        };
-        svg.axes(&Axis { ..empty }, &y, key, &report.metric);
+        svg.axes(None, &y, key, &report.metric);
         for (i, c) in categories.iter().enumerate() {
             let _ = writeln!(
                 svg.body,
@@ -336,7 +337,7 @@ type AxisPosition = Box<dyn Fn(&super::JobRow) -> f64>;
 /// Parallel coordinates: one axis per parameter and one for the metric; each job a line
 /// coloured from best (dark) to worst (light).
 pub fn parallel_svg(report: &Report) -> Option<String> {
-    let keys: Vec<String> = report.jobs.first()?.params.keys().cloned().collect();
+    let keys = report.param_keys();
     if keys.is_empty() {
         return None;
     }
@@ -385,13 +386,7 @@ pub fn parallel_svg(report: &Report) -> Option<String> {
                 )
             }));
         } else {
-            let mut cats: Vec<String> = Vec::new();
-            for v in &values {
-                let s = param(v);
-                if !cats.contains(&s) {
-                    cats.push(s);
-                }
-            }
+            let cats = distinct(values.iter().map(|v| param(v)));
             let step = (y0 - y1) / (cats.len().max(2) - 1) as f64;
             for (i, c) in cats.iter().enumerate() {
                 let _ = writeln!(
@@ -466,11 +461,9 @@ pub fn figures(report: &Report) -> Vec<(String, String)> {
             out.push((format!("curves_{name}.svg"), svg));
         }
     }
-    if let Some(first) = report.jobs.first() {
-        for key in first.params.keys() {
-            if let Some(svg) = param_svg(report, key) {
-                out.push((format!("param_{}.svg", key.replace('/', "_")), svg));
-            }
+    for key in report.param_keys() {
+        if let Some(svg) = param_svg(report, &key) {
+            out.push((format!("param_{}.svg", key.replace('/', "_")), svg));
         }
     }
     if let Some(svg) = parallel_svg(report) {
@@ -511,11 +504,7 @@ pub fn page(report: &Report, title: &str) -> String {
         n = report.jobs.len(),
         s = if report.jobs.len() == 1 { "" } else { "s" },
     );
-    let keys: Vec<String> = report
-        .jobs
-        .first()
-        .map(|r| r.params.keys().cloned().collect())
-        .unwrap_or_default();
+    let keys = report.param_keys();
     html.push_str("<table class=\"report\"><thead><tr><th>num</th><th class=\"text\">state</th>");
     for k in &keys {
         let _ = write!(html, "<th class=\"text\">{}</th>", escape(k));

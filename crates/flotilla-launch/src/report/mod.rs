@@ -10,14 +10,17 @@ pub mod html;
 pub mod metrics;
 pub mod render;
 
-use crate::rundir::status::{combine, markers};
-use crate::rundir::{JobState, CONFIG_FILE, OVERRIDES_FILE};
+use crate::rundir::status::{combine, has_final_model, Markers};
+use crate::rundir::{
+    load_job_config_tree, override_assignments, read_overrides, JobState, CONFIG_FILE,
+};
 use discover::FoundJob;
 use flotilla_config::node::{Node, Value};
 use indexmap::IndexMap;
 use metrics::{read_job_metrics, JobMetrics};
 use serde::Serialize;
-use std::path::{Path, PathBuf};
+use std::cmp::Ordering;
+use std::path::PathBuf;
 
 /// Whether smaller or larger values of the metric are better.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -116,6 +119,16 @@ pub struct Report {
     pub best: Option<BestJob>,
 }
 
+impl Report {
+    /// The parameter columns, in the order of the first job's parameters.
+    pub fn param_keys(&self) -> Vec<String> {
+        self.jobs
+            .first()
+            .map(|r| r.params.keys().cloned().collect())
+            .unwrap_or_default()
+    }
+}
+
 /// Errors that stop a report: only a path that does not exist, or a sort key no column has.
 #[derive(Debug, thiserror::Error)]
 pub enum ReportError {
@@ -142,7 +155,7 @@ pub fn build(paths: &[PathBuf], options: &ReportOptions) -> Result<Report, Repor
         .into_iter()
         .map(|job| {
             let metrics = read_job_metrics(&job.dir);
-            let config = read_config(&job.dir);
+            let config = load_job_config_tree(&job.dir);
             (job, metrics, config)
         })
         .collect();
@@ -185,36 +198,16 @@ pub fn build(paths: &[PathBuf], options: &ReportOptions) -> Result<Report, Repor
     })
 }
 
-fn read_config(job_dir: &Path) -> Option<Node> {
-    let path = job_dir.join(CONFIG_FILE);
-    let text = std::fs::read_to_string(&path).ok()?;
-    flotilla_config::yaml::load_str(&text, &path.display().to_string()).ok()
-}
-
 /// The task overrides of a job without a readable config (`overrides.yaml`, or its plan
-/// record), as `key → value` strings.
+/// record), as `key → value`; a value is typed as JSON reads it, else kept as text.
 fn override_params(job: &FoundJob) -> IndexMap<String, serde_json::Value> {
-    let from_file = std::fs::read_to_string(job.dir.join(OVERRIDES_FILE))
-        .ok()
-        .and_then(|t| flotilla_config::yaml::load_str(&t, OVERRIDES_FILE).ok())
-        .and_then(|n| match n.value {
-            Value::List(items) => Some(
-                items
-                    .into_iter()
-                    .filter_map(|i| i.value.as_str().map(str::to_string))
-                    .collect::<Vec<_>>(),
-            ),
-            _ => None,
-        });
-    let overrides = from_file
+    let overrides = read_overrides(&job.dir)
         .or_else(|| job.record.as_ref().map(|r| r.overrides.clone()))
         .unwrap_or_default();
-    overrides
-        .iter()
-        .filter_map(|o| o.split_once('='))
-        .map(|(k, v)| {
-            let key = k.trim_start_matches(['+', '~']).to_string();
-            let value = serde_json::from_str(v).unwrap_or(serde_json::Value::String(v.into()));
+    override_assignments(&overrides)
+        .into_iter()
+        .map(|(key, text)| {
+            let value = serde_json::from_str(&text).unwrap_or(serde_json::Value::String(text));
             (key, value)
         })
         .collect()
@@ -321,7 +314,11 @@ fn row(
     mode: Mode,
 ) -> JobRow {
     let mut reasons: Vec<String> = Vec::new();
-    let marks = markers(&job.dir);
+    let steps = metrics.last_step().map_or(0, |s| s + 1);
+    let marks = Markers {
+        steps: Some(steps),
+        final_model: has_final_model(&job.dir),
+    };
     let state = match &job.record {
         Some(record) => {
             if let Some(m) = &record.message {
@@ -376,7 +373,7 @@ fn row(
         final_value,
         best: best.map(|(_, v)| v),
         best_step: best.map(|(s, _)| s),
-        steps: metrics.last_step().map_or(0, |s| s + 1),
+        steps,
         wall_s,
         tokens_per_s: median(&mut throughput),
         reason: (!reasons.is_empty()).then(|| reasons.join("; ")),
@@ -403,24 +400,14 @@ fn sort_rows(rows: &mut [JobRow], options: &ReportOptions, mode: Mode) -> Result
         (None, None) => return Ok(()),
     };
     // Missing values last; metric columns best first.
-    let by_metric = |a: Option<f64>, b: Option<f64>| match (
-        a.filter(|v| !v.is_nan()),
-        b.filter(|v| !v.is_nan()),
-    ) {
-        (Some(x), Some(y)) => match mode {
+    let by_metric = |a: Option<f64>, b: Option<f64>| {
+        let known = |v: Option<f64>| v.filter(|v| !v.is_nan());
+        nones_last(known(a), known(b), |x, y| match mode {
             Mode::Min => x.total_cmp(&y),
             Mode::Max => y.total_cmp(&x),
-        },
-        (Some(_), None) => std::cmp::Ordering::Less,
-        (None, Some(_)) => std::cmp::Ordering::Greater,
-        (None, None) => std::cmp::Ordering::Equal,
+        })
     };
-    let ascending = |a: Option<f64>, b: Option<f64>| match (a, b) {
-        (Some(x), Some(y)) => x.total_cmp(&y),
-        (Some(_), None) => std::cmp::Ordering::Less,
-        (None, Some(_)) => std::cmp::Ordering::Greater,
-        (None, None) => std::cmp::Ordering::Equal,
-    };
+    let ascending = |a: Option<f64>, b: Option<f64>| nones_last(a, b, |x, y| x.total_cmp(&y));
     match key {
         "num" => rows.sort_by_key(|r| r.num),
         "state" => rows.sort_by_key(|r| r.state.as_str()),
@@ -447,19 +434,20 @@ fn sort_rows(rows: &mut [JobRow], options: &ReportOptions, mode: Mode) -> Result
     Ok(())
 }
 
-fn compare_json(
-    a: Option<&serde_json::Value>,
-    b: Option<&serde_json::Value>,
-) -> std::cmp::Ordering {
-    use serde_json::Value as J;
+/// Orders known values by `cmp`, after them the missing ones.
+fn nones_last<T>(a: Option<T>, b: Option<T>, cmp: impl Fn(T, T) -> Ordering) -> Ordering {
     match (a, b) {
-        (Some(J::Number(x)), Some(J::Number(y))) => {
-            let (x, y) = (x.as_f64().unwrap_or(0.0), y.as_f64().unwrap_or(0.0));
-            x.total_cmp(&y)
-        }
-        (Some(x), Some(y)) => x.to_string().cmp(&y.to_string()),
-        (Some(_), None) => std::cmp::Ordering::Less,
-        (None, Some(_)) => std::cmp::Ordering::Greater,
-        (None, None) => std::cmp::Ordering::Equal,
+        (Some(x), Some(y)) => cmp(x, y),
+        (Some(_), None) => Ordering::Less,
+        (None, Some(_)) => Ordering::Greater,
+        (None, None) => Ordering::Equal,
     }
+}
+
+/// Parameter values: numbers by value, anything else by its JSON text.
+fn compare_json(a: Option<&serde_json::Value>, b: Option<&serde_json::Value>) -> Ordering {
+    nones_last(a, b, |x, y| match (x.as_f64(), y.as_f64()) {
+        (Some(x), Some(y)) => x.total_cmp(&y),
+        _ => x.to_string().cmp(&y.to_string()),
+    })
 }

@@ -49,11 +49,7 @@ pub fn param(v: &serde_json::Value) -> String {
 
 /// Header and cells of every row, in display order.
 fn cells(report: &Report) -> (Vec<String>, Vec<Vec<String>>) {
-    let keys: Vec<String> = report
-        .jobs
-        .first()
-        .map(|r| r.params.keys().cloned().collect())
-        .unwrap_or_default();
+    let keys = report.param_keys();
     let mut header = vec!["num".to_string(), "state".to_string()];
     header.extend(keys.iter().cloned());
     header.extend([
@@ -158,11 +154,7 @@ pub fn table(report: &Report) -> String {
 
 /// CSV with the table's columns (numbers unrounded).
 pub fn csv(report: &Report) -> Result<String, csv::Error> {
-    let keys: Vec<String> = report
-        .jobs
-        .first()
-        .map(|r| r.params.keys().cloned().collect())
-        .unwrap_or_default();
+    let keys = report.param_keys();
     let mut w = csv::Writer::from_writer(Vec::new());
     let mut header = vec!["num".to_string(), "dir".into(), "state".into()];
     header.extend(keys.iter().cloned());
@@ -206,24 +198,10 @@ pub fn csv(report: &Report) -> Result<String, csv::Error> {
     Ok(String::from_utf8_lossy(&bytes).into_owned())
 }
 
-/// The JSON document (`{"metric", "mode", "jobs": [...], "best"}`); non-finite numbers are null.
+/// The JSON document (`{"metric", "mode", "jobs": [...], "best"}`); non-finite numbers are
+/// null (serde_json writes them so).
 pub fn json(report: &Report) -> String {
-    let mut value = serde_json::to_value(report).unwrap_or(serde_json::Value::Null);
-    // serde_json writes NaN as null already; make sure infinities are too.
-    if let Some(jobs) = value.get_mut("jobs").and_then(|j| j.as_array_mut()) {
-        for (job, row) in jobs.iter_mut().zip(&report.jobs) {
-            for (key, v) in [
-                ("final", row.final_value),
-                ("best", row.best),
-                ("wall_s", row.wall_s),
-            ] {
-                if v.is_some_and(|x| !x.is_finite()) {
-                    job[key] = serde_json::Value::Null;
-                }
-            }
-        }
-    }
-    let mut text = serde_json::to_string_pretty(&value).unwrap_or_default();
+    let mut text = serde_json::to_string_pretty(report).unwrap_or_default();
     text.push('\n');
     text
 }

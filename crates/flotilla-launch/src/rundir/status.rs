@@ -19,8 +19,13 @@ pub struct Markers {
 pub fn markers(job_dir: &Path) -> Markers {
     Markers {
         steps: last_step(&job_dir.join("metrics.csv")).map(|s| s + 1),
-        final_model: job_dir.join("final").is_dir(),
+        final_model: has_final_model(job_dir),
     }
+}
+
+/// Whether the job saved its final model (`final/` exists): training finished.
+pub fn has_final_model(job_dir: &Path) -> bool {
+    job_dir.join("final").is_dir()
 }
 
 /// The `step` column of the last data row of a metrics CSV.

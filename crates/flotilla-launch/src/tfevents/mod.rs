@@ -218,42 +218,27 @@ impl EventWriter {
 /// at that key (the override's own text for a group choice or a key the config lacks).
 pub fn job_hparams(job_dir: &Path) -> Vec<(String, HParam)> {
     use flotilla_config::node::Value;
-    let load = |name: &str| {
-        let path = job_dir.join(name);
-        let text = std::fs::read_to_string(&path).ok()?;
-        flotilla_config::yaml::load_str(&text, &path.display().to_string()).ok()
-    };
-    let Some(overrides) = load(crate::rundir::OVERRIDES_FILE) else {
+    let Some(overrides) = crate::rundir::read_overrides(job_dir) else {
         return Vec::new();
     };
-    let config = load(crate::rundir::CONFIG_FILE);
-    let Value::List(items) = overrides.value else {
-        return Vec::new();
-    };
-    let mut out: Vec<(String, HParam)> = Vec::new();
-    for item in items {
-        let Some((key, text)) = item.value.as_str().and_then(|o| o.split_once('=')) else {
-            continue;
-        };
-        if key.starts_with('~') {
-            continue;
-        }
-        let key = key.trim_start_matches('+').to_string();
-        let value = match config
-            .as_ref()
-            .and_then(|c| c.select(&key))
-            .map(|n| &n.value)
-        {
-            Some(Value::Int(i)) => HParam::Number(*i as f64),
-            Some(Value::Float(x)) => HParam::Number(*x),
-            Some(Value::Bool(b)) => HParam::Bool(*b),
-            Some(Value::Str(s)) => HParam::Text(s.clone()),
-            _ => HParam::Text(text.to_string()),
-        };
-        out.retain(|(k, _)| *k != key);
-        out.push((key, value));
-    }
-    out
+    let config = crate::rundir::load_job_config_tree(job_dir);
+    crate::rundir::override_assignments(&overrides)
+        .into_iter()
+        .map(|(key, text)| {
+            let value = match config
+                .as_ref()
+                .and_then(|c| c.select(&key))
+                .map(|n| &n.value)
+            {
+                Some(Value::Int(i)) => HParam::Number(*i as f64),
+                Some(Value::Float(x)) => HParam::Number(*x),
+                Some(Value::Bool(b)) => HParam::Bool(*b),
+                Some(Value::Str(s)) => HParam::Text(s.clone()),
+                _ => HParam::Text(text),
+            };
+            (key, value)
+        })
+        .collect()
 }
 
 /// One scalar read back.
