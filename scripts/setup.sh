@@ -2,7 +2,8 @@
 # Idempotent set-up: a Python virtual environment in .venv with the torch wheel whose libtorch
 # flotilla links against (torch 2.11.0 <-> tch 0.24.0), hydra-core, the oracle the config
 # tests compare against, and transformers + safetensors, the oracle the model tests compare
-# against, and tensorboard, the oracle that reads the event files back; then .venv/libtorch pointing at the wheel's torch/ folder.
+# against, and tensorboard, the oracle that reads the event files back; then .venv/libtorch pointing at the wheel's torch/ folder;
+# on Debian (as root) also fonts-dejavu-core, the font of `flotilla report --plot`'s PNG figures.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -32,6 +33,17 @@ installed tensorboard "$TENSORBOARD_VERSION" || want+=("tensorboard==$TENSORBOAR
 if [ ${#want[@]} -gt 0 ]; then
     echo "setup: installing ${want[*]} into .venv"
     .venv/bin/python -m pip install --quiet --disable-pip-version-check "${want[@]}"
+fi
+
+# `flotilla report --plot` draws the PNG figures' text with a system font.
+if [ ! -f /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ] && command -v apt-get >/dev/null 2>&1; then
+    if [ "$(id -u)" = 0 ]; then
+        echo "setup: installing fonts-dejavu-core (the PNG figures' font)"
+        (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends fonts-dejavu-core >/dev/null) \
+            || echo "setup: fonts-dejavu-core could not be installed; PNG figures will have no text" >&2
+    else
+        echo "setup: no DejaVu font; for text in the PNG figures run: sudo apt-get install fonts-dejavu-core" >&2
+    fi
 fi
 
 torch_dir=$(.venv/bin/python -c "import os, torch; print(os.path.dirname(torch.__file__))" 2>/dev/null | tail -n 1)

@@ -9,7 +9,9 @@ mod commands;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use commands::{ComposeArgs, ForwardArgs, PlanArgs, ReportArgs, RunArgs, StatusArgs};
+use commands::{
+    ComposeArgs, DiffArgs, ExecTaskArgs, ForwardArgs, PlanArgs, ReportArgs, RunArgs, StatusArgs,
+};
 
 /// Composition allocates and frees many small trees; mimalloc does this faster than glibc's
 /// allocator, most visibly in large sweeps.
@@ -45,6 +47,9 @@ enum Command {
     /// metric; a table, CSV, JSON, Markdown, an HTML page with plots.
     #[command(after_help = commands::REPORT_EXAMPLES)]
     Report(ReportArgs),
+    /// Show the config values that differ between two jobs, with where each came from.
+    #[command(after_help = commands::DIFF_EXAMPLES)]
+    Diff(DiffArgs),
     /// Train in a run directory (runs `flotilla-train train`; see `flotilla train --help`).
     #[command(disable_help_flag = true)]
     Train(ForwardArgs),
@@ -54,6 +59,10 @@ enum Command {
     /// Benchmarks (runs `flotilla-train bench`; see `flotilla bench --help`).
     #[command(disable_help_flag = true)]
     Bench(ForwardArgs),
+    /// Run the user's program of a prepared job as one of its processes (started by the
+    /// launchers).
+    #[command(hide = true)]
+    ExecTask(ExecTaskArgs),
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
     Completions { shell: clap_complete::Shell },
 }
@@ -66,6 +75,8 @@ fn main() -> ExitCode {
         Command::Run(args) => commands::run(args),
         Command::Status(args) => commands::status(args),
         Command::Report(args) => commands::report(args),
+        Command::Diff(args) => commands::diff(args),
+        Command::ExecTask(args) => commands::exec_task(args),
         Command::Train(args) => commands::forward_to_task("train", args),
         Command::Consolidate(args) => commands::forward_to_task("consolidate", args),
         Command::Bench(args) => commands::forward_to_task("bench", args),

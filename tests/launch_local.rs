@@ -151,7 +151,7 @@ fn four_ranks_on_two_simulated_nodes_get_their_own_devices() {
     );
     // The schema accepts one node with compute.launcher=local; the launcher itself simulates
     // several nodes on this host.
-    run.jobs[0].config.compute.nodes = 2;
+    run.jobs[0].compute.nodes = 2;
     let out = launch(&run, options(sh(WRITE_ENV)));
     assert_eq!(out[0].state, JobState::Completed, "{:?}", out[0]);
     let dir = &run.jobs[0].dir;

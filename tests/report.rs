@@ -1,6 +1,7 @@
 //! `flotilla report` and `flotilla diff` as a user runs them: on a sweep prepared by `flotilla run
 //! --dry-run` whose jobs are then given every kind of broken or partial output, on a real
-//! training sweep, and the HTML page in a real headless Chromium.
+//! training sweep, the HTML page in a real headless Chromium, the `--plot` figures as SVG and
+//! PNG files, and the best-so-far line of `flotilla status`.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -270,6 +271,216 @@ fn an_unreadable_plan_still_reports_its_jobs_and_a_missing_path_is_an_error() {
     assert!(String::from_utf8_lossy(&bad_sort.stderr).contains("unknown sort key 'nope'"));
 }
 
+/// Writes smooth loss curves (and an eval_loss every 10 steps) for all five jobs of `sweep`.
+fn write_curves(sweep: &Path) {
+    for (i, scale) in [1.0, 0.8, 0.9, 1.2, 1.1].iter().enumerate() {
+        let mut text = String::new();
+        for step in 0..30 {
+            let loss = scale * (3.0 - (step as f64).ln_1p() * 0.4);
+            let eval = if step % 10 == 9 {
+                format!("{:.4}", loss + 0.1)
+            } else {
+                String::new()
+            };
+            text.push_str(&format!("{step},{loss:.4},1,0.1,1000,{step},{eval},,\n"));
+        }
+        write_metrics(sweep, i, &text);
+    }
+}
+
+/// A PNG's width, height and RGBA8 pixels, decoded by the `png` crate.
+fn decode_png(bytes: &[u8]) -> (u32, u32, Vec<[u8; 4]>) {
+    let mut reader = png::Decoder::new(std::io::Cursor::new(bytes))
+        .read_info()
+        .expect("a PNG header");
+    let mut buf = vec![0; reader.output_buffer_size().unwrap()];
+    let info = reader.next_frame(&mut buf).expect("PNG pixels");
+    assert_eq!(
+        (info.color_type, info.bit_depth),
+        (png::ColorType::Rgba, png::BitDepth::Eight)
+    );
+    let pixels = buf[..info.buffer_size()]
+        .chunks_exact(4)
+        .map(|p| [p[0], p[1], p[2], p[3]])
+        .collect();
+    (info.width, info.height, pixels)
+}
+
+/// The number in `name="..."` of an SVG's root element.
+fn svg_attr(svg: &str, name: &str) -> u32 {
+    let root = &svg[..svg.find('>').unwrap()];
+    let start = root.find(&format!(" {name}=\"")).unwrap() + name.len() + 3;
+    root[start..].split('"').next().unwrap().parse().unwrap()
+}
+
+#[test]
+fn plot_writes_every_figure_as_svg_and_as_a_png_of_the_same_picture() {
+    let tmp = tempfile::tempdir().unwrap();
+    let sweep = prepared_sweep(tmp.path());
+    write_curves(&sweep);
+    let plots = tmp.path().join("plots");
+    let out = flotilla(&[
+        "report",
+        sweep.to_str().unwrap(),
+        "--plot",
+        plots.to_str().unwrap(),
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    ok(out);
+    let fonts = flotilla_launch::report::png::font_family().is_some();
+    assert_eq!(
+        stderr.contains("fonts-dejavu-core"),
+        !fonts,
+        "the missing-font warning: {stderr}"
+    );
+    let mut svgs: Vec<PathBuf> = std::fs::read_dir(&plots)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "svg"))
+        .collect();
+    svgs.sort();
+    assert_eq!(svgs.len(), 4, "{svgs:?}");
+    let pngs = std::fs::read_dir(&plots)
+        .unwrap()
+        .filter(|e| e.as_ref().unwrap().path().extension().unwrap() == "png")
+        .count();
+    assert_eq!(pngs, svgs.len());
+    // The curves' colours: the palette's first five, one per job.
+    let stroke_colours: [[u8; 3]; 5] = [
+        [0x4e, 0x79, 0xa7],
+        [0xf2, 0x8e, 0x2b],
+        [0xe1, 0x57, 0x59],
+        [0x76, 0xb7, 0xb2],
+        [0x59, 0xa1, 0x4f],
+    ];
+    for svg_path in &svgs {
+        let svg = std::fs::read_to_string(svg_path).unwrap();
+        let png_path = svg_path.with_extension("png");
+        let bytes =
+            std::fs::read(&png_path).unwrap_or_else(|e| panic!("{}: {e}", png_path.display()));
+        assert_eq!(&bytes[..8], b"\x89PNG\r\n\x1a\n", "{}", png_path.display());
+        let (width, height, pixels) = decode_png(&bytes);
+        assert_eq!(
+            (width, height),
+            (2 * svg_attr(&svg, "width"), 2 * svg_attr(&svg, "height")),
+            "{}",
+            png_path.display()
+        );
+        // Opaque, white background, and a picture on it (axes, text, lines or points).
+        assert!(pixels.iter().all(|p| p[3] == 255), "{}", png_path.display());
+        let drawn = pixels.iter().filter(|p| p[..3] != [255, 255, 255]).count();
+        assert!(
+            drawn > pixels.len() / 100 && drawn < pixels.len() / 2,
+            "{}: {drawn} of {} pixels drawn",
+            png_path.display(),
+            pixels.len()
+        );
+        let name = svg_path.file_name().unwrap().to_string_lossy();
+        if name.starts_with("curves_") {
+            // Each job's curve, in its colour, left of the legend (x < 2 × (640 − 150)).
+            for colour in stroke_colours {
+                let on_plot = pixels
+                    .iter()
+                    .enumerate()
+                    .filter(|(i, p)| (*i as u32 % width) < 2 * 490 && p[..3] == colour)
+                    .count();
+                assert!(
+                    on_plot > 20,
+                    "{name}: {on_plot} pixels of the curve coloured {colour:02x?}"
+                );
+            }
+        }
+    }
+    if let Ok(keep) = std::env::var("FLOTILLA_KEEP_PNG") {
+        std::fs::copy(plots.join("curves_loss.png"), keep).unwrap();
+    }
+}
+
+#[test]
+fn status_shows_the_best_metric_so_far_of_a_running_sweep() {
+    let tmp = tempfile::tempdir().unwrap();
+    let sweep = prepared_sweep(tmp.path());
+    let dir = sweep.to_str().unwrap();
+    let status = |extra: &[&str]| ok(flotilla(&[&["status", dir], extra].concat()));
+    let json = |extra: &[&str]| -> serde_json::Value {
+        serde_json::from_str(&status(&[&["--format", "json"], extra].concat())).unwrap()
+    };
+
+    // Nothing logged yet: no best line, and a null best beside the jobs.
+    let text = status(&[]);
+    assert!(!text.contains("so far"), "{text}");
+    let before = json(&[]);
+    assert!(before["best"].is_null(), "{before}");
+    assert_eq!(before["jobs"].as_array().unwrap().len(), 5);
+
+    // Two jobs running: job 1 evaluates 2.6 then 2.5, job 3 2.4 then 2.45.
+    write_metrics(
+        &sweep,
+        1,
+        "0,3.0,1,0.2,1000,1.0,,,\n1,2.7,1,0.2,1000,2.0,2.6,13.5,0.30\n2,2.6,1,0.2,1000,3.0,,,\n3,2.5,1,0.2,1000,4.0,2.5,12.2,0.35\n",
+    );
+    write_metrics(
+        &sweep,
+        3,
+        "0,3.1,1,0.4,1000,1.0,,,\n1,2.5,1,0.4,1000,2.0,2.4,11.0,0.32\n2,2.45,1,0.4,1000,3.0,,,\n3,2.4,1,0.4,1000,4.0,2.45,11.6,0.31\n",
+    );
+    set_record(&sweep, 1, "RUNNING", None);
+    set_record(&sweep, 3, "RUNNING", None);
+    let text = status(&[]);
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(
+        lines.last().copied(),
+        Some("best eval_loss so far: 2.4 (job 3, step 1; trainer.lr=0.4)"),
+        "{text}"
+    );
+    assert_eq!(text.matches("so far").count(), 1, "{text}");
+    let st = json(&[]);
+    assert_eq!(st["jobs"].as_array().unwrap().len(), 5, "{st}");
+    assert_eq!(st["jobs"][3]["steps"], 4, "{st}");
+    assert_eq!(
+        st["best"],
+        serde_json::json!({"metric": "eval_loss", "mode": "min", "value": 2.4, "num": 3,
+            "step": 1, "params": {"trainer.lr": 0.4}})
+    );
+
+    // An accuracy is maximised: job 1's 0.35 at step 3.
+    let text = status(&["--metric", "eval_acc"]);
+    assert!(
+        text.ends_with("best eval_acc so far: 0.35 (job 1, step 3; trainer.lr=0.2)\n"),
+        "{text}"
+    );
+    let st = json(&["--metric", "eval_acc"]);
+    assert_eq!(
+        st["best"],
+        serde_json::json!({"metric": "eval_acc", "mode": "max", "value": 0.35, "num": 1,
+            "step": 3, "params": {"trainer.lr": 0.2}})
+    );
+    // A metric no job logged shows no line.
+    assert!(!status(&["--metric", "nope"]).contains("so far"));
+
+    // --watch shows it on every refresh, and returns once every job has ended.
+    for num in 0..5 {
+        set_record(
+            &sweep,
+            num,
+            if num == 1 { "FAILED" } else { "COMPLETED" },
+            None,
+        );
+    }
+    let text = status(&["--watch", "--interval-s", "0.1"]);
+    assert!(
+        text.ends_with("best eval_loss so far: 2.4 (job 3, step 1; trainer.lr=0.4)\n"),
+        "{text}"
+    );
+
+    // One job directory of the sweep: its own best.
+    let job = ok(flotilla(&["status", sweep.join("1").to_str().unwrap()]));
+    assert!(
+        job.contains("best eval_loss so far: 2.5 (job 1, step 3"),
+        "{job}"
+    );
+}
+
 /// Debian's Chromium, or `None` (the test then says it skipped).
 fn chromium() -> Option<PathBuf> {
     ["/usr/bin/chromium", "/usr/bin/chromium-browser"]
@@ -302,19 +513,7 @@ fn headless(chromium: &Path, profile: &Path, args: &[&str]) -> Output {
 fn the_html_report_renders_in_headless_chromium_without_console_errors() {
     let tmp = tempfile::tempdir().unwrap();
     let sweep = prepared_sweep(tmp.path());
-    for (i, scale) in [1.0, 0.8, 0.9, 1.2, 1.1].iter().enumerate() {
-        let mut text = String::new();
-        for step in 0..30 {
-            let loss = scale * (3.0 - (step as f64).ln_1p() * 0.4);
-            let eval = if step % 10 == 9 {
-                format!("{:.4}", loss + 0.1)
-            } else {
-                String::new()
-            };
-            text.push_str(&format!("{step},{loss:.4},1,0.1,1000,{step},{eval},,\n"));
-        }
-        write_metrics(&sweep, i, &text);
-    }
+    write_curves(&sweep);
     let page = tmp.path().join("report.html");
     let plots = tmp.path().join("plots");
     ok(flotilla(&[

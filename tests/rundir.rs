@@ -67,6 +67,7 @@ fn run_dir_comes_from_the_run_pattern() {
     assert_eq!(
         entries(&expected),
         [
+            ".flotilla",
             "config.yaml",
             "job.json",
             "logs",
@@ -83,7 +84,7 @@ fn run_dir_comes_from_the_run_pattern() {
         .output()
         .unwrap();
     assert_eq!(config, String::from_utf8_lossy(&compose.stdout));
-    assert_eq!(run.jobs[0].config.trainer.max_steps, 7);
+    assert_eq!(run.jobs[0].config.as_ref().unwrap().trainer.max_steps, 7);
     // overrides.yaml lists the task overrides only (not the runtime one).
     assert_eq!(
         std::fs::read_to_string(expected.join("overrides.yaml")).unwrap(),
@@ -127,7 +128,15 @@ fn sweep_dirs_come_from_the_sweep_patterns() {
         assert_eq!(job.dir, root.join(i.to_string()));
         assert_job_dir_complete(&job.dir);
     }
-    assert_eq!(entries(&root), ["0", "1", "2", "3", "sweep.json"]);
+    assert_eq!(
+        entries(&root),
+        [".flotilla", "0", "1", "2", "3", "sweep.json"]
+    );
+    // The copy of the config directory the jobs were composed from.
+    assert_eq!(
+        std::fs::read(root.join(".flotilla/conf/trainer/default.yaml")).unwrap(),
+        std::fs::read(common::conf_dir().join("trainer/default.yaml")).unwrap()
+    );
 
     // A subdir pattern naming the job by its values.
     let run = prepare(

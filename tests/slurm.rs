@@ -71,6 +71,7 @@ fn render(compute: &ComputeConfig, name: &str, dirs: &[&str], array: bool) -> St
         job_nums: &nums,
         array,
         script_dir: Path::new("/scratch/sweeps/lr/slurm"),
+        ranks: None,
     };
     render_script(&spec)
         .unwrap()
@@ -242,6 +243,7 @@ fn render_refuses_what_cannot_be_quoted() {
         job_nums: &[0],
         array: false,
         script_dir: Path::new("/d/slurm"),
+        ranks: None,
     };
     let err = render_script(&spec).unwrap_err().to_string();
     assert!(err.contains("line break"), "{err}");
@@ -393,6 +395,7 @@ fn scripts_group_by_compute_and_split() {
             num,
             dir: tmp.path().join(num.to_string()),
             compute: (*c).clone(),
+            ranks: None,
         })
         .collect();
     let mut opts = SlurmOptions::with_task(train_task());
@@ -916,6 +919,7 @@ fn real_cluster() {
     );
     println!("resume-sweep: {:.1?}", t.elapsed());
 
+    user_programs(root);
     real_trainer_requeue(root);
     println!("real-cluster scenarios: {:.1?} in all", t_all.elapsed());
 }
@@ -1000,6 +1004,289 @@ fn real_trainer_requeue(root: &Path) {
     assert!(dir.join("final").is_dir());
     println!(
         "preempt + requeue (flotilla train, {max_steps} steps): {:.1?}",
+        t.elapsed()
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// the user's own program as the task, through the CLI
+// ---------------------------------------------------------------------------------------------
+
+/// `flotilla ARGS` in `cwd` with `path` as PATH (the venv first, so that the jobs' `python` is
+/// the venv's: sbatch passes the environment on).
+fn flotilla_cli(cwd: &Path, path: &std::ffi::OsStr, args: &[&str]) -> std::process::Output {
+    let out = Command::new(env!("CARGO_BIN_EXE_flotilla"))
+        .args(args)
+        .current_dir(cwd)
+        .env("PATH", path)
+        .env("PYTHONDONTWRITEBYTECODE", "1")
+        .env_remove("FLOTILLA_LOG")
+        .output()
+        .expect("run flotilla");
+    assert!(
+        out.status.success(),
+        "flotilla {args:?}: exit {:?}\n{}{}",
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+/// Polls `flotilla status --format json DIR` until every job has ended; the last status.
+fn cli_wait_terminal(dir: &Path, path: &std::ffi::OsStr, timeout: Duration) -> serde_json::Value {
+    let t0 = Instant::now();
+    loop {
+        let out = flotilla_cli(
+            dir,
+            path,
+            &["status", "--format", "json", &dir.display().to_string()],
+        );
+        let st: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let done = st["jobs"].as_array().unwrap().iter().all(|j| {
+            j["state"]
+                .as_str()
+                .and_then(|s| s.parse::<JobState>().ok())
+                .is_some_and(JobState::is_terminal)
+        });
+        if done {
+            return st;
+        }
+        if t0.elapsed() > timeout {
+            let _ = Command::new("squeue").args(["-t", "all"]).status();
+            panic!(
+                "jobs of {} not finished after {timeout:?}: {st:#}",
+                dir.display()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+}
+
+fn copy_tree(src: &Path, dst: &Path) {
+    std::fs::create_dir_all(dst).unwrap();
+    for e in std::fs::read_dir(src).unwrap().flatten() {
+        let name = e.file_name();
+        if name == "outputs" || name == "__pycache__" {
+            continue;
+        }
+        if e.file_type().unwrap().is_dir() {
+            copy_tree(&e.path(), &dst.join(&name));
+        } else {
+            std::fs::copy(e.path(), dst.join(&name)).unwrap();
+        }
+    }
+}
+
+/// A program that stops on SIGUSR2 the way a user's training script would: it notes the stop
+/// (its "checkpoint") and exits 0; started again after the requeue it finds the note and ends.
+const USR2_PROGRAM: &str = r#"
+import os, signal, sys, time
+job = os.environ["FLOTILLA_JOB_DIR"]
+restart = os.environ.get("SLURM_RESTART_COUNT", "0")
+def note(line):
+    with open(os.path.join(job, "progress"), "a") as f:
+        f.write(line + "\n")
+note(f"start restart={restart}")
+if os.path.exists(os.path.join(job, "stopped")):
+    note(f"done restart={restart}")
+    sys.exit(0)
+got = []
+signal.signal(signal.SIGUSR2, lambda *_: got.append(1))
+open(os.path.join(job, "started"), "w").write(restart)
+t0 = time.time()
+while not got and time.time() - t0 < 120:
+    time.sleep(0.1)
+if not got:
+    note("never signalled")
+    sys.exit(4)
+open(os.path.join(job, "stopped"), "w").write(restart)
+note(f"usr2 restart={restart}")
+sys.exit(0)
+"#;
+
+/// 6. `examples/ddp_gloo` submitted with `flotilla run ... compute=slurm`: 2 tasks of one job
+///    join one gloo process group, each seeing its rank, the world and the job directory.
+/// 7. A user program that traps SIGUSR2 and exits 0: `scancel --signal=USR2 --batch` makes the
+///    job requeue once; started again, it completes.
+fn user_programs(root: &Path) {
+    let python = common::venv_python();
+    let has_torch = Command::new(&python)
+        .args(["-c", "import torch"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !has_torch {
+        println!(
+            "SKIPPED: the user-program scenarios: {} cannot import torch",
+            python.display()
+        );
+        return;
+    }
+    let mut dirs = vec![python.parent().unwrap().to_path_buf()];
+    dirs.extend(std::env::split_paths(
+        &std::env::var_os("PATH").unwrap_or_default(),
+    ));
+    let path = std::env::join_paths(dirs).unwrap();
+
+    // 6. The DDP example, 2 ranks of one SLURM job.
+    let t = Instant::now();
+    let example = root.join("ddp_gloo");
+    copy_tree(&Path::new(REPO).join("examples/ddp_gloo"), &example);
+    let run_dir = root.join("user-ddp");
+    let out = flotilla_cli(
+        &example,
+        &path,
+        &[
+            "run",
+            "--config-dir",
+            "conf",
+            "--format",
+            "json",
+            "compute=slurm",
+            "compute.tasks_per_node=2",
+            "compute.cpus_per_task=1",
+            "compute.mem_gb=1",
+            "compute.timeout_min=5",
+            "steps=4",
+            &format!("flotilla.run.dir={}", run_dir.display()),
+        ],
+    );
+    let printed: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let job_id = printed["jobs"][0]["job_id"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no SLURM job id: {printed}"))
+        .to_string();
+    let st = cli_wait_terminal(&run_dir, &path, Duration::from_secs(120));
+    let rank0_log = std::fs::read_to_string(run_dir.join("logs/rank_0.log")).unwrap_or_default();
+    assert_eq!(st["jobs"][0]["state"], "COMPLETED", "{st:#}\n{rank0_log}");
+    let run_dir = run_dir.canonicalize().unwrap();
+    let seen: Vec<serde_json::Value> = (0..2)
+        .map(|r| {
+            let p = run_dir.join(format!("seen_rank{r}.json"));
+            serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap()
+        })
+        .collect();
+    let port = flotilla_launch::rank::slurm_port(job_id.parse().unwrap()).to_string();
+    for (r, s) in seen.iter().enumerate() {
+        let env = &s["env"];
+        let r = r.to_string();
+        assert_eq!(env["RANK"].as_str(), Some(r.as_str()), "{s:#}");
+        assert_eq!(env["LOCAL_RANK"].as_str(), Some(r.as_str()), "{s:#}");
+        assert_eq!(env["SLURM_PROCID"].as_str(), Some(r.as_str()), "{s:#}");
+        assert_eq!(env["WORLD_SIZE"].as_str(), Some("2"), "{s:#}");
+        assert_eq!(env["SLURM_JOB_ID"].as_str(), Some(job_id.as_str()), "{s:#}");
+        assert_eq!(env["MASTER_PORT"].as_str(), Some(port.as_str()), "{s:#}");
+        assert_eq!(
+            Path::new(env["FLOTILLA_JOB_DIR"].as_str().unwrap())
+                .canonicalize()
+                .unwrap(),
+            run_dir
+        );
+        assert_eq!(
+            Path::new(env["FLOTILLA_CONFIG"].as_str().unwrap()),
+            Path::new(env["FLOTILLA_JOB_DIR"].as_str().unwrap()).join("config.yaml")
+        );
+        assert_eq!(s["world_size"], 2);
+        assert_eq!(
+            s["allreduce_sum"], 3.0,
+            "all_reduce of rank + 1 over 2 ranks"
+        );
+        assert_eq!(s["args"]["steps"], 4);
+        assert_eq!(
+            Path::new(s["cwd"].as_str().unwrap())
+                .canonicalize()
+                .unwrap(),
+            example.canonicalize().unwrap(),
+            "cwd: null is where flotilla ran"
+        );
+    }
+    assert_eq!(
+        seen[0]["weight"], seen[1]["weight"],
+        "DDP keeps the weights equal"
+    );
+    let metrics = std::fs::read_to_string(run_dir.join("metrics.csv")).unwrap();
+    let steps: Vec<&str> = metrics
+        .lines()
+        .skip(1)
+        .filter_map(|l| l.split(',').next())
+        .collect();
+    assert_eq!(steps, ["0", "1", "2", "3"], "{metrics}");
+    println!("user DDP program, 2 SLURM tasks: {:.1?}", t.elapsed());
+
+    // 7. SIGUSR2: the program stops (exit 0), the job requeues once and completes.
+    let t = Instant::now();
+    let proj = root.join("usr2");
+    std::fs::create_dir_all(proj.join("conf")).unwrap();
+    std::fs::write(proj.join("usr2.py"), USR2_PROGRAM).unwrap();
+    std::fs::write(
+        proj.join("conf/config.yaml"),
+        "compute:
+  launcher: slurm
+  nodes: 1
+  tasks_per_node: 1
+  gpus_per_node: 0
+  cpus_per_task: 1
+  mem_gb: 1
+  timeout_min: 5
+  partition: null
+  account: null
+  qos: null
+  constraint: null
+  array_parallelism: 256
+  signal_delay_s: 90
+  max_num_timeout: 3
+  setup: []
+  additional_parameters: {}
+  template: null
+  max_parallel: 1
+flotilla:
+  task:
+    command: [python, usr2.py]
+",
+    )
+    .unwrap();
+    let run_dir = root.join("usr2-run");
+    let out = flotilla_cli(
+        &proj,
+        &path,
+        &[
+            "run",
+            "--config-dir",
+            "conf",
+            "--format",
+            "json",
+            &format!("flotilla.run.dir={}", run_dir.display()),
+        ],
+    );
+    let printed: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let id = printed["jobs"][0]["job_id"].as_str().unwrap().to_string();
+    wait_for("the program's trap", Duration::from_secs(90), || {
+        run_dir.join("started").exists()
+    });
+    let sc = Command::new("scancel")
+        .args(["--signal=USR2", "--batch", &id])
+        .output()
+        .unwrap();
+    assert!(
+        sc.status.success(),
+        "{}",
+        String::from_utf8_lossy(&sc.stderr)
+    );
+    let st = cli_wait_terminal(&run_dir, &path, Duration::from_secs(150));
+    let progress = std::fs::read_to_string(run_dir.join("progress")).unwrap_or_default();
+    let log =
+        std::fs::read_to_string(run_dir.join(format!("logs/slurm-{id}.out"))).unwrap_or_default();
+    assert_eq!(
+        st["jobs"][0]["state"], "COMPLETED",
+        "{st:#}\n{progress}\n{log}"
+    );
+    assert_eq!(
+        progress, "start restart=0\nusr2 restart=0\nstart restart=1\ndone restart=1\n",
+        "requeued once after the stop, then completed\n{log}"
+    );
+    assert!(log.contains("got SIGUSR2"), "{log}");
+    println!(
+        "user program stopped by USR2, requeued: {:.1?}",
         t.elapsed()
     );
 }

@@ -2,6 +2,8 @@
 //! where errors become exit statuses (2 for the user's config, 1 for the rest).
 
 mod compose;
+mod diff;
+mod exec_task;
 mod forward;
 mod plan;
 mod report;
@@ -18,6 +20,8 @@ use flotilla_config::{ComposeOptions, Composer, ConfigError};
 use flotilla_launch::settings::{Settings, SettingsError, SettingsSources};
 
 pub use compose::{compose, ComposeArgs, COMPOSE_EXAMPLES};
+pub use diff::{diff, DiffArgs, DIFF_EXAMPLES};
+pub use exec_task::{exec_task, ExecTaskArgs};
 pub use forward::{forward_to_task, ForwardArgs};
 pub use plan::{plan, PlanArgs, PLAN_EXAMPLES};
 pub use report::{report, ReportArgs, REPORT_EXAMPLES};
@@ -60,6 +64,10 @@ pub fn settings() -> Result<Settings, Failure> {
 pub enum Failure {
     Config(ConfigError),
     Settings(SettingsError),
+    /// An exit status with nothing more to say (the output said it).
+    Silent(u8),
+    /// A command line that cannot be carried out as given (exit 2).
+    Usage(anyhow::Error),
     Other(anyhow::Error),
 }
 
@@ -75,12 +83,25 @@ impl From<anyhow::Error> for Failure {
     }
 }
 
+impl From<flotilla_launch::rundir::RunDirError> for Failure {
+    fn from(e: flotilla_launch::rundir::RunDirError) -> Self {
+        use flotilla_launch::rundir::RunDirError;
+        match e {
+            RunDirError::Config(c) => Failure::Config(c),
+            e @ RunDirError::NotReplayable { .. } => Failure::Usage(e.into()),
+            other => Failure::Other(other.into()),
+        }
+    }
+}
+
 impl From<flotilla_launch::LaunchError> for Failure {
     fn from(e: flotilla_launch::LaunchError) -> Self {
         use flotilla_launch::rundir::RunDirError;
         use flotilla_launch::LaunchError;
         match e {
-            LaunchError::RunDir(RunDirError::Config(c)) => Failure::Config(c),
+            LaunchError::RunDir(
+                e @ (RunDirError::Config(_) | RunDirError::NotReplayable { .. }),
+            ) => e.into(),
             other => Failure::Other(other.into()),
         }
     }
@@ -108,6 +129,11 @@ pub fn exit_code(result: Result<(), Failure>) -> ExitCode {
         }
         Err(Failure::Settings(e)) => {
             eprintln!("error: {e}");
+            ExitCode::from(2)
+        }
+        Err(Failure::Silent(code)) => ExitCode::from(code),
+        Err(Failure::Usage(e)) => {
+            eprintln!("error: {e:#}");
             ExitCode::from(2)
         }
         Err(Failure::Other(e)) => {

@@ -1,9 +1,9 @@
 //! `flotilla report`: the results of run and sweep directories as a table, CSV, JSON or
-//! Markdown, an HTML page with plots, or SVG figures.
+//! Markdown, an HTML page with plots, or the figures as SVG and PNG files.
 
 use anyhow::Context;
 use clap::{Args, ValueEnum};
-use flotilla_launch::report::{self, html, render, Mode, ReportOptions};
+use flotilla_launch::report::{self, html, png, render, Mode, ReportOptions};
 use flotilla_launch::rundir::write_atomic;
 use std::path::PathBuf;
 
@@ -16,7 +16,8 @@ files; a job that is still running shows its latest values.
 Examples:
   flotilla report outputs/multirun/2026-11-25/10-00-00
   flotilla report outputs --metric eval_acc --top 5 --format markdown
-  flotilla report outputs/multirun/2026-11-25/10-00-00 --html report.html";
+  flotilla report outputs/multirun/2026-11-25/10-00-00 --html report.html
+  flotilla report outputs/multirun/2026-11-25/10-00-00 --plot plots   # SVG and PNG figures";
 
 #[derive(Args)]
 pub struct ReportArgs {
@@ -42,7 +43,8 @@ pub struct ReportArgs {
     /// Also write a self-contained HTML page (table and plots) to this file.
     #[arg(long)]
     html: Option<PathBuf>,
-    /// Also write the figures as SVG files into this directory.
+    /// Also write the figures into this directory, each as an SVG file and a PNG file of the
+    /// same name at twice the size (curves_loss.svg and curves_loss.png, ...).
     #[arg(long)]
     plot: Option<PathBuf>,
 }
@@ -70,6 +72,7 @@ pub fn report(args: ReportArgs) -> Result<(), Failure> {
         }),
         sort: args.sort.clone(),
         top: args.top,
+        metric_only: false,
     };
     let report = report::build(&args.paths, &options).map_err(anyhow::Error::from)?;
     if let Some(path) = &args.html {
@@ -87,9 +90,21 @@ pub fn report(args: ReportArgs) -> Result<(), Failure> {
     if let Some(dir) = &args.plot {
         std::fs::create_dir_all(dir)
             .with_context(|| format!("cannot create the plot directory {}", dir.display()))?;
-        for (name, svg) in html::figures(&report) {
-            let path = dir.join(name);
+        let figures = html::figures(&report);
+        if !figures.is_empty() && png::font_family().is_none() {
+            eprintln!(
+                "warning: no font was found, so the PNG figures have no text; install one \
+                 (Debian: apt-get install fonts-dejavu-core)"
+            );
+        }
+        for (name, svg) in figures {
+            let path = dir.join(&name);
             write_atomic(&path, svg.as_bytes())
+                .with_context(|| format!("cannot write {}", path.display()))?;
+            let path = path.with_extension("png");
+            let bytes =
+                png::svg_to_png(&svg).with_context(|| format!("cannot draw {}", path.display()))?;
+            write_atomic(&path, &bytes)
                 .with_context(|| format!("cannot write {}", path.display()))?;
         }
     }

@@ -3,6 +3,7 @@
 
 use clap::{Args, ValueEnum};
 use flotilla_config::sweep::SweepFile;
+use flotilla_launch::rundir::snapshot::{layer_overrides, SavedJob};
 use flotilla_launch::{LocalOptions, RunOptions, TaskCommand, JOB_DIR_PLACEHOLDER};
 use std::path::PathBuf;
 
@@ -14,7 +15,8 @@ a,b / range() / choice() / glob() sweep into one job per combination.
 Examples:
   flotilla run trainer.max_steps=200
   flotilla run -m trainer.lr=1e-4,3e-4,1e-3 compute=slurm compute.partition=gpu
-  flotilla run --resume-sweep outputs/multirun/2026-01-01/12-00-00";
+  flotilla run --resume-sweep outputs/multirun/2026-01-01/12-00-00
+  flotilla run --from outputs/2026-01-01/12-00-00 trainer.max_steps=2000";
 
 #[derive(Args)]
 pub struct RunArgs {
@@ -30,6 +32,11 @@ pub struct RunArgs {
     /// complete; they resume from their checkpoints.
     #[arg(long, value_name = "DIR", conflicts_with_all = ["multirun", "sweep", "overrides"])]
     resume_sweep: Option<PathBuf>,
+    /// Run a job again from its own saved files: the copy of the config directory kept with
+    /// the run, its primary config name and its overrides, with OVERRIDES laid over them;
+    /// into a new run directory (--config-dir and --config-name are not used).
+    #[arg(long, value_name = "RUN_DIR", conflicts_with_all = ["resume_sweep", "sweep"])]
+    from: Option<PathBuf>,
     /// Prepare the directories (and sbatch scripts) and start nothing.
     #[arg(long)]
     dry_run: bool,
@@ -69,13 +76,32 @@ pub fn run(args: RunArgs) -> Result<(), Failure> {
     let report = match &args.resume_sweep {
         Some(dir) => flotilla_launch::resume(dir, options)?,
         None => {
-            let composer = args.config.composer(&settings)?;
+            let (composer, overrides, rerun_of) = match &args.from {
+                Some(dir) => {
+                    let saved = SavedJob::load(dir)?;
+                    if !saved.from_snapshot {
+                        tracing::warn!(
+                            "{} kept no copy of its config directory; composing from {} as it is now",
+                            dir.display(),
+                            saved.config_dir.display()
+                        );
+                    }
+                    let overrides = layer_overrides(&saved.overrides, &args.overrides);
+                    (
+                        saved.composer(settings.fallbacks())?,
+                        overrides,
+                        Some(saved),
+                    )
+                }
+                None => (args.config.composer(&settings)?, args.overrides, None),
+            };
             let sweep_file = args.sweep.as_deref().map(SweepFile::load).transpose()?;
             let request = flotilla_launch::rundir::RunRequest {
-                overrides: args.overrides,
+                overrides,
                 sweep_file,
                 multirun: args.multirun,
                 argv: std::env::args().collect(),
+                rerun_of,
             };
             flotilla_launch::run(&composer, &request, options)?
         }

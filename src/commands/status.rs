@@ -1,4 +1,5 @@
-//! `flotilla status`: the jobs of a run, sweep or job directory, once or until they end.
+//! `flotilla status`: the jobs of a run, sweep or job directory, once or until they end, with
+//! the best value of the report's metric logged so far.
 
 use clap::Args;
 use std::io::IsTerminal;
@@ -17,6 +18,10 @@ pub struct StatusArgs {
     /// Seconds between refreshes with --watch.
     #[arg(long, default_value_t = 5.0)]
     interval_s: f64,
+    /// The metric whose best value so far is shown under the table (default: eval_loss where
+    /// any job logged it, else loss; lower is better for losses, higher for accuracies).
+    #[arg(long)]
+    metric: Option<String>,
     #[arg(long, value_enum, default_value_t = OutputFormat::Text)]
     format: OutputFormat,
 }
@@ -24,9 +29,14 @@ pub struct StatusArgs {
 pub fn status(args: StatusArgs) -> Result<(), Failure> {
     loop {
         let st = flotilla_launch::status(&args.dir)?;
+        // The best line is an addition to the status: a directory the report cannot read
+        // shows the table without it.
+        let best = flotilla_launch::status_best(&args.dir, args.metric.as_deref())
+            .ok()
+            .flatten();
         let mut text = match args.format {
-            OutputFormat::Json => flotilla_launch::status_json(&st),
-            OutputFormat::Text => flotilla_launch::status_text(&st),
+            OutputFormat::Json => flotilla_launch::status_json_with_best(&st, best.as_ref()),
+            OutputFormat::Text => flotilla_launch::status_text_with_best(&st, best.as_ref()),
         };
         if args.watch && std::io::stdout().is_terminal() {
             text.insert_str(0, "\x1b[2J\x1b[H");

@@ -42,6 +42,7 @@ pub fn prepare(
             sweep_file: None,
             multirun,
             argv: ARGV.iter().map(|s| s.to_string()).collect(),
+            rerun_of: None,
         },
     )
 }

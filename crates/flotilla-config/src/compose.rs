@@ -60,7 +60,20 @@ pub fn is_flotilla_job(job: &Node) -> bool {
         .is_some_and(|d| JOB_SECTIONS.iter().all(|k| d.contains_key(*k)))
 }
 
+/// Does the (unresolved) runtime node name a program of the user's (`flotilla.task.command`
+/// set) instead of the built-in trainer?
+pub fn runs_user_task(runtime: &Node) -> bool {
+    runtime
+        .select("task.command")
+        .is_some_and(|c| !matches!(c.value, Value::Null))
+}
+
 impl Composed {
+    /// Does the job run the user's own program (see [`runs_user_task`])?
+    pub fn runs_user_task(&self) -> bool {
+        runs_user_task(&self.runtime)
+    }
+
     /// The resolved runtime node (run and sweep directories, job name, ...), resolved against
     /// the job's resolved values.
     pub fn resolve_runtime(&self, ctx: &ResolveContext) -> Result<Node, ConfigError> {
@@ -174,6 +187,11 @@ impl Composer {
     }
 
     /// Turns typed validation of flotilla job configs on or off (on by default).
+    /// Whether the known sections of a job are validated into typed structs.
+    pub fn validates(&self) -> bool {
+        self.validate
+    }
+
     pub fn set_validate(&mut self, validate: bool) {
         self.validate = validate;
     }
@@ -241,7 +259,9 @@ impl Composer {
             }
         }
         let job = self.resolve_job(&tree)?;
-        let typed = if self.validate && is_flotilla_job(&job) {
+        // A job that runs the user's own program is free-form (as in Hydra): its task and
+        // compute are checked when its directory is prepared.
+        let typed = if self.validate && !runs_user_task(&runtime) && is_flotilla_job(&job) {
             Some(schema::validate(&job)?)
         } else {
             None
@@ -393,7 +413,8 @@ fn default_runtime(config_name: &str) -> Node {
          overrides:\n  hydra: []\n  task: []\n\
          job:\n  name: {config_name}\n  chdir: null\n  override_dirname: ''\n  id: ???\n  num: ???\n  config_name: {config_name}\n  env_set: {{}}\n  env_copy: []\n  config:\n    override_dirname:\n      kv_sep: '='\n      item_sep: ','\n      exclude_keys: []\n\
          runtime:\n  version: {version}\n  cwd: ''\n  output_dir: ???\n  choices: {{}}\n\
-         verbose: false\n",
+         verbose: false\n\
+         task:\n  command: null\n  ranks: per_task\n  cwd: null\n  env: {{}}\n  config_arg: null\n  starts_workers: false\n",
         version = env!("CARGO_PKG_VERSION"),
     );
     let mut node = yaml::load_str(&text, "<flotilla runtime defaults>")

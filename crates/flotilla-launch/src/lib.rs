@@ -6,12 +6,14 @@
 //! The local launcher lives in [`local`]; the SLURM launcher in `slurm` plugs in through
 //! [`launcher_for`] (start/submit) and [`live_states`] (batched squeue/sacct query).
 
+pub mod diff;
 pub mod local;
 pub mod rank;
 pub mod report;
 pub mod rundir;
 pub mod settings;
 pub mod slurm;
+pub mod task;
 pub mod tfevents;
 
 /// The exit status of a task that stopped on request (SIGUSR2/SIGTERM) after writing a
@@ -56,6 +58,9 @@ pub enum LaunchError {
     /// A launcher's own failure (e.g. `sbatch` refusing a script), with its message.
     #[error("{0}")]
     Launcher(String),
+    /// A job's `task.json` cannot be read.
+    #[error("{0}")]
+    Task(String),
 }
 
 impl From<ConfigError> for LaunchError {
@@ -226,6 +231,21 @@ impl TaskCommand {
         }
     }
 
+    /// `<flotilla> exec-task {job_dir}`: what every process of a job that runs the user's own
+    /// program runs (see [`task`]); `flotilla` is the running executable unless given.
+    pub fn exec_task(flotilla: Option<&Path>) -> Result<TaskCommand, LaunchError> {
+        let exe = match flotilla {
+            Some(p) => p.to_path_buf(),
+            None => std::env::current_exe()
+                .map_err(|e| LaunchError::io("finding the flotilla executable", e))?,
+        };
+        Ok(TaskCommand::new([
+            exe.as_os_str(),
+            "exec-task".as_ref(),
+            JOB_DIR_PLACEHOLDER.as_ref(),
+        ]))
+    }
+
     /// `<flotilla-train> train --run-dir {job_dir} --prepared`: the built-in training task,
     /// with the binary found by [`locate_train_binary`].
     pub fn train(settings: &settings::Settings) -> Result<TaskCommand, LaunchError> {
@@ -334,9 +354,11 @@ pub fn launcher_for(
 ) -> Result<Box<dyn Launcher>, LaunchError> {
     match kind {
         LauncherKind::Local => Ok(Box::new(LocalLauncher::new(local))),
-        LauncherKind::Slurm => Ok(Box::new(slurm::SlurmLauncher::new(
-            slurm::SlurmOptions::with_task(local.task),
-        ))),
+        LauncherKind::Slurm => {
+            let mut opts = slurm::SlurmOptions::with_task(local.task);
+            opts.exec_task = local.exec_task;
+            Ok(Box::new(slurm::SlurmLauncher::new(opts)))
+        }
     }
 }
 
@@ -442,9 +464,20 @@ pub fn resume(dir: &Path, opts: RunOptions) -> Result<RunReport, LaunchError> {
             continue;
         }
         let job_dir = plan_file.job_dir(rec);
+        let task = task::TaskSpec::read(&job_dir).map_err(|e| LaunchError::Task(e.to_string()))?;
+        let (config, compute) = match &task {
+            Some(task) => (None, task.compute.clone()),
+            None => {
+                let config = read_job_config(&job_dir)?;
+                let compute = config.compute.clone();
+                (Some(config), compute)
+            }
+        };
         jobs.push(rundir::PreparedJob {
             num: rec.num,
-            config: read_job_config(&job_dir)?,
+            config,
+            compute,
+            task,
             overrides: rec.overrides.clone(),
             dir: job_dir,
         });
@@ -629,6 +662,45 @@ pub fn status_text(st: &RunStatus) -> String {
 /// "state", "recorded", "steps", "final_model", "message"}]}`.
 pub fn status_json(st: &RunStatus) -> String {
     let mut s = serde_json::to_string(st).expect("status serialises");
+    s.push('\n');
+    s
+}
+
+/// The best value of `metric` logged so far by the jobs of `dir` (by default the report's
+/// metric: `eval_loss` where any job logged it, else `loss`), with the report's mode; `None`
+/// while no job has logged it.
+pub fn status_best(
+    dir: &Path,
+    metric: Option<&str>,
+) -> Result<Option<report::BestSoFar>, report::ReportError> {
+    let options = report::ReportOptions {
+        metric: metric.map(str::to_string),
+        metric_only: true,
+        ..report::ReportOptions::default()
+    };
+    Ok(report::build(&[dir.to_path_buf()], &options)?.best_so_far())
+}
+
+/// [`status_text`] with the best-so-far line under the table when there is one.
+pub fn status_text_with_best(st: &RunStatus, best: Option<&report::BestSoFar>) -> String {
+    let mut out = status_text(st);
+    if let Some(b) = best {
+        out.push_str(&b.line());
+        out.push('\n');
+    }
+    out
+}
+
+/// [`status_json`] with `"best": {"metric", "mode", "value", "num", "step", "params"}` (or
+/// `null`) after the jobs.
+pub fn status_json_with_best(st: &RunStatus, best: Option<&report::BestSoFar>) -> String {
+    #[derive(serde::Serialize)]
+    struct WithBest<'a> {
+        #[serde(flatten)]
+        status: &'a RunStatus,
+        best: Option<&'a report::BestSoFar>,
+    }
+    let mut s = serde_json::to_string(&WithBest { status: st, best }).expect("status serialises");
     s.push('\n');
     s
 }

@@ -21,7 +21,7 @@
 use super::{JobOutcome, LaunchError, Launcher, RankFailure, TaskCommand, TaskExit};
 use crate::rank::{free_port, RankEnv, RankInfo, RankSource, DEFAULT_MASTER_ADDR};
 use crate::rundir::{JobState, Plan, PlanFile, PreparedJob, PreparedRun, LOGS_DIR};
-use flotilla_config::schema::ComputeConfig;
+use flotilla_config::schema::{ComputeConfig, TaskRanks};
 use std::collections::HashMap;
 use std::ffi::OsString;
 use std::fs::File;
@@ -109,6 +109,9 @@ pub struct LocalOptions {
     /// Turn SIGINT/SIGTERM to this process into a cancellation while jobs run (see
     /// [`install_interrupt_handler`]); the `flotilla run` command sets it.
     pub catch_interrupts: bool,
+    /// What every process of a job that runs the user's own program runs; `None`: this
+    /// executable's `exec-task` (see [`TaskCommand::exec_task`]).
+    pub exec_task: Option<TaskCommand>,
 }
 
 impl LocalOptions {
@@ -123,6 +126,7 @@ impl LocalOptions {
             cores: None,
             cancel: Cancel::new(),
             catch_interrupts: false,
+            exec_task: None,
         }
     }
 }
@@ -371,8 +375,27 @@ impl LocalLauncher {
         plan: Option<&PlanFile>,
         parallel: usize,
     ) -> Result<JobOutcome, LaunchError> {
-        let compute = &job.config.compute;
+        let compute = &job.compute;
         let world = compute.world_size();
+        // The processes started: the ranks, or (a user program with `ranks: per_node`) one per
+        // node, placed as if each node ran one rank with all the node's GPUs.
+        let (processes, placement, task) = match &job.task {
+            None => (world, compute.clone(), self.opts.task.clone()),
+            Some(spec) => {
+                let placement = match spec.ranks {
+                    TaskRanks::PerTask => compute.clone(),
+                    TaskRanks::PerNode => ComputeConfig {
+                        tasks_per_node: 1,
+                        ..compute.clone()
+                    },
+                };
+                let command = match &self.opts.exec_task {
+                    Some(c) => c.clone(),
+                    None => TaskCommand::exec_task(None)?,
+                };
+                (spec.processes(), placement, command)
+            }
+        };
         if world == 0 {
             return Err(LaunchError::Unsupported(format!(
                 "job {}: compute.nodes × compute.tasks_per_node is 0: nothing to start",
@@ -392,7 +415,7 @@ impl LocalLauncher {
             .is_none()
             .then(|| threads_per_rank(cores, world * parallel.max(1)));
         let spec = EnvSpec {
-            compute,
+            compute: &placement,
             master_port: free_port()
                 .map_err(|e| LaunchError::io("finding a free port for MASTER_PORT", e))?,
             threads,
@@ -401,17 +424,26 @@ impl LocalLauncher {
             job_dir: &job.dir,
             job_num: job.num,
         };
-        let argv = self.opts.task.for_job(&job.dir);
+        let argv = task.for_job(&job.dir);
         let Some((program, args)) = argv.split_first() else {
             return Err(LaunchError::Unsupported("the task command is empty".into()));
         };
         if let Some(p) = plan {
             p.set_state(job.num, JobState::Running, None)?;
         }
+        let per_node = job
+            .task
+            .as_ref()
+            .is_some_and(|t| t.ranks == TaskRanks::PerNode);
+        let what = match (per_node, processes) {
+            (true, 1) => "node process",
+            (true, _) => "node processes",
+            (false, 1) => "rank",
+            (false, _) => "ranks",
+        };
         self.note(&format!(
-            "job {}: starting {world} rank{} in {}",
+            "job {}: starting {processes} {what} in {}",
             job.num,
-            if world == 1 { "" } else { "s" },
             job.dir.display()
         ));
         let prefix = if parallel > 1 {
@@ -420,9 +452,9 @@ impl LocalLauncher {
             String::new()
         };
 
-        let mut ranks: Vec<Rank> = Vec::with_capacity(world);
+        let mut ranks: Vec<Rank> = Vec::with_capacity(processes);
         let mut drain: Option<mpsc::Receiver<()>> = None;
-        for rank in 0..world {
+        for rank in 0..processes {
             match self.spawn_rank(program, args, &spec, rank, &logs, &prefix) {
                 Ok((child, rx)) => {
                     ranks.push(Rank { child, exit: None });
@@ -627,7 +659,7 @@ impl Launcher for LocalLauncher {
         let parallel = self
             .opts
             .max_parallel
-            .unwrap_or(run.jobs[0].config.compute.max_parallel)
+            .unwrap_or(run.jobs[0].compute.max_parallel)
             .clamp(1, n);
         let results: Mutex<Vec<Option<JobOutcome>>> = Mutex::new(vec![None; n]);
         let error: Mutex<Option<LaunchError>> = Mutex::new(None);
@@ -697,7 +729,9 @@ pub fn run_in_dir(
         num,
         dir: job_dir.to_path_buf(),
         overrides: Vec::new(),
-        config,
+        compute: config.compute.clone(),
+        config: Some(config),
+        task: None,
     };
     LocalLauncher::new(opts).run_job(&job, None, 1)
 }

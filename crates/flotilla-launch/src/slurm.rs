@@ -25,7 +25,7 @@ use super::{
 use crate::rank::{SLURM_PORT_BASE, SLURM_PORT_SPAN};
 use crate::rundir::status::{locate, read_status, RunStatus};
 use crate::rundir::{JobRecord, JobState, Plan, PlanFile, PreparedRun, RunDirError, LOGS_DIR};
-use flotilla_config::schema::ComputeConfig;
+use flotilla_config::schema::{ComputeConfig, TaskRanks};
 use minijinja::Environment;
 use serde::Serialize;
 use std::collections::{BTreeMap, HashMap};
@@ -248,8 +248,13 @@ pub fn sbatch_options(
 pub struct ScriptSpec<'a> {
     pub compute: &'a ComputeConfig,
     pub job_name: &'a str,
-    /// What every task runs (normally `<flotilla> train --run-dir {job_dir} --prepared`).
+    /// What every task runs (normally `<flotilla> train --run-dir {job_dir} --prepared`, or
+    /// `<flotilla> exec-task {job_dir}` for the user's own program).
     pub task: &'a TaskCommand,
+    /// `None`: the built-in trainer; otherwise the user's program, started once per task or
+    /// once per node. The user's program is requeued when it ends after the stop signal,
+    /// whatever its exit status.
+    pub ranks: Option<TaskRanks>,
     /// The job directories; a job array runs `job_dirs[SLURM_ARRAY_TASK_ID]`.
     pub job_dirs: &'a [PathBuf],
     /// The jobs' numbers, in the order of `job_dirs`.
@@ -339,6 +344,8 @@ pub fn render_with(spec: &ScriptSpec, name: &str, text: &str) -> Result<String, 
         job_nums => spec.job_nums,
         task_argv => task_argv,
         task_command => task_command,
+        user_task => spec.ranks.is_some(),
+        per_node => spec.ranks == Some(TaskRanks::PerNode),
         signal => STOP_SIGNAL,
         requeue_exit_code => REQUEUE_EXIT_CODE,
         port_base => SLURM_PORT_BASE,
@@ -383,6 +390,9 @@ pub struct SlurmOptions {
     pub job_name: Option<String>,
     /// `MaxArraySize` to split arrays by; `None`: ask `scontrol show config`.
     pub max_array_size: Option<usize>,
+    /// What the tasks of a job that runs the user's own program run; `None`: this
+    /// executable's `exec-task` (see [`TaskCommand::exec_task`]).
+    pub exec_task: Option<TaskCommand>,
 }
 
 impl SlurmOptions {
@@ -392,6 +402,7 @@ impl SlurmOptions {
             task,
             job_name: None,
             max_array_size: None,
+            exec_task: None,
         }
     }
 }
@@ -403,6 +414,8 @@ pub struct JobSpec {
     /// The job directory (prepared: `config.yaml` inside).
     pub dir: PathBuf,
     pub compute: ComputeConfig,
+    /// `None`: the built-in trainer; otherwise the user's program (see [`ScriptSpec::ranks`]).
+    pub ranks: Option<TaskRanks>,
 }
 
 /// One rendered script: a batch job or a job array, not yet submitted.
@@ -440,7 +453,8 @@ pub fn job_specs(run: &PreparedRun) -> Vec<JobSpec> {
         .map(|j| JobSpec {
             num: j.num,
             dir: j.dir.clone(),
-            compute: j.config.compute.clone(),
+            compute: j.compute.clone(),
+            ranks: j.task.as_ref().map(|t| t.ranks),
         })
         .collect()
 }
@@ -464,14 +478,27 @@ pub fn write_scripts(
     } else {
         1
     };
-    // Group by compute config, keeping the jobs' order inside each group.
-    let mut groups: Vec<(&ComputeConfig, Vec<&JobSpec>)> = Vec::new();
+    // Group by compute config and task kind, keeping the jobs' order inside each group.
+    let mut groups: Vec<(&ComputeConfig, Option<TaskRanks>, Vec<&JobSpec>)> = Vec::new();
     for job in jobs {
-        match groups.iter_mut().find(|(c, _)| **c == job.compute) {
-            Some((_, g)) => g.push(job),
-            None => groups.push((&job.compute, vec![job])),
+        match groups
+            .iter_mut()
+            .find(|(c, r, _)| **c == job.compute && *r == job.ranks)
+        {
+            Some((_, _, g)) => g.push(job),
+            None => groups.push((&job.compute, job.ranks, vec![job])),
         }
     }
+    let exec_task = match (&opts.exec_task, jobs.iter().any(|j| j.ranks.is_some())) {
+        (Some(c), _) => Some(c.clone()),
+        (None, true) => Some(
+            TaskCommand::exec_task(None).map_err(|e| SlurmError::Template {
+                name: "exec-task".into(),
+                message: e.to_string(),
+            })?,
+        ),
+        (None, false) => None,
+    };
     // Jobs run wherever sbatch starts them: every path in a script is absolute.
     let absolute = |p: &Path| std::path::absolute(p).map_err(|e| io_err(p, e));
     let script_dir = absolute(&plan.dir().join(SCRIPT_DIR))?;
@@ -487,7 +514,11 @@ pub fn write_scripts(
         .or(recorded.as_deref())
         .unwrap_or("flotilla");
     let mut out = Vec::new();
-    for (compute, group) in groups {
+    for (compute, ranks, group) in groups {
+        let task = match (ranks, &exec_task) {
+            (Some(_), Some(exec_task)) => exec_task,
+            _ => &opts.task,
+        };
         for chunk in group.chunks(max_array) {
             let dirs = chunk
                 .iter()
@@ -497,7 +528,8 @@ pub fn write_scripts(
             let spec = ScriptSpec {
                 compute,
                 job_name,
-                task: &opts.task,
+                task,
+                ranks,
                 job_dirs: &dirs,
                 job_nums: &nums,
                 array,

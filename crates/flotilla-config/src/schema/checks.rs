@@ -6,7 +6,7 @@ use super::from_node::{read, Cx, FromNode};
 use super::messages::{alternatives, set_note, show, typo_note};
 use super::types::{
     AutoWrapPolicy, Backend, ComputeConfig, DataConfig, Device, DistConfig, DistMode, JobConfig,
-    Launcher, ModelConfig, TokenizerSpec, TrainerConfig,
+    Launcher, ModelConfig, TaskConfig, TaskRanks, TokenizerSpec, TrainerConfig,
 };
 use super::{ProblemKind, SchemaError};
 use crate::node::{python_float_repr, Dict, Node, Value};
@@ -103,6 +103,103 @@ pub fn validate(job: &Node) -> Result<JobConfig, SchemaError> {
                 compute,
             })
         }
+        _ => Err(SchemaError {
+            problems: cx.problems,
+        }),
+    }
+}
+
+/// `compute` of a job that runs the user's own program and leaves keys of it unset: one local
+/// process.
+pub const USER_TASK_COMPUTE_DEFAULTS: &str = "launcher: local\nnodes: 1\ntasks_per_node: 1\n\
+gpus_per_node: 0\ncpus_per_task: 1\nmem_gb: null\ntimeout_min: 60\npartition: null\n\
+account: null\nqos: null\nconstraint: null\narray_parallelism: 256\nsignal_delay_s: 90\n\
+max_num_timeout: 3\nsetup: []\nadditional_parameters: {}\ntemplate: null\nmax_parallel: 1\n";
+
+/// Programs known to start their own workers (`ranks: per_node`): launchers run directly, and
+/// Python modules run with `python -m`.
+const WORKER_LAUNCHERS: [&str; 3] = ["torchrun", "accelerate", "deepspeed"];
+const WORKER_LAUNCHER_MODULES: [&str; 4] = [
+    "torch.distributed.run",
+    "torch.distributed.launch",
+    "accelerate.commands.launch",
+    "deepspeed.launcher.runner",
+];
+
+/// Does `argv` start a known launcher of workers (torchrun, `python -m torch.distributed.run`,
+/// accelerate, deepspeed)?
+pub fn starts_known_launcher(argv: &[String]) -> bool {
+    let base = |s: &str| s.rsplit('/').next().unwrap_or(s).to_string();
+    let Some(program) = argv.first().map(|p| base(p)) else {
+        return false;
+    };
+    if WORKER_LAUNCHERS.contains(&program.as_str()) {
+        return true;
+    }
+    program.starts_with("python")
+        && argv
+            .windows(2)
+            .any(|w| w[0] == "-m" && WORKER_LAUNCHER_MODULES.contains(&w[1].as_str()))
+}
+
+/// Checks a job that runs the user's own program: the resolved `flotilla.task` node and the
+/// job's `compute` section (absent keys take [`USER_TASK_COMPUTE_DEFAULTS`]); the rest of the
+/// job config is the user's and is not looked at. Returns the task and compute, or every
+/// problem found.
+pub fn validate_user_task(
+    task: &Node,
+    job: &Node,
+) -> Result<(TaskConfig, ComputeConfig), SchemaError> {
+    let mut cx = Cx::default();
+    let mut compute_node = crate::yaml::load_str(USER_TASK_COMPUTE_DEFAULTS, "<compute defaults>")
+        .expect("built-in compute defaults are valid YAML");
+    if let Some(user) = job.select("compute") {
+        if let Err(e) = crate::compose::merge_into(&mut compute_node, user.clone()) {
+            cx.push(
+                ProblemKind::WrongType,
+                "compute",
+                &user.origin,
+                format!("compute: {e}{}", set_note(&user.origin)),
+            );
+        }
+    }
+    let command = task.select("command");
+    if let Some(c) = command.filter(|c| matches!(c.value, Value::Str(_))) {
+        cx.push(
+            ProblemKind::WrongType,
+            "flotilla.task.command",
+            &c.origin,
+            format!(
+                "flotilla.task.command must be a list of arguments, got {}{}; write it as a list, e.g. [python, train.py, --lr=0.1] (a string is not split into words)",
+                show(&c.value),
+                set_note(&c.origin)
+            ),
+        );
+    }
+    let typed_task = read::<TaskConfig>(task, "flotilla.task", None, &mut cx);
+    let compute = read::<ComputeConfig>(&compute_node, "compute", Some("local"), &mut cx);
+
+    let mut root = Node::empty_dict();
+    if let Value::Dict(d) = &mut root.value {
+        let mut runtime = Node::empty_dict();
+        if let Value::Dict(r) = &mut runtime.value {
+            r.insert("task".into(), task.clone());
+        }
+        d.insert("flotilla".into(), runtime);
+        d.insert("compute".into(), compute_node.clone());
+    }
+    let mut ck = Check {
+        job: &root,
+        cx: &mut cx,
+    };
+    if let Some(c) = &compute {
+        ck.compute(c, None);
+    }
+    if let Some(t) = &typed_task {
+        ck.user_task(t, compute.as_ref());
+    }
+    match (typed_task, compute) {
+        (Some(t), Some(c)) if cx.problems.is_empty() => Ok((t, c)),
         _ => Err(SchemaError {
             problems: cx.problems,
         }),
@@ -481,6 +578,38 @@ impl Check<'_> {
                 }
             }
             TokenizerSpec::File(_) => {}
+        }
+    }
+
+    fn user_task(&mut self, t: &TaskConfig, compute: Option<&ComputeConfig>) {
+        let Some(command) = &t.command else {
+            return;
+        };
+        if command.is_empty() || command[0].trim().is_empty() {
+            self.invalid(
+                "flotilla.task.command",
+                "is empty: there is no program to run".into(),
+                "name the program and its arguments, e.g. [python, train.py]".into(),
+            );
+            return;
+        }
+        let Some(c) = compute else { return };
+        if t.ranks == TaskRanks::PerNode
+            && c.tasks_per_node > 1
+            && !t.starts_workers
+            && !starts_known_launcher(command)
+        {
+            self.invalid(
+                "flotilla.task.ranks",
+                format!(
+                    "is per_node (one process per node, which must start the {} workers of its node), but `{}` is not known to start workers (torchrun, python -m torch.distributed.run, accelerate launch, deepspeed)",
+                    c.tasks_per_node, command[0]
+                ),
+                format!(
+                    "set flotilla.task.ranks=per_task to have flotilla start the {} processes per node, run the program through torchrun, or set flotilla.task.starts_workers=true if it starts its own",
+                    c.tasks_per_node
+                ),
+            );
         }
     }
 

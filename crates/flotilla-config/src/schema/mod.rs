@@ -1,5 +1,6 @@
 //! Typed validation of the composed job config: the `seed`, `model`, `trainer` (with
-//! `trainer.dist`), `data` and `compute` sections that `conf/` defines.
+//! `trainer.dist`), `data` and `compute` sections that `conf/` defines; for a job that runs the
+//! user's own program, `flotilla.task` and `compute` alone ([`validate_user_task`]).
 //!
 //! [`validate`] takes the resolved job tree (the runtime `flotilla:`/`hydra:` node removed,
 //! interpolations resolved) and returns a typed [`JobConfig`], or a [`SchemaError`] listing
@@ -29,12 +30,16 @@ mod tests;
 use crate::node::Origin;
 use std::fmt;
 
-pub use checks::{validate, BYTE_VOCAB, MAX_ARITHMETIC_DIGITS};
+pub use checks::{
+    starts_known_launcher, validate, validate_user_task, BYTE_VOCAB, MAX_ARITHMETIC_DIGITS,
+    USER_TASK_COMPUTE_DEFAULTS,
+};
 pub use types::{
-    ArithmeticData, AutoWrapPolicy, Backend, BackwardPrefetch, ComputeConfig, DataConfig, DataKind,
-    DdpConfig, Device, DistConfig, DistMode, Dtype, FsdpConfig, JobConfig, JsonlData, Launcher,
-    LrSchedule, ModelConfig, Precision, Resume, RopeScaling, RopeType, ShardingStrategy,
-    StateDictType, TextData, TokenDtype, TokenizerSpec, TokensData, TrainerConfig,
+    ArithmeticData, AutoWrapPolicy, Backend, BackwardPrefetch, ComputeConfig, ConfigArg,
+    DataConfig, DataKind, DdpConfig, Device, DistConfig, DistMode, Dtype, FsdpConfig, JobConfig,
+    JsonlData, Launcher, LrSchedule, ModelConfig, Precision, Resume, RopeScaling, RopeType,
+    ShardingStrategy, StateDictType, TaskConfig, TaskRanks, TextData, TokenDtype, TokenizerSpec,
+    TokensData, TrainerConfig,
 };
 
 /// What kind of problem a [`Problem`] is.

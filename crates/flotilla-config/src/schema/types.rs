@@ -736,3 +736,39 @@ impl ComputeConfig {
         self.nodes * self.tasks_per_node
     }
 }
+
+choice! {
+    /// How the processes of a user task are started (`flotilla.task.ranks`).
+    pub enum TaskRanks {
+        /// flotilla starts `nodes × tasks_per_node` processes, each with its rank.
+        PerTask = "per_task",
+        /// flotilla starts one process per node, which starts its own workers (torchrun).
+        PerNode = "per_node",
+    }
+}
+
+choice! {
+    /// What the user's program is handed to find the job config (`flotilla.task.config_arg`).
+    pub enum ConfigArg {
+        /// `--config-path=<job dir> --config-name=config hydra.run.dir=<job dir>`: an unchanged
+        /// `@hydra.main` app loads the job's resolved config and writes into the job directory.
+        Hydra = "hydra",
+    }
+}
+
+section! {
+    /// `flotilla.task`: the program every job runs instead of the built-in trainer. The
+    /// command's interpolations are resolved once per job.
+    pub struct TaskConfig {
+        /// The program and its arguments; `None`: the built-in trainer.
+        command: Option<Vec<String>> => "[python, train.py]",
+        ranks: TaskRanks,
+        /// The working directory; `None`: the directory flotilla was started from.
+        cwd: Option<String> => "/path/to/project",
+        /// Extra environment variables.
+        env: IndexMap<String, String> => "{}",
+        config_arg: Option<ConfigArg>,
+        /// `per_node`: the program starts its own workers (checked for the known launchers).
+        starts_workers: bool,
+    }
+}

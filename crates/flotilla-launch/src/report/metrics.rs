@@ -40,25 +40,36 @@ impl JobMetrics {
 
 /// Reads the metrics of `job_dir` (never fails: problems are reported in the result).
 pub fn read_job_metrics(job_dir: &Path) -> JobMetrics {
+    read_job_metrics_named(job_dir, None)
+}
+
+/// Reads the series of `job_dir` named in `only` (all of them when `None`). A `metrics.csv`
+/// cell of any other column is not even parsed: a sweep's best-so-far reads its metric alone.
+pub fn read_job_metrics_named(job_dir: &Path, only: Option<&[String]>) -> JobMetrics {
     let csv = job_dir.join(METRICS_CSV);
     if csv.is_file() {
-        return read_csv(&csv);
+        return read_csv(&csv, only);
     }
     let jsonl = job_dir.join(METRICS_JSONL);
-    if jsonl.is_file() {
-        return read_jsonl(&jsonl);
+    let mut out = if jsonl.is_file() {
+        read_jsonl(&jsonl)
+    } else {
+        let mut files = tfevents::event_files(&job_dir.join(tfevents::TB_DIR));
+        if files.is_empty() {
+            files = tfevents::event_files(job_dir);
+        }
+        if files.is_empty() {
+            return JobMetrics {
+                problem: Some("no metrics file yet".into()),
+                ..JobMetrics::default()
+            };
+        }
+        read_tfevents(&files)
+    };
+    if let Some(only) = only {
+        out.series.retain(|name, _| only.contains(name));
     }
-    let mut files = tfevents::event_files(&job_dir.join(tfevents::TB_DIR));
-    if files.is_empty() {
-        files = tfevents::event_files(job_dir);
-    }
-    if !files.is_empty() {
-        return read_tfevents(&files);
-    }
-    JobMetrics {
-        problem: Some("no metrics file yet".into()),
-        ..JobMetrics::default()
-    }
+    out
 }
 
 fn push(series: &mut IndexMap<String, Series>, name: &str, step: u64, value: f64) {
@@ -70,7 +81,7 @@ fn push(series: &mut IndexMap<String, Series>, name: &str, step: u64, value: f64
 
 /// `metrics.csv`: a header with a `step` column; empty cells are skipped; a last line cut
 /// short by a writer at work is ignored.
-fn read_csv(path: &Path) -> JobMetrics {
+fn read_csv(path: &Path, only: Option<&[String]>) -> JobMetrics {
     let mut out = JobMetrics {
         source: Some(path.to_path_buf()),
         ..JobMetrics::default()
@@ -102,17 +113,27 @@ fn read_csv(path: &Path) -> JobMetrics {
         out.problem = Some(format!("{METRICS_CSV} has no 'step' column"));
         return out;
     };
-    for name in headers.iter().filter(|h| *h != "step") {
+    let wanted = |name: &String| only.is_none_or(|only| only.contains(name));
+    for name in headers.iter().filter(|h| *h != "step" && wanted(h)) {
         out.series.insert(name.clone(), Vec::new());
     }
-    let records: Vec<_> = reader.records().collect();
-    let count = records.len();
-    for (i, record) in records.into_iter().enumerate() {
+    // Each column's series, by its index in `out.series` (found once, not per cell).
+    let series_of: Vec<Option<usize>> = headers
+        .iter()
+        .enumerate()
+        .map(|(col, name)| {
+            (col != step_col)
+                .then(|| out.series.get_index_of(name))
+                .flatten()
+        })
+        .collect();
+    let mut records = reader.records().enumerate().peekable();
+    while let Some((i, record)) = records.next() {
         let Ok(record) = record else {
             out.problem = Some(format!("{METRICS_CSV}: row {} is malformed", i + 2));
             continue;
         };
-        let last_and_cut = i + 1 == count && !complete;
+        let last_and_cut = records.peek().is_none() && !complete;
         if last_and_cut && record.len() != headers.len() {
             out.problem = Some(format!("{METRICS_CSV}: its last row is cut short"));
             break;
@@ -125,15 +146,15 @@ fn read_csv(path: &Path) -> JobMetrics {
             continue;
         };
         for (col, cell) in record.iter().enumerate() {
-            if col == step_col || col >= headers.len() {
+            let Some(&Some(index)) = series_of.get(col) else {
                 continue;
-            }
+            };
             let cell = cell.trim();
             if cell.is_empty() {
                 continue;
             }
             match parse_number(cell) {
-                Some(v) => push(&mut out.series, &headers[col], step, v),
+                Some(v) => out.series[index].push((step, v)),
                 None if last_and_cut => {
                     out.problem = Some(format!("{METRICS_CSV}: its last row is cut short"));
                 }
@@ -147,11 +168,14 @@ fn read_csv(path: &Path) -> JobMetrics {
 
 /// A number as Python, pandas or Rust print it (`nan`, `NaN`, `inf`, `-Infinity`, ...).
 fn parse_number(cell: &str) -> Option<f64> {
+    if let Ok(v) = cell.parse() {
+        return Some(v);
+    }
     match cell.to_ascii_lowercase().as_str() {
         "nan" => Some(f64::NAN),
         "inf" | "infinity" | "+inf" => Some(f64::INFINITY),
         "-inf" | "-infinity" => Some(f64::NEG_INFINITY),
-        _ => cell.parse().ok(),
+        _ => None,
     }
 }
 

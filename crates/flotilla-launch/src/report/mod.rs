@@ -1,13 +1,15 @@
 //! `flotilla report`: one row per job of the run and sweep directories given — its state (with
 //! the reason of a failure), the parameters that differ across the jobs, the chosen metric's
 //! final and best values and the step of the best, steps done, wall time and throughput — as a
-//! table, CSV, JSON, Markdown or a self-contained HTML page with plots. Reading only: the report
-//! never writes into a run directory, and a broken job (no metrics, a cut or NaN-holding file,
-//! no config, an unreadable plan) gets its row with the reason instead of stopping the report.
+//! table, CSV, JSON, Markdown, a self-contained HTML page with plots, or the plots as SVG and PNG
+//! files. Reading only: the report never writes into a run directory, and a broken job (no
+//! metrics, a cut or NaN-holding file, no config, an unreadable plan) gets its row with the
+//! reason instead of stopping the report.
 
 pub mod discover;
 pub mod html;
 pub mod metrics;
+pub mod png;
 pub mod render;
 
 use crate::rundir::status::{combine, has_final_model, Markers};
@@ -17,7 +19,7 @@ use crate::rundir::{
 use discover::FoundJob;
 use flotilla_config::node::{Node, Value};
 use indexmap::IndexMap;
-use metrics::{read_job_metrics, JobMetrics};
+use metrics::{read_job_metrics_named, JobMetrics};
 use serde::Serialize;
 use std::cmp::Ordering;
 use std::path::PathBuf;
@@ -76,6 +78,10 @@ pub struct ReportOptions {
     pub sort: Option<String>,
     /// Keep the K best rows (by `sort`, or by the best metric value).
     pub top: Option<usize>,
+    /// Read only the metric's series (and `eval_loss` and `loss`, to choose the default
+    /// metric): enough for the best values, not for the figures, the wall time or the
+    /// throughput. What `flotilla status` asks for, to stay cheap on a large sweep.
+    pub metric_only: bool,
 }
 
 /// One job's row.
@@ -119,7 +125,60 @@ pub struct Report {
     pub best: Option<BestJob>,
 }
 
+/// The best value of the report's metric logged so far, and where: what `flotilla status`
+/// shows under its table.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct BestSoFar {
+    pub metric: String,
+    pub mode: Mode,
+    pub value: f64,
+    /// The job's number.
+    pub num: usize,
+    /// The step the value was logged at.
+    pub step: u64,
+    /// The job's parameters that differ across the jobs.
+    pub params: IndexMap<String, serde_json::Value>,
+}
+
+impl BestSoFar {
+    /// `best eval_loss so far: 2.3145 (job 3, step 400; trainer.lr=0.003)`.
+    pub fn line(&self) -> String {
+        let params: Vec<String> = self
+            .params
+            .iter()
+            .map(|(k, v)| format!("{k}={}", render::param(v)))
+            .collect();
+        format!(
+            "best {} so far: {} (job {}, step {}{}{})",
+            self.metric,
+            render::number(self.value),
+            self.num,
+            self.step,
+            if params.is_empty() { "" } else { "; " },
+            params.join(" ")
+        )
+    }
+}
+
 impl Report {
+    /// The best job's best value with its step and parameters; `None` while no job has logged
+    /// a finite value of the metric.
+    pub fn best_so_far(&self) -> Option<BestSoFar> {
+        let best = self.best.as_ref()?;
+        let row = self
+            .jobs
+            .iter()
+            .find(|r| r.num == best.num && r.dir == best.dir)?;
+        Some(BestSoFar {
+            metric: self.metric.clone(),
+            mode: self.mode,
+            value: row.best?,
+            num: row.num,
+            step: row.best_step?,
+            params: row.params.clone(),
+        })
+    }
+
     /// The parameter columns, in the order of the first job's parameters.
     pub fn param_keys(&self) -> Vec<String> {
         self.jobs
@@ -151,10 +210,14 @@ pub fn build(paths: &[PathBuf], options: &ReportOptions) -> Result<Report, Repor
     if found.is_empty() {
         return Err(ReportError::NoJobs(paths[0].clone()));
     }
+    let only: Option<Vec<String>> = options.metric_only.then(|| match &options.metric {
+        Some(m) => vec![m.clone()],
+        None => vec!["eval_loss".into(), "loss".into()],
+    });
     let jobs: Vec<(FoundJob, JobMetrics, Option<Node>)> = found
         .into_iter()
         .map(|job| {
-            let metrics = read_job_metrics(&job.dir);
+            let metrics = read_job_metrics_named(&job.dir, only.as_deref());
             let config = load_job_config_tree(&job.dir);
             (job, metrics, config)
         })

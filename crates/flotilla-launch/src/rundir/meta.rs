@@ -30,6 +30,36 @@ pub struct Meta {
     pub launcher: String,
     /// The job's task overrides.
     pub overrides: Vec<String>,
+    /// The config directory the job was composed from (absolute); `null` in run directories
+    /// of older versions.
+    #[serde(default)]
+    pub config_dir: Option<String>,
+    /// The primary config's name (`--config-name`).
+    #[serde(default)]
+    pub config_name: Option<String>,
+    /// The copy of the config directory kept with the run, relative to the job directory
+    /// (`.flotilla/conf`, or `../.flotilla/conf` in a sweep); `null` when none was kept.
+    #[serde(default)]
+    pub conf_snapshot: Option<String>,
+    /// Whether the known sections were validated (`--no-validate` turns it off).
+    #[serde(default = "validated_by_default")]
+    pub validate: bool,
+    /// The job directory this job was composed again from (`flotilla run --from`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rerun_of: Option<String>,
+}
+
+fn validated_by_default() -> bool {
+    true
+}
+
+/// How the jobs of one command were composed: recorded in every job's `meta.json`.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ComposeSource {
+    pub config_dir: Option<String>,
+    pub config_name: Option<String>,
+    pub validate: bool,
+    pub rerun_of: Option<String>,
 }
 
 /// The facts shared by every job of one command: collected once.
@@ -42,6 +72,7 @@ pub struct Provenance {
     pub host: String,
     pub git_commit: Option<String>,
     pub git_dirty: Option<bool>,
+    pub source: ComposeSource,
 }
 
 impl Provenance {
@@ -60,11 +91,18 @@ impl Provenance {
             host: host_name(),
             git_commit,
             git_dirty,
+            source: ComposeSource::default(),
         }
     }
 
     /// The `meta.json` of one job.
-    pub fn meta(&self, job_num: usize, launcher: &str, overrides: &[String]) -> Meta {
+    pub fn meta(
+        &self,
+        job_num: usize,
+        launcher: &str,
+        overrides: &[String],
+        conf_snapshot: Option<String>,
+    ) -> Meta {
         Meta {
             argv: self.argv.clone(),
             cwd: self.cwd.clone(),
@@ -78,6 +116,11 @@ impl Provenance {
             job_num,
             launcher: launcher.to_string(),
             overrides: overrides.to_vec(),
+            config_dir: self.source.config_dir.clone(),
+            config_name: self.source.config_name.clone(),
+            conf_snapshot,
+            validate: self.source.validate,
+            rerun_of: self.source.rerun_of.clone(),
         }
     }
 }

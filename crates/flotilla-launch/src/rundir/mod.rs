@@ -12,14 +12,16 @@
 
 pub mod meta;
 pub mod plan;
+pub mod snapshot;
 pub mod status;
 
-pub use meta::{Meta, Provenance};
+pub use meta::{ComposeSource, Meta, Provenance};
 pub use plan::{JobRecord, JobState, Plan, PlanFile, JOB_FILE, PLAN_VERSION, SWEEP_FILE};
 
+use crate::task::{TaskSpec, TASK_FILE};
 use flotilla_config::interp::{self, ResolveContext};
 use flotilla_config::node::{python_str, Node, Value};
-use flotilla_config::schema::JobConfig;
+use flotilla_config::schema::{ComputeConfig, JobConfig};
 use flotilla_config::sweep::{plan_each, SweepFile};
 use flotilla_config::yaml::{to_yaml, EmitOptions};
 use flotilla_config::{Composed, Composer, ConfigError, RUNTIME_KEYS};
@@ -56,6 +58,8 @@ pub enum RunDirError {
     NoSuchJob { num: usize, path: PathBuf },
     #[error("{}: not a run directory (no sweep.json, job.json or meta.json)", path.display())]
     NotARunDir { path: PathBuf },
+    #[error("{}: cannot compose this job again: {why}", path.display())]
+    NotReplayable { path: PathBuf, why: String },
 }
 
 pub(crate) fn io_err(path: &Path, error: std::io::Error) -> RunDirError {
@@ -182,6 +186,10 @@ pub struct RunRequest {
     pub multirun: bool,
     /// The command line, for `meta.json` and the plan.
     pub argv: Vec<String>,
+    /// The job this run is composed again from (`run --from`): its config directory is
+    /// recorded in `meta.json` as the jobs' own (the composer reads the copy kept with it), and
+    /// the job directory as `rerun_of`.
+    pub rerun_of: Option<snapshot::SavedJob>,
 }
 
 /// A job whose directory is ready.
@@ -192,8 +200,14 @@ pub struct PreparedJob {
     pub dir: PathBuf,
     /// Task overrides (`key=value`).
     pub overrides: Vec<String>,
-    /// The validated job config (as written to `config.yaml`).
-    pub config: JobConfig,
+    /// The built-in trainer's validated job config (as written to `config.yaml`); `None` for
+    /// a job that runs the user's own program.
+    pub config: Option<JobConfig>,
+    /// Where and with what resources the job runs.
+    pub compute: ComputeConfig,
+    /// The user's program (`flotilla.task`), kept in the job's `task.json`; `None`: the built-in
+    /// trainer.
+    pub task: Option<TaskSpec>,
 }
 
 /// The prepared directories of one `flotilla run`.
@@ -215,19 +229,17 @@ struct Staged {
     subdir: PathBuf,
     overrides: Vec<String>,
     config_yaml: String,
-    config: JobConfig,
+    config: Option<JobConfig>,
+    compute: ComputeConfig,
+    task: Option<TaskSpec>,
 }
 
 /// Key of the plan file holding the job name (`flotilla.job.name`, e.g. sbatch's `--job-name`).
 pub const JOB_NAME_KEY: &str = "job_name";
 
-/// The resolved runtime value `flotilla.<key>` of a composed job, as a path string. Only that
-/// key is resolved (a run has no `flotilla.job.num`, so `sweep.subdir` cannot resolve there).
-fn runtime_path(
-    composed: &Composed,
-    ctx: &ResolveContext,
-    key: &str,
-) -> Result<String, ConfigError> {
+/// The resolved runtime node `flotilla.<key>` of a composed job. Only that key is resolved (a
+/// run has no `flotilla.job.num`, so `sweep.subdir` cannot resolve there).
+fn runtime_node(composed: &Composed, ctx: &ResolveContext, key: &str) -> Result<Node, ConfigError> {
     let mut root = composed.job.clone();
     if let Value::Dict(d) = &mut root.value {
         for k in RUNTIME_KEYS {
@@ -244,8 +256,16 @@ fn runtime_path(
         .chain(key.split('.'))
         .map(String::from)
         .collect();
-    let node = interp::resolve_at(&root, &path, ctx)?;
-    let node: &Node = &node;
+    Ok(interp::resolve_at(&root, &path, ctx)?)
+}
+
+/// The resolved runtime value `flotilla.<key>` of a composed job, as a path string.
+fn runtime_path(
+    composed: &Composed,
+    ctx: &ResolveContext,
+    key: &str,
+) -> Result<String, ConfigError> {
+    let node = runtime_node(composed, ctx, key)?;
     match &node.value {
         Value::Str(_) | Value::Int(_) | Value::Float(_) | Value::Bool(_) => {
             let s = python_str(&node.value);
@@ -316,12 +336,61 @@ pub fn override_assignments(overrides: &[String]) -> indexmap::IndexMap<String, 
         .collect()
 }
 
+/// Refuses a user program that cannot be found before anything is created (local jobs); for
+/// SLURM jobs, whose programs are found on the compute nodes, a missing one is a warning.
+fn check_programs(
+    staged: &[Staged],
+    launcher: flotilla_config::schema::Launcher,
+) -> Result<(), ConfigError> {
+    let mut seen = HashSet::new();
+    for job in staged {
+        let Some(task) = &job.task else { continue };
+        let key = (
+            task.argv[0].clone(),
+            task.cwd.clone(),
+            task.env.get("PATH").cloned(),
+        );
+        if !seen.insert(key) {
+            continue;
+        }
+        if let Err(why) = task.find_program() {
+            let message = format!(
+                "flotilla.task.command: cannot run job {}'s program: {why}; install it, put it on PATH, or give its path",
+                job.num
+            );
+            if launcher == flotilla_config::schema::Launcher::Slurm {
+                tracing::warn!("{message} (on this machine; the compute nodes may have it)");
+            } else {
+                return Err(ConfigError::Composition(message));
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Composes and validates every job of `req` (nothing is created when one fails), then creates
 /// the run directory (one run) or the sweep directory with one sub-directory per job, each
 /// holding `config.yaml`, `overrides.yaml`, `meta.json` and an empty `logs/`, plus the plan
 /// file with every job PENDING.
 pub fn prepare(composer: &Composer, req: &RunRequest) -> Result<PreparedRun, RunDirError> {
-    let provenance = Provenance::collect(req.argv.clone());
+    let start_dir = std::env::current_dir().map_err(|e| io_err(Path::new("."), e))?;
+    let mut provenance = Provenance::collect(req.argv.clone());
+    let config_dir = &composer.options().config_dir;
+    provenance.source = ComposeSource {
+        config_dir: match &req.rerun_of {
+            Some(saved) => saved.meta.config_dir.clone(),
+            None => std::path::absolute(config_dir)
+                .ok()
+                .map(|p| p.display().to_string()),
+        },
+        rerun_of: req.rerun_of.as_ref().and_then(|saved| {
+            std::path::absolute(&saved.job_dir)
+                .ok()
+                .map(|p| p.display().to_string())
+        }),
+        config_name: Some(composer.options().config_name.clone()),
+        validate: composer.validates(),
+    };
     let mut staged: Vec<Staged> = Vec::new();
     let mut dest: Option<String> = None;
     let mut launcher = None;
@@ -338,23 +407,37 @@ pub fn prepare(composer: &Composer, req: &RunRequest) -> Result<PreparedRun, Run
             } else {
                 "the job".to_string()
             };
-            let Composed { typed, .. } = &job.composed;
-            let config = typed.clone().ok_or_else(|| {
-                ConfigError::Composition(format!(
-                    "{what}: the composed config is not a flotilla job (it needs model, trainer, data and compute sections, and validation on)"
-                ))
-            })?;
+            let ctx = composer.context();
+            let (config, compute, task) = if job.composed.runs_user_task() {
+                let node = runtime_node(&job.composed, ctx, "task")?;
+                let (task, compute) =
+                    flotilla_config::schema::validate_user_task(&node, &job.composed.job).map_err(
+                        |e| match req.multirun {
+                            true => ConfigError::Composition(format!("{what}:\n{e}")),
+                            false => e.into(),
+                        },
+                    )?;
+                let spec = TaskSpec::new(&task, &compute, &start_dir);
+                (None, compute, Some(spec))
+            } else {
+                let config = job.composed.typed.clone().ok_or_else(|| {
+                    ConfigError::Composition(format!(
+                        "{what}: the composed config is not a flotilla job (it needs model, trainer, data and compute sections, and validation on), and flotilla.task.command names no program of your own to run instead"
+                    ))
+                })?;
+                let compute = config.compute.clone();
+                (Some(config), compute, None)
+            };
             match launcher {
-                None => launcher = Some(config.compute.launcher),
-                Some(l) if l != config.compute.launcher => {
+                None => launcher = Some(compute.launcher),
+                Some(l) if l != compute.launcher => {
                     return Err(ConfigError::Composition(format!(
                         "{what} uses compute.launcher={} but job 0 uses {l}; the jobs of one sweep run on one launcher",
-                        config.compute.launcher
+                        compute.launcher
                     )))
                 }
                 Some(_) => {}
             }
-            let ctx = composer.context();
             if job_name.is_none() {
                 job_name = Some(runtime_path(&job.composed, ctx, "job.name")?);
             }
@@ -386,6 +469,8 @@ pub fn prepare(composer: &Composer, req: &RunRequest) -> Result<PreparedRun, Run
                 overrides: job.composed.task_overrides.clone(),
                 config_yaml: to_yaml(&job.composed.job, EmitOptions { provenance: false }),
                 config,
+                compute,
+                task,
             });
             Ok(())
         },
@@ -393,12 +478,15 @@ pub fn prepare(composer: &Composer, req: &RunRequest) -> Result<PreparedRun, Run
     let (Some(dest), Some(launcher)) = (dest, launcher) else {
         return Err(ConfigError::Composition("the sweep has no jobs".into()).into());
     };
+    check_programs(&staged, launcher)?;
     let dest = std::path::absolute(&dest).map_err(|e| io_err(Path::new(&dest), e))?;
     let launcher_name = launcher.as_str();
 
     // Build the whole tree out of sight, then move it into place in one step.
     let tmp = staging_dir(&dest)?;
     let built = (|| -> Result<(), RunDirError> {
+        let snapshot_kept =
+            snapshot::copy_config_dir(config_dir, &tmp.join(snapshot::SNAPSHOT_DIR))?;
         let mut records = Vec::with_capacity(staged.len());
         for job in &staged {
             let dir = tmp.join(&job.subdir);
@@ -410,7 +498,12 @@ pub fn prepare(composer: &Composer, req: &RunRequest) -> Result<PreparedRun, Run
             };
             write(CONFIG_FILE, job.config_yaml.as_bytes())?;
             write(OVERRIDES_FILE, overrides_yaml(&job.overrides).as_bytes())?;
-            let meta = provenance.meta(job.num, launcher_name, &job.overrides);
+            if let Some(task) = &job.task {
+                write(TASK_FILE, task.to_json().as_bytes())?;
+            }
+            let conf_snapshot =
+                snapshot_kept.then(|| snapshot::snapshot_path_from_job(&job.subdir));
+            let meta = provenance.meta(job.num, launcher_name, &job.overrides, conf_snapshot);
             let mut text = serde_json::to_string_pretty(&meta).expect("meta serialises");
             text.push('\n');
             write(META_FILE, text.as_bytes())?;
@@ -461,6 +554,8 @@ pub fn prepare(composer: &Composer, req: &RunRequest) -> Result<PreparedRun, Run
             },
             overrides: s.overrides,
             config: s.config,
+            compute: s.compute,
+            task: s.task,
         })
         .collect();
     Ok(PreparedRun {
