@@ -1,5 +1,6 @@
 //! `flotilla plan`: the jobs a command would run, as a table or JSON.
 
+use anyhow::Context;
 use clap::{Args, ValueEnum};
 use flotilla_config::node::to_json_text;
 use flotilla_config::sweep::{plan_map, PlannedJob, SweepFile};
@@ -43,6 +44,7 @@ pub fn plan(args: PlanArgs) -> Result<(), Failure> {
     let sweep_file = args.sweep.as_deref().map(SweepFile::load).transpose()?;
     // Every job is composed and validated before anything is printed: a sweep with a broken job
     // prints nothing but the error.
+    let start_dir = std::env::current_dir().context("the current directory")?;
     let mut text = String::new();
     let mut count = 0usize;
     if let PlanFormat::Json = args.format {
@@ -55,6 +57,10 @@ pub fn plan(args: PlanArgs) -> Result<(), Failure> {
         sweep_file.as_ref(),
         args.multirun,
         |job| {
+            if job.composed.runs_user_task() {
+                // The user's program is checked as `run` checks it.
+                flotilla_launch::rundir::job_runs(&job.composed, composer.context(), &start_dir)?;
+            }
             Ok(match args.format {
                 PlanFormat::Json => json_job(&job),
                 PlanFormat::Table => table_row(&job),

@@ -7,7 +7,10 @@
 //! `CUDA_VISIBLE_DEVICES` = its device(s) when `compute.gpus_per_node > 0`, and
 //! `FLOTILLA_JOB_DIR`/`FLOTILLA_JOB_NUM`. `compute.nodes > 1` simulates several nodes on this
 //! host: rank `r` is local rank `r % tasks_per_node` of node `r / tasks_per_node`, and node `n`
-//! uses devices `n * gpus_per_node ..`.
+//! uses devices `n * gpus_per_node ..`. A job that runs the user's own program starts
+//! `flotilla exec-task` in each process (one per rank, or one per node with `ranks: per_node`,
+//! placed as a rank holding all the node's devices), which sets the program's variables and
+//! becomes it (see [`crate::task`]).
 //!
 //! Each rank's stdout and stderr go to `JOBDIR/logs/rank_<R>.log`; rank 0's are also echoed
 //! to flotilla's stderr. Each rank runs in its own process group (so a terminal's Ctrl-C

@@ -236,6 +236,13 @@ pub fn process_plan(
                 ("PET_NODE_RANK".to_string(), n),
                 ("PET_MASTER_ADDR".to_string(), place.master_addr.clone()),
                 ("PET_MASTER_PORT".to_string(), master_port.clone()),
+                (
+                    "PET_RDZV_ID".to_string(),
+                    place.job_id.clone().unwrap_or_else(|| match job_num {
+                        Some(n) => format!("flotilla-job-{n}"),
+                        None => "flotilla".to_string(),
+                    }),
+                ),
             ]);
         }
     }

@@ -309,6 +309,32 @@ mod tests {
     }
 
     #[test]
+    fn only_the_named_series_are_read() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(
+            dir.path().join(METRICS_CSV),
+            "step,loss,lr,eval_loss\n0,2.5,0.1,\n1,2.0,0.1,2.2\n2,Infinity,x,\n",
+        )
+        .unwrap();
+        let only = ["eval_loss".to_string(), "loss".to_string()];
+        let m = read_job_metrics_named(dir.path(), Some(&only));
+        assert_eq!(m.series.keys().collect::<Vec<_>>(), ["loss", "eval_loss"]);
+        assert_eq!(m.get("loss").unwrap()[..2], [(0, 2.5), (1, 2.0)]);
+        assert_eq!(m.get("loss").unwrap()[2].1, f64::INFINITY);
+        assert_eq!(m.get("eval_loss").unwrap(), &vec![(1, 2.2)]);
+        let all = read_job_metrics(dir.path());
+        assert_eq!(all.get("lr").unwrap(), &vec![(0, 0.1), (1, 0.1)]);
+        std::fs::remove_file(dir.path().join(METRICS_CSV)).unwrap();
+        std::fs::write(
+            dir.path().join(METRICS_JSONL),
+            "{\"step\": 0, \"loss\": 3.0, \"acc\": 0.5}\n",
+        )
+        .unwrap();
+        let m = read_job_metrics_named(dir.path(), Some(&only));
+        assert_eq!(m.series.keys().collect::<Vec<_>>(), ["loss"]);
+    }
+
+    #[test]
     fn no_metrics_is_a_problem_not_an_error() {
         let dir = tempfile::tempdir().unwrap();
         let m = read_job_metrics(dir.path());

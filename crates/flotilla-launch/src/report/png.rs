@@ -96,18 +96,23 @@ fn rasterise(svg: &str, scale: f32, fonts: &Fonts) -> Result<Vec<u8>, PngError> 
     if let Some(family) = &fonts.family {
         options.font_family = family.clone();
     }
-    let tree = usvg::Tree::from_str(svg, &options)?;
-    let size = tree.size().to_int_size().scale_by(scale);
-    let (width, height) = size.map_or((0, 0), |s| (s.width(), s.height()));
-    let mut pixmap = Pixmap::new(width, height).ok_or(PngError::Size { width, height })?;
-    resvg::render(
-        &tree,
-        Transform::from_scale(scale, scale),
-        &mut pixmap.as_mut(),
-    );
-    pixmap
-        .encode_png()
-        .map_err(|e| PngError::Encode(e.to_string()))
+    // usvg logs every glyph no font has and every family it cannot match, once per text
+    // element, through `log`, which the CLI shows as warnings: dozens of lines for one missing
+    // font. The picture is drawn regardless and [`font_family`] tells the caller once.
+    tracing::subscriber::with_default(tracing::subscriber::NoSubscriber::default(), || {
+        let tree = usvg::Tree::from_str(svg, &options)?;
+        let size = tree.size().to_int_size().scale_by(scale);
+        let (width, height) = size.map_or((0, 0), |s| (s.width(), s.height()));
+        let mut pixmap = Pixmap::new(width, height).ok_or(PngError::Size { width, height })?;
+        resvg::render(
+            &tree,
+            Transform::from_scale(scale, scale),
+            &mut pixmap.as_mut(),
+        );
+        pixmap
+            .encode_png()
+            .map_err(|e| PngError::Encode(e.to_string()))
+    })
 }
 
 #[cfg(test)]

@@ -336,6 +336,46 @@ pub fn override_assignments(overrides: &[String]) -> indexmap::IndexMap<String, 
         .collect()
 }
 
+/// What a composed job runs, validated.
+#[derive(Clone, Debug)]
+pub struct JobRuns {
+    /// The built-in trainer's typed config; `None` for the user's own program.
+    pub config: Option<JobConfig>,
+    pub compute: ComputeConfig,
+    /// The user's own program (`flotilla.task.command` set).
+    pub task: Option<TaskSpec>,
+}
+
+/// What `composed` runs: the user's program of `flotilla.task` (its task and `compute` checked,
+/// the rest of the config left to the program; a relative `cwd` taken from `start_dir`), or
+/// the built-in trainer (the whole job validated).
+pub fn job_runs(
+    composed: &Composed,
+    ctx: &ResolveContext,
+    start_dir: &Path,
+) -> Result<JobRuns, ConfigError> {
+    if composed.runs_user_task() {
+        let node = runtime_node(composed, ctx, "task")?;
+        let (task, compute) = flotilla_config::schema::validate_user_task(&node, &composed.job)?;
+        let spec = TaskSpec::new(&task, &compute, start_dir);
+        return Ok(JobRuns {
+            config: None,
+            compute,
+            task: Some(spec),
+        });
+    }
+    let config = composed.typed.clone().ok_or_else(|| {
+        ConfigError::Composition(
+            "the composed config is not a flotilla job (it needs model, trainer, data and compute sections, and validation on), and flotilla.task.command names no program of your own to run instead".into(),
+        )
+    })?;
+    Ok(JobRuns {
+        compute: config.compute.clone(),
+        config: Some(config),
+        task: None,
+    })
+}
+
 /// Refuses a user program that cannot be found before anything is created (local jobs); for
 /// SLURM jobs, whose programs are found on the compute nodes, a missing one is a warning.
 fn check_programs(
@@ -408,26 +448,14 @@ pub fn prepare(composer: &Composer, req: &RunRequest) -> Result<PreparedRun, Run
                 "the job".to_string()
             };
             let ctx = composer.context();
-            let (config, compute, task) = if job.composed.runs_user_task() {
-                let node = runtime_node(&job.composed, ctx, "task")?;
-                let (task, compute) =
-                    flotilla_config::schema::validate_user_task(&node, &job.composed.job).map_err(
-                        |e| match req.multirun {
-                            true => ConfigError::Composition(format!("{what}:\n{e}")),
-                            false => e.into(),
-                        },
-                    )?;
-                let spec = TaskSpec::new(&task, &compute, &start_dir);
-                (None, compute, Some(spec))
-            } else {
-                let config = job.composed.typed.clone().ok_or_else(|| {
-                    ConfigError::Composition(format!(
-                        "{what}: the composed config is not a flotilla job (it needs model, trainer, data and compute sections, and validation on), and flotilla.task.command names no program of your own to run instead"
-                    ))
-                })?;
-                let compute = config.compute.clone();
-                (Some(config), compute, None)
-            };
+            let JobRuns {
+                config,
+                compute,
+                task,
+            } = job_runs(&job.composed, ctx, &start_dir).map_err(|e| match req.multirun {
+                true => ConfigError::Composition(format!("{what}:\n{e}")),
+                false => e,
+            })?;
             match launcher {
                 None => launcher = Some(compute.launcher),
                 Some(l) if l != compute.launcher => {
