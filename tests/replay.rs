@@ -324,3 +324,39 @@ fn run_from_and_diff_refuse_what_is_not_a_job_directory() {
     assert!(text.contains("trainer.lr\n  a: 0.001"), "{text}");
     assert!(text.contains("/0/config.yaml:"), "{text}");
 }
+
+#[test]
+fn run_from_keeps_a_task_set_on_the_command_line_but_not_the_run_dir() {
+    let project = project();
+    let cwd = project.path();
+    let first = prepared_dir(&ok(flotilla_in(
+        cwd,
+        &[
+            "run",
+            "--dry-run",
+            "flotilla.task.command=[echo,'lr=${trainer.lr}']",
+            "trainer.lr=0.5",
+            "flotilla.run.dir=runs/first",
+        ],
+    )));
+    let again = prepared_dir(&ok(flotilla_in(
+        cwd,
+        &[
+            "run",
+            "--from",
+            first.to_str().unwrap(),
+            "flotilla.run.dir=runs/again",
+        ],
+    )));
+    let task: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(again.join("task.json")).unwrap()).unwrap();
+    assert_eq!(task["argv"], serde_json::json!(["echo", "lr=0.5"]));
+    let log = std::fs::read_to_string(again.join("logs/rank_0.log")).unwrap();
+    assert!(log.lines().any(|l| l == "lr=0.5"), "{log}");
+    let meta: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(again.join("meta.json")).unwrap()).unwrap();
+    assert_eq!(
+        meta["runtime_overrides"],
+        serde_json::json!(["flotilla.task.command=[echo,'lr=${trainer.lr}']"])
+    );
+}

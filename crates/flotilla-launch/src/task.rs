@@ -317,10 +317,20 @@ pub fn exec(job_dir: &Path) -> TaskError {
         }
         Err(e) => return e,
     };
-    let place = match discover(&|name| std::env::var(name).ok()) {
+    let mut place = match discover(&|name| std::env::var(name).ok()) {
         Ok(p) => p,
         Err(e) => return TaskError::Place(e.to_string()),
     };
+    // Under SLURM the scheduler's job names the run, and its restarts count.
+    if place.job_id.is_none() {
+        place.job_id = std::env::var("SLURM_JOB_ID").ok().filter(|v| !v.is_empty());
+        if let Some(n) = std::env::var("SLURM_RESTART_COUNT")
+            .ok()
+            .and_then(|v| v.parse().ok())
+        {
+            place.restart_count = n;
+        }
+    }
     let job_num = std::env::var("FLOTILLA_JOB_NUM").ok();
     let plan = process_plan(&spec, &job_dir, job_num.as_deref(), &place);
     let Some((program, args)) = plan.argv.split_first() else {

@@ -44,6 +44,11 @@ pub struct Meta {
     /// Whether the known sections were validated (`--no-validate` turns it off).
     #[serde(default = "validated_by_default")]
     pub validate: bool,
+    /// The overrides of the runtime node (`flotilla.…`/`hydra.…`) other than the run and sweep
+    /// directories, which `flotilla run --from` applies again (e.g. a `flotilla.task` set on
+    /// the command line).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub runtime_overrides: Vec<String>,
     /// The job directory this job was composed again from (`flotilla run --from`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rerun_of: Option<String>,
@@ -101,6 +106,7 @@ impl Provenance {
         job_num: usize,
         launcher: &str,
         overrides: &[String],
+        runtime_overrides: &[String],
         conf_snapshot: Option<String>,
     ) -> Meta {
         Meta {
@@ -120,6 +126,7 @@ impl Provenance {
             config_name: self.source.config_name.clone(),
             conf_snapshot,
             validate: self.source.validate,
+            runtime_overrides: runtime_overrides.to_vec(),
             rerun_of: self.source.rerun_of.clone(),
         }
     }

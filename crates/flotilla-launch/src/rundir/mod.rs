@@ -228,6 +228,8 @@ struct Staged {
     /// Relative to the sweep directory; empty for a single run.
     subdir: PathBuf,
     overrides: Vec<String>,
+    /// Runtime overrides kept for `run --from` (see [`Meta::runtime_overrides`]).
+    runtime_overrides: Vec<String>,
     config_yaml: String,
     config: Option<JobConfig>,
     compute: ComputeConfig,
@@ -333,6 +335,29 @@ pub fn override_assignments(overrides: &[String]) -> indexmap::IndexMap<String, 
         .filter(|o| !o.starts_with('~'))
         .filter_map(|o| o.split_once('='))
         .map(|(key, value)| (key.trim_start_matches('+').to_string(), value.to_string()))
+        .collect()
+}
+
+/// The runtime overrides of a composed job (`overrides.hydra` of its runtime node) that
+/// `run --from` applies again: all but those of the run and sweep directories, which belong to
+/// the run that made the job.
+fn replayable_runtime_overrides(runtime: &Node) -> Vec<String> {
+    let Some(Value::List(items)) = runtime.select("overrides.hydra").map(|n| &n.value) else {
+        return Vec::new();
+    };
+    items
+        .iter()
+        .filter_map(|n| n.value.as_str())
+        .filter(|o| {
+            let key = o.trim_start_matches(['~', '+']);
+            let key = key.split_once('=').map_or(key, |(k, _)| k);
+            let rest = key.split_once('.').map_or("", |(_, r)| r);
+            !(rest.starts_with("run.")
+                || rest.starts_with("sweep.")
+                || rest == "run"
+                || rest == "sweep")
+        })
+        .map(str::to_string)
         .collect()
 }
 
@@ -495,6 +520,7 @@ pub fn prepare(composer: &Composer, req: &RunRequest) -> Result<PreparedRun, Run
                 num: job.num,
                 subdir,
                 overrides: job.composed.task_overrides.clone(),
+                runtime_overrides: replayable_runtime_overrides(&job.composed.runtime),
                 config_yaml: to_yaml(&job.composed.job, EmitOptions { provenance: false }),
                 config,
                 compute,
@@ -531,7 +557,13 @@ pub fn prepare(composer: &Composer, req: &RunRequest) -> Result<PreparedRun, Run
             }
             let conf_snapshot =
                 snapshot_kept.then(|| snapshot::snapshot_path_from_job(&job.subdir));
-            let meta = provenance.meta(job.num, launcher_name, &job.overrides, conf_snapshot);
+            let meta = provenance.meta(
+                job.num,
+                launcher_name,
+                &job.overrides,
+                &job.runtime_overrides,
+                conf_snapshot,
+            );
             let mut text = serde_json::to_string_pretty(&meta).expect("meta serialises");
             text.push('\n');
             write(META_FILE, text.as_bytes())?;

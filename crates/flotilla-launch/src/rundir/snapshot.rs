@@ -100,7 +100,8 @@ pub struct SavedJob {
     pub from_snapshot: bool,
     pub config_name: String,
     pub validate: bool,
-    /// The job's task overrides (`overrides.yaml`).
+    /// The job's task overrides (`overrides.yaml`), then the runtime overrides it recorded
+    /// (`meta.json`).
     pub overrides: Vec<String>,
 }
 
@@ -128,7 +129,7 @@ impl SavedJob {
             path: meta_path.clone(),
             error,
         })?;
-        let overrides = super::read_overrides(job_dir)
+        let mut overrides = super::read_overrides(job_dir)
             .ok_or_else(|| invalid(format!("{OVERRIDES_FILE} is missing or not a list")))?;
         let snapshot = meta
             .conf_snapshot
@@ -148,6 +149,7 @@ impl SavedJob {
                 )))
             }
         };
+        overrides.extend(meta.runtime_overrides.iter().cloned());
         Ok(SavedJob {
             job_dir: job_dir.to_path_buf(),
             config_name: meta.config_name.clone().unwrap_or_else(|| "config".into()),
