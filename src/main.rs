@@ -41,7 +41,8 @@ enum Command {
     /// submit them to SLURM (compute.launcher).
     #[command(after_help = commands::RUN_EXAMPLES)]
     Run(RunArgs),
-    /// Show the state of the jobs of a run, job or sweep directory.
+    /// Show the state of the jobs of a run, job or sweep directory, and the best metric so
+    /// far.
     Status(StatusArgs),
     /// Compare the jobs of run and sweep directories: one row per job with its parameters and
     /// metric; a table, CSV, JSON, Markdown, an HTML page with plots.

@@ -397,6 +397,63 @@ fn plot_writes_every_figure_as_svg_and_as_a_png_of_the_same_picture() {
 }
 
 #[test]
+fn without_any_font_the_pngs_are_still_written_and_one_warning_names_the_fix() {
+    let tmp = tempfile::tempdir().unwrap();
+    let sweep = prepared_sweep(tmp.path());
+    write_curves(&sweep);
+    let plots = tmp.path().join("plots");
+    let empty = tmp.path().join("no-fonts");
+    std::fs::create_dir(&empty).unwrap();
+    // A mount namespace in which the system's font directories are empty (root only).
+    let probe = Command::new("unshare")
+        .args(["-m", "mount", "--bind"])
+        .args([&empty, &empty])
+        .output();
+    if !probe.is_ok_and(|o| o.status.success()) {
+        eprintln!("SKIPPED: hiding the fonts needs `unshare -m` and mount (root)");
+        return;
+    }
+    let mut script = String::from("set -e\n");
+    for dir in ["/usr/share/fonts", "/usr/local/share/fonts"] {
+        if Path::new(dir).is_dir() {
+            script.push_str(&format!("mount --bind '{}' {dir}\n", empty.display()));
+        }
+    }
+    script.push_str("exec \"$@\"\n");
+    let out = Command::new("unshare")
+        .args(["-m", "sh", "-c", &script, "sh"])
+        .arg(env!("CARGO_BIN_EXE_flotilla"))
+        .args(["report", sweep.to_str().unwrap(), "--plot"])
+        .arg(&plots)
+        .env("HOME", &empty)
+        .env("XDG_DATA_HOME", &empty)
+        .env("XDG_CONFIG_HOME", &empty)
+        .env_remove("FLOTILLA_LOG")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    ok(out);
+    assert_eq!(
+        stderr.lines().collect::<Vec<_>>(),
+        [
+            "warning: no font was found, so the PNG figures have no text; install one (Debian: \
+          apt-get install fonts-dejavu-core)"
+        ]
+    );
+    let png = std::fs::read(plots.join("curves_loss.png")).unwrap();
+    let (width, height, pixels) = decode_png(&png);
+    assert_eq!((width, height), (1280, 720));
+    let blue = pixels
+        .iter()
+        .filter(|p| p[..3] == [0x4e, 0x79, 0xa7])
+        .count();
+    assert!(
+        blue > 100,
+        "the curves are drawn without text ({blue} pixels)"
+    );
+}
+
+#[test]
 fn status_shows_the_best_metric_so_far_of_a_running_sweep() {
     let tmp = tempfile::tempdir().unwrap();
     let sweep = prepared_sweep(tmp.path());
