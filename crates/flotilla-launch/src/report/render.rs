@@ -13,7 +13,15 @@ pub fn number(x: f64) -> String {
     }
     let a = x.abs();
     if a != 0.0 && !(1e-3..1e5).contains(&a) {
-        return format!("{x:.3e}");
+        // `9.000e-4` reads as `9e-4`: the mantissa without trailing zeros.
+        let text = format!("{x:.3e}");
+        return match text.split_once('e') {
+            Some((mantissa, exponent)) if mantissa.contains('.') => format!(
+                "{}e{exponent}",
+                mantissa.trim_end_matches('0').trim_end_matches('.')
+            ),
+            _ => text,
+        };
     }
     let text = format!("{x:.4}");
     let text = text.trim_end_matches('0').trim_end_matches('.');
@@ -239,7 +247,8 @@ mod tests {
     fn numbers_read_well() {
         assert_eq!(number(2.0), "2");
         assert_eq!(number(0.12345), "0.1235");
-        assert_eq!(number(3e-4), "3.000e-4");
+        assert_eq!(number(3e-4), "3e-4");
+        assert_eq!(number(-1.5e-7), "-1.5e-7");
         assert_eq!(number(123456.0), "1.235e5");
         assert_eq!(number(f64::NAN), "nan");
         assert_eq!(number(0.0), "0");
