@@ -1109,6 +1109,7 @@ sys.exit(0)
 ///    join one gloo process group, each seeing its rank, the world and the job directory.
 /// 7. A user program that traps SIGUSR2 and exits 0: `scancel --signal=USR2 --batch` makes the
 ///    job requeue once; started again, it completes.
+/// 8. The DDP example stopped by SIGUSR2: it checkpoints, is requeued and resumes.
 fn user_programs(root: &Path) {
     let python = common::venv_python();
     let has_torch = Command::new(&python)
@@ -1289,4 +1290,89 @@ flotilla:
         "user program stopped by USR2, requeued: {:.1?}",
         t.elapsed()
     );
+
+    // 8. The DDP example stopped by USR2 (both ranks agree on the step, rank 0 checkpoints into
+    //    the job directory, exit 0), requeued, resumed: one metrics row per step, no gap.
+    let t = Instant::now();
+    let run_dir = root.join("user-ddp-usr2");
+    let steps = 24;
+    let command =
+        format!("flotilla.task.command=[python,train.py,'--steps={steps}','--step-seconds=0.5']");
+    let out = flotilla_cli(
+        &example,
+        &path,
+        &[
+            "run",
+            "--config-dir",
+            "conf",
+            "--format",
+            "json",
+            "compute=slurm",
+            "compute.tasks_per_node=2",
+            "compute.cpus_per_task=1",
+            "compute.mem_gb=1",
+            "compute.timeout_min=5",
+            &command,
+            &format!("flotilla.run.dir={}", run_dir.display()),
+        ],
+    );
+    let printed: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let id = printed["jobs"][0]["job_id"].as_str().unwrap().to_string();
+    let rows = |d: &Path| {
+        std::fs::read_to_string(d.join("metrics.csv"))
+            .map(|m| m.lines().count().saturating_sub(1))
+            .unwrap_or(0)
+    };
+    wait_for(
+        "3 steps of the DDP example",
+        Duration::from_secs(90),
+        || rows(&run_dir) >= 3,
+    );
+    let sc = Command::new("scancel")
+        .args(["--signal=USR2", "--batch", &id])
+        .output()
+        .unwrap();
+    assert!(
+        sc.status.success(),
+        "{}",
+        String::from_utf8_lossy(&sc.stderr)
+    );
+    let st = cli_wait_terminal(&run_dir, &path, Duration::from_secs(180));
+    let rank0 = std::fs::read_to_string(run_dir.join("logs/rank_0.log")).unwrap_or_default();
+    let rank1 = std::fs::read_to_string(run_dir.join("logs/rank_1.log")).unwrap_or_default();
+    assert_eq!(st["jobs"][0]["state"], "COMPLETED", "{st:#}\n{rank0}");
+    let stopped = rank0
+        .lines()
+        .find(|l| l.starts_with("stopped by SIGUSR2 at step"))
+        .unwrap_or_else(|| panic!("no stop in {rank0}"));
+    assert!(rank0.contains("rank 0: resuming from"), "{rank0}");
+    assert!(rank1.contains("rank 1: resuming from"), "{rank1}");
+    assert!(run_dir.join("checkpoint.pt").is_file());
+    let metrics = std::fs::read_to_string(run_dir.join("metrics.csv")).unwrap();
+    let logged: Vec<u64> = metrics
+        .lines()
+        .skip(1)
+        .map(|l| l.split(',').next().unwrap().parse().unwrap())
+        .collect();
+    assert_eq!(
+        logged,
+        (0..steps).collect::<Vec<u64>>(),
+        "{stopped}\n{metrics}"
+    );
+    for r in 0..2 {
+        let p = run_dir.join(format!("seen_rank{r}.json"));
+        let s: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap();
+        assert_eq!(
+            s["env"]["SLURM_RESTART_COUNT"], "1",
+            "the requeued run: {s:#}"
+        );
+        assert_eq!(
+            s["stopped_at"],
+            serde_json::Value::Null,
+            "ran to the end: {s:#}"
+        );
+    }
+    println!("  {stopped}");
+    println!("DDP example stopped by USR2, resumed: {:.1?}", t.elapsed());
 }

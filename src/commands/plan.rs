@@ -1,9 +1,15 @@
-//! `flotilla plan`: the jobs a command would run, as a table or JSON.
+//! `flotilla plan`: the jobs a command would run, as a table or JSON; with `--memory`, each
+//! job's memory estimate (`flotilla_launch::memory`).
 
 use anyhow::Context;
 use clap::{Args, ValueEnum};
 use flotilla_config::node::to_json_text;
+use flotilla_config::sweep::sweep_overrides;
 use flotilla_config::sweep::{plan_map, PlannedJob, SweepFile};
+use flotilla_launch::memory::{self, Advice, Estimate};
+use flotilla_launch::study::config::{study_config, StudyConfig};
+use flotilla_launch::study::driver::{first_trials, search_space};
+use flotilla_launch::study::SearchSpace;
 use std::path::PathBuf;
 
 use super::{write_stdout, ConfigArgs, Failure};
@@ -15,7 +21,8 @@ sweep expands into one job per combination, in Hydra's BasicSweeper order.
 Examples:
   flotilla plan -m trainer.lr=1e-4,3e-4 model=tiny,small
   flotilla plan -m '+seed=range(0,5)' --format json
-  flotilla plan -m --sweep sweeps/lr.yaml";
+  flotilla plan -m --sweep sweeps/lr.yaml
+  flotilla plan --memory model=llama-8b compute=slurm compute.gpu_type=h100 trainer/dist=fsdp";
 
 #[derive(Args)]
 pub struct PlanArgs {
@@ -29,6 +36,11 @@ pub struct PlanArgs {
     sweep: Option<PathBuf>,
     #[arg(long, value_enum, default_value_t = PlanFormat::Table)]
     format: PlanFormat,
+    /// Estimate each job's memory per GPU (every term, the peak and when it happens, host RAM
+    /// per node) against its GPU (compute.gpu_type or compute.gpu_mem_gb), with ranked advice
+    /// for a job that does not fit.
+    #[arg(long)]
+    memory: bool,
     /// Overrides: key=value, +key=value, ++key=value, ~key, group=option, sweeps a,b ...
     overrides: Vec<String>,
 }
@@ -39,9 +51,50 @@ enum PlanFormat {
     Json,
 }
 
+/// How many trials `plan` shows of an adaptive sweep.
+const FIRST_TRIALS: usize = 5;
+
+/// An adaptive sweep as `plan` prints it: the sampler, the space, the first trials.
+pub fn describe_study(config: &StudyConfig, space: &SearchSpace) -> String {
+    let mut out = format!(
+        "adaptive sweep: sampler {}, {} trials, {} at once, seed {}{}\n",
+        config.sampler.as_str(),
+        config.n_trials,
+        config.max_parallel,
+        config.seed,
+        if config.pruner.is_some() {
+            ", pruner asha"
+        } else {
+            ""
+        }
+    );
+    out.push_str("search space:\n");
+    for line in space.describe().lines() {
+        out.push_str(&format!("  {line}\n"));
+    }
+    let first = first_trials(config, space, FIRST_TRIALS);
+    out.push_str(&format!(
+        "first {} trial{} (later ones depend on the results):\n",
+        first.len(),
+        if first.len() == 1 { "" } else { "s" }
+    ));
+    for (i, overrides) in first.iter().enumerate() {
+        out.push_str(&format!("{i:>5}  {}\n", overrides.join(" ")));
+    }
+    out
+}
+
 pub fn plan(args: PlanArgs) -> Result<(), Failure> {
     let composer = args.config.composer(&super::settings()?)?;
     let sweep_file = args.sweep.as_deref().map(SweepFile::load).transpose()?;
+    if args.multirun {
+        let parsed = composer.parse_overrides(&args.overrides)?;
+        let sweep = sweep_overrides(&composer, parsed, sweep_file.as_ref())?;
+        if let Some(config) = study_config(&sweep.master)? {
+            let space = search_space(&sweep.task)?;
+            return write_stdout(&describe_study(&config, &space));
+        }
+    }
     // Every job is composed and validated before anything is printed: a sweep with a broken job
     // prints nothing but the error.
     let start_dir = std::env::current_dir().context("the current directory")?;
@@ -61,9 +114,11 @@ pub fn plan(args: PlanArgs) -> Result<(), Failure> {
                 // The user's program is checked as `run` checks it.
                 flotilla_launch::rundir::job_runs(&job.composed, composer.context(), &start_dir)?;
             }
-            Ok(match args.format {
-                PlanFormat::Json => json_job(&job),
-                PlanFormat::Table => table_row(&job),
+            Ok(match (args.format, args.memory) {
+                (PlanFormat::Json, false) => json_job(&job),
+                (PlanFormat::Table, false) => table_row(&job),
+                (PlanFormat::Json, true) => json_job_memory(&job),
+                (PlanFormat::Table, true) => table_row_memory(&job),
             })
         },
         |piece| {
@@ -94,6 +149,51 @@ fn json_job(job: &PlannedJob) -> String {
         "{{\"num\":{},\"overrides\":{overrides},\"config\":{config}}}",
         job.num
     )
+}
+
+/// The job's memory estimate with its advice (when it does not fit), or why it has none.
+fn memory_of(job: &PlannedJob) -> Result<(Estimate, Vec<Advice>), &'static str> {
+    if job.composed.runs_user_task() {
+        return Err("runs the user's own program: no model to estimate");
+    }
+    let Some(config) = &job.composed.typed else {
+        return Err("not a validated flotilla job: no estimate");
+    };
+    let est = memory::estimate(config);
+    let advice = match (&est.gpu, est.fits) {
+        (Some(g), Some(false)) => memory::advise(config, g.bytes),
+        _ => vec![],
+    };
+    Ok((est, advice))
+}
+
+/// [`json_job`] with a `"memory"` member: the estimate and its advice, or `null` and a
+/// `"memory_note"` saying why there is none.
+fn json_job_memory(job: &PlannedJob) -> String {
+    let mut line = json_job(job);
+    line.pop();
+    match memory_of(job) {
+        Ok((est, advice)) => {
+            line.push_str(",\"memory\":");
+            line.push_str(&memory::render::json(&est, &advice).to_string());
+        }
+        Err(why) => {
+            line.push_str(",\"memory\":null,\"memory_note\":");
+            line.push_str(&serde_json::Value::from(why).to_string());
+        }
+    }
+    line.push('}');
+    line
+}
+
+/// [`table_row`] followed by the job's memory table.
+fn table_row_memory(job: &PlannedJob) -> String {
+    let mut text = table_row(job);
+    match memory_of(job) {
+        Ok((est, advice)) => text.push_str(&memory::render::table(&est, &advice)),
+        Err(why) => text.push_str(&format!("  {why}\n")),
+    }
+    text
 }
 
 fn table_row(job: &PlannedJob) -> String {

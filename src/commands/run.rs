@@ -2,8 +2,11 @@
 //! them to SLURM; `--resume-sweep` starts again what did not complete.
 
 use clap::{Args, ValueEnum};
+use flotilla_config::sweep::sweep_overrides;
 use flotilla_config::sweep::SweepFile;
 use flotilla_launch::rundir::snapshot::{layer_overrides, SavedJob};
+use flotilla_launch::study::config::study_config;
+use flotilla_launch::study::driver::{self, StudyFile};
 use flotilla_launch::{LocalOptions, RunOptions, TaskCommand, JOB_DIR_PLACEHOLDER};
 use std::path::PathBuf;
 
@@ -73,8 +76,16 @@ pub fn run(args: RunArgs) -> Result<(), Failure> {
         dry_run: args.dry_run,
         local,
     };
+    let argv: Vec<String> = std::env::args().collect();
+    let mut study_dir = None;
     let report = match &args.resume_sweep {
-        Some(dir) => flotilla_launch::resume(dir, options)?,
+        Some(dir) => match StudyFile::read(dir)? {
+            Some(study) if !args.dry_run => {
+                study_dir = Some(dir.clone());
+                driver::resume_study(dir, study, settings.fallbacks(), &argv, options.local)?
+            }
+            _ => flotilla_launch::resume(dir, options)?,
+        },
         None => {
             let (composer, overrides, rerun_of) = match &args.from {
                 Some(dir) => {
@@ -96,16 +107,49 @@ pub fn run(args: RunArgs) -> Result<(), Failure> {
                 None => (args.config.composer(&settings)?, args.overrides, None),
             };
             let sweep_file = args.sweep.as_deref().map(SweepFile::load).transpose()?;
-            let request = flotilla_launch::rundir::RunRequest {
-                overrides,
-                sweep_file,
-                multirun: args.multirun,
-                argv: std::env::args().collect(),
-                rerun_of,
+            let study = match args.multirun {
+                true => {
+                    let parsed = composer.parse_overrides(&overrides)?;
+                    let sweep = sweep_overrides(&composer, parsed, sweep_file.as_ref())?;
+                    study_config(&sweep.master)?.map(|config| (config, sweep))
+                }
+                false => None,
             };
-            flotilla_launch::run(&composer, &request, options)?
+            match study {
+                Some((config, sweep)) if args.dry_run => {
+                    let space = driver::search_space(&sweep.task)?;
+                    return write_stdout(&super::plan::describe_study(&config, &space));
+                }
+                Some((config, sweep)) => {
+                    let report = driver::run_study(
+                        &composer,
+                        config,
+                        sweep.runtime,
+                        sweep.task,
+                        &argv,
+                        options.local,
+                    )?;
+                    study_dir = report.run.sweep_dir.clone();
+                    report
+                }
+                None => {
+                    let request = flotilla_launch::rundir::RunRequest {
+                        overrides,
+                        sweep_file,
+                        multirun: args.multirun,
+                        argv,
+                        rerun_of,
+                    };
+                    flotilla_launch::run(&composer, &request, options)?
+                }
+            }
         }
     };
+    if let (Some(dir), OutputFormat::Text) = (&study_dir, args.format) {
+        if let Some(study) = StudyFile::read(dir)? {
+            eprint!("{}", driver::summary(&study));
+        }
+    }
     write_stdout(&match args.format {
         OutputFormat::Json => report.to_json(),
         OutputFormat::Text => report.to_text(),

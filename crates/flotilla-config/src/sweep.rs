@@ -169,34 +169,26 @@ pub fn plan_each(
     plan_map(composer, overrides, sweep_file, multirun, Ok, on_job)
 }
 
-/// Sweeps with at least this many jobs are composed on several threads.
-const PARALLEL_PLAN_MIN_JOBS: usize = 64;
+/// The overrides of a multirun, before expansion.
+#[derive(Clone, Debug)]
+pub struct SweepOverrides {
+    /// The runtime node of the primary config with the command line's overrides (unresolved):
+    /// `sweeper.*` says how to sweep.
+    pub master: Node,
+    /// Runtime overrides (`flotilla.*`, `hydra.*`): every job gets them.
+    pub runtime: Vec<Override>,
+    /// The task overrides, sweeps unexpanded, in order: `sweeper.params`, the sweep file's
+    /// `params:` and `overrides:`, the command line.
+    pub task: Vec<Override>,
+}
 
-/// Like [`plan_each`], with `map` applied to each composed job on the composing thread (a
-/// sweep of many jobs is composed on all cores) and `on_result` called with its results in job
-/// order, on the calling thread.
-pub fn plan_map<T: Send>(
+/// Collects the overrides of a multirun (see [`SweepOverrides`]); a sweep of the runtime node
+/// and a sweep file that sets it are refused.
+pub fn sweep_overrides(
     composer: &Composer,
-    overrides: &[String],
+    parsed: Vec<Override>,
     sweep_file: Option<&SweepFile>,
-    multirun: bool,
-    map: impl Fn(PlannedJob) -> Result<T, ConfigError> + Sync,
-    mut on_result: impl FnMut(T) -> Result<(), ConfigError>,
-) -> Result<(), ConfigError> {
-    let parsed = composer.parse_overrides(overrides)?;
-    if !multirun {
-        if sweep_file.is_some() {
-            return Err(ConfigError::Override(
-                "a sweep file needs --multirun (-m)".into(),
-            ));
-        }
-        let composed = composer.compose(overrides)?;
-        return on_result(map(PlannedJob {
-            num: 0,
-            overrides: composed.task_overrides.clone(),
-            composed,
-        })?);
-    }
+) -> Result<SweepOverrides, ConfigError> {
     let (runtime, task): (Vec<Override>, Vec<Override>) =
         parsed.into_iter().partition(is_runtime_override);
     if let Some(o) = runtime.iter().find(|o| o.is_sweep()) {
@@ -231,6 +223,44 @@ pub fn plan_map<T: Send>(
         }
     }
     all.extend(task);
+    Ok(SweepOverrides {
+        master,
+        runtime,
+        task: all,
+    })
+}
+
+/// Sweeps with at least this many jobs are composed on several threads.
+const PARALLEL_PLAN_MIN_JOBS: usize = 64;
+
+/// Like [`plan_each`], with `map` applied to each composed job on the composing thread (a
+/// sweep of many jobs is composed on all cores) and `on_result` called with its results in job
+/// order, on the calling thread.
+pub fn plan_map<T: Send>(
+    composer: &Composer,
+    overrides: &[String],
+    sweep_file: Option<&SweepFile>,
+    multirun: bool,
+    map: impl Fn(PlannedJob) -> Result<T, ConfigError> + Sync,
+    mut on_result: impl FnMut(T) -> Result<(), ConfigError>,
+) -> Result<(), ConfigError> {
+    let parsed = composer.parse_overrides(overrides)?;
+    if !multirun {
+        if sweep_file.is_some() {
+            return Err(ConfigError::Override(
+                "a sweep file needs --multirun (-m)".into(),
+            ));
+        }
+        let composed = composer.compose(overrides)?;
+        return on_result(map(PlannedJob {
+            num: 0,
+            overrides: composed.task_overrides.clone(),
+            composed,
+        })?);
+    }
+    let SweepOverrides {
+        runtime, task: all, ..
+    } = sweep_overrides(composer, parsed, sweep_file)?;
     let jobs = expand(composer, &all)?;
     let compose_job = |num: usize| -> Result<T, ConfigError> {
         let job = &jobs[num];

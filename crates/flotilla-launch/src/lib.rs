@@ -8,11 +8,13 @@
 
 pub mod diff;
 pub mod local;
+pub mod memory;
 pub mod rank;
 pub mod report;
 pub mod rundir;
 pub mod settings;
 pub mod slurm;
+pub mod study;
 pub mod task;
 pub mod tfevents;
 
@@ -424,6 +426,32 @@ pub fn read_job_config(job_dir: &Path) -> Result<flotilla_config::schema::JobCon
     Ok(flotilla_config::schema::validate(&node).map_err(ConfigError::from)?)
 }
 
+/// A prepared job directory as a job to start again: its `task.json` (the user's program) or
+/// its validated `config.yaml` (the built-in trainer).
+pub fn prepared_job_from_dir(
+    num: usize,
+    dir: PathBuf,
+    overrides: Vec<String>,
+) -> Result<rundir::PreparedJob, LaunchError> {
+    let task = task::TaskSpec::read(&dir).map_err(|e| LaunchError::Task(e.to_string()))?;
+    let (config, compute) = match &task {
+        Some(task) => (None, task.compute.clone()),
+        None => {
+            let config = read_job_config(&dir)?;
+            let compute = config.compute.clone();
+            (Some(config), compute)
+        }
+    };
+    Ok(rundir::PreparedJob {
+        num,
+        config,
+        compute,
+        task,
+        overrides,
+        dir,
+    })
+}
+
 /// `flotilla run --resume-sweep DIR`: starts (or re-submits) again the jobs of a sweep or run
 /// directory that did not complete — FAILED, CANCELLED, TIMEOUT, UNKNOWN, never started —
 /// with the launcher recorded in its plan and each job's own `config.yaml`; the trainer resumes
@@ -463,24 +491,11 @@ pub fn resume(dir: &Path, opts: RunOptions) -> Result<RunReport, LaunchError> {
         if js.state == JobState::Completed || in_flight {
             continue;
         }
-        let job_dir = plan_file.job_dir(rec);
-        let task = task::TaskSpec::read(&job_dir).map_err(|e| LaunchError::Task(e.to_string()))?;
-        let (config, compute) = match &task {
-            Some(task) => (None, task.compute.clone()),
-            None => {
-                let config = read_job_config(&job_dir)?;
-                let compute = config.compute.clone();
-                (Some(config), compute)
-            }
-        };
-        jobs.push(rundir::PreparedJob {
-            num: rec.num,
-            config,
-            compute,
-            task,
-            overrides: rec.overrides.clone(),
-            dir: job_dir,
-        });
+        jobs.push(prepared_job_from_dir(
+            rec.num,
+            plan_file.job_dir(rec),
+            rec.overrides.clone(),
+        )?);
     }
     let prepared = PreparedRun {
         sweep_dir: plan_file.is_sweep().then(|| root.clone()),

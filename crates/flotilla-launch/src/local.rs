@@ -378,6 +378,18 @@ impl LocalLauncher {
         plan: Option<&PlanFile>,
         parallel: usize,
     ) -> Result<JobOutcome, LaunchError> {
+        self.run_job_until(job, plan, parallel, &self.opts.cancel)
+    }
+
+    /// [`run_job`](Self::run_job), stopped (as a cancellation) when `stop` trips: an adaptive
+    /// sweep stops a trial it prunes this way.
+    pub fn run_job_until(
+        &self,
+        job: &PreparedJob,
+        plan: Option<&PlanFile>,
+        parallel: usize,
+        stop: &Cancel,
+    ) -> Result<JobOutcome, LaunchError> {
         let compute = &job.compute;
         let world = compute.world_size();
         // The processes started: the ranks, or (a user program with `ranks: per_node`) one per
@@ -486,7 +498,7 @@ impl LocalLauncher {
             }
         }
 
-        let (failure, cancelled) = self.supervise(&mut ranks)?;
+        let (failure, cancelled) = self.supervise(&mut ranks, stop)?;
         if let Some(rx) = drain {
             let _ = rx.recv_timeout(DRAIN);
         }
@@ -586,6 +598,7 @@ impl LocalLauncher {
     fn supervise(
         &self,
         ranks: &mut [Rank],
+        stop: &Cancel,
     ) -> Result<(Option<(usize, TaskExit)>, bool), LaunchError> {
         let mut failure: Option<(usize, TaskExit)> = None;
         let mut cancelled = false;
@@ -613,7 +626,7 @@ impl LocalLauncher {
             }
             match stopping {
                 None => {
-                    let cancel = self.opts.cancel.is_cancelled();
+                    let cancel = stop.is_cancelled() || self.opts.cancel.is_cancelled();
                     if failure.is_some() || cancel {
                         cancelled = failure.is_none();
                         for r in ranks.iter().filter(|r| r.exit.is_none()) {

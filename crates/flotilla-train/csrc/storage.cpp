@@ -53,6 +53,17 @@ int flotilla_storage_alloc(const void* tensor, size_t nbytes) {
   }
 }
 
+// The address of the storage's memory (its start, whatever the tensor's offset into it); null
+// without storage or once freed. Tells tensors that share a storage apart from those that do not.
+const void* flotilla_storage_data(const void* tensor) {
+  try {
+    c10::StorageImpl* s = storage_of(tensor);
+    return s == nullptr ? nullptr : s->data();
+  } catch (...) {
+    return nullptr;
+  }
+}
+
 // Bytes the storage holds now (0 once freed); SIZE_MAX without storage.
 size_t flotilla_storage_nbytes(const void* tensor) {
   try {

@@ -36,7 +36,9 @@ use tch::{Device, Kind, Tensor};
 use super::engine::{Engine, Strategy};
 use super::loss_scale::unscale;
 use super::optim::{adamw_update, scale_to_max_norm, AdamWConfig, Decay};
-use super::weights::{nbytes, CheckpointState, MemoryReport, ParallelWeights, ShardState};
+use super::weights::{
+    nbytes, CheckpointState, HeldTensors, MemoryReport, ParallelWeights, ShardState,
+};
 use super::TrainError;
 use crate::data::StepBatches;
 use crate::distributed::comm::{Communicator, CommunicatorExt, ReduceOp, Work};
@@ -772,6 +774,20 @@ impl ParallelWeights for Fsdp {
 
     fn peak_gathered_bytes(&self) -> Option<usize> {
         Some(self.peak_gathered)
+    }
+
+    /// The shards, the reduced gradient shards (under 32-true, views of each group's
+    /// unsharded gradient, whose storage they keep) and the moments.
+    fn held_tensors(&self) -> HeldTensors {
+        let mut held = HeldTensors::default();
+        for g in &self.groups {
+            held.params.push(g.shard.shallow_clone());
+            held.grads
+                .extend(g.grad.as_ref().map(Tensor::shallow_clone));
+            held.optimizer.push(g.exp_avg.shallow_clone());
+            held.optimizer.push(g.exp_avg_sq.shallow_clone());
+        }
+        held
     }
 
     /// Sharded checkpoints: this rank's shards (no communication); full ones: the parameters

@@ -46,7 +46,7 @@ pub use parallelize::{parallelize, DistContext};
 pub use progress::Progress;
 pub use schedule::Schedule;
 pub use trainer::{torch_device, Trainer};
-pub use weights::{MemoryReport, ParallelWeights};
+pub use weights::{HeldTensors, MemoryReport, ParallelWeights};
 
 /// Errors of the trainer.
 #[derive(Debug, thiserror::Error)]

@@ -16,7 +16,7 @@ use tch::{Kind, Tensor};
 use super::engine::{Engine, Strategy};
 use super::loss_scale::unscale;
 use super::optim::{clip_grad_norm, AdamW, AdamWConfig};
-use super::weights::{nbytes, CheckpointState, MemoryReport, ParallelWeights};
+use super::weights::{nbytes, CheckpointState, HeldTensors, MemoryReport, ParallelWeights};
 use super::TrainError;
 use crate::data::StepBatches;
 use crate::distributed::comm::{Communicator, CommunicatorExt, ReduceOp, Work};
@@ -125,6 +125,24 @@ impl ParallelWeights for Replicated {
         None
     }
 
+    fn held_tensors(&self) -> HeldTensors {
+        let all = |p: &Params| p.iter().map(|(_, t)| t.shallow_clone()).collect();
+        HeldTensors {
+            params: all(&self.params),
+            grads: all(&self.grads),
+            optimizer: self
+                .optimizer
+                .state()
+                .values()
+                .flat_map(|s| [s.exp_avg.shallow_clone(), s.exp_avg_sq.shallow_clone()])
+                .collect(),
+        }
+    }
+
+    fn peak_bucket_bytes(&self) -> Option<usize> {
+        self.reducer.as_ref().map(|r| r.peak_in_flight_bytes)
+    }
+
     fn checkpoint_state(&self) -> Result<CheckpointState, TrainError> {
         Ok(CheckpointState::Full {
             params: self.full_params()?,
@@ -219,6 +237,9 @@ pub struct GradReducer {
     in_flight: Vec<InFlight>,
     /// Buckets launched so far (for tests and logs).
     pub buckets_launched: u64,
+    /// Most bytes of flat buckets in flight at once so far (each is a copy of its gradients,
+    /// kept until [`GradReducer::finish`] writes the sums back).
+    pub peak_in_flight_bytes: usize,
 }
 
 impl std::fmt::Debug for GradReducer {
@@ -239,6 +260,7 @@ impl GradReducer {
             bucket_bytes: 0,
             in_flight: vec![],
             buckets_launched: 0,
+            peak_in_flight_bytes: 0,
         }
     }
 
@@ -264,6 +286,8 @@ impl GradReducer {
         let work = self.comm.all_reduce_tensor(&flat, ReduceOp::Sum)?;
         self.buckets_launched += 1;
         self.in_flight.push(InFlight { work, flat, grads });
+        let held = self.in_flight.iter().map(|f| nbytes(&f.flat)).sum();
+        self.peak_in_flight_bytes = self.peak_in_flight_bytes.max(held);
         Ok(())
     }
 

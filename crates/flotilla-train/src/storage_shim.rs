@@ -3,6 +3,8 @@
 //! frees a gathered parameter group while the autograd graph still holds views of it, then
 //! gathers into the same storage before the backward that reads it. Between the two, reading
 //! any view of the storage is undefined: only the strategy that owns the buffer may call these.
+//! [`storage_address`] and [`held_bytes`] only read: memory accounting counts distinct storages
+//! with them.
 
 use std::ffi::{c_int, c_void};
 
@@ -14,6 +16,7 @@ extern "C" {
     fn flotilla_storage_free(tensor: *const c_void) -> c_int;
     fn flotilla_storage_alloc(tensor: *const c_void, nbytes: usize) -> c_int;
     fn flotilla_storage_nbytes(tensor: *const c_void) -> usize;
+    fn flotilla_storage_data(tensor: *const c_void) -> *const c_void;
 }
 
 fn check(op: &str, code: c_int) -> Result<(), TrainError> {
@@ -56,4 +59,23 @@ pub fn held_bytes(t: &Tensor) -> usize {
     } else {
         n
     }
+}
+
+/// The address of `t`'s storage (the start of its memory, whatever `t`'s offset into it), or
+/// `None` without storage or once freed: tensors sharing a storage give the same address.
+pub fn storage_address(t: &Tensor) -> Option<usize> {
+    // SAFETY: as in `free`.
+    let p = unsafe { flotilla_storage_data(t.as_ptr() as *const c_void) };
+    (!p.is_null()).then_some(p as usize)
+}
+
+/// Bytes of the distinct storages behind `tensors` (each storage counted once, however many
+/// tensors view it).
+pub fn distinct_storage_bytes<'a>(tensors: impl IntoIterator<Item = &'a Tensor>) -> usize {
+    let mut seen = std::collections::HashSet::new();
+    tensors
+        .into_iter()
+        .filter(|t| storage_address(t).is_some_and(|a| seen.insert(a)))
+        .map(held_bytes)
+        .sum()
 }

@@ -2,8 +2,8 @@
 //! laid out across ranks: [`ParallelWeights`] is what one optimizer step and a checkpoint need
 //! of the weights, whether they are replicated (one process, DDP; `replicated.rs`) or sharded
 //! (FSDP; `fsdp.rs`). `parallelize.rs` picks the implementation; nothing else asks which it
-//! is. This file also owns the [`MemoryReport`] and the [`CheckpointState`] the
-//! implementations hand back.
+//! is. This file also owns the [`MemoryReport`], the [`HeldTensors`] and the
+//! [`CheckpointState`] the implementations hand back.
 
 use tch::Tensor;
 
@@ -25,6 +25,18 @@ impl MemoryReport {
     pub fn total(&self) -> usize {
         self.params + self.grads + self.optimizer
     }
+}
+
+/// The tensors a rank holds for training state now, by what they are (shallow handles): what
+/// memory accounting counts, storage by storage (`storage_shim::distinct_storage_bytes`).
+#[derive(Debug, Default)]
+pub struct HeldTensors {
+    /// Master parameters (FSDP: this rank's shards).
+    pub params: Vec<Tensor>,
+    /// This step's gradients as the optimizer will take them (empty between steps).
+    pub grads: Vec<Tensor>,
+    /// AdamW moments (empty before the first step of replicated weights).
+    pub optimizer: Vec<Tensor>,
 }
 
 /// Bytes of a tensor's elements.
@@ -100,6 +112,15 @@ pub trait ParallelWeights {
     /// The most bytes of gathered (unsharded) parameters held at once so far, for weights that
     /// gather.
     fn peak_gathered_bytes(&self) -> Option<usize>;
+
+    /// The tensors held now for parameters, gradients and optimizer state.
+    fn held_tensors(&self) -> HeldTensors;
+
+    /// The most bytes of DDP gradient buckets in flight at once so far, for weights that
+    /// all-reduce gradients in buckets.
+    fn peak_bucket_bytes(&self) -> Option<usize> {
+        None
+    }
 
     /// What a checkpoint of these weights holds (collective: full checkpoints of sharded
     /// weights gather).

@@ -3,7 +3,8 @@
 //! sequence length, vocabulary, ...), naming where each offending value was set.
 
 use super::from_node::{read, Cx, FromNode};
-use super::messages::{alternatives, set_note, show, typo_note};
+use super::gpus::{gpu_model, gpu_names};
+use super::messages::{alternatives, set_note, show, suggest, typo_note};
 use super::types::{
     AutoWrapPolicy, Backend, ComputeConfig, DataConfig, Device, DistConfig, DistMode, JobConfig,
     Launcher, ModelConfig, TaskConfig, TaskRanks, TokenizerSpec, TrainerConfig,
@@ -114,7 +115,8 @@ pub fn validate(job: &Node) -> Result<JobConfig, SchemaError> {
 pub const USER_TASK_COMPUTE_DEFAULTS: &str = "launcher: local\nnodes: 1\ntasks_per_node: 1\n\
 gpus_per_node: 0\ncpus_per_task: 1\nmem_gb: null\ntimeout_min: 60\npartition: null\n\
 account: null\nqos: null\nconstraint: null\narray_parallelism: 256\nsignal_delay_s: 90\n\
-max_num_timeout: 3\nsetup: []\nadditional_parameters: {}\ntemplate: null\nmax_parallel: 1\n";
+max_num_timeout: 3\nsetup: []\nadditional_parameters: {}\ntemplate: null\nmax_parallel: 1\n\
+gpu_type: null\ngpu_mem_gb: null\ncheck_memory: true\n";
 
 /// Programs known to start their own workers (`ranks: per_node`): launchers run directly, and
 /// Python modules run with `python -m`.
@@ -623,6 +625,12 @@ impl Check<'_> {
         if let Some(mem) = c.mem_gb {
             self.at_least("compute.mem_gb", mem, 1);
         }
+        if let Some(gb) = c.gpu_mem_gb {
+            self.positive("compute.gpu_mem_gb", gb);
+        }
+        if let Some(name) = &c.gpu_type {
+            self.gpu_type(name);
+        }
         let Some(t) = trainer else { return };
         if c.launcher == Launcher::Slurm && t.device == Device::Cuda && c.gpus_per_node == 0 {
             self.invalid(
@@ -648,6 +656,33 @@ impl Check<'_> {
                 ),
             );
         }
+    }
+}
+
+impl Check<'_> {
+    /// `compute.gpu_type` must name a GPU of the table, or the fix names the nearest ones.
+    fn gpu_type(&mut self, name: &str) {
+        if gpu_model(name).is_some() {
+            return;
+        }
+        let key = "compute.gpu_type";
+        let origin = self
+            .job
+            .select(key)
+            .map(|n| n.origin.clone())
+            .unwrap_or_default();
+        let names = gpu_names();
+        let near = suggest(name, &names);
+        let hint = if near.is_empty() {
+            format!("known GPUs: {}", alternatives(&names, true))
+        } else {
+            format!("did you mean {}?", alternatives(&near, true))
+        };
+        let message = format!(
+            "{key}: unknown GPU '{name}'{}; {hint} Or give the memory of one GPU in GiB, e.g. compute.gpu_mem_gb=80",
+            set_note(&origin)
+        );
+        self.cx.push(ProblemKind::BadChoice, key, &origin, message);
     }
 }
 

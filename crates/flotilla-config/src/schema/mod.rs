@@ -17,10 +17,11 @@
 //! from a node); `from_node` is the reading machinery they share (the `FromNode` trait, its
 //! impls for scalars, lists and maps, and the collection of problems); `checks` holds
 //! [`validate`] and the semantic rules; `messages` words the problems (origins, value display,
-//! near-miss suggestions).
+//! near-miss suggestions); `gpus` is the table of GPU models `compute.gpu_type` names.
 
 mod checks;
 mod from_node;
+mod gpus;
 mod messages;
 mod types;
 
@@ -34,6 +35,7 @@ pub use checks::{
     starts_known_launcher, validate, validate_user_task, BYTE_VOCAB, MAX_ARITHMETIC_DIGITS,
     USER_TASK_COMPUTE_DEFAULTS,
 };
+pub use gpus::{gpu_model, gpu_names, GpuModel, GPU_MODELS};
 pub use types::{
     ArithmeticData, AutoWrapPolicy, Backend, BackwardPrefetch, ComputeConfig, ConfigArg,
     DataConfig, DataKind, DdpConfig, Device, DistConfig, DistMode, Dtype, FsdpConfig, JobConfig,

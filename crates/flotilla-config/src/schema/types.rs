@@ -727,6 +727,14 @@ section! {
         template: Option<String> => "launchers/slurm.sbatch.j2",
         /// Local sweeps: jobs running at the same time.
         max_parallel: usize,
+        /// The GPU model each rank gets, a name of the GPU table (`schema::GPU_MODELS`): the
+        /// memory `flotilla plan --memory` and `flotilla run`'s fit check measure against.
+        /// `None`: `gpu_mem_gb`, else a `constraint` naming a known GPU, else unknown.
+        gpu_type: Option<String> => "h100",
+        /// Memory of one GPU in GiB (2^30 bytes); takes precedence over `gpu_type`.
+        gpu_mem_gb: Option<f64> => "80",
+        /// Refuse to start a GPU job whose estimated peak memory exceeds its GPU's.
+        check_memory: bool,
     }
 }
 

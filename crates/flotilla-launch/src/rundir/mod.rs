@@ -14,6 +14,7 @@ pub mod meta;
 pub mod plan;
 pub mod snapshot;
 pub mod status;
+pub mod trials;
 
 pub use meta::{ComposeSource, Meta, Provenance};
 pub use plan::{JobRecord, JobState, Plan, PlanFile, JOB_FILE, PLAN_VERSION, SWEEP_FILE};
@@ -338,6 +339,38 @@ pub fn override_assignments(overrides: &[String]) -> indexmap::IndexMap<String, 
         .collect()
 }
 
+/// Writes one job's directory: `config.yaml`, `overrides.yaml`, `task.json` (a user program),
+/// `meta.json` and an empty `logs/`.
+fn write_job_files(
+    dir: &Path,
+    job: &Staged,
+    provenance: &Provenance,
+    launcher_name: &str,
+    conf_snapshot: Option<String>,
+) -> Result<(), RunDirError> {
+    let logs = dir.join(LOGS_DIR);
+    std::fs::create_dir_all(&logs).map_err(|e| io_err(&logs, e))?;
+    let write = |name: &str, bytes: &[u8]| {
+        let p = dir.join(name);
+        std::fs::write(&p, bytes).map_err(|e| io_err(&p, e))
+    };
+    write(CONFIG_FILE, job.config_yaml.as_bytes())?;
+    write(OVERRIDES_FILE, overrides_yaml(&job.overrides).as_bytes())?;
+    if let Some(task) = &job.task {
+        write(TASK_FILE, task.to_json().as_bytes())?;
+    }
+    let meta = provenance.meta(
+        job.num,
+        launcher_name,
+        &job.overrides,
+        &job.runtime_overrides,
+        conf_snapshot,
+    );
+    let mut text = serde_json::to_string_pretty(&meta).expect("meta serialises");
+    text.push('\n');
+    write(META_FILE, text.as_bytes())
+}
+
 /// The runtime overrides of a composed job (`overrides.hydra` of its runtime node) that
 /// `run --from` applies again: all but those of the run and sweep directories, which belong to
 /// the run that made the job.
@@ -481,6 +514,12 @@ pub fn prepare(composer: &Composer, req: &RunRequest) -> Result<PreparedRun, Run
                 true => ConfigError::Composition(format!("{what}:\n{e}")),
                 false => e,
             })?;
+            // Will it fit? A GPU job whose estimate exceeds its GPU is refused here, before
+            // anything is created (arithmetic only; `compute.check_memory: false` skips it).
+            if let Some(config) = &config {
+                crate::memory::check(config, &what)
+                    .map_err(|e| ConfigError::Composition(e.to_string()))?;
+            }
             match launcher {
                 None => launcher = Some(compute.launcher),
                 Some(l) if l != compute.launcher => {
@@ -543,30 +582,15 @@ pub fn prepare(composer: &Composer, req: &RunRequest) -> Result<PreparedRun, Run
             snapshot::copy_config_dir(config_dir, &tmp.join(snapshot::SNAPSHOT_DIR))?;
         let mut records = Vec::with_capacity(staged.len());
         for job in &staged {
-            let dir = tmp.join(&job.subdir);
-            let logs = dir.join(LOGS_DIR);
-            std::fs::create_dir_all(&logs).map_err(|e| io_err(&logs, e))?;
-            let write = |name: &str, bytes: &[u8]| {
-                let p = dir.join(name);
-                std::fs::write(&p, bytes).map_err(|e| io_err(&p, e))
-            };
-            write(CONFIG_FILE, job.config_yaml.as_bytes())?;
-            write(OVERRIDES_FILE, overrides_yaml(&job.overrides).as_bytes())?;
-            if let Some(task) = &job.task {
-                write(TASK_FILE, task.to_json().as_bytes())?;
-            }
             let conf_snapshot =
                 snapshot_kept.then(|| snapshot::snapshot_path_from_job(&job.subdir));
-            let meta = provenance.meta(
-                job.num,
+            write_job_files(
+                &tmp.join(&job.subdir),
+                job,
+                &provenance,
                 launcher_name,
-                &job.overrides,
-                &job.runtime_overrides,
                 conf_snapshot,
-            );
-            let mut text = serde_json::to_string_pretty(&meta).expect("meta serialises");
-            text.push('\n');
-            write(META_FILE, text.as_bytes())?;
+            )?;
             let rel = if req.multirun {
                 job.subdir.clone()
             } else {

@@ -34,12 +34,14 @@ pub enum JobState {
     Requeued,
     NodeFail,
     OutOfMemory,
+    /// Stopped early by an adaptive sweep's pruner (its checkpoint kept).
+    Pruned,
     /// Not known (e.g. the scheduler no longer knows the job and the directory says nothing).
     Unknown,
 }
 
 impl JobState {
-    pub const ALL: [JobState; 11] = [
+    pub const ALL: [JobState; 12] = [
         JobState::Pending,
         JobState::Running,
         JobState::Completed,
@@ -50,6 +52,7 @@ impl JobState {
         JobState::Requeued,
         JobState::NodeFail,
         JobState::OutOfMemory,
+        JobState::Pruned,
         JobState::Unknown,
     ];
 
@@ -66,6 +69,7 @@ impl JobState {
             JobState::Requeued => "REQUEUED",
             JobState::NodeFail => "NODE_FAIL",
             JobState::OutOfMemory => "OUT_OF_MEMORY",
+            JobState::Pruned => "PRUNED",
             JobState::Unknown => "UNKNOWN",
         }
     }
@@ -80,12 +84,14 @@ impl JobState {
                 | JobState::Timeout
                 | JobState::NodeFail
                 | JobState::OutOfMemory
+                | JobState::Pruned
         )
     }
 
-    /// A state a job should be re-run from (`--resume-sweep`): anything but COMPLETED.
+    /// A state a job should be re-run from (`--resume-sweep`): anything but COMPLETED (and
+    /// PRUNED, which its study decided).
     pub fn needs_rerun(self) -> bool {
-        self != JobState::Completed
+        !matches!(self, JobState::Completed | JobState::Pruned)
     }
 
     /// Parses a state as `squeue -o %T` / `sacct -o State` print it: long names, SLURM's short

@@ -1,0 +1,935 @@
+//! The memory model of one rank of the built-in trainer: what `flotilla-train` holds, tensor by
+//! tensor, at each moment of a training step that can be its peak, worked out from the typed
+//! job config alone. Every figure follows the code it models (named in each term's doc), not
+//! the textbook: where the trainer holds more than a user would expect, the term says so.
+//!
+//! A step runs the engine's units (the embedding, each decoder block, the final norm with the
+//! head) forward, then backward in reverse, then clips and takes the AdamW step; evaluation and
+//! checkpoints happen between steps. The moments measured ([`Phase`]) are the start of the
+//! backward pass (every activation held, the loss gradient being formed), each block's
+//! backward, the end of the backward pass (gradient communication in flight), the optimizer
+//! step, an evaluation and a checkpoint. A phase's total is the sum of the terms alive then;
+//! the peak is the largest total.
+
+use std::ops::Range;
+
+use flotilla_config::schema::{
+    AutoWrapPolicy, DataConfig, Device, DistConfig, Dtype, FsdpConfig, JobConfig, Precision,
+    Resume, ShardingStrategy, StateDictType,
+};
+
+/// The CUDA context, cuBLAS workspaces and NCCL buffers of one rank: a fixed figure (a CUDA
+/// 12 context with lazy module loading takes 0.4–0.6 GiB on an H100, cuBLAS and NCCL a few
+/// hundred MiB more).
+pub const CUDA_CONTEXT_BYTES: u64 = 1 << 30;
+
+/// The caching allocator's rounding and fragmentation, as a share of the tensor bytes alive.
+pub const ALLOCATOR_MARGIN: f64 = 0.05;
+
+/// Host memory of one rank's process: the libtorch and CUDA libraries and their host-side
+/// state (GPU ranks), or libtorch alone (CPU ranks).
+pub const PROCESS_HOST_BYTES_GPU: u64 = 5 << 29;
+pub const PROCESS_HOST_BYTES_CPU: u64 = 1 << 29;
+
+/// What a term is. The order is the order of the printed table.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TermKind {
+    /// Master parameters (`replicated.rs` `Replicated::params`; FSDP: `fsdp.rs` `Group::shard`).
+    Params,
+    /// Low-precision copies the units compute with (mixed precision, replicated weights):
+    /// `ReplicatedStrategy::params_for` casts each unit's parameters, and the unit's saved
+    /// graph keeps the copy until its backward. A tied embedding is cast twice (by the
+    /// embedding and by the head).
+    ComputeCopies,
+    /// Gradients for the optimizer: the engine's fp32 accumulators (`engine.rs`, whatever the
+    /// precision, bf16-true included); FSDP: the reduced shards in the master dtype.
+    Grads,
+    /// FSDP: the engine's unsharded fp32 gradient accumulators, held across micro-batches
+    /// under gradient accumulation (and, for a tied embedding, from the head's backward to
+    /// the embedding's).
+    GradAccumulators,
+    /// AdamW's two moments, in the master dtype (`optim.rs`; FSDP: per shard).
+    Optimizer,
+    /// FSDP all-gather buffers held (`Fsdp::issue_gather`): the groups the unit being computed
+    /// reads, and the one prefetched.
+    Gathered,
+    /// DDP: the flat bucket copies of the gradients (`GradReducer`), all in flight until the
+    /// end of the backward pass.
+    DdpBuckets,
+    /// FSDP: each group's unsharded gradient, kept alive by its reduce-scatter until the end of
+    /// the backward pass.
+    UnshardedGrads,
+    /// Activations of one micro-batch held between forward and backward.
+    Activations,
+    /// Activation checkpointing: the block being recomputed in the backward pass.
+    Recompute,
+    /// The head's logits, held by the engine until the head's backward.
+    Logits,
+    /// The loss: fp32 log-probabilities over the vocabulary saved by log-softmax.
+    Loss,
+    /// The loss backward: the fp32 gradients over the vocabulary of the NLL and log-softmax.
+    LossBackward,
+    /// One block's backward: gradients of its activations and of its weights.
+    BackwardWorkspace,
+    /// AdamW's temporaries on the largest tensor (`adamw_update`).
+    OptimizerWorkspace,
+    /// FSDP evaluation: the full parameters gathered on every rank (`Trainer::evaluate`).
+    EvalGather,
+    /// The evaluation forward (no gradients; in the master dtype, as `evaluate` runs the full
+    /// parameters).
+    EvalForward,
+    /// FSDP with `state_dict_type: full`: the full parameters and optimizer state gathered on
+    /// every rank's device for a checkpoint (`Fsdp::checkpoint_state`).
+    CheckpointGather,
+    /// The CUDA context, cuBLAS workspaces and NCCL buffers.
+    CudaContext,
+    /// The caching allocator's rounding and fragmentation.
+    AllocatorMargin,
+    /// Host: each rank's process (libraries and runtime).
+    Process,
+    /// Host: each rank's training data held in memory.
+    Data,
+    /// Host: FSDP `cpu_offload`: the shards, their gradients, AdamW moments and temporaries.
+    Offloaded,
+    /// Host: rank 0 writing a checkpoint copies one tensor at a time to the host.
+    CheckpointWrite,
+    /// Host: resuming, every rank reads the whole checkpoint (file bytes, then the tensors
+    /// made from them; `checkpoint::read_full`).
+    ResumeRead,
+}
+
+impl TermKind {
+    /// Device terms, in table order.
+    pub const DEVICE: [TermKind; 20] = [
+        TermKind::Params,
+        TermKind::ComputeCopies,
+        TermKind::Grads,
+        TermKind::GradAccumulators,
+        TermKind::Optimizer,
+        TermKind::Gathered,
+        TermKind::DdpBuckets,
+        TermKind::UnshardedGrads,
+        TermKind::Activations,
+        TermKind::Recompute,
+        TermKind::Logits,
+        TermKind::Loss,
+        TermKind::LossBackward,
+        TermKind::BackwardWorkspace,
+        TermKind::OptimizerWorkspace,
+        TermKind::EvalGather,
+        TermKind::EvalForward,
+        TermKind::CheckpointGather,
+        TermKind::CudaContext,
+        TermKind::AllocatorMargin,
+    ];
+
+    /// The snake_case key of the JSON output.
+    pub fn key(self) -> &'static str {
+        match self {
+            TermKind::Params => "params",
+            TermKind::ComputeCopies => "compute_copies",
+            TermKind::Grads => "grads",
+            TermKind::GradAccumulators => "grad_accumulators",
+            TermKind::Optimizer => "optimizer",
+            TermKind::Gathered => "gathered",
+            TermKind::DdpBuckets => "ddp_buckets",
+            TermKind::UnshardedGrads => "unsharded_grads",
+            TermKind::Activations => "activations",
+            TermKind::Recompute => "recompute",
+            TermKind::Logits => "logits",
+            TermKind::Loss => "loss",
+            TermKind::LossBackward => "loss_backward",
+            TermKind::BackwardWorkspace => "backward_workspace",
+            TermKind::OptimizerWorkspace => "optimizer_workspace",
+            TermKind::EvalGather => "eval_gather",
+            TermKind::EvalForward => "eval_forward",
+            TermKind::CheckpointGather => "checkpoint_gather",
+            TermKind::CudaContext => "cuda_context",
+            TermKind::AllocatorMargin => "allocator_margin",
+            TermKind::Process => "process",
+            TermKind::Data => "data",
+            TermKind::Offloaded => "offloaded",
+            TermKind::CheckpointWrite => "checkpoint_write",
+            TermKind::ResumeRead => "resume_read",
+        }
+    }
+
+    fn index(self) -> usize {
+        self as usize
+    }
+}
+
+const N_TERMS: usize = TermKind::ResumeRead as usize + 1;
+
+/// A moment of the step that can be its peak.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Phase {
+    /// The start of the backward pass: every activation, the logits and the loss held, the
+    /// loss gradient being formed.
+    LossBackward,
+    /// A decoder block's backward (the worst block).
+    Backward,
+    /// The end of the backward pass: gradient buckets or unsharded gradients in flight.
+    EndOfBackward,
+    /// Gradient clipping and the AdamW step.
+    OptimizerStep,
+    /// An evaluation between steps.
+    Evaluation,
+    /// A checkpoint between steps.
+    Checkpoint,
+}
+
+impl Phase {
+    pub fn label(self) -> &'static str {
+        match self {
+            Phase::LossBackward => "loss backward",
+            Phase::Backward => "block backward",
+            Phase::EndOfBackward => "end of backward",
+            Phase::OptimizerStep => "optimizer step",
+            Phase::Evaluation => "evaluation",
+            Phase::Checkpoint => "checkpoint",
+        }
+    }
+}
+
+/// Bytes of each term at one moment.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Moment {
+    pub phase: Phase,
+    bytes: [u64; N_TERMS],
+}
+
+impl Moment {
+    fn new(phase: Phase) -> Self {
+        Self {
+            phase,
+            bytes: [0; N_TERMS],
+        }
+    }
+
+    fn add(&mut self, term: TermKind, bytes: u64) {
+        self.bytes[term.index()] += bytes;
+    }
+
+    /// Bytes of `term` at this moment.
+    pub fn get(&self, term: TermKind) -> u64 {
+        self.bytes[term.index()]
+    }
+
+    /// Bytes of every device term at this moment.
+    pub fn total(&self) -> u64 {
+        TermKind::DEVICE.iter().map(|t| self.get(*t)).sum()
+    }
+
+    /// Adds the fixed context and the allocator margin over the tensors (GPU ranks).
+    fn finish(&mut self, gpu: bool) {
+        if gpu {
+            let tensors = self.total();
+            self.add(TermKind::CudaContext, CUDA_CONTEXT_BYTES);
+            self.add(
+                TermKind::AllocatorMargin,
+                (tensors as f64 * ALLOCATOR_MARGIN).ceil() as u64,
+            );
+        }
+    }
+}
+
+/// Element sizes of a precision: (master weights and AdamW moments, compute).
+pub fn precision_bytes(p: Precision) -> (u64, u64) {
+    match p {
+        Precision::Full32 => (4, 4),
+        Precision::Bf16Mixed | Precision::Fp16Mixed => (4, 2),
+        Precision::Bf16True => (2, 2),
+    }
+}
+
+fn dtype_bytes(d: Dtype) -> u64 {
+    match d {
+        Dtype::Float32 => 4,
+        Dtype::Bfloat16 | Dtype::Float16 => 2,
+    }
+}
+
+/// Whether the job's ranks train on GPUs: `trainer.device: cuda`, or `auto` with GPUs
+/// requested (`compute.gpus_per_node > 0`).
+pub fn is_gpu_job(job: &JobConfig) -> bool {
+    match job.trainer.device {
+        Device::Cuda => true,
+        Device::Cpu => false,
+        Device::Auto => job.compute.gpus_per_node > 0,
+    }
+}
+
+/// The parameter elements of the model's units: what each owns and reads, and its largest
+/// tensor (`flotilla-train`'s `model/llama.rs`: the embedding, the blocks, the final norm with
+/// the head; a tied head reads the embedding's weight).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Units {
+    pub owned: Vec<u64>,
+    pub reads: Vec<u64>,
+    pub largest: Vec<u64>,
+}
+
+impl Units {
+    pub fn of(job: &JobConfig) -> Self {
+        let m = &job.model;
+        let (h, inter, vocab) = (
+            m.hidden_size as u64,
+            m.intermediate_size as u64,
+            m.vocab_size as u64,
+        );
+        let q = (m.num_attention_heads * m.head_dim()) as u64;
+        let kv = (m.num_key_value_heads * m.head_dim()) as u64;
+        let block = 2 * h + 2 * q * h + 2 * kv * h + 3 * inter * h;
+        let embed = vocab * h;
+        let head = h + if m.tie_word_embeddings { 0 } else { embed };
+        let layers = m.num_hidden_layers;
+        let mut owned = vec![embed];
+        owned.extend(std::iter::repeat_n(block, layers));
+        owned.push(head);
+        let mut reads = owned.clone();
+        if m.tie_word_embeddings {
+            *reads.last_mut().expect("a head unit") += embed;
+        }
+        let mut largest = vec![embed];
+        largest.extend(std::iter::repeat_n((q * h).max(inter * h), layers));
+        largest.push(if m.tie_word_embeddings { h } else { embed });
+        Self {
+            owned,
+            reads,
+            largest,
+        }
+    }
+
+    pub fn total(&self) -> u64 {
+        self.owned.iter().sum()
+    }
+
+    pub fn len(&self) -> usize {
+        self.owned.len()
+    }
+}
+
+/// FSDP's flat groups for a shard group of `shard` ranks (`fsdp_layout.rs`: `wrap_units`,
+/// `layouts`): the units of each group, its elements, and its padded size.
+#[derive(Clone, Debug, PartialEq)]
+pub struct FlatGroup {
+    pub units: Range<usize>,
+    pub numel: u64,
+    pub padded: u64,
+    pub shard: u64,
+}
+
+pub fn flat_groups(units: &Units, f: &FsdpConfig, shard: u64) -> Vec<FlatGroup> {
+    let n = units.len();
+    let ranges: Vec<Range<usize>> = match f.auto_wrap_policy {
+        AutoWrapPolicy::Block => (0..n).map(|u| u..u + 1).collect(),
+        AutoWrapPolicy::Size => {
+            let mut out = vec![];
+            let (mut start, mut count) = (0, 0u64);
+            for u in 0..n {
+                count += units.owned[u];
+                if count >= f.min_num_params {
+                    out.push(start..u + 1);
+                    start = u + 1;
+                    count = 0;
+                }
+            }
+            if start < n {
+                out.push(start..n);
+            }
+            out
+        }
+    };
+    ranges
+        .into_iter()
+        .map(|r| {
+            let numel: u64 = units.owned[r.clone()].iter().sum();
+            let per = numel.div_ceil(shard);
+            FlatGroup {
+                units: r,
+                numel,
+                padded: per * shard,
+                shard: per,
+            }
+        })
+        .collect()
+}
+
+/// Activation bytes of one micro-batch (`model/llama.rs` as autograd runs it: what each op
+/// saves for backward, checked against PyTorch's saved tensors in `tests/memory.rs`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Activations {
+    /// A block's input (the previous unit's output, kept by the engine).
+    pub block_input: u64,
+    /// What a block's graph saves besides its input.
+    pub block_saved: u64,
+    /// The embedding's input token ids.
+    pub tokens: u64,
+    /// The head's input and its final norm's saved tensors.
+    pub head: u64,
+    /// The rotary tables shared by every block (fp32 `cos`/`sin`).
+    pub rotary: u64,
+    pub logits: u64,
+    /// log-softmax's fp32 output and the shifted targets.
+    pub loss: u64,
+    /// The NLL and log-softmax gradients over the vocabulary, alive together.
+    pub loss_backward: u64,
+    /// Gradients inside one block's backward.
+    pub block_backward: u64,
+}
+
+impl Activations {
+    /// `a`: bytes of the compute dtype; `block_params`: a block's parameter elements.
+    pub fn of(job: &JobConfig, micro: u64, a: u64, block_params: u64) -> Self {
+        let m = &job.model;
+        let (h, inter) = (m.hidden_size as u64, m.intermediate_size as u64);
+        let nh = m.num_attention_heads as u64;
+        let hd = m.head_dim() as u64;
+        let kv = m.num_key_value_heads as u64 * hd;
+        let vocab = m.vocab_size as u64;
+        let t = job.data.seq_len() as u64;
+        let n = micro * t;
+        // RMSNorm upcasts to fp32 (a copy unless already fp32) that the square and the scaling
+        // save; it saves its 1/rms, and the weight product saves the normalised input. Its
+        // output is a new tensor the projections save.
+        let f32_copy = if a == 4 { 0 } else { 4 * h };
+        let norm = f32_copy + 2 * h * a + 4;
+        // Per token: norm; q, k, v after rotary as SDPA saves them, its output and fp32
+        // log-sum-exp; the residual into the second norm (saved in fp32 by it); the second
+        // norm; the SwiGLU gate, its SiLU, the up projection and their product.
+        let saved_tok =
+            norm + (h + 2 * kv + h) * a + 4 * nh + 4 * h + (2 * h * a + 4) + 4 * inter * a;
+        // Below fp32 each block casts the rotary tables to its dtype and keeps the casts.
+        let block_rotary = if a == 4 { 0 } else { 2 * t * hd * a };
+        let rows = micro * t.saturating_sub(1);
+        Self {
+            block_input: n * h * a,
+            block_saved: n * saved_tok + block_rotary,
+            tokens: n * 8,
+            head: n * (h * a + norm),
+            rotary: 2 * t * hd * 4,
+            logits: n * vocab * a,
+            loss: rows * vocab * 4 + rows * 8,
+            loss_backward: 2 * rows * vocab * 4,
+            block_backward: n * (3 * inter + 2 * h) * a + if a == 4 { 0 } else { block_params * a },
+        }
+    }
+
+    /// One block with its input.
+    pub fn block(&self) -> u64 {
+        self.block_input + self.block_saved
+    }
+}
+
+/// How one rank holds its weights.
+enum Weights {
+    /// One process or DDP: a full replica; `buckets` when DDP has more than one rank.
+    Replicated {
+        copies: bool,
+        buckets: bool,
+    },
+    Fsdp(FsdpShape),
+}
+
+struct FsdpShape {
+    groups: Vec<FlatGroup>,
+    /// Group of each unit.
+    unit_group: Vec<usize>,
+    /// Ranks of the shard group.
+    shard_world: u64,
+    /// Bytes of the param (gathered) and reduce dtypes.
+    p: u64,
+    r: u64,
+    frees_after_use: bool,
+    forward_prefetch: bool,
+    backward_prefetch: bool,
+    offload: bool,
+    /// Bytes a group's gathered tensor holds beyond the shards.
+    gather_copies: bool,
+    full_checkpoints: bool,
+}
+
+impl FsdpShape {
+    fn new(job: &JobConfig, f: &FsdpConfig, units: &Units, c: u64, m: u64, gpu: bool) -> Self {
+        let world = job.compute.world_size() as u64;
+        let shard_world = if world <= 1 {
+            1
+        } else {
+            match f.sharding_strategy {
+                ShardingStrategy::FullShard | ShardingStrategy::ShardGradOp => world,
+                ShardingStrategy::NoShard => 1,
+                ShardingStrategy::HybridShard => job.compute.tasks_per_node.max(1) as u64,
+            }
+        };
+        let groups = flat_groups(units, f, shard_world);
+        let mut unit_group = vec![0; units.len()];
+        for (g, group) in groups.iter().enumerate() {
+            for u in group.units.clone() {
+                unit_group[u] = g;
+            }
+        }
+        let p = f.param_dtype.map_or(c, dtype_bytes);
+        let offload = f.cpu_offload && gpu;
+        Self {
+            groups,
+            unit_group,
+            shard_world,
+            p,
+            r: f.reduce_dtype.map_or(c, dtype_bytes),
+            frees_after_use: shard_world > 1
+                && matches!(
+                    f.sharding_strategy,
+                    ShardingStrategy::FullShard | ShardingStrategy::HybridShard
+                ),
+            forward_prefetch: f.forward_prefetch,
+            backward_prefetch: f.backward_prefetch.is_some(),
+            offload,
+            gather_copies: shard_world > 1 || p != m || offload,
+            full_checkpoints: f.state_dict_type == StateDictType::Full,
+        }
+    }
+
+    fn sum(&self, f: impl Fn(&FlatGroup) -> u64) -> u64 {
+        self.groups.iter().map(f).sum()
+    }
+
+    /// Groups unit `u` reads: its own, and the embedding's for a tied head.
+    fn reads(&self, u: usize, n: usize, tied: bool) -> Vec<usize> {
+        let mut g = vec![self.unit_group[u]];
+        if tied && u + 1 == n && !g.contains(&self.unit_group[0]) {
+            g.push(self.unit_group[0]);
+        }
+        g
+    }
+
+    /// Bytes of gathered groups held while each unit computes, in forward and in backward
+    /// (`Fsdp::materialize` and `release` replayed).
+    fn gathered_timeline(&self, n: usize, tied: bool) -> (Vec<u64>, Vec<u64>) {
+        let bytes = |g: usize| {
+            if self.gather_copies {
+                self.groups[g].padded * self.p
+            } else {
+                0
+            }
+        };
+        let mut held = vec![false; self.groups.len()];
+        let total = |held: &[bool]| -> u64 {
+            held.iter()
+                .enumerate()
+                .filter(|(_, h)| **h)
+                .map(|(g, _)| bytes(g))
+                .sum()
+        };
+        let mut forward = vec![0; n];
+        let mut backward = vec![0; n];
+        let release = |held: &mut Vec<bool>, u: usize, backward: bool| {
+            if !self.frees_after_use {
+                return;
+            }
+            let own = self.unit_group[u];
+            let units = &self.groups[own].units;
+            let done = if backward {
+                u == units.start
+            } else {
+                u + 1 == units.end
+            };
+            for g in self.reads(u, n, tied) {
+                if g != own || done {
+                    held[g] = false;
+                }
+            }
+        };
+        for (u, slot) in forward.iter_mut().enumerate() {
+            let mut peak = 0;
+            for g in self.reads(u, n, tied) {
+                held[g] = true;
+                peak = peak.max(total(&held));
+            }
+            let own = self.unit_group[u];
+            if self.forward_prefetch && own + 1 < self.groups.len() {
+                held[own + 1] = true;
+                peak = peak.max(total(&held));
+            }
+            *slot = peak;
+            if u + 1 < n {
+                release(&mut held, u, false);
+            }
+        }
+        for u in (0..n).rev() {
+            let mut peak = total(&held);
+            for g in self.reads(u, n, tied) {
+                held[g] = true;
+                peak = peak.max(total(&held));
+            }
+            let own = self.unit_group[u];
+            if self.backward_prefetch && own > 0 {
+                held[own - 1] = true;
+                peak = peak.max(total(&held));
+            }
+            backward[u] = peak;
+            release(&mut held, u, true);
+        }
+        (forward, backward)
+    }
+}
+
+/// The numbers of one job's step on one rank.
+pub struct Step<'a> {
+    job: &'a JobConfig,
+    pub units: Units,
+    pub act: Activations,
+    weights: Weights,
+    /// Master and compute element bytes.
+    pub m: u64,
+    pub c: u64,
+    pub accum: u64,
+    pub checkpointing: bool,
+    pub gpu: bool,
+}
+
+impl<'a> Step<'a> {
+    pub fn new(job: &'a JobConfig) -> Self {
+        let t = &job.trainer;
+        let gpu = is_gpu_job(job);
+        let units = Units::of(job);
+        let (m, c) = precision_bytes(t.precision);
+        let world = job.compute.world_size();
+        let (weights, a, checkpointing) = match &t.dist {
+            DistConfig::None | DistConfig::Ddp(_) => (
+                Weights::Replicated {
+                    copies: c != m,
+                    buckets: matches!(t.dist, DistConfig::Ddp(_)) && world > 1,
+                },
+                c,
+                t.activation_checkpointing,
+            ),
+            DistConfig::Fsdp(f) => {
+                let shape = FsdpShape::new(job, f, &units, c, m, gpu);
+                let p = shape.p;
+                (
+                    Weights::Fsdp(shape),
+                    p,
+                    t.activation_checkpointing || f.activation_checkpointing,
+                )
+            }
+        };
+        let block_params = units.owned.get(1).copied().unwrap_or(0);
+        let act = Activations::of(job, t.micro_batch_size as u64, a, block_params);
+        Self {
+            job,
+            accum: t.grad_accum_steps(world) as u64,
+            units,
+            act,
+            weights,
+            m,
+            c,
+            checkpointing,
+            gpu,
+        }
+    }
+
+    fn n(&self) -> usize {
+        self.units.len()
+    }
+
+    fn tied(&self) -> bool {
+        self.job.model.tie_word_embeddings
+    }
+
+    /// Activations held between a unit's forward and backward.
+    fn kept(&self, u: usize) -> u64 {
+        let a = &self.act;
+        let n = self.n();
+        if u == 0 {
+            a.tokens
+        } else if u + 1 == n {
+            a.head
+        } else if self.checkpointing {
+            a.block_input
+        } else {
+            a.block()
+        }
+    }
+
+    fn has_eval(&self) -> bool {
+        self.job.trainer.eval_every > 0
+            && match &self.job.data {
+                DataConfig::Arithmetic(d) => d.num_eval > 0,
+                DataConfig::Tokens(d) => d.eval_path.is_some(),
+                DataConfig::Text(d) => d.eval_paths.is_some(),
+                DataConfig::Jsonl(d) => d.eval_path.is_some(),
+            }
+    }
+
+    /// Every moment of the step that can be its peak, with each term's bytes then.
+    pub fn moments(&self) -> Vec<Moment> {
+        let n = self.n();
+        let (m, big) = (self.m, self.units.total());
+        let act = self.act;
+        let owned = |u: usize| self.units.owned[u];
+        let owned_after = |u: usize| -> u64 { (u + 1..n).map(owned).sum() };
+        let kept_upto = |u: usize| -> u64 { (0..=u).map(|v| self.kept(v)).sum() };
+        let kept_all = kept_upto(n - 1) + act.rotary;
+        let recompute = if self.checkpointing {
+            act.block_saved
+        } else {
+            0
+        };
+        let largest = *self.units.largest.iter().max().unwrap_or(&0);
+        let mut out = vec![];
+
+        // States present all step long, and the phases' own terms.
+        let base = |phase: Phase| -> Moment {
+            let mut mo = Moment::new(phase);
+            match &self.weights {
+                Weights::Replicated { .. } => {
+                    mo.add(TermKind::Params, big * m);
+                    mo.add(TermKind::Optimizer, 2 * big * m);
+                }
+                Weights::Fsdp(f) if !f.offload => {
+                    let shards = f.sum(|g| g.shard);
+                    mo.add(TermKind::Params, shards * m);
+                    mo.add(TermKind::Optimizer, 2 * shards * m);
+                }
+                Weights::Fsdp(_) => {}
+            }
+            mo
+        };
+
+        match &self.weights {
+            Weights::Replicated { copies, buckets } => {
+                let copy = |u: usize| {
+                    if *copies {
+                        self.units.reads[u] * self.c
+                    } else {
+                        0
+                    }
+                };
+                let tied_embed = if self.tied() { owned(0) } else { 0 };
+                // Loss backward: no gradient yet unless accumulating.
+                let mut mo = base(Phase::LossBackward);
+                let copies_at_loss: u64 = if self.checkpointing {
+                    copy(n - 1)
+                } else {
+                    (0..n).map(copy).sum()
+                };
+                mo.add(TermKind::ComputeCopies, copies_at_loss);
+                if self.accum > 1 {
+                    mo.add(TermKind::Grads, big * 4);
+                }
+                mo.add(TermKind::Activations, kept_all);
+                mo.add(TermKind::Logits, act.logits);
+                mo.add(TermKind::Loss, act.loss);
+                mo.add(TermKind::LossBackward, act.loss_backward);
+                out.push(mo);
+                // Each block's backward (the engine runs blocks n-2 .. 1).
+                let mut worst: Option<Moment> = None;
+                for u in (1..n - 1).rev() {
+                    let mut mo = base(Phase::Backward);
+                    mo.add(
+                        TermKind::ComputeCopies,
+                        if self.checkpointing {
+                            copy(u)
+                        } else {
+                            (0..=u).map(copy).sum()
+                        },
+                    );
+                    let grads = if self.accum > 1 {
+                        big
+                    } else {
+                        owned_after(u) + owned(u) + tied_embed
+                    };
+                    mo.add(TermKind::Grads, grads * 4);
+                    if *buckets {
+                        mo.add(TermKind::DdpBuckets, owned_after(u) * 4);
+                    }
+                    mo.add(TermKind::Activations, kept_upto(u) + act.rotary);
+                    mo.add(TermKind::Recompute, recompute);
+                    mo.add(TermKind::BackwardWorkspace, act.block_backward);
+                    if worst.as_ref().is_none_or(|w| mo.total() > w.total()) {
+                        worst = Some(mo);
+                    }
+                }
+                out.extend(worst);
+                let mut mo = base(Phase::EndOfBackward);
+                mo.add(TermKind::Grads, big * 4);
+                if *buckets {
+                    mo.add(TermKind::DdpBuckets, big * 4);
+                }
+                out.push(mo);
+                let mut mo = base(Phase::OptimizerStep);
+                mo.add(TermKind::Grads, big * 4);
+                // Three temporaries of the largest tensor, and its gradient cast to a
+                // bf16 master.
+                let cast = if m == 4 { 0 } else { largest * m };
+                mo.add(TermKind::OptimizerWorkspace, 3 * largest * m + cast);
+                out.push(mo);
+            }
+            Weights::Fsdp(f) => {
+                let (fwd_gathered, bwd_gathered) = f.gathered_timeline(n, self.tied());
+                let r = f.r;
+                let flats_from = |u: usize| -> u64 {
+                    f.groups
+                        .iter()
+                        .filter(|g| g.units.start >= u)
+                        .map(|g| g.padded * r)
+                        .sum()
+                };
+                let tied_embed = if self.tied() { owned(0) } else { 0 };
+                let mut mo = base(Phase::LossBackward);
+                mo.add(
+                    TermKind::Gathered,
+                    bwd_gathered[n - 1].max(fwd_gathered[n - 1]),
+                );
+                if self.accum > 1 {
+                    mo.add(TermKind::GradAccumulators, big * 4);
+                }
+                mo.add(TermKind::Activations, kept_all);
+                mo.add(TermKind::Logits, act.logits);
+                mo.add(TermKind::Loss, act.loss);
+                mo.add(TermKind::LossBackward, act.loss_backward);
+                out.push(mo);
+                let mut worst: Option<Moment> = None;
+                for u in (1..n - 1).rev() {
+                    let mut mo = base(Phase::Backward);
+                    mo.add(TermKind::Gathered, bwd_gathered[u]);
+                    let acc = if self.accum > 1 {
+                        (0..=u).map(owned).sum::<u64>()
+                    } else {
+                        owned(u) + tied_embed
+                    };
+                    mo.add(TermKind::GradAccumulators, acc * 4);
+                    mo.add(TermKind::UnshardedGrads, flats_from(u));
+                    mo.add(TermKind::Activations, kept_upto(u) + act.rotary);
+                    mo.add(TermKind::Recompute, recompute);
+                    mo.add(TermKind::BackwardWorkspace, act.block_backward);
+                    if worst.as_ref().is_none_or(|w| mo.total() > w.total()) {
+                        worst = Some(mo);
+                    }
+                }
+                out.extend(worst);
+                // Gathered groups SHARD_GRAD_OP (and a group of one rank that casts) keeps
+                // until the step ends.
+                let kept_gathered = if f.frees_after_use || !f.gather_copies {
+                    0
+                } else {
+                    f.sum(|g| g.padded) * f.p
+                };
+                let mut mo = base(Phase::EndOfBackward);
+                mo.add(TermKind::Gathered, kept_gathered);
+                mo.add(TermKind::UnshardedGrads, flats_from(0));
+                out.push(mo);
+                let mut mo = base(Phase::OptimizerStep);
+                mo.add(TermKind::Gathered, kept_gathered);
+                if !f.offload {
+                    // Under 32-true the reduced shard is a view of its group's unsharded
+                    // gradient, which it keeps alive until the step.
+                    let grads = if f.shard_world > 1 && r == m {
+                        f.sum(|g| g.padded) * r
+                    } else {
+                        f.sum(|g| g.shard) * m
+                    };
+                    mo.add(TermKind::Grads, grads);
+                    let shard = f.groups.iter().map(|g| g.shard).max().unwrap_or(0);
+                    mo.add(TermKind::OptimizerWorkspace, 3 * shard * m);
+                }
+                out.push(mo);
+            }
+        }
+
+        // Evaluation: the full parameters (gathered under FSDP), a forward without gradients
+        // in the master dtype.
+        if self.has_eval() {
+            let mut mo = base(Phase::Evaluation);
+            if let Weights::Fsdp(f) = &self.weights {
+                if f.shard_world > 1 || f.offload {
+                    mo.add(TermKind::EvalGather, f.sum(|g| g.padded) * m);
+                }
+            }
+            let a = Activations::of(self.job, self.job.trainer.micro_batch_size as u64, m, 0);
+            mo.add(
+                TermKind::EvalForward,
+                a.logits + a.loss_backward + a.block_input,
+            );
+            out.push(mo);
+        }
+        // A checkpoint (there is always a final one): full ones gather everything under FSDP.
+        if let Weights::Fsdp(f) = &self.weights {
+            if f.full_checkpoints && (f.shard_world > 1 || f.offload) {
+                let mut mo = base(Phase::Checkpoint);
+                mo.add(TermKind::CheckpointGather, 3 * f.sum(|g| g.padded) * m);
+                out.push(mo);
+            }
+        }
+        for mo in &mut out {
+            mo.finish(self.gpu);
+        }
+        out
+    }
+
+    /// Host memory of one node: `(term, bytes)` for each host term, and the peak (the
+    /// process, data and offloaded states, plus the larger of writing and reading a
+    /// checkpoint).
+    pub fn host(&self, device_peak: u64) -> (Vec<(TermKind, u64)>, u64) {
+        let ranks = self.job.compute.tasks_per_node.max(1) as u64;
+        let m = self.m;
+        let big = self.units.total();
+        let mut terms = vec![];
+        let per_process = if self.gpu {
+            PROCESS_HOST_BYTES_GPU
+        } else {
+            // A CPU rank's tensors are host memory too.
+            PROCESS_HOST_BYTES_CPU + device_peak
+        };
+        terms.push((TermKind::Process, ranks * per_process));
+        let data = match &self.job.data {
+            DataConfig::Arithmetic(d) => ((d.num_train + d.num_eval) * d.seq_len * 4) as u64,
+            _ => 0,
+        };
+        // Input ids and labels of one step's micro-batches.
+        let batches = 2 * self.accum * self.act.tokens;
+        terms.push((TermKind::Data, ranks * (data + batches)));
+        let mut offloaded = 0;
+        let mut sharded_ckpt = None;
+        if let Weights::Fsdp(f) = &self.weights {
+            let shards = f.sum(|g| g.shard);
+            if f.offload {
+                let shard = f.groups.iter().map(|g| g.shard).max().unwrap_or(0);
+                offloaded = ranks * (4 * shards * m + 3 * shard * m);
+            }
+            if !f.full_checkpoints {
+                sharded_ckpt = Some(f.shard_world);
+            }
+        }
+        terms.push((TermKind::Offloaded, offloaded));
+        let largest = *self.units.largest.iter().max().unwrap_or(&0);
+        let write = match sharded_ckpt {
+            Some(_) => 0,
+            None => largest * m,
+        };
+        terms.push((TermKind::CheckpointWrite, write));
+        let resume = if self.job.trainer.resume == Resume::Never {
+            0
+        } else {
+            ranks
+                * match sharded_ckpt {
+                    // Every shard file (params and moments) kept, one file's bytes while
+                    // reading it, then the concatenated full tensors.
+                    Some(s) => 6 * big * m + (3 * big * m).div_ceil(s.max(1)),
+                    // The parameters; the optimizer file read whole, then its tensors.
+                    None => big * m + 2 * (2 * big * m),
+                }
+        };
+        terms.push((TermKind::ResumeRead, resume));
+        let fixed: u64 = terms
+            .iter()
+            .filter(|(k, _)| matches!(k, TermKind::Process | TermKind::Data | TermKind::Offloaded))
+            .map(|(_, b)| b)
+            .sum();
+        let peak = fixed + write.max(resume);
+        (terms, peak)
+    }
+}

@@ -1,0 +1,390 @@
+//! Unit tests of the memory model: every term on small configs worked out by hand, the GPU
+//! resolution, the refusal and the advice.
+
+use super::*;
+use flotilla_config::schema::{validate, ModelConfig};
+
+/// A job: the tiny preset (vocabulary 32, hidden 128, MLP 352, 4 layers, 4 heads, 2 KV heads,
+/// tied), micro batch 4 of 32 tokens, fp32, one process on one H100, with `extra` (YAML lines
+/// `section: {key: value}` replacing whole sections) laid over it.
+fn job(extra: &str) -> JobConfig {
+    let base = "
+seed: 1
+model: {name: tiny, vocab_size: 32, hidden_size: 128, intermediate_size: 352,
+  num_hidden_layers: 4, num_attention_heads: 4, num_key_value_heads: 2,
+  max_position_embeddings: 256, rms_norm_eps: 1.0e-5, rope_theta: 10000.0, rope_scaling: null,
+  tie_word_embeddings: true, initializer_range: 0.02, init_from: null}
+trainer: {dist: {mode: none}, max_steps: 10, global_batch_size: 4, micro_batch_size: 4,
+  lr: 1.0e-3, min_lr: 0.0, warmup_steps: 0, schedule: constant, weight_decay: 0.1,
+  betas: [0.9, 0.95], eps: 1.0e-8, grad_clip: 1.0, precision: 32-true, device: cuda,
+  eval_every: 0, eval_batches: 1, checkpoint_every: 0, keep_last_checkpoints: 0,
+  resume: never, log_every: 1, activation_checkpointing: false, seed: 7}
+data: {kind: arithmetic, digits: 2, num_train: 100, num_eval: 0, seed: 0, seq_len: 32,
+  shuffle: false, num_workers: 0}
+compute: {launcher: local, nodes: 1, tasks_per_node: 1, gpus_per_node: 1, cpus_per_task: 1,
+  mem_gb: null, timeout_min: 10, partition: null, account: null, qos: null, constraint: null,
+  array_parallelism: 1, signal_delay_s: 90, max_num_timeout: 1, setup: [],
+  additional_parameters: {}, template: null, max_parallel: 1, gpu_type: h100,
+  gpu_mem_gb: null, check_memory: true}
+";
+    let mut root = flotilla_config::yaml::load_str(base, "base").unwrap();
+    if !extra.trim().is_empty() {
+        let over = flotilla_config::yaml::load_str(extra, "extra").unwrap();
+        flotilla_config::compose::merge_into(&mut root, over).unwrap();
+    }
+    validate(&root).unwrap_or_else(|e| panic!("{e}"))
+}
+
+const DDP: &str = "{mode: ddp, backend: auto, timeout_s: 60, bucket_cap_mb: 25}";
+
+/// `trainer.dist` for FSDP with `strategy`, `state_dict_type` and `cpu_offload`.
+fn fsdp(strategy: &str, state_dict: &str, offload: bool) -> String {
+    format!(
+        "{{mode: fsdp, backend: auto, timeout_s: 60, sharding_strategy: {strategy},
+  auto_wrap_policy: block, min_num_params: 100000000, activation_checkpointing: false,
+  limit_all_gathers: true, forward_prefetch: false, backward_prefetch: BACKWARD_PRE,
+  sync_module_states: false, cpu_offload: {offload}, param_dtype: null, reduce_dtype: null,
+  state_dict_type: {state_dict}}}"
+    )
+}
+
+/// The tiny job on `ranks` GPUs of one node, one micro batch of 4 per rank, with `dist`.
+fn on_ranks(ranks: usize, dist: &str, trainer_extra: &str) -> JobConfig {
+    job(&format!(
+        "trainer: {{dist: {dist}, global_batch_size: {}{trainer_extra}}}
+compute: {{tasks_per_node: {ranks}, gpus_per_node: {ranks}}}",
+        4 * ranks
+    ))
+}
+
+fn moment(job: &JobConfig, phase: Phase) -> Moment {
+    Step::new(job)
+        .moments()
+        .into_iter()
+        .find(|m| m.phase == phase)
+        .unwrap_or_else(|| panic!("no {phase:?} moment"))
+}
+
+fn largest(job: &JobConfig, t: TermKind) -> u64 {
+    Step::new(job)
+        .moments()
+        .iter()
+        .map(|m| m.get(t))
+        .max()
+        .unwrap()
+}
+
+// The tiny model by hand: embedding 32·128 = 4096; a block 2·128 (norms) + 2·128·128 (q, o)
+// + 2·64·128 (k, v) + 3·352·128 = 184_576; the head's norm 128 (tied).
+const EMBED: u64 = 4096;
+const BLOCK: u64 = 184_576;
+const P: u64 = EMBED + 4 * BLOCK + 128;
+
+#[test]
+fn units_count_the_parameters_of_the_architecture() {
+    let j = job("");
+    let u = Units::of(&j);
+    assert_eq!(u.owned, vec![EMBED, BLOCK, BLOCK, BLOCK, BLOCK, 128]);
+    assert_eq!(u.reads[5], 128 + EMBED, "the tied head reads the embedding");
+    assert_eq!(u.total(), P);
+    assert_eq!(u.total(), j.model.num_parameters());
+    let untied = job("model: {tie_word_embeddings: false}");
+    assert_eq!(Units::of(&untied).total(), untied.model.num_parameters());
+    for preset in ["small", "llama-1b", "llama-8b"] {
+        let yaml = std::fs::read_to_string(format!(
+            "{}/../../conf/model/{preset}.yaml",
+            env!("CARGO_MANIFEST_DIR")
+        ))
+        .unwrap();
+        let model: ModelConfig = serde_json::from_value(flotilla_config::node::to_json(
+            &flotilla_config::yaml::load_str(&yaml, "m").unwrap(),
+        ))
+        .unwrap();
+        let mut j = job("");
+        j.model = model;
+        assert_eq!(Units::of(&j).total(), j.model.num_parameters(), "{preset}");
+    }
+}
+
+#[test]
+fn one_process_fp32_holds_params_grads_and_two_moments() {
+    let j = job("");
+    let end = moment(&j, Phase::EndOfBackward);
+    assert_eq!(end.get(TermKind::Params), 4 * P);
+    assert_eq!(end.get(TermKind::Grads), 4 * P);
+    assert_eq!(end.get(TermKind::Optimizer), 8 * P);
+    assert_eq!(
+        end.get(TermKind::DdpBuckets),
+        0,
+        "no buckets in one process"
+    );
+    assert_eq!(
+        largest(&j, TermKind::ComputeCopies),
+        0,
+        "fp32 computes on the masters"
+    );
+    // AdamW: three temporaries of the largest tensor (a block's 352×128 MLP weight).
+    let opt = moment(&j, Phase::OptimizerStep);
+    assert_eq!(opt.get(TermKind::OptimizerWorkspace), 3 * 352 * 128 * 4);
+    // The context and a 5% margin over the tensors, on a GPU.
+    assert_eq!(end.get(TermKind::CudaContext), CUDA_CONTEXT_BYTES);
+    let tensors = end.total() - CUDA_CONTEXT_BYTES - end.get(TermKind::AllocatorMargin);
+    assert_eq!(
+        end.get(TermKind::AllocatorMargin),
+        (tensors as f64 * 0.05).ceil() as u64
+    );
+}
+
+#[test]
+fn mixed_precision_adds_compute_copies_and_bf16_true_halves_the_states() {
+    let j = job("trainer: {precision: bf16-mixed}");
+    let loss = moment(&j, Phase::LossBackward);
+    // Every unit's bf16 copy is kept by its graph; the tied head casts the embedding again.
+    assert_eq!(loss.get(TermKind::ComputeCopies), 2 * (P + EMBED));
+    assert_eq!(loss.get(TermKind::Params), 4 * P);
+    // With checkpointing, only the head's copy survives the forward.
+    let ac = job("trainer: {precision: bf16-mixed, activation_checkpointing: true}");
+    assert_eq!(
+        moment(&ac, Phase::LossBackward).get(TermKind::ComputeCopies),
+        2 * (128 + EMBED)
+    );
+    // bf16-true: bf16 masters and moments, but the engine's gradients stay fp32.
+    let t = job("trainer: {precision: bf16-true}");
+    let end = moment(&t, Phase::EndOfBackward);
+    assert_eq!(end.get(TermKind::Params), 2 * P);
+    assert_eq!(end.get(TermKind::Optimizer), 4 * P);
+    assert_eq!(end.get(TermKind::Grads), 4 * P);
+    assert_eq!(largest(&t, TermKind::ComputeCopies), 0);
+}
+
+#[test]
+fn activations_per_block_and_loss_by_hand() {
+    // fp32, 4 x 32 tokens: per token a block saves its input 512, norm 2·512+4, q 512, k and v
+    // 256 each, the attention output 512, log-sum-exp 4·4, the fp32 residual 512, norm 1028,
+    // the MLP 4·352·4 = 5632: 10264 bytes (PyTorch's saved tensors, tests/memory.rs).
+    let j = job("");
+    let a = Step::new(&j).act;
+    let n = 4 * 32;
+    assert_eq!(a.block(), n * 10264);
+    assert_eq!(a.block_input, n * 512);
+    assert_eq!(a.rotary, 2 * 32 * 32 * 4);
+    assert_eq!(a.logits, n * 32 * 4);
+    assert_eq!(a.loss, 4 * 31 * 32 * 4 + 4 * 31 * 8);
+    assert_eq!(a.loss_backward, 2 * 4 * 31 * 32 * 4);
+    // bf16: fp32 copies in the norms, half-size tensors, lse in fp32, rotary casts per block.
+    let b = Step::new(&job("trainer: {precision: bf16-mixed}")).act;
+    assert_eq!(b.block(), n * 5912 + 2 * 32 * 32 * 2);
+    // Held at the loss: the token ids, four blocks, the head, the rotary tables.
+    let loss = moment(&j, Phase::LossBackward);
+    assert_eq!(
+        loss.get(TermKind::Activations),
+        a.tokens + 4 * a.block() + a.head + a.rotary
+    );
+    // Checkpointing keeps block inputs only, and recomputes one block in backward.
+    let ac = job("trainer: {activation_checkpointing: true}");
+    let c = Step::new(&ac).act;
+    assert_eq!(
+        moment(&ac, Phase::LossBackward).get(TermKind::Activations),
+        c.tokens + 4 * c.block_input + c.head + c.rotary
+    );
+    assert_eq!(largest(&ac, TermKind::Recompute), c.block_saved);
+}
+
+#[test]
+fn ddp_buckets_copy_every_gradient_until_the_end_of_backward() {
+    let j = on_ranks(2, DDP, "");
+    let end = moment(&j, Phase::EndOfBackward);
+    assert_eq!(end.get(TermKind::DdpBuckets), 4 * P);
+    assert_eq!(end.get(TermKind::Grads), 4 * P);
+    // Gradient accumulation: the gradients exist already when the last backward starts.
+    let acc = on_ranks(2, DDP, ", micro_batch_size: 2");
+    assert_eq!(Step::new(&acc).accum, 2);
+    assert_eq!(
+        moment(&acc, Phase::LossBackward).get(TermKind::Grads),
+        4 * P
+    );
+    assert_eq!(moment(&j, Phase::LossBackward).get(TermKind::Grads), 0);
+}
+
+#[test]
+fn fsdp_shards_pad_and_gather_as_the_trainer_does() {
+    let j = on_ranks(3, &fsdp("FULL_SHARD", "full", false), "");
+    // Groups per unit, each padded to a multiple of 3: 4096 → 4098, 184576 → 184578, 128 → 129.
+    let shards = 1366 + 4 * 61_526 + 43;
+    let opt = moment(&j, Phase::OptimizerStep);
+    assert_eq!(opt.get(TermKind::Params), 4 * shards);
+    assert_eq!(opt.get(TermKind::Optimizer), 8 * shards);
+    // fp32 reduce: each shard is a view of its group's unsharded gradient, which it keeps.
+    let padded = 4098 + 4 * 184_578 + 129;
+    assert_eq!(opt.get(TermKind::Grads), 4 * padded);
+    assert_eq!(
+        moment(&j, Phase::EndOfBackward).get(TermKind::UnshardedGrads),
+        4 * padded
+    );
+    // bf16-mixed: the bf16 gradient is cast into an fp32 shard of its own.
+    let mixed = on_ranks(
+        3,
+        &fsdp("FULL_SHARD", "full", false),
+        ", precision: bf16-mixed",
+    );
+    assert_eq!(
+        moment(&mixed, Phase::OptimizerStep).get(TermKind::Grads),
+        4 * shards
+    );
+    // Gathered, FULL_SHARD with backward prefetch: a block with the one before it prefetched
+    // (more than the head with the tied embedding it reads and the last block prefetched).
+    assert_eq!(largest(&j, TermKind::Gathered), 4 * 2 * 184_578);
+    assert_eq!(
+        moment(&j, Phase::LossBackward).get(TermKind::Gathered),
+        4 * (129 + 4098 + 184_578)
+    );
+    // SHARD_GRAD_OP keeps every group until the step ends.
+    let sgo = on_ranks(3, &fsdp("SHARD_GRAD_OP", "full", false), "");
+    assert_eq!(
+        moment(&sgo, Phase::OptimizerStep).get(TermKind::Gathered),
+        4 * padded
+    );
+    // A full checkpoint gathers the parameters and both moments on every rank.
+    assert_eq!(
+        moment(&j, Phase::Checkpoint).get(TermKind::CheckpointGather),
+        3 * 4 * padded
+    );
+    let sharded = on_ranks(3, &fsdp("FULL_SHARD", "sharded", false), "");
+    assert!(Step::new(&sharded)
+        .moments()
+        .iter()
+        .all(|m| m.phase != Phase::Checkpoint));
+}
+
+#[test]
+fn fsdp_cpu_offload_moves_the_states_to_the_host() {
+    let j = on_ranks(2, &fsdp("FULL_SHARD", "full", true), "");
+    let opt = moment(&j, Phase::OptimizerStep);
+    assert_eq!(opt.get(TermKind::Params), 0);
+    assert_eq!(opt.get(TermKind::Optimizer), 0);
+    assert_eq!(opt.get(TermKind::Grads), 0);
+    let est = estimate(&j);
+    let offloaded = est
+        .host_terms
+        .iter()
+        .find(|t| t.term == TermKind::Offloaded)
+        .unwrap();
+    let shards = 2048 + 4 * 92_288 + 64;
+    assert_eq!(offloaded.bytes, 2 * (4 * 4 * shards + 3 * 92_288 * 4));
+}
+
+#[test]
+fn the_gpu_comes_from_gpu_mem_gb_then_gpu_type_then_a_constraint() {
+    let mut c = job("").compute;
+    assert_eq!(job_gpu(&c).unwrap().bytes, 81_559 << 20);
+    c.gpu_mem_gb = Some(40.0);
+    assert_eq!(job_gpu(&c).unwrap().bytes, 40 << 30);
+    c.gpu_mem_gb = None;
+    c.gpu_type = None;
+    assert_eq!(job_gpu(&c), None);
+    c.constraint = Some("A100-80GB".into());
+    let g = job_gpu(&c).unwrap();
+    assert_eq!(g.bytes, 80 << 30);
+    assert_eq!(g.source, "compute.constraint=A100-80GB");
+    c.constraint = Some("bigmem".into());
+    assert_eq!(job_gpu(&c), None);
+}
+
+/// llama-8b, 8 ranks of one node, bf16-mixed, 1 x 4096 tokens, no accumulation.
+fn llama8b(dist: &str) -> JobConfig {
+    let yaml = std::fs::read_to_string(format!(
+        "{}/../../conf/model/llama-8b.yaml",
+        env!("CARGO_MANIFEST_DIR")
+    ))
+    .unwrap();
+    let mut j = job(&format!(
+        "trainer: {{dist: {dist}, global_batch_size: 8, micro_batch_size: 1, precision: bf16-mixed}}
+compute: {{tasks_per_node: 8, gpus_per_node: 8}}"
+    ));
+    j.model = serde_json::from_value(flotilla_config::node::to_json(
+        &flotilla_config::yaml::load_str(&yaml, "m").unwrap(),
+    ))
+    .unwrap();
+    if let flotilla_config::schema::DataConfig::Arithmetic(d) = &mut j.data {
+        d.seq_len = 4096;
+    }
+    j
+}
+
+#[test]
+fn llama_8b_under_ddp_is_refused_with_ranked_advice() {
+    let j = llama8b(DDP);
+    let err = check(&j, "the job").unwrap_err().to_string();
+    assert!(
+        err.starts_with("the job does not fit in GPU memory"),
+        "{err}"
+    );
+    assert!(
+        err.contains("the largest term is AdamW moments (fp32)"),
+        "{err}"
+    );
+    assert!(err.contains("1. trainer/dist=fsdp"), "{err}");
+    assert!(err.contains("compute.check_memory=false"), "{err}");
+    let advice = advise(&j, 81_559 << 20);
+    assert!(advice[0].fits, "{advice:?}");
+    // Those that fit come first; the rest by their estimate.
+    let first_miss = advice.iter().position(|a| !a.fits).unwrap_or(advice.len());
+    assert!(advice[first_miss..].iter().all(|a| !a.fits));
+    assert!(advice[first_miss..]
+        .windows(2)
+        .all(|w| w[0].peak_bytes <= w[1].peak_bytes));
+    // Skipped on request, and never for a CPU job.
+    let mut off = j.clone();
+    off.compute.check_memory = false;
+    assert!(check(&off, "the job").is_ok());
+    let mut cpu = j.clone();
+    cpu.trainer.device = flotilla_config::schema::Device::Cpu;
+    assert!(check(&cpu, "the job").is_ok());
+    // Unknown GPU: nothing to check against.
+    let mut unknown = j;
+    unknown.compute.gpu_type = None;
+    assert!(check(&unknown, "the job").is_ok());
+}
+
+#[test]
+fn llama_8b_full_shard_with_sharded_checkpoints_fits_an_h100() {
+    let j = llama8b(&fsdp("FULL_SHARD", "sharded", false));
+    let est = estimate(&j);
+    assert_eq!(est.fits, Some(true), "{}", render::table(&est, &[]));
+    assert!(check(&j, "the job").is_ok());
+    // Its full-checkpoint twin gathers 3 x 4 x 8.03e9 bytes on every GPU at the checkpoint.
+    let full = llama8b(&fsdp("FULL_SHARD", "full", false));
+    let est = estimate(&full);
+    assert_eq!(est.peak_phase, Phase::Checkpoint);
+    assert_eq!(est.fits, Some(false));
+}
+
+#[test]
+fn json_names_every_term_and_the_advice() {
+    let j = llama8b(DDP);
+    let est = estimate(&j);
+    let v = render::json(&est, &advise(&j, est.gpu.as_ref().unwrap().bytes));
+    assert_eq!(v["fits"], false);
+    // The gradients and their bucket copies, with the replica and AdamW state.
+    assert_eq!(v["peak_phase"], "end_of_backward");
+    let keys: Vec<&str> = v["terms"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["term"].as_str().unwrap())
+        .collect();
+    for k in [
+        "params",
+        "compute_copies",
+        "grads",
+        "optimizer",
+        "ddp_buckets",
+        "activations",
+        "logits",
+        "loss",
+    ] {
+        assert!(keys.contains(&k), "{k} in {keys:?}");
+    }
+    assert!(v["advice"][0]["overrides"].is_array());
+    assert!(v["gpu"]["bytes"].as_u64().unwrap() > 0);
+}
