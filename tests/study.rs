@@ -184,6 +184,17 @@ fn asha_stops_the_trials_that_fall_behind() {
     }
     let status = ok(run(cwd, &["status", "study"]));
     assert!(status.contains("PRUNED"), "{status}");
+    // The report draws the optimization history: one point per trial, the best-so-far line.
+    ok(run(cwd, &["report", "study", "--plot", "plots"]));
+    let history = std::fs::read_to_string(cwd.join("plots/history.svg")).unwrap();
+    assert_eq!(history.matches("class=\"trial\"").count(), 8, "{history}");
+    assert_eq!(
+        history.matches("fill=\"none\" stroke=\"#4e79a7\"").count(),
+        pruned.len(),
+        "pruned trials are hollow"
+    );
+    assert_eq!(history.matches("class=\"best\"").count(), 1);
+    assert!(cwd.join("plots/history.png").is_file());
 }
 
 #[test]

@@ -1,7 +1,8 @@
 //! The report as pictures: SVG figures drawn here (no plotting library, no network) — every
 //! job's metric curves overlaid, the final metric against each swept parameter (log axis where
-//! a parameter spans more than two decades), and parallel coordinates of parameters → metric —
-//! and one self-contained HTML page holding them with the sortable results table.
+//! a parameter spans more than two decades), parallel coordinates of parameters → metric, and
+//! the optimization history (each job's final value by job number, the best so far) — and one
+//! self-contained HTML page holding them with the sortable results table.
 
 use super::render::{number, param};
 use super::{Mode, Report};
@@ -267,6 +268,74 @@ pub fn curves_svg(report: &Report, name: &str) -> Option<String> {
     Some(svg.finish())
 }
 
+/// Fewest jobs with a final value for the optimization history to be drawn.
+const HISTORY_MIN_JOBS: usize = 3;
+
+/// The optimization history: each job's final metric by job number (completed jobs filled,
+/// pruned and other unfinished ones hollow) and the best completed value so far as a step line.
+/// `None` for fewer than [`HISTORY_MIN_JOBS`] jobs with a final value.
+pub fn history_svg(report: &Report) -> Option<String> {
+    let points: Vec<(usize, f64, bool)> = report
+        .jobs
+        .iter()
+        .filter_map(|r| {
+            let v = r.final_value.filter(|v| v.is_finite())?;
+            Some((r.num, v, r.state == crate::rundir::JobState::Completed))
+        })
+        .collect();
+    if points.len() < HISTORY_MIN_JOBS {
+        return None;
+    }
+    let x = Axis::new(
+        points.iter().map(|(n, _, _)| *n as f64),
+        LEFT,
+        WIDTH - RIGHT,
+        false,
+    );
+    let y = Axis::new(points.iter().map(|(_, v, _)| *v), HEIGHT - BOTTOM, TOP, true);
+    let mut svg = Svg::new(&format!("optimization history: {}", report.metric));
+    svg.axes(Some(&x), &y, "job", &report.metric);
+    let mut best: Option<f64> = None;
+    let mut line: Vec<String> = Vec::new();
+    let mut sorted = points.clone();
+    sorted.sort_by_key(|(n, _, _)| *n);
+    for (n, v, completed) in &sorted {
+        let (px, py) = (x.map(*n as f64), y.map(*v));
+        let fill = if *completed { colour(0) } else { "none" };
+        let _ = writeln!(
+            svg.body,
+            "<circle class=\"trial\" cx=\"{px:.1}\" cy=\"{py:.1}\" r=\"3.5\" fill=\"{fill}\" stroke=\"{}\"><title>job {n}: {}</title></circle>",
+            colour(0),
+            number(*v)
+        );
+        if !*completed {
+            continue;
+        }
+        let improved = best.is_none_or(|b| report.mode.better(*v, b));
+        if improved {
+            if let Some(b) = best {
+                line.push(format!("{px:.1},{:.1}", y.map(b)));
+            }
+            best = Some(*v);
+        }
+        line.push(format!("{px:.1},{:.1}", y.map(best.unwrap_or(*v))));
+    }
+    if let (Some(b), Some(last)) = (best, sorted.last()) {
+        line.push(format!("{:.1},{:.1}", x.map(last.0 as f64), y.map(b)));
+    }
+    let _ = writeln!(
+        svg.body,
+        "<polyline class=\"best\" points=\"{}\" fill=\"none\" stroke=\"{}\" stroke-width=\"1.5\"/>",
+        line.join(" "),
+        colour(1)
+    );
+    svg.legend(&[
+        ("completed".to_string(), colour(0)),
+        ("best so far".to_string(), colour(1)),
+    ]);
+    Some(svg.finish())
+}
+
 /// The best metric value of each job against one parameter.
 pub fn param_svg(report: &Report, key: &str) -> Option<String> {
     let points: Vec<(usize, &serde_json::Value, f64)> = report
@@ -468,6 +537,9 @@ pub fn figures(report: &Report) -> Vec<(String, String)> {
     }
     if let Some(svg) = parallel_svg(report) {
         out.push(("parallel.svg".into(), svg));
+    }
+    if let Some(svg) = history_svg(report) {
+        out.push(("history.svg".into(), svg));
     }
     out
 }
