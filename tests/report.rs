@@ -339,7 +339,7 @@ fn plot_writes_every_figure_as_svg_and_as_a_png_of_the_same_picture() {
         .filter(|p| p.extension().is_some_and(|e| e == "svg"))
         .collect();
     svgs.sort();
-    assert_eq!(svgs.len(), 4, "{svgs:?}");
+    assert_eq!(svgs.len(), 5, "{svgs:?}");
     let pngs = std::fs::read_dir(&plots)
         .unwrap()
         .filter(|e| e.as_ref().unwrap().path().extension().unwrap() == "png")
@@ -586,7 +586,7 @@ fn the_html_report_renders_in_headless_chromium_without_console_errors() {
         !html.contains("http://") || !html.contains("<script src"),
         "the page must be self-contained"
     );
-    // Curves for loss and eval_loss, one per parameter, parallel coordinates.
+    // Curves for loss and eval_loss, one per parameter, parallel coordinates, history.
     let figures: Vec<String> = std::fs::read_dir(&plots)
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
@@ -596,10 +596,11 @@ fn the_html_report_renders_in_headless_chromium_without_console_errors() {
         "curves_eval_loss.svg",
         "param_trainer.lr.svg",
         "parallel.svg",
+        "history.svg",
     ] {
         assert!(figures.contains(&name.to_string()), "{figures:?}");
     }
-    assert_eq!(html.matches("<svg").count(), 4);
+    assert_eq!(html.matches("<svg").count(), 5);
     assert_eq!(html.matches("class=\"curve\"").count(), 10);
 
     let Some(chromium) = chromium() else {
