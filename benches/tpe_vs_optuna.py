@@ -16,9 +16,17 @@ function of the seed and the trial number), one trial at a time, `n_trials` = bu
 Samplers: flotilla `tpe` (univariate, the default) and `tpe-mv` (multivariate=True);
 optuna `TPESampler(seed=s, multivariate=False)` and `TPESampler(seed=s)` (optuna 5's default,
 multivariate for one objective); `random` for both. Every study minimises; the figure per
-study is the best value found. The table: median and interquartile range over the seeds.
+study is the best value found. Part 1's table: median and interquartile range over the seeds,
+then per objective flotilla's median minus optuna's with a 95% bootstrap interval (the two
+use different random streams, so seeds are not paired): "at least as good" when the
+difference is <= 0, "within noise" when the interval holds 0, else "WORSE" (exit status 1).
 
-Usage: .venv/bin/python benches/tpe_vs_optuna.py [--seeds 30] [--budget 40]
+Part 2 takes the random numbers out: for a fixed history (34 trials of noisy_quadratic with
+COMPLETE, PRUNED and RUNNING ones; 30 COMPLETE trials of discrete), both samplers propose the
+next trial once per seed (`--draws` seeds), and the proposal distributions are printed side by
+side (quantiles of each numerical param, frequencies of a categorical's choices).
+
+Usage: .venv/bin/python benches/tpe_vs_optuna.py [--seeds 100] [--budget 40] [--draws 2000]
 """
 import argparse
 import json
@@ -93,11 +101,11 @@ def run_optuna(seeds, budget):
     return rows, optuna.__version__
 
 
+EXAMPLE = ["cargo", "run", "--quiet", "--release", "-p", "flotilla-launch", "--example", "tpe_objectives", "--"]
+
+
 def run_flotilla(seeds, budget):
-    cmd = [
-        "cargo", "run", "--quiet", "--release", "-p", "flotilla-launch", "--example", "tpe_objectives", "--",
-        "--seeds", str(seeds), "--budget", str(budget), "--samplers", "tpe,tpe-mv,random",
-    ]
+    cmd = EXAMPLE + ["--seeds", str(seeds), "--budget", str(budget), "--samplers", "tpe,tpe-mv,random"]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=ROOT).stdout
     names = {"tpe": "flotilla tpe (univariate)", "tpe-mv": "flotilla tpe (multivariate)", "random": "flotilla random"}
     rows = []
@@ -108,10 +116,108 @@ def run_flotilla(seeds, budget):
     return rows
 
 
+def median_diff_ci(a, b, n_boot=4000):
+    """Median of a minus median of b, and its 95% bootstrap interval (a, b resampled apart)."""
+    rng = np.random.RandomState(0)
+    a, b = np.asarray(a), np.asarray(b)
+    boots = [
+        np.median(a[rng.randint(len(a), size=len(a))]) - np.median(b[rng.randint(len(b), size=len(b))])
+        for _ in range(n_boot)
+    ]
+    lo, hi = np.percentile(boots, [2.5, 97.5])
+    return float(np.median(a) - np.median(b)), float(lo), float(hi)
+
+
+def histories():
+    """The fixed histories of part 2, as (objective, optuna distributions, trials) with trials
+    in flotilla's Trial JSON (internal representations)."""
+    from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
+
+    rng = np.random.RandomState(7)
+    quad = []
+    for i in range(34):
+        lr = 10 ** rng.uniform(-5, 0)
+        opt = int(rng.randint(3))
+        v = (math.log10(lr) + 3) ** 2 + list(OFFSETS.values())[opt] + rng.uniform(-0.1, 0.1)
+        state = "RUNNING" if i in (30, 33) else ("PRUNED" if i in (5, 12) else "COMPLETE")
+        quad.append({
+            "number": i, "params": {"lr": lr, "opt": float(opt)}, "state": state,
+            "value": v if state == "COMPLETE" else None,
+            "intermediate": {"10": v + 1.0} if state == "PRUNED" else {},
+        })
+    disc = []
+    for i in range(30):
+        w = min(max(int(round(math.exp(rng.uniform(math.log(15.5), math.log(1024.5))))), 16), 1024)
+        layers = int(rng.randint(1, 13))
+        d = round(int(rng.randint(0, 11)) * 0.05, 10)
+        v = (math.log2(w) - 8) ** 2 / 4 + (layers - 7) ** 2 / 10 + 10 * (d - 0.2) ** 2
+        disc.append({"number": i, "params": {"width": float(w), "layers": float(layers), "dropout": d},
+                     "state": "COMPLETE", "value": v, "intermediate": {}})
+    return [
+        ("noisy_quadratic", {"lr": FloatDistribution(1e-5, 1, log=True),
+                             "opt": CategoricalDistribution(list(OFFSETS))}, quad),
+        ("discrete", {"width": IntDistribution(16, 1024, log=True), "layers": IntDistribution(1, 12),
+                      "dropout": FloatDistribution(0.0, 0.5, step=0.05)}, disc),
+    ]
+
+
+def optuna_proposals(dists, history, draws):
+    import optuna
+    from optuna.trial import TrialState, create_trial
+
+    states = {"RUNNING": TrialState.RUNNING, "PRUNED": TrialState.PRUNED, "COMPLETE": TrialState.COMPLETE}
+    out = {k: [] for k in dists}
+    for seed in range(draws):
+        study = optuna.create_study(sampler=optuna.samplers.TPESampler(seed=seed, multivariate=False))
+        for h in history:
+            ext = {k: dists[k].to_external_repr(v) for k, v in h["params"].items()}
+            study.add_trial(create_trial(
+                params=ext, distributions=dists, value=h["value"], state=states[h["state"]],
+                intermediate_values={int(k): v for k, v in h["intermediate"].items()},
+            ))
+        trial = study.ask(dists)
+        for k in dists:
+            out[k].append(dists[k].to_internal_repr(trial.params[k]))
+    return out
+
+
+def proposal_parity(draws):
+    import tempfile
+
+    print(f"## Proposal distributions for a fixed history (univariate TPE, {draws} seeds each)")
+    print()
+    print("| objective | param | sampler | q5 | q25 | median | q75 | q95 |")
+    print("|---|---|---|---|---|---|---|---|")
+    freq_lines = []
+    for objective, dists, history in histories():
+        with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+            json.dump(history, f)
+            path = f.name
+        cmd = EXAMPLE + ["--propose", objective, "--history", path, "--draws", str(draws), "--samplers", "tpe"]
+        ours = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=ROOT).stdout)
+        os.unlink(path)
+        theirs = optuna_proposals(dists, history, draws)
+        for param in dists:
+            if param == "opt":
+                for name, vals in [("flotilla", ours[param]), ("optuna", theirs[param])]:
+                    counts = {c: int(sum(1 for v in vals if int(v) == i)) for i, c in enumerate(OFFSETS)}
+                    freq_lines.append(f"{objective} {param} {name}: {counts}")
+                continue
+            for name, vals in [("flotilla", ours[param]), ("optuna", theirs[param])]:
+                v = np.log10(vals) if param == "lr" else np.asarray(vals)
+                q = np.percentile(v, [5, 25, 50, 75, 95])
+                label = "log10 lr" if param == "lr" else param
+                print(f"| {objective} | {label} | {name} | " + " | ".join(f"{x:.4g}" for x in q) + " |")
+    print()
+    for line in freq_lines:
+        print(line)
+
+
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--seeds", type=int, default=30)
+    ap.add_argument("--seeds", type=int, default=100)
     ap.add_argument("--budget", type=int, default=40)
+    ap.add_argument("--draws", type=int, default=2000)
     args = ap.parse_args()
     if args.seeds < 1 or args.budget < 1:
         sys.exit("--seeds and --budget must be positive")
@@ -142,16 +248,28 @@ def main():
             medians[(objective, sampler)] = q50
             print(f"| {objective} | {sampler} | {q50:.4f} | {q25:.4f} - {q75:.4f} |")
     print()
+    print("| objective | flotilla vs optuna | median difference | 95% bootstrap interval | verdict |")
+    print("|---|---|---|---|---|")
     ok = True
     for objective in ["branin", "noisy_quadratic", "discrete"]:
-        for ours, theirs in [
-            ("flotilla tpe (univariate)", "optuna tpe (multivariate=False)"),
-            ("flotilla tpe (multivariate)", "optuna tpe (default: multivariate)"),
+        for ours, theirs, label in [
+            ("flotilla tpe (univariate)", "optuna tpe (multivariate=False)", "univariate"),
+            ("flotilla tpe (multivariate)", "optuna tpe (default: multivariate)", "multivariate"),
         ]:
-            a, b = medians[(objective, ours)], medians[(objective, theirs)]
-            verdict = "at least as good" if a <= b else "WORSE"
-            ok &= a <= b
-            print(f"{objective}: {ours} {a:.4f} vs {theirs} {b:.4f}: {verdict}")
+            a = [r["best"] for r in rows if r["objective"] == objective and r["sampler"] == ours]
+            b = [r["best"] for r in rows if r["objective"] == objective and r["sampler"] == theirs]
+            d, lo, hi = median_diff_ci(a, b)
+            if d <= 0:
+                verdict = "at least as good"
+            elif lo <= 0:
+                verdict = "within noise"
+            else:
+                verdict = "WORSE"
+                ok = False
+            print(f"| {objective} | {label} | {d:+.4f} | {lo:+.4f} .. {hi:+.4f} | {verdict} |")
+    print()
+    if args.draws > 0:
+        proposal_parity(args.draws)
     sys.exit(0 if ok else 1)
 
 

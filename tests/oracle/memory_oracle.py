@@ -2,9 +2,10 @@
 really saves for backward, measured on CPU with torch.autograd.graph.saved_tensors_hooks and
 counted as distinct storages (by data pointer; parameters left out).
 
-    memory_oracle.py BATCH SEQ DTYPE HIDDEN INTERMEDIATE HEADS KV_HEADS VOCAB
+    memory_oracle.py CASES
 
-DTYPE is float32 or bfloat16. Measures, for one micro-batch of BATCH x SEQ tokens:
+CASES is a JSON list of [BATCH, SEQ, DTYPE, HIDDEN, INTERMEDIATE, HEADS, KV_HEADS, VOCAB]
+(DTYPE float32 or bfloat16). Measures, for each, one micro-batch of BATCH x SEQ tokens:
 
 - block: one transformers LlamaDecoderLayer (sdpa attention, rotary tables for positions
   0..SEQ-1 as flotilla computes them once per micro-batch), the storages saved between its
@@ -15,7 +16,7 @@ DTYPE is float32 or bfloat16. Measures, for one micro-batch of BATCH x SEQ token
   position, cast to fp32, summed cross-entropy), the storages saved plus its input; and the
   logits' bytes, which flotilla's engine keeps as the head unit's output.
 
-Prints one JSON object as the last line of stdout.
+Prints a JSON list of one object per case as the last line of stdout.
 """
 import json
 import sys
@@ -55,9 +56,7 @@ class Saved:
         return sum(storages.values())
 
 
-def main():
-    b, t, dtype, h, inter, heads, kv, vocab = sys.argv[1:9]
-    b, t, h, inter, heads, kv, vocab = map(int, (b, t, h, inter, heads, kv, vocab))
+def measure(b, t, dtype, h, inter, heads, kv, vocab):
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype]
     torch.manual_seed(0)
     config = LlamaConfig(
@@ -111,17 +110,17 @@ def main():
     logits_bytes = logits.untyped_storage().nbytes()
     loss.backward()
 
-    print(
-        json.dumps(
-            {
-                "torch": torch.__version__,
-                "block": block,
-                "checkpointed": checkpointed,
-                "head": head,
-                "logits": logits_bytes,
-            }
-        )
-    )
+    return {
+        "torch": torch.__version__,
+        "block": block,
+        "checkpointed": checkpointed,
+        "head": head,
+        "logits": logits_bytes,
+    }
+
+
+def main():
+    print(json.dumps([measure(*case) for case in json.loads(sys.argv[1])]))
 
 
 if __name__ == "__main__":

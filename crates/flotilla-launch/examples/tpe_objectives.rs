@@ -13,6 +13,11 @@
 //!
 //! Usage: `cargo run --release -p flotilla-launch --example tpe_objectives -- [--seeds N]
 //! [--budget B] [--samplers tpe,tpe-mv,random]`
+//!
+//! With `--propose OBJECTIVE --history TRIALS.json [--draws N]`, it instead proposes the next
+//! trial after the given trials (flotilla's `Trial` JSON, any states) once per seed `0..N`
+//! with the first sampler, and prints `{param: [internal values]}`: the sampler's proposal
+//! distribution for a fixed history, which the bench compares with optuna's.
 
 use flotilla_launch::study::{
     next_number, Direction, Params, RandomSampler, Sampler, SearchSpace, TpeOptions, TpeSampler,
@@ -105,8 +110,49 @@ fn run(
     best
 }
 
+fn sampler_named(name: &str, seed: u64) -> Box<dyn Sampler> {
+    match name {
+        "tpe" | "tpe-mv" => Box::new(TpeSampler::new(
+            TpeOptions {
+                seed,
+                multivariate: name == "tpe-mv",
+                ..TpeOptions::default()
+            },
+            Direction::Minimize,
+        )),
+        "random" => Box::new(RandomSampler::new(seed)),
+        other => {
+            eprintln!("unknown sampler {other} (tpe, tpe-mv, random)");
+            std::process::exit(2);
+        }
+    }
+}
+
+fn propose(objective: &str, history: &str, draws: u64, sampler: &str) {
+    let obj = OBJECTIVES
+        .iter()
+        .find(|o| o.name == objective)
+        .unwrap_or_else(|| {
+            eprintln!("unknown objective {objective}");
+            std::process::exit(2);
+        });
+    let space = SearchSpace::from_overrides(obj.overrides).expect("valid space");
+    let text = std::fs::read_to_string(history).expect("readable history");
+    let trials: Vec<Trial> = serde_json::from_str(&text).expect("a JSON list of trials");
+    let mut out: std::collections::BTreeMap<String, Vec<f64>> = Default::default();
+    for seed in 0..draws {
+        for (k, v) in sampler_named(sampler, seed).sample(&space, &trials) {
+            out.entry(k).or_default().push(v);
+        }
+    }
+    println!("{}", serde_json::to_string(&out).expect("JSON"));
+}
+
 fn main() {
     let mut seeds = 10u64;
+    let mut propose_for: Option<String> = None;
+    let mut history = String::new();
+    let mut draws = 2000u64;
     let mut budget = 40usize;
     let mut samplers = vec!["tpe".to_string(), "random".to_string()];
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -117,32 +163,28 @@ fn main() {
             "--seeds" => seeds = next.parse().expect("--seeds N"),
             "--budget" => budget = next.parse().expect("--budget B"),
             "--samplers" => samplers = next.split(',').map(str::to_string).collect(),
+            "--propose" => propose_for = Some(next),
+            "--history" => history = next,
+            "--draws" => draws = next.parse().expect("--draws N"),
             other => {
-                eprintln!("unknown argument {other}; usage: tpe_objectives [--seeds N] [--budget B] [--samplers tpe,tpe-mv,random]");
+                eprintln!(
+                    "unknown argument {other}; usage: tpe_objectives [--seeds N] [--budget B] \
+                     [--samplers tpe,tpe-mv,random] [--propose OBJECTIVE --history FILE --draws N]"
+                );
                 std::process::exit(2);
             }
         }
         i += 2;
     }
+    if let Some(objective) = propose_for {
+        propose(&objective, &history, draws, &samplers[0]);
+        return;
+    }
     for obj in &OBJECTIVES {
         let space = SearchSpace::from_overrides(obj.overrides).expect("valid space");
         for name in &samplers {
             for seed in 0..seeds {
-                let mut sampler: Box<dyn Sampler> = match name.as_str() {
-                    "tpe" | "tpe-mv" => Box::new(TpeSampler::new(
-                        TpeOptions {
-                            seed,
-                            multivariate: name == "tpe-mv",
-                            ..TpeOptions::default()
-                        },
-                        Direction::Minimize,
-                    )),
-                    "random" => Box::new(RandomSampler::new(seed)),
-                    other => {
-                        eprintln!("unknown sampler {other} (tpe, tpe-mv, random)");
-                        std::process::exit(2);
-                    }
-                };
+                let mut sampler = sampler_named(name, seed);
                 let best = run(sampler.as_mut(), obj, &space, seed, budget);
                 println!(
                     "{}",

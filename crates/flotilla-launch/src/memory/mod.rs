@@ -73,6 +73,8 @@ pub struct Estimate {
     pub peak_phase: Phase,
     pub host_terms: Vec<Term>,
     pub host_bytes_per_node: u64,
+    /// `compute.mem_gb` in bytes (the host memory requested per node), when set.
+    pub host_limit_bytes: Option<u64>,
     /// The memory of one of the job's GPUs, when known.
     pub gpu: Option<GpuMemory>,
     /// Whether the peak fits the GPU (`None`: CPU job or unknown GPU).
@@ -161,6 +163,7 @@ pub fn estimate(job: &JobConfig) -> Estimate {
         peak_phase: at_peak.phase,
         host_terms,
         host_bytes_per_node,
+        host_limit_bytes: job.compute.mem_gb.map(|g| g << 30),
         gpu,
         fits,
     }
@@ -217,6 +220,9 @@ fn label(job: &JobConfig, step: &Step<'_>, t: TermKind) -> String {
         TermKind::Params => format!("parameters ({master}{shard_note})"),
         TermKind::ComputeCopies => format!("{compute} compute copies of the parameters"),
         TermKind::Grads => match fsdp {
+            Some(_) if step.grads_keep_unsharded() => {
+                format!("gradients ({master} shards viewing unsharded ones)")
+            }
             Some(_) => format!("gradients ({master}{shard_note})"),
             None => "gradients (fp32 accumulators)".into(),
         },

@@ -307,7 +307,8 @@ impl Units {
         self.owned.iter().sum()
     }
 
-    pub fn len(&self) -> usize {
+    /// Units in forward order: the embedding, the blocks, the head.
+    pub fn count(&self) -> usize {
         self.owned.len()
     }
 }
@@ -323,7 +324,7 @@ pub struct FlatGroup {
 }
 
 pub fn flat_groups(units: &Units, f: &FsdpConfig, shard: u64) -> Vec<FlatGroup> {
-    let n = units.len();
+    let n = units.count();
     let ranges: Vec<Range<usize>> = match f.auto_wrap_policy {
         AutoWrapPolicy::Block => (0..n).map(|u| u..u + 1).collect(),
         AutoWrapPolicy::Size => {
@@ -465,7 +466,7 @@ impl FsdpShape {
             }
         };
         let groups = flat_groups(units, f, shard_world);
-        let mut unit_group = vec![0; units.len()];
+        let mut unit_group = vec![0; units.count()];
         for (g, group) in groups.iter().enumerate() {
             for u in group.units.clone() {
                 unit_group[u] = g;
@@ -632,7 +633,14 @@ impl<'a> Step<'a> {
     }
 
     fn n(&self) -> usize {
-        self.units.len()
+        self.units.count()
+    }
+
+    /// FSDP over more than one rank reducing in the master dtype: `Fsdp::set_grad` makes no
+    /// copy, so each reduced shard is a view of its group's unsharded gradient and keeps all
+    /// of it alive until the optimizer step.
+    pub fn grads_keep_unsharded(&self) -> bool {
+        matches!(&self.weights, Weights::Fsdp(f) if f.shard_world > 1 && f.r == self.m && !f.offload)
     }
 
     fn tied(&self) -> bool {
@@ -827,7 +835,7 @@ impl<'a> Step<'a> {
                 if !f.offload {
                     // Under 32-true the reduced shard is a view of its group's unsharded
                     // gradient, which it keeps alive until the step.
-                    let grads = if f.shard_world > 1 && r == m {
+                    let grads = if self.grads_keep_unsharded() {
                         f.sum(|g| g.padded) * r
                     } else {
                         f.sum(|g| g.shard) * m

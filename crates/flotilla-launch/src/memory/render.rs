@@ -3,15 +3,20 @@
 
 use super::{Advice, Estimate, GpuMemory, GIB};
 
-/// `12.34 GiB`.
+/// `12.34 GiB`, `3.21 MiB`, `1.5 KiB` or `12 B`.
 pub fn gib(bytes: u64) -> String {
-    let g = bytes as f64 / GIB;
-    if g >= 100.0 {
-        format!("{g:.1} GiB")
-    } else if g >= 0.01 || bytes == 0 {
-        format!("{g:.2} GiB")
+    const MIB: f64 = (1u64 << 20) as f64;
+    let b = bytes as f64;
+    if b >= 100.0 * GIB {
+        format!("{:.1} GiB", b / GIB)
+    } else if b >= GIB {
+        format!("{:.2} GiB", b / GIB)
+    } else if b >= MIB {
+        format!("{:.2} MiB", b / MIB)
+    } else if bytes >= 1024 {
+        format!("{:.1} KiB", b / 1024.0)
     } else {
-        format!("{:.2} MiB", bytes as f64 / (1u64 << 20) as f64)
+        format!("{bytes} B")
     }
 }
 
@@ -38,6 +43,7 @@ pub fn table(est: &Estimate, advice: &[Advice]) -> String {
             ""
         }
     ));
+    // Term labels are indented two more than the header.
     let width = est
         .terms
         .iter()
@@ -45,7 +51,8 @@ pub fn table(est: &Estimate, advice: &[Advice]) -> String {
         .map(|t| t.label.chars().count())
         .max()
         .unwrap_or(20)
-        .max(20);
+        .max(20)
+        + 2;
     let device = if est.gpu_job { "per GPU" } else { "per rank" };
     s.push_str(&format!(
         "  {:<width$}  {:>11}  {:>11}\n",
@@ -88,8 +95,14 @@ pub fn table(est: &Estimate, advice: &[Advice]) -> String {
         }
     ));
     s.push_str(&format!(
-        "  host RAM per node: {}\n",
-        gib(est.host_bytes_per_node)
+        "  host RAM per node: {}{}\n",
+        gib(est.host_bytes_per_node),
+        match est.host_limit_bytes {
+            Some(limit) if est.host_bytes_per_node > limit =>
+                format!("; MORE than compute.mem_gb={}", limit >> 30),
+            Some(limit) => format!("; within compute.mem_gb={}", limit >> 30),
+            None => String::new(),
+        }
     ));
     for t in &est.host_terms {
         s.push_str(&format!(

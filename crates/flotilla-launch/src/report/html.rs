@@ -292,7 +292,12 @@ pub fn history_svg(report: &Report) -> Option<String> {
         WIDTH - RIGHT,
         false,
     );
-    let y = Axis::new(points.iter().map(|(_, v, _)| *v), HEIGHT - BOTTOM, TOP, true);
+    let y = Axis::new(
+        points.iter().map(|(_, v, _)| *v),
+        HEIGHT - BOTTOM,
+        TOP,
+        true,
+    );
     let mut svg = Svg::new(&format!("optimization history: {}", report.metric));
     svg.axes(Some(&x), &y, "job", &report.metric);
     let mut best: Option<f64> = None;
