@@ -46,6 +46,9 @@ fn slurm_compute() -> ComputeConfig {
         additional_parameters: Default::default(),
         template: None,
         max_parallel: 1,
+        gpu_type: None,
+        gpu_mem_gb: None,
+        check_memory: true,
     }
 }
 

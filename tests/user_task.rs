@@ -285,7 +285,7 @@ fn marker(name: &str) -> String {
     format!("--flotilla-test-{name}-{}-{nanos}", std::process::id())
 }
 
-/// A complete local `compute:` section (every key is required).
+/// A local `compute:` section, its keys spelled out.
 fn compute_yaml(nodes: usize, tasks_per_node: usize) -> String {
     format!(
         "compute:
