@@ -37,6 +37,8 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 
+/// The running executable, as the kernel holds it (Linux).
+const SELF_EXE: &str = "/proc/self/exe";
 /// How often the supervisor looks at its ranks.
 const POLL: Duration = Duration::from_millis(20);
 /// Lines of the failing rank's log reported.
@@ -406,6 +408,11 @@ impl LocalLauncher {
                 };
                 let command = match &self.opts.exec_task {
                     Some(c) => c.clone(),
+                    // This very executable, even when its file was replaced or removed since it
+                    // started (a rebuild or reinstall during a long sweep).
+                    None if Path::new(SELF_EXE).exists() => {
+                        TaskCommand::exec_task(Some(Path::new(SELF_EXE)))?
+                    }
                     None => TaskCommand::exec_task(None)?,
                 };
                 (spec.processes(), placement, command)
