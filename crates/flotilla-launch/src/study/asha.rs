@@ -248,12 +248,12 @@ mod tests {
         }
         let mut pruned = Vec::new();
         for &s in steps {
-            for i in 0..curves.len() {
+            for (i, curve) in curves.iter().enumerate() {
                 let idx = base as usize + i;
                 if trials[idx].state != TrialState::Running {
                     continue;
                 }
-                let v = curves[i] + 1.0 / s as f64;
+                let v = curve + 1.0 / s as f64;
                 trials[idx].report(s, v);
                 let others = trials.clone();
                 if pruner.prune(&mut trials[idx], &others, direction) {

@@ -426,6 +426,14 @@ fn finish(
     }
     let changed = match (outcome.state, run.pruned_at) {
         (JobState::Completed, _) => match trial.intermediate.values().next_back() {
+            // As Optuna: a NaN objective fails the trial.
+            Some(v) if v.is_nan() => {
+                trial.state = TrialState::Failed;
+                Some((
+                    JobState::Failed,
+                    format!("its final {} is NaN", study.metric),
+                ))
+            }
             Some(v) => {
                 trial.value = Some(*v);
                 trial.state = TrialState::Complete;

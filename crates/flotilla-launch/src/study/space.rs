@@ -71,7 +71,7 @@ impl Distribution {
         if log && step.is_some() {
             return Err("the parameter `step` is not supported when `log` is true".into());
         }
-        if low.is_nan() || high.is_nan() || !(low <= high) {
+        if low.is_nan() || high.is_nan() || low > high {
             return Err(format!(
                 "`low <= high` must hold, but got (low={}, high={})",
                 python_float_repr(low),
@@ -90,7 +90,7 @@ impl Distribution {
         }
         let mut high = high;
         if let Some(step) = step {
-            if !(step > 0.0) || !step.is_finite() {
+            if step.is_nan() || step <= 0.0 || !step.is_finite() {
                 return Err(format!(
                     "`step > 0` must hold, but got step={}",
                     python_float_repr(step)
@@ -630,7 +630,7 @@ mod tests {
                 step: 8
             }
         );
-        // Off the grid: Optuna lowers high to 7 + 2·3 = ... the last point 1 + 3k <= 8.
+        // Off the grid: Optuna lowers high to the last grid point 1 + 3k <= 8, which is 7.
         assert_eq!(
             one("n=range(1,8,3)"),
             Distribution::Int {

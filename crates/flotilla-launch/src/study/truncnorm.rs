@@ -171,203 +171,209 @@ pub fn norm_logpdf(x: f64) -> f64 {
     -(x * x) / 2.0 - NORM_PDF_LOG_C
 }
 
-// fdlibm's s_erf.c (as in musl and glibc): the error function and its complement.
-const ERX: f64 = 8.45062911510467529297e-01;
-const EFX: f64 = 1.28379167095512586316e-01;
-const EFX8: f64 = 1.02703333676410069053e+00;
-const PP: [f64; 5] = [
-    1.28379167095512558561e-01,
-    -3.25042107247001499370e-01,
-    -2.84817495755985104766e-02,
-    -5.77027029648944159157e-03,
-    -2.37630166566501626084e-05,
-];
-const QQ: [f64; 5] = [
-    3.97917223959155352819e-01,
-    6.50222499887672944485e-02,
-    5.08130628187576562776e-03,
-    1.32494738004321644526e-04,
-    -3.96022827877536812320e-06,
-];
-const PA: [f64; 7] = [
-    -2.36211856075265944077e-03,
-    4.14856118683748331666e-01,
-    -3.72207876035701323847e-01,
-    3.18346619901161753674e-01,
-    -1.10894694282396677476e-01,
-    3.54783043256182359371e-02,
-    -2.16637559486879084300e-03,
-];
-const QA: [f64; 6] = [
-    1.06420880400844228286e-01,
-    5.40397917702171048937e-01,
-    7.18286544141962662868e-02,
-    1.26171219808761642112e-01,
-    1.36370839120290507362e-02,
-    1.19844998467991074170e-02,
-];
-const RA: [f64; 8] = [
-    -9.86494403484714822705e-03,
-    -6.93858572707181764372e-01,
-    -1.05586262253232909814e+01,
-    -6.23753324503260060396e+01,
-    -1.62396669462573470355e+02,
-    -1.84605092906711035994e+02,
-    -8.12874355063065934246e+01,
-    -9.81432934416914548592e+00,
-];
-const SA: [f64; 8] = [
-    1.96512716674392571292e+01,
-    1.37657754143519042600e+02,
-    4.34565877475229228821e+02,
-    6.45387271733267880336e+02,
-    4.29008140027567833386e+02,
-    1.08635005541779435134e+02,
-    6.57024977031928170135e+00,
-    -6.04244152148580987438e-02,
-];
-const RB: [f64; 7] = [
-    -9.86494292470009928597e-03,
-    -7.99283237680523006574e-01,
-    -1.77579549177547519889e+01,
-    -1.60636384855821916062e+02,
-    -6.37566443368389627722e+02,
-    -1.02509513161107724954e+03,
-    -4.83519191608651397019e+02,
-];
-const SB: [f64; 7] = [
-    3.03380607434824582924e+01,
-    3.25792512996573918826e+02,
-    1.53672958608443695994e+03,
-    3.19985821950859553908e+03,
-    2.55305040643316442583e+03,
-    4.74528541206955367215e+02,
-    -2.24409524465858183362e+01,
-];
-const TINY: f64 = 1e-300;
+pub use fdlibm::{erf, erfc};
 
-/// `c0 + s·(c1 + s·(c2 + …))`.
-fn horner(coeffs: &[f64], s: f64) -> f64 {
-    coeffs.iter().rev().fold(0.0, |acc, &c| c + s * acc)
-}
+/// fdlibm's `s_erf.c` (as in musl and glibc): the error function and its complement, with its
+/// constants as printed there.
+#[allow(clippy::excessive_precision)]
+mod fdlibm {
+    const ERX: f64 = 8.45062911510467529297e-01;
+    const EFX: f64 = 1.28379167095512586316e-01;
+    const EFX8: f64 = 1.02703333676410069053e+00;
+    const PP: [f64; 5] = [
+        1.28379167095512558561e-01,
+        -3.25042107247001499370e-01,
+        -2.84817495755985104766e-02,
+        -5.77027029648944159157e-03,
+        -2.37630166566501626084e-05,
+    ];
+    const QQ: [f64; 5] = [
+        3.97917223959155352819e-01,
+        6.50222499887672944485e-02,
+        5.08130628187576562776e-03,
+        1.32494738004321644526e-04,
+        -3.96022827877536812320e-06,
+    ];
+    const PA: [f64; 7] = [
+        -2.36211856075265944077e-03,
+        4.14856118683748331666e-01,
+        -3.72207876035701323847e-01,
+        3.18346619901161753674e-01,
+        -1.10894694282396677476e-01,
+        3.54783043256182359371e-02,
+        -2.16637559486879084300e-03,
+    ];
+    const QA: [f64; 6] = [
+        1.06420880400844228286e-01,
+        5.40397917702171048937e-01,
+        7.18286544141962662868e-02,
+        1.26171219808761642112e-01,
+        1.36370839120290507362e-02,
+        1.19844998467991074170e-02,
+    ];
+    const RA: [f64; 8] = [
+        -9.86494403484714822705e-03,
+        -6.93858572707181764372e-01,
+        -1.05586262253232909814e+01,
+        -6.23753324503260060396e+01,
+        -1.62396669462573470355e+02,
+        -1.84605092906711035994e+02,
+        -8.12874355063065934246e+01,
+        -9.81432934416914548592e+00,
+    ];
+    const SA: [f64; 8] = [
+        1.96512716674392571292e+01,
+        1.37657754143519042600e+02,
+        4.34565877475229228821e+02,
+        6.45387271733267880336e+02,
+        4.29008140027567833386e+02,
+        1.08635005541779435134e+02,
+        6.57024977031928170135e+00,
+        -6.04244152148580987438e-02,
+    ];
+    const RB: [f64; 7] = [
+        -9.86494292470009928597e-03,
+        -7.99283237680523006574e-01,
+        -1.77579549177547519889e+01,
+        -1.60636384855821916062e+02,
+        -6.37566443368389627722e+02,
+        -1.02509513161107724954e+03,
+        -4.83519191608651397019e+02,
+    ];
+    const SB: [f64; 7] = [
+        3.03380607434824582924e+01,
+        3.25792512996573918826e+02,
+        1.53672958608443695994e+03,
+        3.19985821950859553908e+03,
+        2.55305040643316442583e+03,
+        4.74528541206955367215e+02,
+        -2.24409524465858183362e+01,
+    ];
+    const TINY: f64 = 1e-300;
 
-/// `1 + s·(c0 + s·(c1 + …))`.
-fn horner1(coeffs: &[f64], s: f64) -> f64 {
-    1.0 + s * horner(coeffs, s)
-}
+    /// `c0 + s·(c1 + s·(c2 + …))`.
+    fn horner(coeffs: &[f64], s: f64) -> f64 {
+        coeffs.iter().rev().fold(0.0, |acc, &c| c + s * acc)
+    }
 
-fn high_word(x: f64) -> u32 {
-    (x.to_bits() >> 32) as u32
-}
+    /// `1 + s·(c0 + s·(c1 + …))`.
+    fn horner1(coeffs: &[f64], s: f64) -> f64 {
+        1.0 + s * horner(coeffs, s)
+    }
 
-/// `x` with its low 32 bits cleared.
-fn clear_low_word(x: f64) -> f64 {
-    f64::from_bits(x.to_bits() & 0xffff_ffff_0000_0000)
-}
+    fn high_word(x: f64) -> u32 {
+        (x.to_bits() >> 32) as u32
+    }
 
-/// `exp(−x² − 0.5625 + R/S) / x` for `|x| ≥ 1.25`, with `x²` split for accuracy.
-fn erfc_tail(x: f64, rs: f64) -> f64 {
-    let z = clear_low_word(x);
-    (-z * z - 0.5625).exp() * ((z - x) * (z + x) + rs).exp() / x
-}
+    /// `x` with its low 32 bits cleared.
+    fn clear_low_word(x: f64) -> f64 {
+        f64::from_bits(x.to_bits() & 0xffff_ffff_0000_0000)
+    }
 
-fn tail_ratio(ax: f64, ix: u32) -> f64 {
-    let s = 1.0 / (ax * ax);
-    if ix < 0x4006_db6e {
-        horner(&RA, s) / horner1(&SA, s)
-    } else {
-        horner(&RB, s) / horner1(&SB, s)
+    /// `exp(−x² − 0.5625 + R/S) / x` for `|x| ≥ 1.25`, with `x²` split for accuracy.
+    fn erfc_tail(x: f64, rs: f64) -> f64 {
+        let z = clear_low_word(x);
+        (-z * z - 0.5625).exp() * ((z - x) * (z + x) + rs).exp() / x
     }
-}
 
-/// The error function (fdlibm).
-pub fn erf(x: f64) -> f64 {
-    let hx = high_word(x);
-    let negative = hx >> 31 != 0;
-    let ix = hx & 0x7fff_ffff;
-    if ix >= 0x7ff0_0000 {
-        let sign = if negative { -1.0 } else { 1.0 };
-        return sign + 1.0 / x;
-    }
-    if ix < 0x3feb_0000 {
-        if ix < 0x3e30_0000 {
-            if ix < 0x0080_0000 {
-                return 0.125 * (8.0 * x + EFX8 * x);
-            }
-            return x + EFX * x;
-        }
-        let z = x * x;
-        let y = horner(&PP, z) / horner1(&QQ, z);
-        return x + x * y;
-    }
-    if ix < 0x3ff4_0000 {
-        let s = x.abs() - 1.0;
-        let p = horner(&PA, s);
-        let q = horner1(&QA, s);
-        return if negative { -ERX - p / q } else { ERX + p / q };
-    }
-    if ix >= 0x4018_0000 {
-        return if negative { TINY - 1.0 } else { 1.0 - TINY };
-    }
-    let ax = x.abs();
-    let r = erfc_tail(ax, tail_ratio(ax, ix));
-    if negative {
-        r - 1.0
-    } else {
-        1.0 - r
-    }
-}
-
-/// The complementary error function (fdlibm).
-pub fn erfc(x: f64) -> f64 {
-    let hx = high_word(x);
-    let negative = hx >> 31 != 0;
-    let ix = hx & 0x7fff_ffff;
-    if ix >= 0x7ff0_0000 {
-        let base = if negative { 2.0 } else { 0.0 };
-        return base + 1.0 / x;
-    }
-    if ix < 0x3feb_0000 {
-        if ix < 0x3c70_0000 {
-            return 1.0 - x;
-        }
-        let z = x * x;
-        let y = horner(&PP, z) / horner1(&QQ, z);
-        if (hx as i32) < 0x3fd0_0000 {
-            return 1.0 - (x + x * y);
-        }
-        let r = x * y + (x - 0.5);
-        return 0.5 - r;
-    }
-    if ix < 0x3ff4_0000 {
-        let s = x.abs() - 1.0;
-        let p = horner(&PA, s);
-        let q = horner1(&QA, s);
-        return if negative {
-            1.0 + (ERX + p / q)
-        } else {
-            (1.0 - ERX) - p / q
-        };
-    }
-    if ix < 0x403c_0000 {
-        if negative && ix >= 0x4018_0000 {
-            return 2.0 - TINY;
-        }
-        let ax = x.abs();
-        // fdlibm's erfc switches series at 0x4006DB6D (erf at ...6E); keep that.
+    fn tail_ratio(ax: f64, ix: u32) -> f64 {
         let s = 1.0 / (ax * ax);
-        let rs = if ix < 0x4006_db6d {
+        if ix < 0x4006_db6e {
             horner(&RA, s) / horner1(&SA, s)
         } else {
             horner(&RB, s) / horner1(&SB, s)
-        };
-        let r = erfc_tail(ax, rs);
-        return if negative { 2.0 - r } else { r };
+        }
     }
-    if negative {
-        2.0 - TINY
-    } else {
-        TINY * TINY
+
+    /// The error function (fdlibm).
+    pub fn erf(x: f64) -> f64 {
+        let hx = high_word(x);
+        let negative = hx >> 31 != 0;
+        let ix = hx & 0x7fff_ffff;
+        if ix >= 0x7ff0_0000 {
+            let sign = if negative { -1.0 } else { 1.0 };
+            return sign + 1.0 / x;
+        }
+        if ix < 0x3feb_0000 {
+            if ix < 0x3e30_0000 {
+                if ix < 0x0080_0000 {
+                    return 0.125 * (8.0 * x + EFX8 * x);
+                }
+                return x + EFX * x;
+            }
+            let z = x * x;
+            let y = horner(&PP, z) / horner1(&QQ, z);
+            return x + x * y;
+        }
+        if ix < 0x3ff4_0000 {
+            let s = x.abs() - 1.0;
+            let p = horner(&PA, s);
+            let q = horner1(&QA, s);
+            return if negative { -ERX - p / q } else { ERX + p / q };
+        }
+        if ix >= 0x4018_0000 {
+            return if negative { TINY - 1.0 } else { 1.0 - TINY };
+        }
+        let ax = x.abs();
+        let r = erfc_tail(ax, tail_ratio(ax, ix));
+        if negative {
+            r - 1.0
+        } else {
+            1.0 - r
+        }
+    }
+
+    /// The complementary error function (fdlibm).
+    pub fn erfc(x: f64) -> f64 {
+        let hx = high_word(x);
+        let negative = hx >> 31 != 0;
+        let ix = hx & 0x7fff_ffff;
+        if ix >= 0x7ff0_0000 {
+            let base = if negative { 2.0 } else { 0.0 };
+            return base + 1.0 / x;
+        }
+        if ix < 0x3feb_0000 {
+            if ix < 0x3c70_0000 {
+                return 1.0 - x;
+            }
+            let z = x * x;
+            let y = horner(&PP, z) / horner1(&QQ, z);
+            if (hx as i32) < 0x3fd0_0000 {
+                return 1.0 - (x + x * y);
+            }
+            let r = x * y + (x - 0.5);
+            return 0.5 - r;
+        }
+        if ix < 0x3ff4_0000 {
+            let s = x.abs() - 1.0;
+            let p = horner(&PA, s);
+            let q = horner1(&QA, s);
+            return if negative {
+                1.0 + (ERX + p / q)
+            } else {
+                (1.0 - ERX) - p / q
+            };
+        }
+        if ix < 0x403c_0000 {
+            if negative && ix >= 0x4018_0000 {
+                return 2.0 - TINY;
+            }
+            let ax = x.abs();
+            // fdlibm's erfc switches series at 0x4006DB6D (erf at ...6E); keep that.
+            let s = 1.0 / (ax * ax);
+            let rs = if ix < 0x4006_db6d {
+                horner(&RA, s) / horner1(&SA, s)
+            } else {
+                horner(&RB, s) / horner1(&SB, s)
+            };
+            let r = erfc_tail(ax, rs);
+            return if negative { 2.0 - r } else { r };
+        }
+        if negative {
+            2.0 - TINY
+        } else {
+            TINY * TINY
+        }
     }
 }
 
@@ -409,6 +415,7 @@ mod tests {
     // (`_log_ndtr`, `_log_gauss_mass`, `ppf`, `logpdf` on one-element arrays) in
     // /work/main/.venv.
     #[test]
+    #[allow(clippy::approx_constant)]
     fn log_ndtr_matches_optuna() {
         let cases = [
             (-40.0, -804.6084420137538),
