@@ -672,9 +672,22 @@ impl Check<'_> {
             .map(|n| n.origin.clone())
             .unwrap_or_default();
         let names = gpu_names();
-        let near = suggest(name, &names);
+        // A family name (`a100`) suggests its memory sizes (`a100-80gb`, `a100-40gb`); else the
+        // nearest names.
+        let given = name.trim().to_lowercase();
+        let first = given.split('-').next().unwrap_or_default();
+        let family: Vec<&str> = names
+            .iter()
+            .filter(|n| n.split('-').next() == Some(first))
+            .copied()
+            .collect();
+        let near = if family.is_empty() {
+            suggest(name, &names)
+        } else {
+            family
+        };
         let hint = if near.is_empty() {
-            format!("known GPUs: {}", alternatives(&names, true))
+            format!("the known GPUs are {}.", alternatives(&names, true))
         } else {
             format!("did you mean {}?", alternatives(&near, true))
         };

@@ -849,3 +849,69 @@ fn root_must_be_a_dict_and_origins_may_be_unknown() {
         "trainer.lr: expected a number, got str 'x'"
     );
 }
+
+#[test]
+fn gpu_type_names_a_gpu_of_the_table_or_gets_near_misses() {
+    let mut job = base();
+    set(
+        &mut job,
+        "compute.gpu_type",
+        json!("H100"),
+        ovr("compute.gpu_type=H100"),
+    );
+    set(
+        &mut job,
+        "compute.gpu_mem_gb",
+        json!(80),
+        ovr("compute.gpu_mem_gb=80"),
+    );
+    let cfg = validate(&job).unwrap();
+    assert_eq!(cfg.compute.gpu_type.as_deref(), Some("H100"));
+    assert_eq!(cfg.compute.gpu_mem_gb, Some(80.0));
+    assert!(cfg.compute.check_memory);
+    assert_eq!(gpu_model("H100").unwrap().mib, 81_559);
+
+    set(
+        &mut job,
+        "compute.gpu_type",
+        json!("a100"),
+        ovr("compute.gpu_type=a100"),
+    );
+    let p = only(&job);
+    assert_eq!(p.kind, ProblemKind::BadChoice);
+    assert_eq!(p.key, "compute.gpu_type");
+    assert_eq!(
+        p.message,
+        "compute.gpu_type: unknown GPU 'a100' (set by override 'compute.gpu_type=a100'); did \
+         you mean 'a100-80gb' or 'a100-40gb'? Or give the memory of one GPU in GiB, e.g. \
+         compute.gpu_mem_gb=80"
+    );
+    set(
+        &mut job,
+        "compute.gpu_type",
+        json!("h10"),
+        ovr("compute.gpu_type=h10"),
+    );
+    let m = only(&job).message;
+    assert!(m.contains("did you mean"), "{m}");
+    set(
+        &mut job,
+        "compute.gpu_type",
+        json!("tpu-v5"),
+        ovr("compute.gpu_type=tpu-v5"),
+    );
+    assert!(only(&job)
+        .message
+        .contains("the known GPUs are 'b200', 'h200', 'gh200'"));
+
+    let mut job = base();
+    set(
+        &mut job,
+        "compute.gpu_mem_gb",
+        json!(0),
+        ovr("compute.gpu_mem_gb=0"),
+    );
+    assert!(only(&job)
+        .message
+        .starts_with("compute.gpu_mem_gb: must be a positive number"));
+}

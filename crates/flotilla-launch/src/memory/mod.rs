@@ -254,6 +254,7 @@ fn label(job: &JobConfig, step: &Step<'_>, t: TermKind) -> String {
         TermKind::CheckpointGather => {
             format!("full parameters + AdamW gathered to checkpoint ({master})")
         }
+        TermKind::StartupParams => "full fp32 parameters at start-up".into(),
         TermKind::CudaContext => "CUDA context, cuBLAS, NCCL".into(),
         TermKind::AllocatorMargin => {
             format!("allocator margin ({:.0}%)", model::ALLOCATOR_MARGIN * 100.0)

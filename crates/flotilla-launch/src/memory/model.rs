@@ -8,8 +8,8 @@
 //! checkpoints happen between steps. The moments measured ([`Phase`]) are the start of the
 //! backward pass (every activation held, the loss gradient being formed), each block's
 //! backward, the end of the backward pass (gradient communication in flight), the optimizer
-//! step, an evaluation and a checkpoint. A phase's total is the sum of the terms alive then;
-//! the peak is the largest total.
+//! step, an evaluation, a checkpoint, and the start-up that builds the weights. A phase's total
+//! is the sum of the terms alive then; the peak is the largest total.
 
 use std::ops::Range;
 
@@ -52,7 +52,9 @@ pub enum TermKind {
     /// AdamW's two moments, in the master dtype (`optim.rs`; FSDP: per shard).
     Optimizer,
     /// FSDP all-gather buffers held (`Fsdp::issue_gather`): the groups the unit being computed
-    /// reads, and the one prefetched.
+    /// reads, and the one prefetched (SHARD_GRAD_OP keeps every group until the step ends).
+    /// `limit_all_gathers` bounds the gathers in flight (two), not the buffers held, so it does
+    /// not change this term.
     Gathered,
     /// DDP: the flat bucket copies of the gradients (`GradReducer`), all in flight until the
     /// end of the backward pass.
@@ -82,6 +84,10 @@ pub enum TermKind {
     /// FSDP with `state_dict_type: full`: the full parameters and optimizer state gathered on
     /// every rank's device for a checkpoint (`Fsdp::checkpoint_state`).
     CheckpointGather,
+    /// Start-up: the full fp32 parameters every rank initialises (or loads) on its device
+    /// before `parallelize` keeps its replica or shards (`task.rs`), with their cast to a bf16
+    /// master and, under FSDP, a group flattened at a time.
+    StartupParams,
     /// The CUDA context, cuBLAS workspaces and NCCL buffers.
     CudaContext,
     /// The caching allocator's rounding and fragmentation.
@@ -101,7 +107,7 @@ pub enum TermKind {
 
 impl TermKind {
     /// Device terms, in table order.
-    pub const DEVICE: [TermKind; 20] = [
+    pub const DEVICE: [TermKind; 21] = [
         TermKind::Params,
         TermKind::ComputeCopies,
         TermKind::Grads,
@@ -120,6 +126,7 @@ impl TermKind {
         TermKind::EvalGather,
         TermKind::EvalForward,
         TermKind::CheckpointGather,
+        TermKind::StartupParams,
         TermKind::CudaContext,
         TermKind::AllocatorMargin,
     ];
@@ -145,6 +152,7 @@ impl TermKind {
             TermKind::EvalGather => "eval_gather",
             TermKind::EvalForward => "eval_forward",
             TermKind::CheckpointGather => "checkpoint_gather",
+            TermKind::StartupParams => "startup_params",
             TermKind::CudaContext => "cuda_context",
             TermKind::AllocatorMargin => "allocator_margin",
             TermKind::Process => "process",
@@ -179,6 +187,8 @@ pub enum Phase {
     Evaluation,
     /// A checkpoint between steps.
     Checkpoint,
+    /// Building the weights, before the first step.
+    Startup,
 }
 
 impl Phase {
@@ -190,6 +200,7 @@ impl Phase {
             Phase::OptimizerStep => "optimizer step",
             Phase::Evaluation => "evaluation",
             Phase::Checkpoint => "checkpoint",
+            Phase::Startup => "start-up",
         }
     }
 }
@@ -378,7 +389,9 @@ pub struct Activations {
     pub loss: u64,
     /// The NLL and log-softmax gradients over the vocabulary, alive together.
     pub loss_backward: u64,
-    /// Gradients inside one block's backward.
+    /// Gradients inside one block's backward: three of the MLP's width and two of the hidden
+    /// size at once, and below fp32 the block's weight gradients before their fp32 cast (an
+    /// estimate; PyTorch's saved tensors check the other terms, not this one).
     pub block_backward: u64,
 }
 
@@ -448,7 +461,8 @@ struct FsdpShape {
     forward_prefetch: bool,
     backward_prefetch: bool,
     offload: bool,
-    /// Bytes a group's gathered tensor holds beyond the shards.
+    /// Whether a gathered group is a tensor of its own (the shard group's buffer, or a cast or
+    /// device copy of a one-rank shard) rather than the shard itself.
     gather_copies: bool,
     full_checkpoints: bool,
 }
@@ -872,6 +886,26 @@ impl<'a> Step<'a> {
                 out.push(mo);
             }
         }
+        // Start-up: the full fp32 parameters, their cast to a bf16 master, and under FSDP the
+        // shards and moments built a group at a time from a flattened copy.
+        let mut mo = Moment::new(Phase::Startup);
+        let cast = if m == 4 { 0 } else { big * m };
+        match &self.weights {
+            Weights::Replicated { .. } => {
+                mo.add(TermKind::Params, big * m);
+                mo.add(TermKind::StartupParams, if m == 4 { 0 } else { big * 4 });
+            }
+            Weights::Fsdp(f) => {
+                let flat = f.groups.iter().map(|g| g.padded).max().unwrap_or(0) * m;
+                mo.add(TermKind::StartupParams, big * 4 + cast + flat);
+                if !f.offload {
+                    let shards = f.sum(|g| g.shard);
+                    mo.add(TermKind::Params, shards * m);
+                    mo.add(TermKind::Optimizer, 2 * shards * m);
+                }
+            }
+        }
+        out.push(mo);
         for mo in &mut out {
             mo.finish(self.gpu);
         }

@@ -388,3 +388,19 @@ fn json_names_every_term_and_the_advice() {
     assert!(v["advice"][0]["overrides"].is_array());
     assert!(v["gpu"]["bytes"].as_u64().unwrap() > 0);
 }
+
+#[test]
+fn start_up_holds_the_full_fp32_parameters_before_sharding() {
+    // Replicated: the fp32 parameters are the masters, or are cast to bf16 ones beside them.
+    let j = job("");
+    assert_eq!(moment(&j, Phase::Startup).get(TermKind::StartupParams), 0);
+    let t = job("trainer: {precision: bf16-true}");
+    let s = moment(&t, Phase::Startup);
+    assert_eq!(s.get(TermKind::StartupParams), 4 * P);
+    assert_eq!(s.get(TermKind::Params), 2 * P);
+    // FSDP: the full fp32 parameters, one group flattened, the shards and moments so far.
+    let f = on_ranks(3, &fsdp("FULL_SHARD", "full", false), "");
+    let s = moment(&f, Phase::Startup);
+    assert_eq!(s.get(TermKind::StartupParams), 4 * P + 4 * 184_578);
+    assert_eq!(s.get(TermKind::Params), 4 * (1366 + 4 * 61_526 + 43));
+}

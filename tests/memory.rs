@@ -1,0 +1,550 @@
+//! "Will it fit?" (issue 14): flotilla's memory estimate (`flotilla_launch::memory`) checked
+//! against what really holds memory, and the fit check through the CLI.
+//!
+//! - Model states: the CPU trainer of the tiny preset (2 ranks as threads over a
+//!   `MemoryStore` for DDP and FSDP), stepped under none / DDP / FSDP FULL_SHARD /
+//!   SHARD_GRAD_OP and 32-true / bf16-mixed / bf16-true: the bytes of the distinct storages
+//!   behind its parameters, gradients and AdamW moments equal the estimate's terms exactly, so
+//!   do its FSDP all-gather peak and its DDP bucket peak, and the bf16 compute copies the
+//!   engine's units really receive (a probing strategy) equal the compute-copies term.
+//! - Activations: PyTorch's saved tensors (tests/oracle/memory_oracle.py: transformers'
+//!   `LlamaDecoderLayer` with SDPA, and the final norm, LM head and flotilla's shifted fp32
+//!   cross-entropy, distinct storages counted with `saved_tensors_hooks`) against the
+//!   estimate's per-block and loss terms, within 10%, with and without activation
+//!   checkpointing, fp32 and bf16.
+//! - The CLI: `flotilla plan --memory` (table and JSON) and `flotilla run` for llama-8b on 8
+//!   H100s: DDP refused with exit status 2, the largest term and ranked advice, nothing
+//!   created; FSDP FULL_SHARD with sharded checkpoints accepted (`--dry-run`);
+//!   `compute.check_memory=false` skips the refusal.
+
+mod common;
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::process::{Command, Output};
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::{composer, ov};
+use flotilla_config::schema::JobConfig;
+use flotilla_launch::memory::{self, Phase, Step, TermKind};
+use flotilla_train::data::{self, BatchLayout, DataLoader, DataOptions};
+use flotilla_train::distributed::comm::Communicator;
+use flotilla_train::distributed::cpu::{CpuComm, CpuOptions};
+use flotilla_train::distributed::store::MemoryStore;
+use flotilla_train::model::{Llama, Params};
+use flotilla_train::replicated::Replicated;
+use flotilla_train::storage_shim::{distinct_storage_bytes, held_bytes, storage_address};
+use flotilla_train::{parallelize, AdamWConfig, DistContext, Engine, EngineOptions, Strategy};
+use tch::{Device, Kind, Tensor};
+
+/// The job `overrides` compose to from the repository's conf/, typed.
+fn job(overrides: &[&str]) -> JobConfig {
+    composer()
+        .compose(&ov(overrides))
+        .unwrap_or_else(|e| panic!("{overrides:?}: {e}"))
+        .typed
+        .expect("a validated flotilla job")
+}
+
+/// A CPU job of the tiny model on `ranks` ranks: 2 sequences of 16 tokens per rank and step.
+fn tiny(ranks: usize, dist: &str, precision: &str, extra: &[&str]) -> JobConfig {
+    let mut o = vec![
+        "model=tiny".to_string(),
+        format!("trainer/dist={dist}"),
+        format!("trainer.precision={precision}"),
+        "trainer.device=cpu".into(),
+        "trainer.micro_batch_size=2".into(),
+        format!("trainer.global_batch_size={}", 2 * ranks),
+        "data.seq_len=16".into(),
+        "data.num_train=64".into(),
+        "data.shuffle=false".into(),
+        format!("compute.tasks_per_node={ranks}"),
+        "compute.gpus_per_node=0".into(),
+    ];
+    if dist != "none" {
+        o.push("trainer.dist.backend=cpu".into());
+    }
+    o.extend(extra.iter().map(|s| s.to_string()));
+    let refs: Vec<&str> = o.iter().map(String::as_str).collect();
+    job(&refs)
+}
+
+/// The estimate's largest size of `term` over the step.
+fn term(job: &JobConfig, t: TermKind) -> u64 {
+    Step::new(job)
+        .moments()
+        .iter()
+        .map(|m| m.get(t))
+        .max()
+        .unwrap_or(0)
+}
+
+/// What one rank really held, in bytes of distinct storages.
+#[derive(Debug, Default, Clone, PartialEq)]
+struct Held {
+    params: usize,
+    grads: usize,
+    optimizer: usize,
+    peak_gathered: Option<usize>,
+    peak_buckets: Option<usize>,
+}
+
+/// Runs two optimizer steps of `job` on rank `rank` of `comm` (or one process), measuring the
+/// gradients after the second backward and the parameters and moments after its AdamW step.
+fn run_rank(job: &JobConfig, comm: Option<Arc<dyn Communicator>>) -> Held {
+    tch::set_num_threads(1);
+    let (rank, world) = comm.as_ref().map_or((0, 1), |c| (c.rank(), c.world_size()));
+    let llama = Llama::new(&job.model).unwrap();
+    let params = llama.init_params(7, Device::Cpu, Kind::Float);
+    let dist = comm.map(|comm| DistContext {
+        comm,
+        local_world_size: world,
+    });
+    let parallelize::Parallelized {
+        mut weights,
+        engine: options,
+    } = parallelize::parallelize(&llama, &params, &job.trainer, Device::Cpu, dist.as_ref())
+        .unwrap();
+    drop(params);
+    let mut loader = loader(job, rank, world);
+    let mut held = Held::default();
+    for _ in 0..2 {
+        let batches = loader.next_step().unwrap();
+        let engine = Engine::new(&llama, options);
+        weights.forward_backward(&engine, &batches).unwrap();
+        held.grads = distinct_storage_bytes(&weights.held_tensors().grads);
+        weights.clip_grad_norm(1.0).unwrap();
+        weights.optimizer_step(1e-3).unwrap();
+        let h = weights.held_tensors();
+        held.params = distinct_storage_bytes(&h.params);
+        held.optimizer = distinct_storage_bytes(&h.optimizer);
+        weights.end_step().unwrap();
+    }
+    held.peak_gathered = weights.peak_gathered_bytes();
+    held.peak_buckets = weights.peak_bucket_bytes();
+    held
+}
+
+fn loader(job: &JobConfig, rank: usize, world: usize) -> DataLoader {
+    let dataset = data::build(
+        &job.data,
+        &DataOptions {
+            model_vocab_size: job.model.vocab_size,
+            run_dir: None,
+        },
+    )
+    .unwrap()
+    .train;
+    let layout = BatchLayout {
+        global_batch_size: job.trainer.global_batch_size,
+        micro_batch_size: job.trainer.micro_batch_size,
+        rank,
+        world_size: world,
+    };
+    DataLoader::new(dataset, false, 7, layout, Device::Cpu).unwrap()
+}
+
+/// [`run_rank`] on every rank of `job` (threads over one `MemoryStore` when more than one).
+fn run_world(job: &JobConfig) -> Vec<Held> {
+    let world = job.compute.world_size();
+    if world == 1 {
+        return vec![run_rank(job, None)];
+    }
+    let handles: Vec<_> = MemoryStore::group_with_timeout(world, Duration::from_secs(120))
+        .into_iter()
+        .map(|store| {
+            let job = job.clone();
+            std::thread::spawn(move || {
+                let comm = CpuComm::new(
+                    store,
+                    CpuOptions {
+                        timeout: Duration::from_secs(120),
+                        ..CpuOptions::default()
+                    },
+                )
+                .unwrap();
+                run_rank(&job, Some(Arc::new(comm)))
+            })
+        })
+        .collect();
+    handles.into_iter().map(|h| h.join().unwrap()).collect()
+}
+
+#[test]
+fn model_state_terms_equal_the_bytes_the_trainer_holds() {
+    let mut lines = vec![];
+    for (dist, ranks, extra) in [
+        ("none", 1, &[][..]),
+        ("ddp", 2, &[][..]),
+        (
+            "fsdp",
+            2,
+            &["trainer.dist.sharding_strategy=FULL_SHARD"][..],
+        ),
+        (
+            "fsdp",
+            2,
+            &["trainer.dist.sharding_strategy=SHARD_GRAD_OP"][..],
+        ),
+    ] {
+        for precision in ["32-true", "bf16-mixed", "bf16-true"] {
+            let job = tiny(ranks, dist, precision, extra);
+            let name = format!("{} {precision}", memory::strategy_name(&job));
+            let want = Held {
+                params: term(&job, TermKind::Params) as usize,
+                grads: term(&job, TermKind::Grads) as usize,
+                optimizer: term(&job, TermKind::Optimizer) as usize,
+                peak_gathered: (dist == "fsdp").then(|| term(&job, TermKind::Gathered) as usize),
+                peak_buckets: (dist == "ddp").then(|| term(&job, TermKind::DdpBuckets) as usize),
+            };
+            for (rank, got) in run_world(&job).into_iter().enumerate() {
+                assert_eq!(got, want, "{name}, rank {rank}: held vs estimated");
+            }
+            lines.push(format!(
+                "{name:<28} params {:>8} B  grads {:>8} B  AdamW {:>8} B{}{}",
+                want.params,
+                want.grads,
+                want.optimizer,
+                want.peak_gathered
+                    .map(|b| format!("  gathered peak {b:>8} B"))
+                    .unwrap_or_default(),
+                want.peak_buckets
+                    .map(|b| format!("  bucket peak {b:>8} B"))
+                    .unwrap_or_default(),
+            ));
+        }
+    }
+    eprintln!("estimate = live storages, per rank (tiny, 2 x 16 tokens per rank):");
+    for l in lines {
+        eprintln!("  {l}");
+    }
+}
+
+/// A strategy that hands out what the replicated strategy gives, remembering the storages
+/// that are not the master weights (the compute copies).
+struct Probe<'a> {
+    inner: flotilla_train::replicated::ReplicatedStrategy<'a>,
+    masters: std::collections::HashSet<usize>,
+    copies: HashMap<usize, usize>,
+}
+
+impl Strategy for Probe<'_> {
+    fn params_for(
+        &mut self,
+        model: &Llama,
+        unit: usize,
+    ) -> Result<Vec<Tensor>, flotilla_train::TrainError> {
+        let params = self.inner.params_for(model, unit)?;
+        for p in &params {
+            let a = storage_address(p).unwrap();
+            if !self.masters.contains(&a) {
+                self.copies.insert(a, held_bytes(p));
+            }
+        }
+        Ok(params)
+    }
+
+    fn gradients_ready(
+        &mut self,
+        unit: usize,
+        grads: &Params,
+    ) -> Result<(), flotilla_train::TrainError> {
+        self.inner.gradients_ready(unit, grads)
+    }
+
+    fn finish_backward(&mut self) -> Result<(), flotilla_train::TrainError> {
+        self.inner.finish_backward()
+    }
+}
+
+#[test]
+fn compute_copies_are_the_bf16_tensors_the_units_receive() {
+    let job = tiny(1, "none", "bf16-mixed", &[]);
+    let llama = Llama::new(&job.model).unwrap();
+    let params = llama.init_params(7, Device::Cpu, Kind::Float);
+    let adam = AdamWConfig {
+        betas: job.trainer.betas,
+        eps: job.trainer.eps,
+        weight_decay: job.trainer.weight_decay,
+    };
+    let mut w = Replicated::new(params, adam, Some(Kind::BFloat16));
+    let masters = w
+        .params
+        .iter()
+        .map(|(_, t)| storage_address(t).unwrap())
+        .collect();
+    let batches = loader(&job, 0, 1).next_step().unwrap();
+    let engine = Engine::new(&llama, EngineOptions::default());
+    let mut probe = Probe {
+        inner: w.strategy(),
+        masters,
+        copies: HashMap::new(),
+    };
+    // Without checkpointing every unit's copy lives until its backward: all are alive at once,
+    // so distinct storages are distinct allocations.
+    engine
+        .forward_backward(
+            &mut probe,
+            &batches.micro_batches,
+            batches.global_loss_tokens,
+        )
+        .unwrap();
+    let copies: usize = probe.copies.values().sum();
+    let at_loss = Step::new(&job)
+        .moments()
+        .into_iter()
+        .find(|m| m.phase == Phase::LossBackward)
+        .unwrap()
+        .get(TermKind::ComputeCopies);
+    eprintln!("bf16 compute copies: {copies} B held, {at_loss} B estimated");
+    assert_eq!(copies as u64, at_loss);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Activations against PyTorch
+
+#[derive(serde::Deserialize, Debug)]
+struct Saved {
+    torch: String,
+    block: u64,
+    checkpointed: u64,
+    head: u64,
+    logits: u64,
+}
+
+/// What PyTorch saves for each `(job, dtype)`, in one run of the oracle; `None` without
+/// transformers in the venv.
+fn oracle(cases: &[(JobConfig, &str)]) -> Option<Vec<Saved>> {
+    let python = common::oracle_python()?;
+    let cases: Vec<serde_json::Value> = cases
+        .iter()
+        .map(|(job, dtype)| {
+            let m = &job.model;
+            serde_json::json!([
+                job.trainer.micro_batch_size,
+                job.data.seq_len(),
+                dtype,
+                m.hidden_size,
+                m.intermediate_size,
+                m.num_attention_heads,
+                m.num_key_value_heads,
+                m.vocab_size
+            ])
+        })
+        .collect();
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/oracle/memory_oracle.py");
+    Some(common::run_oracle(
+        Command::new(python)
+            .arg(script)
+            .arg(serde_json::Value::from(cases).to_string()),
+    ))
+}
+
+#[test]
+fn activation_terms_match_the_tensors_pytorch_saves_for_backward() {
+    let mut cases = vec![];
+    for (model, micro, seq) in [("tiny", 4, 64), ("small", 2, 128)] {
+        for (precision, dtype) in [("32-true", "float32"), ("bf16-mixed", "bfloat16")] {
+            let o = [
+                format!("model={model}"),
+                format!("trainer.precision={precision}"),
+                format!("trainer.micro_batch_size={micro}"),
+                format!("trainer.global_batch_size={micro}"),
+                format!("data.seq_len={seq}"),
+                "compute.tasks_per_node=1".into(),
+                "trainer/dist=none".into(),
+            ];
+            let refs: Vec<&str> = o.iter().map(String::as_str).collect();
+            cases.push((job(&refs), dtype));
+        }
+    }
+    let Some(saved) = oracle(&cases) else {
+        eprintln!("skipped: the venv has no transformers (run scripts/setup-venv.sh)");
+        return;
+    };
+    let mut lines = vec![];
+    for ((job, dtype), saved) in cases.iter().zip(saved) {
+        let a = Step::new(job).act;
+        // One block as flotilla holds it: its input and saved tensors, with the rotary tables
+        // it reads (shared by every block in fp32, cast per block below it).
+        let shared_rotary = if *dtype == "float32" { a.rotary } else { 0 };
+        let block = a.block() + shared_rotary;
+        let head = a.head + a.loss + a.logits;
+        let (model, micro, seq) = (
+            &job.model.name,
+            job.trainer.micro_batch_size,
+            job.data.seq_len(),
+        );
+        for (what, ours, theirs) in [
+            ("block", block, saved.block),
+            ("checkpointed block", a.block_input, saved.checkpointed),
+            ("head, logits and loss", head, saved.head + saved.logits),
+        ] {
+            let ratio = ours as f64 / theirs as f64;
+            lines.push(format!(
+                "{model:<5} {dtype:<8} {micro} x {seq:<4} {what:<22} flotilla {ours:>10} B  PyTorch {theirs:>10} B  ratio {ratio:.4}"
+            ));
+            assert!(
+                (ratio - 1.0).abs() <= 0.10,
+                "{model} {dtype} {what}: estimate {ours} B, PyTorch saves {theirs} B (torch {})",
+                saved.torch
+            );
+        }
+    }
+    eprintln!("activations of one micro-batch, estimate vs PyTorch's saved tensors:");
+    for l in lines {
+        eprintln!("  {l}");
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The CLI
+
+/// llama-8b on one node of 8 H100s, bf16-mixed, 1 x 4096 tokens per GPU, 8 sequences a step.
+const LLAMA_8B: [&str; 13] = [
+    "model=llama-8b",
+    "data=tokens",
+    "data.path=/data/train.bin",
+    "data.token_dtype=uint32",
+    "data.seq_len=4096",
+    "trainer.precision=bf16-mixed",
+    "trainer.device=cuda",
+    "trainer.micro_batch_size=1",
+    "trainer.global_batch_size=8",
+    "compute.tasks_per_node=8",
+    "compute.gpus_per_node=8",
+    "compute.gpu_type=h100",
+    "trainer.max_steps=10",
+];
+
+fn flotilla(dir: &Path, args: &[&str]) -> Output {
+    let conf = Path::new(env!("CARGO_MANIFEST_DIR")).join("conf");
+    Command::new(env!("CARGO_BIN_EXE_flotilla"))
+        .args(args)
+        .arg("--config-dir")
+        .arg(conf)
+        .current_dir(dir)
+        // Found before anything is created; a dry run never starts it.
+        .env("FLOTILLA_TRAIN_BINARY", env!("CARGO_BIN_EXE_flotilla"))
+        .output()
+        .expect("run flotilla")
+}
+
+fn with(extra: &[&str]) -> Vec<String> {
+    LLAMA_8B
+        .iter()
+        .chain(extra)
+        .map(|s| s.to_string())
+        .collect()
+}
+
+fn args<'a>(head: &[&'a str], rest: &'a [String]) -> Vec<&'a str> {
+    head.iter()
+        .copied()
+        .chain(rest.iter().map(String::as_str))
+        .collect()
+}
+
+#[test]
+fn plan_memory_prints_the_terms_and_json_for_scripts() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ddp = with(&["trainer/dist=ddp"]);
+    let out = flotilla(tmp.path(), &args(&["plan", "--memory"], &ddp));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for needle in [
+        "8 ranks (1 node x 8), DDP, bf16-mixed, micro batch 1 x 4096 tokens",
+        "AdamW moments (fp32)",
+        "DDP gradient buckets in flight (fp32)",
+        "logits (bf16, vocab 128256)",
+        "peak per GPU:",
+        "DOES NOT FIT one NVIDIA H100",
+        "host RAM per node:",
+        "advice (ranked):",
+        "1. trainer/dist=fsdp",
+    ] {
+        assert!(text.contains(needle), "{needle:?} missing from:\n{text}");
+    }
+    eprintln!("{text}");
+    let fsdp = with(&["trainer/dist=fsdp", "trainer.dist.state_dict_type=sharded"]);
+    let out = flotilla(
+        tmp.path(),
+        &args(&["plan", "--memory", "--format", "json"], &fsdp),
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let m = &doc["jobs"][0]["memory"];
+    assert_eq!(m["fits"], true, "{m}");
+    assert_eq!(m["strategy"], "FSDP FULL_SHARD");
+    assert_eq!(m["gpu"]["source"], "compute.gpu_type=h100");
+    assert!(m["peak_bytes"].as_u64().unwrap() < 81_559 << 20);
+    assert!(m["terms"].as_array().unwrap().len() > 8);
+    assert!(doc["jobs"][0]["config"]["model"].is_object());
+    // Without --memory, plan prints what it always did.
+    let out = flotilla(tmp.path(), &args(&["plan", "--format", "json"], &fsdp));
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(doc["jobs"][0].get("memory").is_none());
+}
+
+#[test]
+fn run_refuses_a_job_that_does_not_fit_before_creating_anything() {
+    let tmp = tempfile::tempdir().unwrap();
+    let run_dir = tmp.path().join("run");
+    let dir_override = format!("flotilla.run.dir={}", run_dir.display());
+    let ddp = with(&["trainer/dist=ddp", &dir_override]);
+    let out = flotilla(tmp.path(), &args(&["run", "--dry-run"], &ddp));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    for needle in [
+        "the job does not fit in GPU memory",
+        "over the 79.6 GiB of one NVIDIA H100",
+        "the largest term is AdamW moments (fp32)",
+        "Ranked advice",
+        "1. trainer/dist=fsdp",
+        "compute.check_memory=false",
+    ] {
+        assert!(err.contains(needle), "{needle:?} missing from:\n{err}");
+    }
+    assert!(!err.contains("panicked"), "{err}");
+    eprintln!("{err}");
+    assert!(!run_dir.exists());
+    assert_eq!(std::fs::read_dir(tmp.path()).unwrap().count(), 0);
+
+    // Skipped on request.
+    let unchecked = with(&[
+        "trainer/dist=ddp",
+        "compute.check_memory=false",
+        &dir_override,
+    ]);
+    let out = flotilla(tmp.path(), &args(&["run", "--dry-run"], &unchecked));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(run_dir.join("config.yaml").is_file());
+
+    // FSDP FULL_SHARD with sharded checkpoints fits.
+    let fits_dir = tmp.path().join("fits");
+    let fsdp = with(&[
+        "trainer/dist=fsdp",
+        "trainer.dist.state_dict_type=sharded",
+        &format!("flotilla.run.dir={}", fits_dir.display()),
+    ]);
+    let out = flotilla(tmp.path(), &args(&["run", "--dry-run"], &fsdp));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(fits_dir.join("config.yaml").is_file());
+}
