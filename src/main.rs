@@ -11,6 +11,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 use commands::{
     ComposeArgs, DiffArgs, ExecTaskArgs, ForwardArgs, PlanArgs, ReportArgs, RunArgs, StatusArgs,
+    StudyDriveArgs,
 };
 
 /// Composition allocates and frees many small trees; mimalloc does this faster than glibc's
@@ -64,6 +65,9 @@ enum Command {
     /// launchers).
     #[command(hide = true)]
     ExecTask(ExecTaskArgs),
+    /// Drive an adaptive study whose trials are SLURM jobs (started detached by `flotilla run`).
+    #[command(hide = true)]
+    StudyDrive(StudyDriveArgs),
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
     Completions { shell: clap_complete::Shell },
 }
@@ -78,6 +82,7 @@ fn main() -> ExitCode {
         Command::Report(args) => commands::report(args),
         Command::Diff(args) => commands::diff(args),
         Command::ExecTask(args) => commands::exec_task(args),
+        Command::StudyDrive(args) => commands::study_drive(args),
         Command::Train(args) => commands::forward_to_task("train", args),
         Command::Consolidate(args) => commands::forward_to_task("consolidate", args),
         Command::Bench(args) => commands::forward_to_task("bench", args),

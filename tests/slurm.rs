@@ -922,6 +922,7 @@ fn real_cluster() {
     );
     println!("resume-sweep: {:.1?}", t.elapsed());
 
+    adaptive_study(root);
     user_programs(root);
     real_trainer_requeue(root);
     println!("real-cluster scenarios: {:.1?} in all", t_all.elapsed());
@@ -1378,4 +1379,228 @@ flotilla:
     }
     println!("  {stopped}");
     println!("DDP example stopped by USR2, resumed: {:.1?}", t.elapsed());
+}
+
+// ---------------------------------------------------------------------------------------------
+// an adaptive study whose trials are SLURM jobs
+// ---------------------------------------------------------------------------------------------
+
+/// The objective of the study scenario: logs the Branin value of its params at every step
+/// (`steps` of them, `pause` seconds apart) in `metrics.csv`.
+const STUDY_OBJECTIVE: &str = r#"import math, os, sys, time
+x = float(sys.argv[1]); y = float(sys.argv[2]); steps = int(sys.argv[3]); pause = float(sys.argv[4])
+a, b, c, r, s, t = 1, 5.1 / (4 * math.pi ** 2), 5 / math.pi, 6, 10, 1 / (8 * math.pi)
+f = a * (y - b * x * x + c * x - r) ** 2 + s * (1 - t) * math.cos(x) + s
+with open(os.path.join(os.environ["FLOTILLA_JOB_DIR"], "metrics.csv"), "w") as out:
+    out.write("step,loss\n")
+    for i in range(1, steps + 1):
+        time.sleep(pause)
+        out.write(f"{i},{f!r}\n")
+        out.flush()
+"#;
+
+const STUDY_CONFIG: &str = "x: 0.0
+y: 0.0
+steps: 1
+pause: 0.0
+flotilla:
+  task:
+    command: [python3, objective.py, '${x}', '${y}', '${steps}', '${pause}']
+  sweeper:
+    sampler: random
+    seed: 7
+    n_trials: 4
+    max_parallel: 2
+    params:
+      x: interval(-5, 10)
+      y: interval(0, 15)
+";
+
+fn branin(x: f64, y: f64) -> f64 {
+    use std::f64::consts::PI;
+    let (a, b, c, r, s, t) = (
+        1.0,
+        5.1 / (4.0 * PI * PI),
+        5.0 / PI,
+        6.0,
+        10.0,
+        1.0 / (8.0 * PI),
+    );
+    a * (y - b * x * x + c * x - r).powi(2) + s * (1.0 - t) * x.cos() + s
+}
+
+fn read_json(path: &Path) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap_or_default())
+        .unwrap_or(serde_json::Value::Null)
+}
+
+/// The study's trials in `state`.
+fn trials_in(dir: &Path, state: &str) -> usize {
+    read_json(&dir.join("study.json"))["trials"]
+        .as_array()
+        .map_or(0, |t| t.iter().filter(|t| t["state"] == state).count())
+}
+
+/// Every trial COMPLETE with the Branin value of its params; every job of `sweep.json`
+/// COMPLETED with its own SLURM id.
+fn check_study(dir: &Path) {
+    let study = read_json(&dir.join("study.json"));
+    let trials = study["trials"].as_array().unwrap();
+    assert_eq!(trials.len(), 4, "{study:#}");
+    for t in trials {
+        assert_eq!(t["state"], "COMPLETE", "{t}");
+        let (x, y) = (
+            t["params"]["x"].as_f64().unwrap(),
+            t["params"]["y"].as_f64().unwrap(),
+        );
+        let value = t["value"].as_f64().unwrap();
+        assert!((value - branin(x, y)).abs() < 1e-9, "{t}");
+    }
+    let plan = read_json(&dir.join("sweep.json"));
+    let jobs = plan["jobs"].as_array().unwrap();
+    assert_eq!(jobs.len(), 4, "{plan:#}");
+    let mut ids: Vec<&str> = jobs
+        .iter()
+        .map(|j| {
+            assert_eq!(j["state"], "COMPLETED", "{j}");
+            let id = j["job_id"].as_str().unwrap_or_else(|| panic!("{j}"));
+            assert!(id.chars().all(|c| c.is_ascii_digit()), "a batch job: {id}");
+            id
+        })
+        .collect();
+    ids.sort_unstable();
+    ids.dedup();
+    assert_eq!(ids.len(), 4, "one SLURM job per trial: {plan:#}");
+}
+
+/// Waits until the study's driver has exited (its lock released).
+fn wait_driver_gone(dir: &Path) {
+    wait_for("the study driver to exit", Duration::from_secs(20), || {
+        !dir.join("driver.pid").exists()
+    });
+}
+
+/// 9. An adaptive study (random sampler) of a Python program, each trial a SLURM job:
+///    `flotilla run -m` returns at once and a detached driver runs the study to its 4 trials,
+///    2 at a time; a second study's driver is killed (SIGKILL) mid-way and `--resume-sweep`
+///    starts a new one, which watches the jobs in flight again and finishes the study.
+fn adaptive_study(root: &Path) {
+    let t = Instant::now();
+    let project = root.join("study-project");
+    std::fs::create_dir_all(project.join("conf")).unwrap();
+    std::fs::write(project.join("conf/config.yaml"), STUDY_CONFIG).unwrap();
+    std::fs::write(project.join("objective.py"), STUDY_OBJECTIVE).unwrap();
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    let slurm = [
+        "+compute.launcher=slurm",
+        "+compute.nodes=1",
+        "+compute.tasks_per_node=1",
+        "+compute.cpus_per_task=1",
+        "+compute.mem_gb=1",
+        "+compute.timeout_min=5",
+    ];
+    let start = |dir: &Path, extra: &[&str]| -> serde_json::Value {
+        let sweep_dir = format!("flotilla.sweep.dir={}", dir.display());
+        let mut args = vec!["run", "-m", "--format", "json"];
+        args.extend(slurm);
+        args.extend(extra);
+        args.push(&sweep_dir);
+        let t0 = Instant::now();
+        let out = flotilla_cli(&project, &path, &args);
+        assert!(
+            t0.elapsed() < Duration::from_secs(5),
+            "flotilla run -m took {:?}",
+            t0.elapsed()
+        );
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+
+    // The whole study, driven in the background.
+    let dir = root.join("study-a");
+    let printed = start(&dir, &[]);
+    let pid = printed["driver_pid"].as_i64().unwrap();
+    assert_eq!(printed["driver_started"], true, "{printed}");
+    assert!(dir.join("study.json").is_file());
+    let log = dir.join("driver.log");
+    assert_eq!(Path::new(printed["driver_log"].as_str().unwrap()), log);
+    wait_for("4 COMPLETE trials", Duration::from_secs(60), || {
+        trials_in(&dir, "COMPLETE") == 4
+    });
+    wait_driver_gone(&dir);
+    check_study(&dir);
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        text.contains("submitted as SLURM job") && text.contains("study: 4 trials (4 complete"),
+        "driver {pid}'s log:\n{text}"
+    );
+    println!("adaptive study on SLURM: {:.1?}", t.elapsed());
+
+    // Killed mid-way, resumed: the jobs in flight are watched again, not submitted again.
+    let t = Instant::now();
+    let dir = root.join("study-b");
+    let printed = start(&dir, &["steps=6", "pause=0.5"]);
+    let pid = printed["driver_pid"].as_i64().unwrap() as i32;
+    let submitted = |dir: &Path| -> Vec<String> {
+        read_json(&dir.join("sweep.json"))["jobs"]
+            .as_array()
+            .map(|j| {
+                j.iter()
+                    .filter_map(|j| j["job_id"].as_str().map(str::to_string))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    wait_for("2 trials submitted", Duration::from_secs(20), || {
+        submitted(&dir).len() == 2
+    });
+    assert_eq!(
+        std::fs::read_to_string(dir.join("driver.pid"))
+            .unwrap()
+            .trim(),
+        pid.to_string()
+    );
+    // SAFETY: signals the driver this test started (its pid as printed and in driver.pid).
+    unsafe {
+        libc::kill(pid, libc::SIGKILL);
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    let before = submitted(&dir);
+    assert_eq!(
+        trials_in(&dir, "RUNNING"),
+        2,
+        "killed with 2 trials in flight"
+    );
+    let out = flotilla_cli(
+        &project,
+        &path,
+        &[
+            "run",
+            "--format",
+            "json",
+            "--resume-sweep",
+            &dir.display().to_string(),
+        ],
+    );
+    let printed: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(printed["driver_started"], true, "{printed}");
+    assert_ne!(printed["driver_pid"].as_i64(), Some(pid as i64));
+    wait_for(
+        "4 COMPLETE trials after resuming",
+        Duration::from_secs(60),
+        || trials_in(&dir, "COMPLETE") == 4,
+    );
+    wait_driver_gone(&dir);
+    check_study(&dir);
+    let after = submitted(&dir);
+    assert_eq!(
+        &after[..2],
+        &before[..],
+        "the jobs in flight kept their SLURM ids (watched again, not submitted again)"
+    );
+    let text = std::fs::read_to_string(dir.join("driver.log")).unwrap();
+    assert!(
+        text.contains("watching SLURM job"),
+        "the resumed driver's log:\n{text}"
+    );
+    println!("adaptive study killed and resumed: {:.1?}", t.elapsed());
 }

@@ -9,6 +9,7 @@ mod plan;
 mod report;
 mod run;
 mod status;
+mod study_drive;
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -27,6 +28,7 @@ pub use plan::{plan, PlanArgs, PLAN_EXAMPLES};
 pub use report::{report, ReportArgs, REPORT_EXAMPLES};
 pub use run::{run, RunArgs, RUN_EXAMPLES};
 pub use status::{status, StatusArgs};
+pub use study_drive::{study_drive, StudyDriveArgs};
 
 /// Where the config comes from, shared by every subcommand that composes.
 #[derive(Args, Clone)]

@@ -6,7 +6,8 @@ use flotilla_config::sweep::sweep_overrides;
 use flotilla_config::sweep::SweepFile;
 use flotilla_launch::rundir::snapshot::{layer_overrides, SavedJob};
 use flotilla_launch::study::config::study_config;
-use flotilla_launch::study::driver::{self, StudyFile};
+use flotilla_launch::study::detach;
+use flotilla_launch::study::driver::{self, StudyFile, StudyRun};
 use flotilla_launch::{LocalOptions, RunOptions, TaskCommand, JOB_DIR_PLACEHOLDER};
 use std::path::PathBuf;
 
@@ -77,12 +78,21 @@ pub fn run(args: RunArgs) -> Result<(), Failure> {
         local,
     };
     let argv: Vec<String> = std::env::args().collect();
+    let driving = Driving {
+        stop_grace_s: args.stop_grace_s,
+        task_exec: args.task_exec.clone(),
+        format: args.format,
+    };
     let mut study_dir = None;
     let report = match &args.resume_sweep {
         Some(dir) => match StudyFile::read(dir)? {
             Some(study) if !args.dry_run => {
                 study_dir = Some(dir.clone());
-                driver::resume_study(dir, study, settings.fallbacks(), &argv, options.local)?
+                match driver::resume_study(dir, study, settings.fallbacks(), &argv, options.local)?
+                {
+                    StudyRun::Ran(report) => report,
+                    StudyRun::Slurm(dir) => return start_driver(&dir, &driving),
+                }
             }
             _ => flotilla_launch::resume(dir, options)?,
         },
@@ -121,14 +131,17 @@ pub fn run(args: RunArgs) -> Result<(), Failure> {
                     return write_stdout(&super::plan::describe_study(&config, &space));
                 }
                 Some((config, sweep)) => {
-                    let report = driver::run_study(
+                    let report = match driver::run_study(
                         &composer,
                         config,
                         sweep.runtime,
                         sweep.task,
                         &argv,
                         options.local,
-                    )?;
+                    )? {
+                        StudyRun::Ran(report) => report,
+                        StudyRun::Slurm(dir) => return start_driver(&dir, &driving),
+                    };
                     study_dir = report.run.sweep_dir.clone();
                     report
                 }
@@ -160,4 +173,50 @@ pub fn run(args: RunArgs) -> Result<(), Failure> {
     } else {
         Err(Failure::Other(anyhow::anyhow!(problems.join("\n"))))
     }
+}
+
+/// What a detached study driver is started with.
+struct Driving {
+    stop_grace_s: f64,
+    task_exec: Option<PathBuf>,
+    format: OutputFormat,
+}
+
+/// A study whose trials are SLURM jobs: starts its detached driver (`flotilla study-drive DIR`)
+/// unless one is alive, prints where it is and how to watch it, and returns.
+fn start_driver(dir: &std::path::Path, args: &Driving) -> Result<(), Failure> {
+    let dir = std::path::absolute(dir).map_err(|e| Failure::Other(e.into()))?;
+    let (pid, started) = match detach::live_driver(&dir) {
+        Some(pid) => (pid, false),
+        None => {
+            let exe = std::env::current_exe().map_err(|e| Failure::Other(e.into()))?;
+            let mut extra = vec!["--stop-grace-s".to_string(), args.stop_grace_s.to_string()];
+            if let Some(p) = &args.task_exec {
+                extra.push("--task-exec".into());
+                extra.push(p.display().to_string());
+            }
+            (detach::spawn_driver(&exe, &dir, &extra)?.pid, true)
+        }
+    };
+    let log = dir.join(detach::LOG_FILE);
+    let shown = dir.display();
+    write_stdout(&match args.format {
+        OutputFormat::Json => format!(
+            "{}\n",
+            serde_json::json!({
+                "sweep_dir": dir,
+                "driver_pid": pid,
+                "driver_started": started,
+                "driver_log": log,
+            })
+        ),
+        OutputFormat::Text => format!(
+            "study: {shown} (trials are SLURM jobs)\n\
+             driver: pid {pid}{}, log {}\n\
+             watch:  flotilla status {shown} --watch\n\
+             report: flotilla report {shown}\n",
+            if started { "" } else { " (already running)" },
+            log.display()
+        ),
+    })
 }

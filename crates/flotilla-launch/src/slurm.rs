@@ -467,10 +467,28 @@ pub fn write_scripts(
     jobs: &[JobSpec],
     opts: &SlurmOptions,
 ) -> Result<Vec<Script>, SlurmError> {
+    write_scripts_as(plan, jobs, opts, plan.is_sweep())
+}
+
+/// [`write_scripts`] with one batch job per job (no arrays), also in a sweep: how an adaptive
+/// study submits each trial alone.
+pub fn write_single_scripts(
+    plan: &PlanFile,
+    jobs: &[JobSpec],
+    opts: &SlurmOptions,
+) -> Result<Vec<Script>, SlurmError> {
+    write_scripts_as(plan, jobs, opts, false)
+}
+
+fn write_scripts_as(
+    plan: &PlanFile,
+    jobs: &[JobSpec],
+    opts: &SlurmOptions,
+    array: bool,
+) -> Result<Vec<Script>, SlurmError> {
     if jobs.is_empty() {
         return Ok(Vec::new());
     }
-    let array = plan.is_sweep();
     let max_array = if array {
         opts.max_array_size
             .unwrap_or_else(|| max_array_size().unwrap_or(DEFAULT_MAX_ARRAY_SIZE))
@@ -727,6 +745,21 @@ fn sbatch(script: &Path, submitted: &[String]) -> Result<String, SlurmError> {
         });
     }
     Ok(id.to_string())
+}
+
+/// `scancel ARGS... ID`: asks the scheduler to signal or cancel a job (`--signal=TERM` first,
+/// then a plain cancel, is how a study stops a pruned trial).
+pub fn scancel(id: &str, args: &[&str]) -> Result<(), SlurmError> {
+    let mut all: Vec<&str> = args.to_vec();
+    all.push(id);
+    let out = run_command("scancel", &all)?;
+    if !out.status.success() {
+        return Err(SlurmError::Query {
+            command: format!("scancel {}", all.join(" ")),
+            stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
+        });
+    }
+    Ok(())
 }
 
 /// Records a submission's ids in the plan (jobs PENDING, message cleared) and lists the

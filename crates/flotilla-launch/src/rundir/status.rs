@@ -43,6 +43,10 @@ fn last_step(path: &Path) -> Option<u64> {
 /// The state to show: the launcher's live state when it has one, else the recorded state, and
 /// COMPLETED when the directory holds `final/` and nothing says the job failed.
 pub fn combine(recorded: JobState, live: Option<JobState>, markers: &Markers) -> JobState {
+    // A study's decision: the scheduler only saw the job cancelled.
+    if recorded == JobState::Pruned {
+        return recorded;
+    }
     let state = live.unwrap_or(recorded);
     let failed = matches!(
         state,

@@ -19,6 +19,7 @@
 
 pub mod asha;
 pub mod config;
+pub mod detach;
 pub mod driver;
 pub mod random;
 pub mod space;
