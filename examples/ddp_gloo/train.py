@@ -173,6 +173,11 @@ def main():
         json.dump(seen, f, indent=2)
     if metrics is not None:
         metrics.close()
+    # Every rank is done with the collectives before any tears the group down, and DDP's reducer
+    # (which holds the group and its gloo threads) goes first: otherwise a rank can abort at exit
+    # ("terminate called without an active exception").
+    dist.barrier()
+    del model, opt
     dist.destroy_process_group()
 
 
