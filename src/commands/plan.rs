@@ -57,8 +57,13 @@ const FIRST_TRIALS: usize = 5;
 /// An adaptive sweep as `plan` prints it: the sampler, the space, the first trials.
 pub fn describe_study(config: &StudyConfig, space: &SearchSpace) -> String {
     let mut out = format!(
-        "adaptive sweep: sampler {}, {} trials, {} at once, seed {}{}\n",
+        "adaptive sweep: sampler {}{}, {} trials, {} at once, seed {}{}\n",
         config.sampler.as_str(),
+        if config.multivariate {
+            " (multivariate)"
+        } else {
+            ""
+        },
         config.n_trials,
         config.max_parallel,
         config.seed,

@@ -407,7 +407,7 @@ fn default_runtime(config_name: &str) -> Node {
         "run:\n  dir: outputs/${{now:%Y-%m-%d}}/${{now:%H-%M-%S}}\n\
          sweep:\n  dir: outputs/multirun/${{now:%Y-%m-%d}}/${{now:%H-%M-%S}}\n  subdir: ${{hydra.job.num}}\n\
          launcher: {{}}\n\
-         sweeper:\n  max_batch_size: null\n  params: null\n  sampler: grid\n  n_trials: null\n  seed: 0\n  metric: null\n  direction: null\n  max_parallel: null\n  pruner: null\n  min_resource: null\n  reduction_factor: 4\n  min_early_stopping_rate: 0\n\
+         sweeper:\n  max_batch_size: null\n  params: null\n  sampler: grid\n  n_trials: null\n  seed: 0\n  metric: null\n  direction: null\n  max_parallel: null\n  pruner: null\n  min_resource: null\n  reduction_factor: 4\n  min_early_stopping_rate: 0\n  multivariate: false\n\
          help: {{}}\nhydra_help: {{}}\nhydra_logging: {{}}\njob_logging: {{}}\n\
          env: {{}}\nmode: RUN\nsearchpath: []\ncallbacks: {{}}\noutput_subdir: null\n\
          overrides:\n  hydra: []\n  task: []\n\

@@ -1,7 +1,7 @@
 //! The study settings of a multirun, read from the runtime node's `flotilla.sweeper` (alias
 //! `hydra.sweeper`): `sampler` (`grid`, today's exact Hydra order, or the adaptive `random` and
-//! `tpe`), `n_trials`, `seed`, `metric` and `direction`, `max_parallel`, and `pruner` (`asha`,
-//! with `min_resource`, `reduction_factor`, `min_early_stopping_rate`).
+//! `tpe`, with `multivariate`), `n_trials`, `seed`, `metric` and `direction`, `max_parallel`, and
+//! `pruner` (`asha`, with `min_resource`, `reduction_factor`, `min_early_stopping_rate`).
 
 use super::{Direction, MinResource, SuccessiveHalving};
 use flotilla_config::node::{python_str, Node, Value};
@@ -39,6 +39,10 @@ pub struct StudyConfig {
     /// Trials running at once.
     pub max_parallel: usize,
     pub pruner: Option<SuccessiveHalving>,
+    /// TPE: one joint Parzen estimator over every parameter (Optuna's `multivariate=True`)
+    /// instead of one per parameter.
+    #[serde(default)]
+    pub multivariate: bool,
 }
 
 fn key(name: &str) -> String {
@@ -160,6 +164,13 @@ pub fn study_config(runtime: &Node) -> Result<Option<StudyConfig>, ConfigError> 
         direction,
         max_parallel: uint(sweeper, "max_parallel")?.unwrap_or(1).max(1) as usize,
         pruner,
+        multivariate: match get(sweeper, "multivariate") {
+            None => false,
+            Some(n) => match n.value {
+                Value::Bool(b) => b,
+                _ => return Err(bad("multivariate", n, "true or false")),
+            },
+        },
     }))
 }
 
@@ -188,6 +199,22 @@ mod tests {
         let p = c.pruner.unwrap();
         assert_eq!(p.min_resource, MinResource::Steps(100));
         assert_eq!(p.reduction_factor, 3);
+        assert!(!c.multivariate);
+        let c = study_config(&runtime(
+            "sweeper: {sampler: tpe, n_trials: 5, multivariate: true}",
+        ))
+        .unwrap()
+        .unwrap();
+        assert!(c.multivariate);
+        let e = study_config(&runtime(
+            "sweeper: {sampler: tpe, n_trials: 5, multivariate: 1}",
+        ))
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("flotilla.sweeper.multivariate must be true or false"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -94,6 +94,7 @@ fn sampler_for(study: &StudyFile) -> Box<dyn Sampler> {
         SamplerKind::Tpe => Box::new(TpeSampler::new(
             TpeOptions {
                 seed: study.config.seed,
+                multivariate: study.config.multivariate,
                 ..TpeOptions::default()
             },
             study.direction,
@@ -1130,6 +1131,7 @@ mod tests {
             direction: None,
             max_parallel: 2,
             pruner: None,
+            multivariate: false,
         };
         let (dir, study, first) =
             create_study(&composer, config, sweep.runtime, sweep.task, &[]).unwrap();
