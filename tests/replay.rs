@@ -4,48 +4,15 @@
 //! value that differs, the file and line or the override it came from on both sides.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
 
 mod common;
-
-fn flotilla_in(cwd: &Path, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_flotilla"))
-        .args(args)
-        .current_dir(cwd)
-        .env_remove("FLOTILLA_LOG")
-        .output()
-        .expect("run flotilla")
-}
-
-fn ok(o: Output) -> String {
-    assert!(
-        o.status.success(),
-        "exit {:?}\nstdout:\n{}\nstderr:\n{}",
-        o.status.code(),
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    );
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
+use common::{copy_dir, flotilla_in, ok};
 
 /// A project directory with its own copy of the shipped `conf/`.
 fn project() -> tempfile::TempDir {
     let tmp = tempfile::tempdir().unwrap();
     copy_dir(&common::conf_dir(), &tmp.path().join("conf"));
     tmp
-}
-
-fn copy_dir(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).unwrap();
-    for entry in std::fs::read_dir(from).unwrap() {
-        let entry = entry.unwrap();
-        let target = to.join(entry.file_name());
-        if entry.file_type().unwrap().is_dir() {
-            copy_dir(&entry.path(), &target);
-        } else {
-            std::fs::copy(entry.path(), target).unwrap();
-        }
-    }
 }
 
 /// The run or sweep directory `flotilla run` printed (`prepared run DIR`, `finished run DIR`,

@@ -8,30 +8,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 mod common;
-use common::venv_python;
-
-fn flotilla_in(cwd: &Path, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_flotilla"))
-        .args(args)
-        .current_dir(cwd)
-        .env_remove("FLOTILLA_LOG")
-        .output()
-        .expect("run flotilla")
-}
+use common::{flotilla_in, ok, venv_python};
 
 fn flotilla(args: &[&str]) -> Output {
     flotilla_in(Path::new(env!("CARGO_MANIFEST_DIR")), args)
-}
-
-fn ok(o: Output) -> String {
-    assert!(
-        o.status.success(),
-        "exit {:?}\nstdout:\n{}\nstderr:\n{}",
-        o.status.code(),
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    );
-    String::from_utf8_lossy(&o.stdout).into_owned()
 }
 
 /// Every file under `dir` with its size and modification time.

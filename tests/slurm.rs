@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::{ov, read_env};
+use common::{branin, copy_dir, ov, read_env};
 use flotilla_config::schema::{ComputeConfig, Launcher};
 use flotilla_launch::rundir::{self, JobState};
 use flotilla_launch::slurm::{
@@ -1067,21 +1067,6 @@ fn cli_wait_terminal(dir: &Path, path: &std::ffi::OsStr, timeout: Duration) -> s
     }
 }
 
-fn copy_tree(src: &Path, dst: &Path) {
-    std::fs::create_dir_all(dst).unwrap();
-    for e in std::fs::read_dir(src).unwrap().flatten() {
-        let name = e.file_name();
-        if name == "outputs" || name == "__pycache__" {
-            continue;
-        }
-        if e.file_type().unwrap().is_dir() {
-            copy_tree(&e.path(), &dst.join(&name));
-        } else {
-            std::fs::copy(e.path(), dst.join(&name)).unwrap();
-        }
-    }
-}
-
 /// A program that stops on SIGUSR2 the way a user's training script would: it notes the stop
 /// (its "checkpoint") and exits 0; started again after the requeue it finds the note and ends.
 const USR2_PROGRAM: &str = r#"
@@ -1136,7 +1121,7 @@ fn user_programs(root: &Path) {
     // 6. The DDP example, 2 ranks of one SLURM job.
     let t = Instant::now();
     let example = root.join("ddp_gloo");
-    copy_tree(&Path::new(REPO).join("examples/ddp_gloo"), &example);
+    copy_dir(&Path::new(REPO).join("examples/ddp_gloo"), &example);
     let run_dir = root.join("user-ddp");
     let out = flotilla_cli(
         &example,
@@ -1415,19 +1400,6 @@ flotilla:
       x: interval(-5, 10)
       y: interval(0, 15)
 ";
-
-fn branin(x: f64, y: f64) -> f64 {
-    use std::f64::consts::PI;
-    let (a, b, c, r, s, t) = (
-        1.0,
-        5.1 / (4.0 * PI * PI),
-        5.0 / PI,
-        6.0,
-        10.0,
-        1.0 / (8.0 * PI),
-    );
-    a * (y - b * x * x + c * x - r).powi(2) + s * (1.0 - t) * x.cos() + s
-}
 
 fn read_json(path: &Path) -> serde_json::Value {
     serde_json::from_str(&std::fs::read_to_string(path).unwrap_or_default())

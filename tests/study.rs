@@ -8,6 +8,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::Duration;
 
+mod common;
+use common::{branin, ok};
+
 const OBJECTIVE: &str = r#"import math, os, sys, time
 x = float(sys.argv[1]); y = float(sys.argv[2]); steps = int(sys.argv[3])
 a, b, c, r, s, t = 1, 5.1 / (4 * math.pi ** 2), 5 / math.pi, 6, 10, 1 / (8 * math.pi)
@@ -36,19 +39,6 @@ flotilla:
       y: interval(0, 15)
 ";
 
-fn branin(x: f64, y: f64) -> f64 {
-    use std::f64::consts::PI;
-    let (a, b, c, r, s, t) = (
-        1.0,
-        5.1 / (4.0 * PI * PI),
-        5.0 / PI,
-        6.0,
-        10.0,
-        1.0 / (8.0 * PI),
-    );
-    a * (y - b * x * x + c * x - r).powi(2) + s * (1.0 - t) * x.cos() + s
-}
-
 fn project() -> tempfile::TempDir {
     let tmp = tempfile::tempdir().unwrap();
     std::fs::create_dir_all(tmp.path().join("conf")).unwrap();
@@ -65,17 +55,6 @@ fn flotilla(cwd: &Path) -> Command {
 
 fn run(cwd: &Path, args: &[&str]) -> Output {
     flotilla(cwd).args(args).output().expect("run flotilla")
-}
-
-fn ok(o: Output) -> String {
-    assert!(
-        o.status.success(),
-        "exit {:?}\nstdout:\n{}\nstderr:\n{}",
-        o.status.code(),
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    );
-    String::from_utf8_lossy(&o.stdout).into_owned()
 }
 
 fn json(path: PathBuf) -> serde_json::Value {

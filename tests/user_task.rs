@@ -11,6 +11,7 @@
 //! a `SKIPPED:` line, only when that python cannot import torch, hydra and omegaconf.
 
 mod common;
+use common::copy_dir;
 
 use serde_json::{json, Value};
 use std::collections::BTreeSet;
@@ -49,23 +50,6 @@ fn path_with(bin: &Path) -> OsString {
         dirs.extend(std::env::split_paths(&p));
     }
     std::env::join_paths(dirs).unwrap()
-}
-
-/// Copies `src` into `dst` (no `outputs/`, no `__pycache__/`).
-fn copy_dir(src: &Path, dst: &Path) {
-    std::fs::create_dir_all(dst).unwrap();
-    for e in std::fs::read_dir(src).unwrap() {
-        let e = e.unwrap();
-        let name = e.file_name();
-        if name == "outputs" || name == "__pycache__" {
-            continue;
-        }
-        if e.file_type().unwrap().is_dir() {
-            copy_dir(&e.path(), &dst.join(&name));
-        } else {
-            std::fs::copy(e.path(), dst.join(&name)).unwrap();
-        }
-    }
 }
 
 /// A copy of `examples/<name>` under `root`.

@@ -1,12 +1,14 @@
 //! Fixtures and helpers shared by the integration tests: the repository's config tree and a
 //! composer over it, preparing runs, reading the environment a task wrote, a free port, small
-//! model and trainer configs, and the Python oracle. Included with `mod common;`; each test
+//! model and trainer configs, the Python oracle, running the `flotilla` binary, copying a
+//! project tree, and the Branin function the adaptive-sweep objectives compute. Included with `mod common;`; each test
 //! uses what it needs.
 
 #![allow(dead_code)]
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
 
 use flotilla_config::schema::{ModelConfig, TrainerConfig};
 use flotilla_config::{ComposeOptions, Composer};
@@ -161,4 +163,58 @@ pub fn oracle_python() -> Option<PathBuf> {
         .map(|o| o.status.success())
         .unwrap_or(false);
     ok.then_some(python)
+}
+
+/// Runs the `flotilla` binary with `args` in `cwd` (its log filter left at the default).
+pub fn flotilla_in(cwd: &Path, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_flotilla"))
+        .args(args)
+        .current_dir(cwd)
+        .env_remove("FLOTILLA_LOG")
+        .output()
+        .expect("run flotilla")
+}
+
+/// The standard output of a command that must have succeeded (else a panic showing its exit
+/// status and both streams).
+pub fn ok(o: Output) -> String {
+    assert!(
+        o.status.success(),
+        "exit {:?}\nstdout:\n{}\nstderr:\n{}",
+        o.status.code(),
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// Copies the tree `src` into `dst`, leaving out `outputs/` and `__pycache__/`.
+pub fn copy_dir(src: &Path, dst: &Path) {
+    std::fs::create_dir_all(dst).unwrap();
+    for e in std::fs::read_dir(src).unwrap() {
+        let e = e.unwrap();
+        let name = e.file_name();
+        if name == "outputs" || name == "__pycache__" {
+            continue;
+        }
+        if e.file_type().unwrap().is_dir() {
+            copy_dir(&e.path(), &dst.join(&name));
+        } else {
+            std::fs::copy(e.path(), dst.join(&name)).unwrap();
+        }
+    }
+}
+
+/// The Branin function (the objectives' Python programs compute the same).
+pub fn branin(x: f64, y: f64) -> f64 {
+    use std::f64::consts::PI;
+    let (a, b, c, r, s, t) = (
+        1.0,
+        5.1 / (4.0 * PI * PI),
+        5.0 / PI,
+        6.0,
+        10.0,
+        1.0 / (8.0 * PI),
+    );
+    a * (y - b * x * x + c * x - r).powi(2) + s * (1.0 - t) * x.cos() + s
 }
