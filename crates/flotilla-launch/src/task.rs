@@ -196,6 +196,11 @@ pub fn process_plan(
     let mut set: Vec<(String, String)> = Vec::new();
     let mut remove: Vec<String> = Vec::new();
     let master_port = place.master_port.to_string();
+    // The run's id: the launcher's (torchrun's, or the SLURM job), else one named by the job.
+    let run_id = place.job_id.clone().unwrap_or_else(|| match job_num {
+        Some(n) => format!("flotilla-job-{n}"),
+        None => "flotilla".to_string(),
+    });
     let (nnodes, node_rank) = match spec.ranks {
         TaskRanks::PerTask => (place.num_nodes, place.node_rank),
         // One process per node: the node is the process's rank in the launcher's placement.
@@ -204,12 +209,7 @@ pub fn process_plan(
     match spec.ranks {
         TaskRanks::PerTask => {
             let mut place = place.clone();
-            if place.job_id.is_none() {
-                place.job_id = Some(match job_num {
-                    Some(n) => format!("flotilla-job-{n}"),
-                    None => "flotilla".to_string(),
-                });
-            }
+            place.job_id = Some(run_id);
             set.extend(
                 RankEnv {
                     place,
@@ -236,13 +236,7 @@ pub fn process_plan(
                 ("PET_NODE_RANK".to_string(), n),
                 ("PET_MASTER_ADDR".to_string(), place.master_addr.clone()),
                 ("PET_MASTER_PORT".to_string(), master_port.clone()),
-                (
-                    "PET_RDZV_ID".to_string(),
-                    place.job_id.clone().unwrap_or_else(|| match job_num {
-                        Some(n) => format!("flotilla-job-{n}"),
-                        None => "flotilla".to_string(),
-                    }),
-                ),
+                ("PET_RDZV_ID".to_string(), run_id),
             ]);
         }
     }

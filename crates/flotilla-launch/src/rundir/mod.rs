@@ -339,6 +339,28 @@ pub fn override_assignments(overrides: &[String]) -> indexmap::IndexMap<String, 
         .collect()
 }
 
+/// The facts every `meta.json` of one command records: the command line, who and where, and
+/// the config it was composed from — for a job composed again from its own files (`rerun_of`),
+/// the original's config directory and the job itself.
+fn provenance_for(
+    composer: &Composer,
+    argv: &[String],
+    rerun_of: Option<&snapshot::SavedJob>,
+) -> Provenance {
+    let absolute = |p: &Path| std::path::absolute(p).ok().map(|p| p.display().to_string());
+    let mut provenance = Provenance::collect(argv.to_vec());
+    provenance.source = ComposeSource {
+        config_dir: match rerun_of {
+            Some(saved) => saved.meta.config_dir.clone(),
+            None => absolute(&composer.options().config_dir),
+        },
+        rerun_of: rerun_of.and_then(|saved| absolute(&saved.job_dir)),
+        config_name: Some(composer.options().config_name.clone()),
+        validate: composer.validates(),
+    };
+    provenance
+}
+
 /// Writes one job's directory: `config.yaml`, `overrides.yaml`, `task.json` (a user program),
 /// `meta.json` and an empty `logs/`.
 fn write_job_files(
@@ -472,23 +494,8 @@ fn check_programs(
 /// file with every job PENDING.
 pub fn prepare(composer: &Composer, req: &RunRequest) -> Result<PreparedRun, RunDirError> {
     let start_dir = std::env::current_dir().map_err(|e| io_err(Path::new("."), e))?;
-    let mut provenance = Provenance::collect(req.argv.clone());
+    let provenance = provenance_for(composer, &req.argv, req.rerun_of.as_ref());
     let config_dir = &composer.options().config_dir;
-    provenance.source = ComposeSource {
-        config_dir: match &req.rerun_of {
-            Some(saved) => saved.meta.config_dir.clone(),
-            None => std::path::absolute(config_dir)
-                .ok()
-                .map(|p| p.display().to_string()),
-        },
-        rerun_of: req.rerun_of.as_ref().and_then(|saved| {
-            std::path::absolute(&saved.job_dir)
-                .ok()
-                .map(|p| p.display().to_string())
-        }),
-        config_name: Some(composer.options().config_name.clone()),
-        validate: composer.validates(),
-    };
     let mut staged: Vec<Staged> = Vec::new();
     let mut dest: Option<String> = None;
     let mut launcher = None;

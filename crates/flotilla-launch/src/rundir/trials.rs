@@ -5,9 +5,9 @@
 //! writes a sweep's jobs, and appends its record to the plan.
 
 use super::{
-    install_dir, io_err, job_runs, replayable_runtime_overrides, runtime_path, snapshot,
-    staging_dir, write_job_files, ComposeSource, JobRecord, Plan, PlanFile, PreparedJob,
-    Provenance, RunDirError, Staged, JOB_NAME_KEY, PLAN_VERSION,
+    install_dir, io_err, job_runs, provenance_for, replayable_runtime_overrides, runtime_path,
+    snapshot, staging_dir, write_job_files, JobRecord, Plan, PlanFile, PreparedJob, Provenance,
+    RunDirError, Staged, JOB_NAME_KEY, PLAN_VERSION,
 };
 use flotilla_config::overrides::{parse_override, Override};
 use flotilla_config::yaml::{to_yaml, EmitOptions};
@@ -25,19 +25,6 @@ pub struct StudyDir {
     start_dir: PathBuf,
 }
 
-fn provenance_for(composer: &Composer, argv: &[String]) -> Provenance {
-    let mut provenance = Provenance::collect(argv.to_vec());
-    provenance.source = ComposeSource {
-        config_dir: std::path::absolute(&composer.options().config_dir)
-            .ok()
-            .map(|p| p.display().to_string()),
-        config_name: Some(composer.options().config_name.clone()),
-        validate: composer.validates(),
-        rerun_of: None,
-    };
-    provenance
-}
-
 impl StudyDir {
     /// Creates the (empty) sweep directory of a study from `first`, a composed job of it (its
     /// `flotilla.sweep.dir` names the directory, its launcher and job name go into the plan).
@@ -53,7 +40,7 @@ impl StudyDir {
         let dest = runtime_path(first, ctx, "sweep.dir")?;
         let job_name = runtime_path(first, ctx, "job.name")?;
         let dest = std::path::absolute(&dest).map_err(|e| io_err(Path::new(&dest), e))?;
-        let provenance = provenance_for(composer, argv);
+        let provenance = provenance_for(composer, argv, None);
         let launcher = runs.compute.launcher.as_str().to_string();
         let tmp = staging_dir(&dest)?;
         let built = (|| -> Result<bool, RunDirError> {
@@ -112,7 +99,7 @@ impl StudyDir {
         let snapshot_kept = plan.dir().join(snapshot::SNAPSHOT_DIR).is_dir();
         Ok(StudyDir {
             runtime,
-            provenance: provenance_for(composer, argv),
+            provenance: provenance_for(composer, argv, None),
             launcher: read.launcher,
             snapshot_kept,
             start_dir: std::env::current_dir().map_err(|e| io_err(Path::new("."), e))?,

@@ -88,16 +88,16 @@ impl StudyFile {
     }
 }
 
-fn sampler_for(study: &StudyFile) -> Box<dyn Sampler> {
-    match study.config.sampler {
-        SamplerKind::Random => Box::new(RandomSampler::new(study.config.seed)),
+fn sampler_for(config: &StudyConfig, direction: Direction) -> Box<dyn Sampler> {
+    match config.sampler {
+        SamplerKind::Random => Box::new(RandomSampler::new(config.seed)),
         SamplerKind::Tpe => Box::new(TpeSampler::new(
             TpeOptions {
-                seed: study.config.seed,
-                multivariate: study.config.multivariate,
+                seed: config.seed,
+                multivariate: config.multivariate,
                 ..TpeOptions::default()
             },
-            study.direction,
+            direction,
         )),
     }
 }
@@ -119,19 +119,7 @@ pub fn search_space(task: &[Override]) -> Result<SearchSpace, ConfigError> {
 
 /// The first trials a new study would sample (for `plan`): their override lists.
 pub fn first_trials(config: &StudyConfig, space: &SearchSpace, count: usize) -> Vec<Vec<String>> {
-    let study = StudyFile {
-        version: STUDY_VERSION,
-        config: config.clone(),
-        metric: String::new(),
-        direction: config.direction.unwrap_or_default(),
-        space: space.clone(),
-        runtime_overrides: Vec::new(),
-        config_name: String::new(),
-        validate: true,
-        trials: Vec::new(),
-        pruner: None,
-    };
-    let mut sampler = sampler_for(&study);
+    let mut sampler = sampler_for(config, config.direction.unwrap_or_default());
     let mut trials: Vec<Trial> = Vec::new();
     let mut out = Vec::new();
     for _ in 0..count.min(config.n_trials) {
@@ -538,22 +526,14 @@ pub fn create_study(
         trials: Vec::new(),
         pruner: config.pruner.clone(),
     };
-    let first_params = sampler_for(&probe).sample(&space, &[]);
+    // Sampled before any result exists, so the direction (decided below) plays no part.
+    let first_params = sampler_for(&config, probe.direction).sample(&space, &[]);
     let mut parsed = runtime.clone();
     for text in space.overrides(&first_params) {
         parsed.push(parse_override(&text).map_err(ConfigError::from)?);
     }
     let first = composer.compose_parsed(&parsed, Some(0))?;
     let study_dir = StudyDir::create(composer, &first, runtime, argv)?;
-    let known = [LauncherKind::Local.as_str(), LauncherKind::Slurm.as_str()];
-    if !known.contains(&study_dir.launcher()) {
-        let _ = std::fs::remove_dir_all(study_dir.plan.dir());
-        return Err(LaunchError::Unsupported(format!(
-            "adaptive sweeps ({}) run their trials on the local launcher or on SLURM; compute.launcher is {}",
-            config.sampler.as_str(),
-            study_dir.launcher()
-        )));
-    }
     let first_job = study_dir.add_job(composer, 0, &space.overrides(&first_params))?;
     probe.metric = config
         .metric
@@ -824,7 +804,7 @@ fn study_loop(
     let sweep_dir: PathBuf = study_dir.plan.dir().to_path_buf();
     let plan = study_dir.plan.clone();
     let max_parallel = study.config.max_parallel;
-    let mut sampler = sampler_for(study);
+    let mut sampler = sampler_for(&study.config, study.direction);
     let mut running: HashMap<usize, Running> = HashMap::new();
     let mut outcomes: Vec<JobOutcome> = Vec::new();
     let mut jobs: Vec<PreparedJob> = Vec::new();
