@@ -605,23 +605,14 @@ pub fn prepare(composer: &Composer, req: &RunRequest) -> Result<PreparedRun, Run
             };
             records.push(JobRecord::pending(job.num, rel, job.overrides.clone()));
         }
-        let plan = Plan {
-            version: PLAN_VERSION,
-            sweep: req.multirun,
-            created: provenance.time.clone(),
-            launcher: launcher_name.to_string(),
-            argv: req.argv.clone(),
-            jobs: records,
-            extra: job_name
-                .iter()
-                .map(|n| {
-                    (
-                        JOB_NAME_KEY.to_string(),
-                        serde_json::Value::from(n.as_str()),
-                    )
-                })
-                .collect(),
-        };
+        let plan = Plan::new(
+            req.multirun,
+            provenance.time.clone(),
+            launcher_name,
+            req.argv.clone(),
+            records,
+            job_name.as_deref(),
+        );
         let file = if req.multirun {
             PlanFile::sweep(&tmp)
         } else {

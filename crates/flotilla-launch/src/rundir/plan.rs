@@ -212,6 +212,30 @@ pub struct Plan {
 }
 
 impl Plan {
+    /// A new plan of [`PLAN_VERSION`]: made `created` by the command `argv`, its jobs on
+    /// `launcher`, with the job name (`--job-name` under SLURM) when known.
+    pub fn new(
+        sweep: bool,
+        created: String,
+        launcher: &str,
+        argv: Vec<String>,
+        jobs: Vec<JobRecord>,
+        job_name: Option<&str>,
+    ) -> Plan {
+        Plan {
+            version: PLAN_VERSION,
+            sweep,
+            created,
+            launcher: launcher.to_string(),
+            argv,
+            jobs,
+            extra: job_name
+                .map(|n| (super::JOB_NAME_KEY.to_string(), serde_json::Value::from(n)))
+                .into_iter()
+                .collect(),
+        }
+    }
+
     pub fn job(&self, num: usize) -> Option<&JobRecord> {
         self.jobs.iter().find(|j| j.num == num)
     }

@@ -7,7 +7,7 @@
 use super::{
     install_dir, io_err, job_runs, provenance_for, replayable_runtime_overrides, runtime_path,
     snapshot, staging_dir, write_job_files, JobRecord, Plan, PlanFile, PreparedJob, Provenance,
-    RunDirError, Staged, JOB_NAME_KEY, PLAN_VERSION,
+    RunDirError, Staged,
 };
 use flotilla_config::overrides::{parse_override, Override};
 use flotilla_config::yaml::{to_yaml, EmitOptions};
@@ -48,20 +48,14 @@ impl StudyDir {
                 &composer.options().config_dir,
                 &tmp.join(snapshot::SNAPSHOT_DIR),
             )?;
-            let plan = Plan {
-                version: PLAN_VERSION,
-                sweep: true,
-                created: provenance.time.clone(),
-                launcher: launcher.clone(),
-                argv: argv.to_vec(),
-                jobs: Vec::new(),
-                extra: [(
-                    JOB_NAME_KEY.to_string(),
-                    serde_json::Value::from(job_name.as_str()),
-                )]
-                .into_iter()
-                .collect(),
-            };
+            let plan = Plan::new(
+                true,
+                provenance.time.clone(),
+                &launcher,
+                argv.to_vec(),
+                Vec::new(),
+                Some(&job_name),
+            );
             super::plan::write_new(&PlanFile::sweep(&tmp), &plan)?;
             Ok(kept)
         })();
