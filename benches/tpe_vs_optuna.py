@@ -3,7 +3,7 @@
 at equal budget, on seeded synthetic objectives, with random search as the floor.
 
 flotilla runs in process through the `tpe_objectives` example
-(crates/flotilla-launch/examples/tpe_objectives.rs: `cargo run --release -p flotilla-launch
+(crates/flotilla-study/examples/tpe_objectives.rs: `cargo run --release -p flotilla-study
 --example tpe_objectives`); optuna runs the same objectives here, with the same noise (a
 function of the seed and the trial number), one trial at a time, `n_trials` = budget:
 
@@ -101,7 +101,7 @@ def run_optuna(seeds, budget):
     return rows, optuna.__version__
 
 
-EXAMPLE = ["cargo", "run", "--quiet", "--release", "-p", "flotilla-launch", "--example", "tpe_objectives", "--"]
+EXAMPLE = ["cargo", "run", "--quiet", "--release", "-p", "flotilla-study", "--example", "tpe_objectives", "--"]
 
 
 def run_flotilla(seeds, budget):

@@ -10,11 +10,10 @@
 mod common;
 
 use common::free_port;
-use flotilla_train::distributed::comm::{
-    CommError, Communicator, CommunicatorExt, Element, ReduceOp, Work,
-};
-use flotilla_train::distributed::cpu::{CpuComm, CpuOptions};
-use flotilla_train::distributed::store::{KvStore, MemoryStore, Store, StoreConfig};
+use flotilla_comm::comm::{CommError, Communicator, CommunicatorExt, Element, ReduceOp, Work};
+use flotilla_comm::cpu::{CpuComm, CpuOptions};
+use flotilla_comm::store::{KvStore, MemoryStore, Store, StoreConfig};
+use flotilla_train::tensor_comm::TensorCollectives;
 use half::{bf16, f16};
 use std::fmt::Debug;
 use std::path::PathBuf;
@@ -344,10 +343,7 @@ fn matrix_for<T: TestElem>(c: &dyn Communicator, lens: &[usize], salt: usize) ->
     let dt = T::DTYPE;
     for &len in lens {
         for op in [ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max, ReduceOp::Min] {
-            if dt == flotilla_train::distributed::comm::DType::I64
-                && op == ReduceOp::Avg
-                && len > 1000
-            {
+            if dt == flotilla_comm::comm::DType::I64 && op == ReduceOp::Avg && len > 1000 {
                 continue; // integer average is covered by the short lengths
             }
             let what = format!("all_reduce {op:?} {dt} len {len}");

@@ -1,5 +1,5 @@
-//! Multi-process tests of the rendezvous store (`flotilla_train::distributed::store`) and rank discovery
-//! (`flotilla_launch::rank`) on localhost.
+//! Multi-process tests of the rendezvous store (`flotilla_comm::store`) and rank discovery
+//! (`flotilla_contract::rank`) on localhost.
 //!
 //! Each test re-executes this test binary as worker processes: it runs the `#[ignore]`d test
 //! `store_worker` with RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT and a scenario name in the
@@ -18,8 +18,8 @@ use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
-use flotilla_launch::rank::discover_from_process;
-use flotilla_train::distributed::store::{Store, StoreConfig, StoreError};
+use flotilla_comm::store::{Store, StoreConfig, StoreError};
+use flotilla_contract::rank::discover_from_process;
 
 const SCENARIO_VAR: &str = "FLOTILLA_STORE_TEST_SCENARIO";
 const TIMEOUT_VAR: &str = "FLOTILLA_STORE_TEST_TIMEOUT_MS";

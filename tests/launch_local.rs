@@ -6,8 +6,8 @@
 mod common;
 
 use common::{composer, conf_dir, read_env};
+use flotilla_contract::rank::{discover, RankEnv, RankSource};
 use flotilla_launch::local::{rank_env, rank_slot, threads_per_rank, EnvSpec};
-use flotilla_launch::rank::{discover, RankEnv, RankSource};
 use flotilla_launch::rundir::{self, JobState, PreparedRun};
 use flotilla_launch::{
     Cancel, JobOutcome, Launcher, LocalLauncher, LocalOptions, TaskCommand, TaskExit,

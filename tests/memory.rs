@@ -26,12 +26,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::{composer, ov};
+use flotilla_comm::comm::Communicator;
+use flotilla_comm::cpu::{CpuComm, CpuOptions};
+use flotilla_comm::store::MemoryStore;
 use flotilla_config::schema::JobConfig;
 use flotilla_launch::memory::{self, Phase, Step, TermKind};
 use flotilla_train::data::{self, BatchLayout, DataLoader, DataOptions};
-use flotilla_train::distributed::comm::Communicator;
-use flotilla_train::distributed::cpu::{CpuComm, CpuOptions};
-use flotilla_train::distributed::store::MemoryStore;
 use flotilla_train::model::{Llama, Params};
 use flotilla_train::replicated::Replicated;
 use flotilla_train::storage_shim::{distinct_storage_bytes, held_bytes, storage_address};

@@ -307,7 +307,7 @@ fn plot_writes_every_figure_as_svg_and_as_a_png_of_the_same_picture() {
     ]);
     let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
     ok(out);
-    let fonts = flotilla_launch::report::png::font_family().is_some();
+    let fonts = flotilla_results::report::png::font_family().is_some();
     assert_eq!(
         stderr.contains("fonts-dejavu-core"),
         !fonts,

@@ -673,7 +673,7 @@ fn real_cluster() {
             let job_id: u64 = env["SLURM_JOB_ID"].parse().unwrap();
             assert_eq!(
                 env["MASTER_PORT"],
-                flotilla_launch::rank::slurm_port(job_id).to_string()
+                flotilla_contract::rank::slurm_port(job_id).to_string()
             );
             assert!(!env["MASTER_ADDR"].is_empty() && env["MASTER_ADDR"] != "unset");
             ports.push(env["MASTER_PORT"].clone());
@@ -1156,7 +1156,7 @@ fn user_programs(root: &Path) {
             serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap()
         })
         .collect();
-    let port = flotilla_launch::rank::slurm_port(job_id.parse().unwrap()).to_string();
+    let port = flotilla_contract::rank::slurm_port(job_id.parse().unwrap()).to_string();
     for (r, s) in seen.iter().enumerate() {
         let env = &s["env"];
         let r = r.to_string();

@@ -36,13 +36,13 @@ use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use common::conf_dir;
+use flotilla_comm::comm::Communicator;
+use flotilla_comm::cpu::{CpuComm, CpuOptions};
+use flotilla_comm::store::MemoryStore;
 use flotilla_config::schema::AutoWrapPolicy;
 use flotilla_config::schema::{DataConfig, ModelConfig, TrainerConfig};
 use flotilla_train::checkpoint::{ShardedMeta, SHARDED_META_FILE};
 use flotilla_train::data::{self, BatchLayout, DataLoader, DataOptions};
-use flotilla_train::distributed::comm::Communicator;
-use flotilla_train::distributed::cpu::{CpuComm, CpuOptions};
-use flotilla_train::distributed::store::MemoryStore;
 use flotilla_train::fsdp::{layouts, wrap_units};
 use flotilla_train::model::{load_hf, Llama};
 use flotilla_train::weights::MemoryReport;

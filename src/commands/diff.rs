@@ -29,11 +29,11 @@ pub struct DiffArgs {
 
 pub fn diff(args: DiffArgs) -> Result<(), Failure> {
     let settings = super::settings()?;
-    let diff = flotilla_launch::diff::diff_jobs(&args.a, &args.b, &settings.fallbacks())
+    let diff = flotilla_results::diff::diff_jobs(&args.a, &args.b, &settings.fallbacks())
         .map_err(|e| Failure::Usage(e.into()))?;
     write_stdout(&match args.format {
-        OutputFormat::Text => flotilla_launch::diff::to_text(&diff),
-        OutputFormat::Json => flotilla_launch::diff::to_json(&diff),
+        OutputFormat::Text => flotilla_results::diff::to_text(&diff),
+        OutputFormat::Json => flotilla_results::diff::to_json(&diff),
     })?;
     if args.exit_code && !diff.differences.is_empty() {
         return Err(Failure::Silent(1));

@@ -3,8 +3,8 @@
 
 use anyhow::Context;
 use clap::{Args, ValueEnum};
-use flotilla_launch::report::{self, html, png, render, Mode, ReportOptions};
 use flotilla_launch::rundir::write_atomic;
+use flotilla_results::report::{self, html, png, render, Mode, ReportOptions};
 use std::path::PathBuf;
 
 use super::{write_stdout, Failure};

@@ -5,10 +5,10 @@ use clap::{Args, ValueEnum};
 use flotilla_config::sweep::sweep_overrides;
 use flotilla_config::sweep::SweepFile;
 use flotilla_launch::rundir::snapshot::{layer_overrides, SavedJob};
-use flotilla_launch::study::config::study_config;
 use flotilla_launch::study::detach;
 use flotilla_launch::study::driver::{self, StudyFile, StudyRun};
 use flotilla_launch::{LocalOptions, RunOptions, TaskCommand, JOB_DIR_PLACEHOLDER};
+use flotilla_study::config::study_config;
 use std::path::PathBuf;
 
 use super::{write_stdout, ConfigArgs, Failure};

@@ -31,12 +31,16 @@ pub fn status(args: StatusArgs) -> Result<(), Failure> {
         let st = flotilla_launch::status(&args.dir)?;
         // The best line is an addition to the status: a directory the report cannot read
         // shows the table without it.
-        let best = flotilla_launch::status_best(&args.dir, args.metric.as_deref())
+        let best = flotilla_results::status::status_best(&args.dir, args.metric.as_deref())
             .ok()
             .flatten();
         let mut text = match args.format {
-            OutputFormat::Json => flotilla_launch::status_json_with_best(&st, best.as_ref()),
-            OutputFormat::Text => flotilla_launch::status_text_with_best(&st, best.as_ref()),
+            OutputFormat::Json => {
+                flotilla_results::status::status_json_with_best(&st, best.as_ref())
+            }
+            OutputFormat::Text => {
+                flotilla_results::status::status_text_with_best(&st, best.as_ref())
+            }
         };
         if args.watch && std::io::stdout().is_terminal() {
             text.insert_str(0, "\x1b[2J\x1b[H");

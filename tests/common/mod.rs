@@ -66,7 +66,7 @@ pub fn read_env(path: &Path) -> BTreeMap<String, String> {
 
 /// A free TCP port on 127.0.0.1 (the launcher's `MASTER_PORT` finder).
 pub fn free_port() -> u16 {
-    flotilla_launch::rank::free_port().expect("a free port on 127.0.0.1")
+    flotilla_contract::rank::free_port().expect("a free port on 127.0.0.1")
 }
 
 /// A small Llama configuration (2 layers, GQA 4:2) for fast model and engine tests.

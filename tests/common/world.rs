@@ -1,6 +1,6 @@
 //! Starting `flotilla train` as a torchrun-style world of local processes, for the
 //! multi-process training tests. Each rank gets the torchrun variables of
-//! `flotilla_launch::rank::RankEnv` (`RANK`, `LOCAL_RANK`, `WORLD_SIZE`, `LOCAL_WORLD_SIZE`,
+//! `flotilla_contract::rank::RankEnv` (`RANK`, `LOCAL_RANK`, `WORLD_SIZE`, `LOCAL_WORLD_SIZE`,
 //! `NODE_RANK`/`GROUP_RANK`, `GROUP_WORLD_SIZE`, `MASTER_ADDR`, `MASTER_PORT`) for a free
 //! localhost port and `OMP_NUM_THREADS=1`, and writes its stdout and stderr to its own log
 //! file. A [`World`] kills and reaps every rank still running when it is dropped (a failing or
@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
-use flotilla_launch::rank::{free_port, RankEnv};
+use flotilla_contract::rank::{free_port, RankEnv};
 
 /// The shape of a world: `nodes × per_node` ranks (rank `r` is on node `r / per_node`).
 #[derive(Clone, Copy, Debug)]

@@ -6,25 +6,16 @@
 //! The local launcher lives in [`local`]; the SLURM launcher in `slurm` plugs in through
 //! [`launcher_for`] (start/submit) and [`live_states`] (batched squeue/sacct query).
 
-pub mod diff;
 pub mod local;
 pub mod memory;
-pub mod rank;
-pub mod report;
 pub mod rundir;
 pub mod settings;
 pub mod slurm;
 pub mod study;
 pub mod task;
-pub mod tfevents;
 
-/// The exit status of a task that stopped on request (SIGUSR2/SIGTERM) after writing a
-/// checkpoint: the launchers requeue such a job, and the same command resumes it.
-pub const REQUEUE_EXIT_CODE: u8 = 75;
-
-/// The libtorch version that this release's training task (`flotilla-train`) is built against
-/// (tch 0.24.0 binds libtorch 2.11.0); recorded in every job's `meta.json`.
-pub const LIBTORCH_VERSION: &str = "2.11.0";
+/// The exit status of a task that stopped on request after writing a checkpoint.
+pub use flotilla_contract::exit::REQUEUE as REQUEUE_EXIT_CODE;
 
 use crate::rundir::status::{read_status, RunStatus};
 use crate::rundir::{JobState, Plan, PreparedRun, RunDirError, RunRequest};
@@ -677,45 +668,6 @@ pub fn status_text(st: &RunStatus) -> String {
 /// "state", "recorded", "steps", "final_model", "message"}]}`.
 pub fn status_json(st: &RunStatus) -> String {
     let mut s = serde_json::to_string(st).expect("status serialises");
-    s.push('\n');
-    s
-}
-
-/// The best value of `metric` logged so far by the jobs of `dir` (by default the report's
-/// metric: `eval_loss` where any job logged it, else `loss`), with the report's mode; `None`
-/// while no job has logged it.
-pub fn status_best(
-    dir: &Path,
-    metric: Option<&str>,
-) -> Result<Option<report::BestSoFar>, report::ReportError> {
-    let options = report::ReportOptions {
-        metric: metric.map(str::to_string),
-        metric_only: true,
-        ..report::ReportOptions::default()
-    };
-    Ok(report::build(&[dir.to_path_buf()], &options)?.best_so_far())
-}
-
-/// [`status_text`] with the best-so-far line under the table when there is one.
-pub fn status_text_with_best(st: &RunStatus, best: Option<&report::BestSoFar>) -> String {
-    let mut out = status_text(st);
-    if let Some(b) = best {
-        out.push_str(&b.line());
-        out.push('\n');
-    }
-    out
-}
-
-/// [`status_json`] with `"best": {"metric", "mode", "value", "num", "step", "params"}` (or
-/// `null`) after the jobs.
-pub fn status_json_with_best(st: &RunStatus, best: Option<&report::BestSoFar>) -> String {
-    #[derive(serde::Serialize)]
-    struct WithBest<'a> {
-        #[serde(flatten)]
-        status: &'a RunStatus,
-        best: Option<&'a report::BestSoFar>,
-    }
-    let mut s = serde_json::to_string(&WithBest { status: st, best }).expect("status serialises");
     s.push('\n');
     s
 }

@@ -22,16 +22,16 @@
 //! of a sweep run one after another, or up to `compute.max_parallel` at once.
 
 use super::{JobOutcome, LaunchError, Launcher, RankFailure, TaskCommand, TaskExit};
-use crate::rank::{free_port, RankEnv, RankInfo, RankSource, DEFAULT_MASTER_ADDR};
 use crate::rundir::{JobState, Plan, PlanFile, PreparedJob, PreparedRun, LOGS_DIR};
 use flotilla_config::schema::{ComputeConfig, TaskRanks};
+use flotilla_contract::rank::{free_port, RankEnv, RankInfo, RankSource, DEFAULT_MASTER_ADDR};
 use std::collections::HashMap;
 use std::ffi::OsString;
 use std::fs::File;
 use std::io::{BufRead, BufReader, Read, Seek, SeekFrom, Write};
 use std::os::fd::{FromRawFd, OwnedFd};
 use std::os::unix::process::CommandExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
@@ -510,7 +510,7 @@ impl LocalLauncher {
             let _ = rx.recv_timeout(DRAIN);
         }
         let failure = failure.map(|(rank, exit)| {
-            let log = logs.join(format!("rank_{rank}.log"));
+            let log = logs.join(flotilla_contract::layout::rank_log_name(rank));
             RankFailure {
                 rank,
                 exit,
@@ -549,7 +549,7 @@ impl LocalLauncher {
         logs: &Path,
         prefix: &str,
     ) -> std::io::Result<(Child, Option<mpsc::Receiver<()>>)> {
-        let log_path = logs.join(format!("rank_{rank}.log"));
+        let log_path = logs.join(flotilla_contract::layout::rank_log_name(rank));
         let mut log = File::options().create(true).append(true).open(&log_path)?;
         if log.metadata()?.len() > 0 {
             // A job started again (--resume-sweep) appends to its old logs.
@@ -759,7 +759,4 @@ pub fn run_in_dir(
     LocalLauncher::new(opts).run_job(&job, None, 1)
 }
 
-/// The log file of `rank` in `job_dir`.
-pub fn rank_log(job_dir: &Path, rank: usize) -> PathBuf {
-    job_dir.join(LOGS_DIR).join(format!("rank_{rank}.log"))
-}
+pub use flotilla_contract::layout::rank_log;

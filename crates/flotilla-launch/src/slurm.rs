@@ -22,10 +22,10 @@
 use super::{
     JobOutcome, LaunchError, Launcher, RankFailure, TaskCommand, TaskExit, JOB_DIR_PLACEHOLDER,
 };
-use crate::rank::{SLURM_PORT_BASE, SLURM_PORT_SPAN};
 use crate::rundir::status::{locate, read_status, RunStatus};
 use crate::rundir::{JobRecord, JobState, Plan, PlanFile, PreparedRun, RunDirError, LOGS_DIR};
 use flotilla_config::schema::{ComputeConfig, TaskRanks};
+use flotilla_contract::rank::{SLURM_PORT_BASE, SLURM_PORT_SPAN};
 use minijinja::Environment;
 use serde::Serialize;
 use std::collections::{BTreeMap, HashMap};
@@ -49,7 +49,7 @@ pub const SCRIPT_DIR: &str = "slurm";
 /// File in a job's `logs/` where the batch script writes `<id> <STATE> <exit status>` when the
 /// job ends (not when it requeues itself): what `status` falls back on once the scheduler no
 /// longer knows the job.
-pub const EXIT_MARKER: &str = "slurm.exit";
+pub use flotilla_contract::layout::SLURM_EXIT_MARKER as EXIT_MARKER;
 /// `MaxArraySize` when `scontrol show config` cannot tell (Slurm's default).
 pub const DEFAULT_MAX_ARRAY_SIZE: usize = 1001;
 /// Lines of a failing task's log kept in a FAILED job's message.
@@ -1063,7 +1063,7 @@ pub fn failure_message(job_dir: &Path) -> Option<String> {
         .map(|p| super::local::log_tail(p, 200))
         .unwrap_or_default();
     if let Some((rank, exit)) = err_tail.iter().rev().find_map(|l| parse_srun_error(l)) {
-        let log = logs.join(format!("rank_{rank}.log"));
+        let log = logs.join(flotilla_contract::layout::rank_log_name(rank));
         let tail = super::local::log_tail(&log, LOG_TAIL_LINES);
         return Some(
             RankFailure {

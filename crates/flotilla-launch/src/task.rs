@@ -7,16 +7,15 @@
 //! that the program is the launcher's child itself (signals, exit status, process group).
 //! Local runs and SLURM jobs go through this one path.
 
-use crate::rank::{discover, RankEnv, RankInfo};
 use crate::rundir::{io_err, RunDirError, CONFIG_FILE, SWEEP_FILE};
 use flotilla_config::schema::{ComputeConfig, ConfigArg, TaskConfig, TaskRanks};
+use flotilla_contract::rank::{discover, RankEnv, RankInfo};
 use indexmap::IndexMap;
 use serde::{Deserialize, Serialize};
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 
-/// The file of a job directory that holds its resolved task.
-pub const TASK_FILE: &str = "task.json";
+pub use flotilla_contract::layout::TASK_FILE;
 
 /// Argv placeholders filled for each process.
 pub const PLACEHOLDERS: [&str; 10] = [

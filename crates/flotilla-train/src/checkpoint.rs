@@ -20,9 +20,10 @@ use super::trainer::Trainer;
 use super::weights::CheckpointState;
 use super::{read_safetensors, write_safetensors, TrainError};
 use crate::data::SamplerState;
-use crate::distributed::comm::{CommunicatorExt, ReduceOp};
 use crate::model::hf::HfLlamaConfig;
 use crate::model::Params;
+use crate::tensor_comm::TensorCollectives;
+use flotilla_comm::comm::ReduceOp;
 use flotilla_config::schema::LrSchedule;
 
 /// Parameters file of a checkpoint.
@@ -73,7 +74,7 @@ fn io(path: &Path) -> impl FnOnce(std::io::Error) -> TrainError + '_ {
 
 /// `<run_dir>/checkpoints`.
 pub fn checkpoints_dir(run_dir: &Path) -> PathBuf {
-    run_dir.join("checkpoints")
+    run_dir.join(flotilla_contract::layout::CHECKPOINTS_DIR)
 }
 
 /// The step of a complete checkpoint directory name (`step_<N>`).

@@ -11,13 +11,14 @@ use std::sync::Arc;
 use tch::Tensor;
 
 use super::checkpoint::{self, TrainerState};
-use super::metrics::{EvalMetrics, MetricsRow, MetricsWriter};
 use super::preempt;
 use super::trainer::Trainer;
 use super::TrainError;
 use crate::data::{eval_batches, greedy_generate, ArithmeticTask, Dataset};
-use crate::distributed::comm::{CommunicatorExt, ReduceOp};
+use crate::tensor_comm::TensorCollectives;
+use flotilla_comm::comm::ReduceOp;
 use flotilla_config::schema::Resume;
+use flotilla_contract::metrics::{EvalMetrics, MetricsRow, MetricsWriter};
 
 /// What to evaluate on.
 #[derive(Clone)]

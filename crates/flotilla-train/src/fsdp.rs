@@ -41,8 +41,9 @@ use super::weights::{
 };
 use super::TrainError;
 use crate::data::StepBatches;
-use crate::distributed::comm::{Communicator, CommunicatorExt, ReduceOp, Work};
 use crate::model::{Llama, Params};
+use crate::tensor_comm::TensorCollectives;
+use flotilla_comm::comm::{Communicator, CommunicatorExt, ReduceOp, Work};
 use flotilla_config::schema::{AutoWrapPolicy, ShardingStrategy};
 
 pub use super::fsdp_layout::{flatten, layouts, unflatten, wrap_units, FlatEntry, GroupLayout};

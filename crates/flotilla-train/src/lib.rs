@@ -1,24 +1,23 @@
-//! The training task: the Llama-style [`model`], the [`data`] pipelines, the [`distributed`]
-//! runtime (rendezvous store, CPU and NCCL collectives), the learning-rate [`schedule`], the
+//! The training task: the Llama-style [`model`], the [`data`] pipelines, collectives over
+//! tensors ([`tensor_comm`], on `flotilla_comm`'s communicators), the learning-rate [`schedule`], the
 //! [`optim`]izer (AdamW and gradient clipping), the unit [`engine`] (forward and backward unit
 //! by unit, gradient accumulation, activation checkpointing, strategy hooks), the weights of a
 //! rank ([`weights`]: [`replicated`] for one process and DDP, [`fsdp`] sharded) as
 //! [`parallelize`](mod@parallelize) builds them, the [`trainer`] loop with its fp16
-//! [`loss_scale`] and its [`metrics`] rows, its [`checkpoint`]s, a run in a run directory
-//! ([`fit`](mod@fit): evaluation, checkpointing, resuming; [`preempt`]ion) and the
-//! `flotilla train` job ([`task`]). This file owns the crate's error type, [`find_stopped`] (a
+//! [`loss_scale`] (its `metrics.csv` rows are `flotilla_contract::metrics`'), its [`checkpoint`]s, a run in a run directory
+//! ([`fit`](mod@fit): evaluation, checkpointing, resuming; [`preempt`]ion), the
+//! `flotilla train` job ([`task`]) and `flotilla bench comm` ([`comm_bench`]). This file owns the crate's error type, [`find_stopped`] (a
 //! preemption stop in an error chain), and the safetensors helpers that name the file in their
 //! errors.
 
 pub mod checkpoint;
+pub mod comm_bench;
 pub mod data;
-pub mod distributed;
 pub mod engine;
 pub mod fit;
 pub mod fsdp;
 pub mod fsdp_layout;
 pub mod loss_scale;
-pub mod metrics;
 pub mod model;
 pub mod optim;
 pub mod parallelize;
@@ -28,10 +27,11 @@ pub mod replicated;
 pub mod schedule;
 pub mod storage_shim;
 pub mod task;
+pub mod tensor_comm;
 pub mod trainer;
 pub mod weights;
 
-pub use flotilla_launch::LIBTORCH_VERSION;
+pub use flotilla_contract::LIBTORCH_VERSION;
 
 use std::path::PathBuf;
 
@@ -39,8 +39,8 @@ use preempt::PreemptError;
 
 pub use engine::{Engine, EngineOptions, SingleProcess, Strategy};
 pub use fit::{fit, resume, EvalSet, FitOptions};
+pub use flotilla_contract::metrics::{EvalMetrics, MetricsRow, MetricsWriter};
 pub use loss_scale::LossScaler;
-pub use metrics::{EvalMetrics, MetricsRow, MetricsWriter};
 pub use optim::{clip_grad_norm, AdamW, AdamWConfig};
 pub use parallelize::{parallelize, DistContext};
 pub use progress::Progress;
@@ -76,15 +76,15 @@ pub enum TrainError {
     /// A configuration this trainer cannot run yet.
     #[error("unsupported: {0}")]
     Unsupported(String),
-    #[error("metrics.csv: {0}")]
-    Csv(#[from] csv::Error),
+    #[error(transparent)]
+    Metrics(#[from] flotilla_contract::metrics::MetricsError),
     /// A stop on request (SIGUSR2/SIGTERM) after a checkpoint, or a handler that cannot be set.
     #[error(transparent)]
     Preempt(#[from] PreemptError),
     #[error(transparent)]
-    Comm(#[from] crate::distributed::comm::CommError),
+    Comm(#[from] flotilla_comm::comm::CommError),
     #[error("rendezvous with the other ranks (MASTER_ADDR:MASTER_PORT)")]
-    Store(#[from] crate::distributed::store::StoreError),
+    Store(#[from] flotilla_comm::store::StoreError),
     #[error(transparent)]
     Data(#[from] crate::data::DataError),
     #[error(transparent)]

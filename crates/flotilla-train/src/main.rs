@@ -10,7 +10,7 @@ use std::process::ExitCode;
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use flotilla_config::{ComposeOptions, Composer, ConfigError};
-use flotilla_train::distributed::bench;
+use flotilla_train::comm_bench;
 use flotilla_train::preempt;
 
 #[derive(Parser)]
@@ -77,21 +77,21 @@ struct TrainArgs {
 #[derive(Subcommand)]
 enum BenchCommand {
     /// Collective bandwidth between local ranks (nccl-tests' algbw/busbw definitions).
-    Comm(bench::CommBenchArgs),
+    Comm(comm_bench::CommBenchArgs),
 }
 
 fn main() -> ExitCode {
     flotilla_train::task::init_logging();
     // A rank started by `flotilla bench comm` runs the benchmark body and nothing else.
-    if std::env::var_os(bench::WORKER_ENV).is_some() {
-        return exit_with(bench::worker_main());
+    if std::env::var_os(comm_bench::WORKER_ENV).is_some() {
+        return exit_with(comm_bench::worker_main());
     }
     let result = match Cli::parse().command {
         Command::Train(args) => train(args),
         Command::Consolidate { checkpoint, out } => consolidate(&checkpoint, &out),
         Command::Bench {
             what: BenchCommand::Comm(args),
-        } => bench::run(&args),
+        } => comm_bench::run(&args),
     };
     exit_with(result)
 }
@@ -119,10 +119,10 @@ fn train(args: TrainArgs) -> anyhow::Result<()> {
             anyhow::bail!(
                 "--prepared trains on {}/{} as written; overrides belong to `flotilla run`",
                 args.run_dir.display(),
-                flotilla_launch::rundir::CONFIG_FILE
+                flotilla_contract::layout::CONFIG_FILE
             );
         }
-        let config_file = args.run_dir.join(flotilla_launch::rundir::CONFIG_FILE);
+        let config_file = args.run_dir.join(flotilla_contract::layout::CONFIG_FILE);
         if !config_file.is_file() {
             anyhow::bail!(
                 "--prepared: {} does not exist (prepare the directory with `flotilla run`)",

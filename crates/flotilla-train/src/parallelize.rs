@@ -15,8 +15,8 @@ use super::optim::AdamWConfig;
 use super::replicated::{broadcast_params, GradReducer, Replicated};
 use super::weights::ParallelWeights;
 use super::TrainError;
-use crate::distributed::comm::Communicator;
 use crate::model::{Llama, Params};
+use flotilla_comm::comm::Communicator;
 use flotilla_config::schema::{DistConfig, Dtype, Precision, StateDictType, TrainerConfig};
 
 /// The process group a trainer runs in.

@@ -12,7 +12,7 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 
 /// Exit status of a run stopped by a signal after writing its checkpoint (`EX_TEMPFAIL`).
-pub const EXIT_CODE: u8 = flotilla_launch::REQUEUE_EXIT_CODE;
+pub const EXIT_CODE: u8 = flotilla_contract::exit::REQUEUE;
 
 /// The signals [`install`] handles.
 pub const SIGNALS: [libc::c_int; 2] = [libc::SIGUSR2, libc::SIGTERM];

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
-use super::metrics::MetricsRow;
+use flotilla_contract::metrics::MetricsRow;
 
 /// Progress reporting of one run.
 pub struct Progress {

@@ -19,8 +19,9 @@ use super::optim::{clip_grad_norm, AdamW, AdamWConfig};
 use super::weights::{nbytes, CheckpointState, HeldTensors, MemoryReport, ParallelWeights};
 use super::TrainError;
 use crate::data::StepBatches;
-use crate::distributed::comm::{Communicator, CommunicatorExt, ReduceOp, Work};
 use crate::model::{Llama, Params};
+use crate::tensor_comm::TensorCollectives;
+use flotilla_comm::comm::{Communicator, ReduceOp, Work};
 
 /// Parameters replicated on this rank, with their optimizer.
 #[derive(Debug)]

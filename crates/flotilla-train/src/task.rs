@@ -12,18 +12,18 @@ use std::time::{Duration, Instant};
 use tch::{Device, Kind};
 
 use super::fit::{fit, resume, EvalSet, FitOptions};
-use super::metrics::{MetricsRow, MetricsWriter};
 use super::parallelize::DistContext;
 use super::trainer::Trainer;
 use super::TrainError;
 use crate::data::{self, BatchLayout, DataLoader, DataOptions};
-use crate::distributed::comm::{Backend, Communicator};
-use crate::distributed::connect::{self, CommOptions};
-use crate::distributed::store::{KvStore, Store, StoreConfig};
 use crate::model::{load_hf, save_hf, Llama};
+use flotilla_comm::comm::{Backend, Communicator};
+use flotilla_comm::connect::{self, CommOptions};
+use flotilla_comm::store::{KvStore, Store, StoreConfig};
 use flotilla_config::schema::{self, DistConfig, JobConfig};
-use flotilla_launch::rank::RankInfo;
-use flotilla_launch::tfevents::{self, EventWriter, SessionStatus};
+use flotilla_contract::events::{self, EventWriter, SessionStatus};
+use flotilla_contract::metrics::{MetricsRow, MetricsWriter};
+use flotilla_contract::rank::RankInfo;
 
 /// How a job ended.
 #[derive(Clone, Debug, PartialEq)]
@@ -215,7 +215,7 @@ pub fn run_job(
             eprintln!("resuming from {} (step {})", dir.display(), state.step);
         }
     }
-    let metrics_path = run_dir.join("metrics.csv");
+    let metrics_path = run_dir.join(flotilla_contract::layout::METRICS_CSV);
     let mut metrics = if is_zero {
         Some(MetricsWriter::open(&metrics_path, trainer.step_index())?)
     } else {
@@ -258,12 +258,12 @@ pub fn run_job(
     // Rank 0 mirrors metrics.csv into TensorBoard events, with the job's swept values as
     // HParams; a write error warns once and training goes on.
     let mut events = is_zero.then(|| {
-        let mut writer = EventWriter::create(&run_dir.join(tfevents::TB_DIR));
+        let mut writer = EventWriter::create(&run_dir.join(events::TB_DIR));
         let metric_tags: &[&str] = match data.eval {
             Some(_) => &["loss", "eval_loss", "eval_ppl", "eval_acc", "tokens_per_s"],
             None => &["loss", "tokens_per_s"],
         };
-        writer.hparams_start(&tfevents::job_hparams(run_dir), metric_tags);
+        writer.hparams_start(&events::job_hparams(run_dir), metric_tags);
         writer
     });
     let mut forward = on_row;
@@ -300,14 +300,14 @@ pub fn run_job(
     // Gathering is collective; rank 0 writes.
     let params = trainer.full_params()?;
     if is_zero {
-        let final_dir = run_dir.join("final");
+        let final_dir = run_dir.join(flotilla_contract::layout::FINAL_DIR);
         save_hf(&final_dir, trainer.model(), &params, Kind::Float)?;
         if let Some(tok) = &data.tokenizer {
             tok.save(final_dir.join("tokenizer.json"))?;
         }
     }
     if let Some(comm) = trainer.comm() {
-        use crate::distributed::comm::CommunicatorExt;
+        use flotilla_comm::comm::CommunicatorExt;
         comm.barrier()?;
     }
     let summary = JobSummary {
@@ -354,12 +354,12 @@ pub fn train_in_run_dir(
     prepared: bool,
 ) -> anyhow::Result<()> {
     use anyhow::Context;
-    use flotilla_launch::rundir::{overrides_yaml, CONFIG_FILE, OVERRIDES_FILE};
+    use flotilla_contract::layout::{overrides_yaml, CONFIG_FILE, OVERRIDES_FILE};
     let job = composed
         .typed
         .as_ref()
         .context("the composed config is not a flotilla job (or --no-validate was given)")?;
-    let rank = flotilla_launch::rank::discover_from_process()
+    let rank = flotilla_contract::rank::discover_from_process()
         .context("reading this task's rank from the environment")?;
     std::fs::create_dir_all(run_dir)
         .with_context(|| format!("cannot create {}", run_dir.display()))?;

@@ -14,15 +14,16 @@ use tch::{Device, Tensor};
 
 use super::engine::{Engine, EngineOptions};
 use super::loss_scale::LossScaler;
-use super::metrics::{MetricsRow, MetricsWriter};
 use super::parallelize::{parallelize, DistContext, Parallelized};
 use super::schedule::Schedule;
 use super::weights::{MemoryReport, ParallelWeights};
 use super::TrainError;
 use crate::data::DataLoader;
-use crate::distributed::comm::{Communicator, CommunicatorExt, ReduceOp};
 use crate::model::{Llama, Params};
+use crate::tensor_comm::TensorCollectives;
+use flotilla_comm::comm::{Communicator, ReduceOp};
 use flotilla_config::schema::{self, DistConfig, Precision, TrainerConfig};
+use flotilla_contract::metrics::{MetricsRow, MetricsWriter};
 
 /// The torch device of `trainer.device` (`auto`: CUDA when available).
 pub fn torch_device(device: schema::Device) -> Device {

@@ -118,7 +118,7 @@ impl Provenance {
             git_commit: self.git_commit.clone(),
             git_dirty: self.git_dirty,
             flotilla_version: env!("CARGO_PKG_VERSION").to_string(),
-            libtorch_version: crate::LIBTORCH_VERSION.to_string(),
+            libtorch_version: flotilla_contract::LIBTORCH_VERSION.to_string(),
             job_num,
             launcher: launcher.to_string(),
             overrides: overrides.to_vec(),

@@ -31,10 +31,10 @@ use std::io::Write;
 use std::path::{Component, Path, PathBuf};
 
 /// Files of a job directory.
-pub const CONFIG_FILE: &str = "config.yaml";
-pub const OVERRIDES_FILE: &str = "overrides.yaml";
-pub const META_FILE: &str = "meta.json";
-pub const LOGS_DIR: &str = "logs";
+pub use flotilla_contract::layout::{
+    load_job_config_tree, override_assignments, overrides_yaml, read_overrides, CONFIG_FILE,
+    LOGS_DIR, META_FILE, OVERRIDES_FILE,
+};
 
 /// How many `_N` suffixes [`install_dir`] tries before giving up.
 const MAX_SUFFIX: usize = 100_000;
@@ -287,56 +287,6 @@ fn runtime_path(
             node.origin
         ))),
     }
-}
-
-/// The text of `overrides.yaml`: a YAML list of the task overrides (`[]` when none), the
-/// format `flotilla train` writes.
-pub fn overrides_yaml(overrides: &[String]) -> String {
-    if overrides.is_empty() {
-        return "[]\n".into();
-    }
-    overrides
-        .iter()
-        .map(|o| format!("- {}\n", serde_json::Value::from(o.as_str())))
-        .collect()
-}
-
-/// A YAML file of a job directory as a tree; `None` when it is missing or does not parse.
-fn load_job_file(job_dir: &Path, name: &str) -> Option<Node> {
-    let path = job_dir.join(name);
-    let text = std::fs::read_to_string(&path).ok()?;
-    flotilla_config::yaml::load_str(&text, &path.display().to_string()).ok()
-}
-
-/// A job directory's resolved `config.yaml` as a tree; `None` when it is missing or unreadable.
-pub fn load_job_config_tree(job_dir: &Path) -> Option<Node> {
-    load_job_file(job_dir, CONFIG_FILE)
-}
-
-/// The task overrides a job directory's `overrides.yaml` lists (what [`overrides_yaml`]
-/// wrote); `None` when it is missing or not a list.
-pub fn read_overrides(job_dir: &Path) -> Option<Vec<String>> {
-    match load_job_file(job_dir, OVERRIDES_FILE)?.value {
-        Value::List(items) => Some(
-            items
-                .into_iter()
-                .filter_map(|i| i.value.as_str().map(str::to_string))
-                .collect(),
-        ),
-        _ => None,
-    }
-}
-
-/// The assignments among task overrides as `key → value text`: the key without its `+`/`++`
-/// prefix, deletions (`~key`) left out, a repeated key in its first place with its last value
-/// (as the sweeper orders keys).
-pub fn override_assignments(overrides: &[String]) -> indexmap::IndexMap<String, String> {
-    overrides
-        .iter()
-        .filter(|o| !o.starts_with('~'))
-        .filter_map(|o| o.split_once('='))
-        .map(|(key, value)| (key.trim_start_matches('+').to_string(), value.to_string()))
-        .collect()
 }
 
 /// The facts every `meta.json` of one command records: the command line, who and where, and

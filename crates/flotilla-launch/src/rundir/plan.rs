@@ -10,10 +10,7 @@ use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 
-/// File name of the plan in a sweep directory.
-pub const SWEEP_FILE: &str = "sweep.json";
-/// File name of the plan in the directory of a single run.
-pub const JOB_FILE: &str = "job.json";
+pub use flotilla_contract::layout::{JOB_FILE, SWEEP_FILE};
 /// Version of the plan format written by this build.
 pub const PLAN_VERSION: u32 = 1;
 

@@ -9,7 +9,7 @@ use flotilla_config::{ComposeOptions, Composer, Fallback};
 use std::path::{Path, PathBuf};
 
 /// Where the copy of the config directory lives, relative to the run or sweep directory.
-pub const SNAPSHOT_DIR: &str = ".flotilla/conf";
+pub use flotilla_contract::layout::SNAPSHOT_DIR;
 
 /// A config directory larger than this is not copied (the job records no snapshot and a
 /// warning says why): config directories are small, and a huge one is a mistake.

@@ -18,14 +18,14 @@ pub struct Markers {
 /// Reads the markers of one job directory.
 pub fn markers(job_dir: &Path) -> Markers {
     Markers {
-        steps: last_step(&job_dir.join("metrics.csv")).map(|s| s + 1),
+        steps: last_step(&job_dir.join(flotilla_contract::layout::METRICS_CSV)).map(|s| s + 1),
         final_model: has_final_model(job_dir),
     }
 }
 
 /// Whether the job saved its final model (`final/` exists): training finished.
 pub fn has_final_model(job_dir: &Path) -> bool {
-    job_dir.join("final").is_dir()
+    job_dir.join(flotilla_contract::layout::FINAL_DIR).is_dir()
 }
 
 /// The `step` column of the last data row of a metrics CSV.

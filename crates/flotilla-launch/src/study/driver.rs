@@ -15,15 +15,8 @@
 //!   `--resume-sweep DIR` starts a new driver when none is alive, which watches the jobs still
 //!   in flight again and submits again those that ended without completing.
 
-use super::config::{SamplerKind, StudyConfig};
 use super::detach::DriverLock;
-use super::{
-    best_trial, next_number, Direction, RandomSampler, Sampler, SearchSpace, SuccessiveHalving,
-    TpeOptions, TpeSampler, Trial, TrialState,
-};
 use crate::local::{install_interrupt_handler, Cancel, LocalLauncher, LocalOptions};
-use crate::report::metrics::read_job_metrics_named;
-use crate::report::Mode;
 use crate::rundir::trials::StudyDir;
 use crate::rundir::{write_atomic, JobState, PlanFile, PreparedJob, PreparedRun, RunDirError};
 use crate::slurm::{self, JobSpec, SlurmOptions};
@@ -31,6 +24,13 @@ use crate::{JobOutcome, LaunchError, RunReport};
 use flotilla_config::overrides::{parse_override, Override};
 use flotilla_config::schema::Launcher as LauncherKind;
 use flotilla_config::{ComposeOptions, Composer, ConfigError, Fallback};
+use flotilla_contract::metrics::read_job_metrics_named;
+use flotilla_contract::metrics::{format_value, Mode};
+use flotilla_study::config::{SamplerKind, StudyConfig};
+use flotilla_study::{
+    best_trial, next_number, Direction, RandomSampler, Sampler, SearchSpace, SuccessiveHalving,
+    TpeOptions, TpeSampler, Trial, TrialState,
+};
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -38,7 +38,7 @@ use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
 /// The study file in the sweep directory.
-pub const STUDY_FILE: &str = "study.json";
+pub use flotilla_contract::layout::STUDY_FILE;
 const STUDY_VERSION: u32 = 1;
 /// How often running trials' metrics are read.
 const POLL: Duration = Duration::from_millis(500);
@@ -977,7 +977,7 @@ fn finish(
                 format!(
                     "pruned at step {step} ({} {})",
                     study.metric,
-                    crate::report::render::number(value)
+                    format_value(value)
                 ),
             ))
         }
@@ -1013,7 +1013,7 @@ pub fn summary(study: &StudyFile) -> String {
             "\nbest: trial {} {} = {} ({})",
             best.number,
             study.metric,
-            crate::report::render::number(best.value.unwrap_or(f64::NAN)),
+            format_value(best.value.unwrap_or(f64::NAN)),
             study.space.overrides(&best.params).join(" ")
         ));
     }

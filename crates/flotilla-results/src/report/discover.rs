@@ -1,0 +1,169 @@
+//! Finding the jobs under the paths given to `flotilla report`: a sweep directory
+//! (`sweep.json`), a single run (`job.json`), a job directory (`meta.json`), or any directory
+//! holding them, searched recursively. A plan file that cannot be read does not hide its jobs:
+//! their directories are found by their `meta.json` instead, and the problem is kept.
+
+use flotilla_launch::rundir::{JobRecord, Meta, PlanFile, META_FILE, SWEEP_FILE};
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+
+/// How deep below a given path job directories are searched for.
+const MAX_DEPTH: usize = 8;
+/// Directories of a job that never hold other jobs.
+use flotilla_contract::layout::JOB_SUBDIRS;
+
+/// One job found.
+#[derive(Clone, Debug)]
+pub struct FoundJob {
+    pub dir: PathBuf,
+    /// The job number (from the plan or `meta.json`; 0 when neither says).
+    pub num: usize,
+    /// The job's record in its plan file, when there is one.
+    pub record: Option<JobRecord>,
+    /// The sweep directory the job belongs to.
+    pub sweep_dir: Option<PathBuf>,
+    /// Why the plan could not be used.
+    pub plan_problem: Option<String>,
+}
+
+/// The jobs under `paths`, in the order found (plan order within a sweep); each directory once.
+/// Only a path that is not a directory is an error.
+pub fn find_jobs(paths: &[PathBuf]) -> Result<Vec<FoundJob>, String> {
+    let mut found = Vec::new();
+    let mut seen = HashSet::new();
+    for path in paths {
+        if !path.is_dir() {
+            return Err(format!(
+                "{}: no such directory (give a run dir, a sweep dir, or a directory holding them)",
+                path.display()
+            ));
+        }
+        walk(path, 0, &mut found, &mut seen);
+    }
+    Ok(found)
+}
+
+fn meta_num(job_dir: &Path) -> Option<usize> {
+    let text = std::fs::read_to_string(job_dir.join(META_FILE)).ok()?;
+    serde_json::from_str::<Meta>(&text).ok().map(|m| m.job_num)
+}
+
+fn add(found: &mut Vec<FoundJob>, seen: &mut HashSet<PathBuf>, job: FoundJob) {
+    let key = job.dir.canonicalize().unwrap_or_else(|_| job.dir.clone());
+    if seen.insert(key) {
+        found.push(job);
+    }
+}
+
+fn subdirs(dir: &Path) -> Vec<PathBuf> {
+    let mut dirs: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map(|entries| {
+            entries
+                .flatten()
+                .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+                .map(|e| e.path())
+                .filter(|p| {
+                    p.file_name()
+                        .and_then(|n| n.to_str())
+                        .is_some_and(|n| !n.starts_with('.') && !JOB_SUBDIRS.contains(&n))
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    dirs.sort_by_key(|d| natural_key(d));
+    dirs
+}
+
+/// Orders `2` before `10`.
+fn natural_key(path: &Path) -> (u64, String) {
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    (name.parse().unwrap_or(u64::MAX), name)
+}
+
+fn walk(dir: &Path, depth: usize, found: &mut Vec<FoundJob>, seen: &mut HashSet<PathBuf>) {
+    if let Some(plan_file) = PlanFile::find(dir) {
+        let sweep_dir = plan_file.is_sweep().then(|| dir.to_path_buf());
+        match plan_file.read() {
+            Ok(plan) => {
+                for record in plan.jobs {
+                    let job_dir = plan_file.job_dir(&record);
+                    add(
+                        found,
+                        seen,
+                        FoundJob {
+                            dir: job_dir,
+                            num: record.num,
+                            record: Some(record),
+                            sweep_dir: sweep_dir.clone(),
+                            plan_problem: None,
+                        },
+                    );
+                }
+                return;
+            }
+            Err(error) => {
+                let problem = format!("{} unreadable ({error})", plan_file.path().display());
+                let candidates = if plan_file.is_sweep() {
+                    subdirs(dir)
+                } else {
+                    vec![dir.to_path_buf()]
+                };
+                for job_dir in candidates {
+                    if job_dir.join(META_FILE).is_file() || job_dir == dir {
+                        let num = meta_num(&job_dir).unwrap_or(0);
+                        add(
+                            found,
+                            seen,
+                            FoundJob {
+                                dir: job_dir,
+                                num,
+                                record: None,
+                                sweep_dir: sweep_dir.clone(),
+                                plan_problem: Some(problem.clone()),
+                            },
+                        );
+                    }
+                }
+                return;
+            }
+        }
+    }
+    if dir.join(META_FILE).is_file() {
+        // A job directory whose sweep lies above the given path.
+        let sweep_dir = dir
+            .parent()
+            .filter(|p| p.join(SWEEP_FILE).is_file())
+            .map(Path::to_path_buf);
+        let record = sweep_dir.as_ref().and_then(|s| {
+            let plan = PlanFile::sweep(s.clone()).read().ok()?;
+            let name = dir.file_name()?;
+            plan.jobs.into_iter().find(|j| j.dir.as_os_str() == name)
+        });
+        let num = record
+            .as_ref()
+            .map(|r| r.num)
+            .or_else(|| meta_num(dir))
+            .unwrap_or(0);
+        add(
+            found,
+            seen,
+            FoundJob {
+                dir: dir.to_path_buf(),
+                num,
+                record,
+                sweep_dir,
+                plan_problem: None,
+            },
+        );
+        return;
+    }
+    if depth >= MAX_DEPTH {
+        return;
+    }
+    for sub in subdirs(dir) {
+        walk(&sub, depth + 1, found, seen);
+    }
+}

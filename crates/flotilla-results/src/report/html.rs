@@ -1,0 +1,640 @@
+//! The report as pictures: SVG figures drawn here (no plotting library, no network) — every
+//! job's metric curves overlaid, the final metric against each swept parameter (log axis where
+//! a parameter spans more than two decades), parallel coordinates of parameters → metric, and
+//! the optimization history (each job's final value by job number, the best so far) — and one
+//! self-contained HTML page holding them with the sortable results table.
+
+use super::render::{number, param};
+use super::{Mode, Report};
+use std::fmt::Write as _;
+
+const WIDTH: f64 = 640.0;
+const HEIGHT: f64 = 360.0;
+const LEFT: f64 = 64.0;
+const RIGHT: f64 = 150.0;
+const TOP: f64 = 34.0;
+const BOTTOM: f64 = 48.0;
+
+/// Colours of the jobs' lines (Tableau 10).
+const PALETTE: [&str; 10] = [
+    "#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#ff9da7",
+    "#9c755f", "#bab0ac",
+];
+
+fn colour(i: usize) -> &'static str {
+    PALETTE[i % PALETTE.len()]
+}
+
+fn escape(text: &str) -> String {
+    text.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
+}
+
+/// A linear or log axis mapping data to pixels.
+#[derive(Clone, Copy)]
+struct Axis {
+    lo: f64,
+    hi: f64,
+    log: bool,
+    from: f64,
+    to: f64,
+}
+
+impl Axis {
+    fn new(values: impl Iterator<Item = f64> + Clone, from: f64, to: f64, allow_log: bool) -> Axis {
+        let finite = values.filter(|v| v.is_finite());
+        let lo = finite.clone().fold(f64::INFINITY, f64::min);
+        let hi = finite.fold(f64::NEG_INFINITY, f64::max);
+        let (mut lo, mut hi) = if lo.is_finite() { (lo, hi) } else { (0.0, 1.0) };
+        let log = allow_log && lo > 0.0 && hi / lo > 100.0;
+        if !log {
+            if lo == hi {
+                let pad = if lo == 0.0 { 1.0 } else { lo.abs() * 0.1 };
+                lo -= pad;
+                hi += pad;
+            } else {
+                let pad = (hi - lo) * 0.05;
+                lo -= pad;
+                hi += pad;
+            }
+        }
+        Axis {
+            lo,
+            hi,
+            log,
+            from,
+            to,
+        }
+    }
+
+    fn map(&self, v: f64) -> f64 {
+        let (lo, hi, v) = if self.log {
+            (
+                self.lo.log10(),
+                self.hi.log10(),
+                v.max(f64::MIN_POSITIVE).log10(),
+            )
+        } else {
+            (self.lo, self.hi, v)
+        };
+        let t = if hi > lo { (v - lo) / (hi - lo) } else { 0.5 };
+        self.from + t * (self.to - self.from)
+    }
+
+    /// About five round tick values inside the axis.
+    fn ticks(&self) -> Vec<f64> {
+        if self.log {
+            let (a, b) = (
+                self.lo.log10().floor() as i32,
+                self.hi.log10().ceil() as i32,
+            );
+            return (a..=b)
+                .map(|e| 10f64.powi(e))
+                .filter(|v| *v >= self.lo * 0.999 && *v <= self.hi * 1.001)
+                .collect();
+        }
+        let span = self.hi - self.lo;
+        let raw = span / 5.0;
+        let magnitude = 10f64.powf(raw.log10().floor());
+        let step = [1.0, 2.0, 2.5, 5.0, 10.0]
+            .iter()
+            .map(|m| m * magnitude)
+            .find(|s| *s >= raw)
+            .unwrap_or(raw);
+        let mut v = (self.lo / step).ceil() * step;
+        let mut out = Vec::new();
+        while v <= self.hi + step * 1e-9 && out.len() < 20 {
+            out.push(if v.abs() < step * 1e-9 { 0.0 } else { v });
+            v += step;
+        }
+        out
+    }
+}
+
+struct Svg {
+    body: String,
+}
+
+impl Svg {
+    fn new(title: &str) -> Svg {
+        let mut body = format!(
+            "<svg xmlns=\"http://www.w3.org/2000/svg\" viewBox=\"0 0 {WIDTH} {HEIGHT}\" width=\"{WIDTH}\" height=\"{HEIGHT}\" font-family=\"sans-serif\" font-size=\"11\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n"
+        );
+        let _ = writeln!(
+            body,
+            "<text x=\"{}\" y=\"20\" font-size=\"14\" font-weight=\"bold\">{}</text>",
+            LEFT,
+            escape(title)
+        );
+        Svg { body }
+    }
+
+    /// The axis lines, the y ticks, the x ticks of a numeric x axis (`None`: the caller labels
+    /// categories) and both labels.
+    fn axes(&mut self, x: Option<&Axis>, y: &Axis, x_label: &str, y_label: &str) {
+        let (x0, x1, y0, y1) = (LEFT, WIDTH - RIGHT, HEIGHT - BOTTOM, TOP);
+        let _ = writeln!(
+            self.body,
+            "<path d=\"M{x0},{y1} L{x0},{y0} L{x1},{y0}\" stroke=\"#333\" fill=\"none\"/>"
+        );
+        for (x, t) in x
+            .into_iter()
+            .flat_map(|x| x.ticks().into_iter().map(move |t| (x, t)))
+        {
+            let px = x.map(t);
+            let _ = writeln!(
+                self.body,
+                "<line x1=\"{px:.1}\" y1=\"{y0}\" x2=\"{px:.1}\" y2=\"{}\" stroke=\"#333\"/><text x=\"{px:.1}\" y=\"{}\" text-anchor=\"middle\">{}</text>",
+                y0 + 4.0,
+                y0 + 16.0,
+                number(t)
+            );
+        }
+        for t in y.ticks() {
+            let py = y.map(t);
+            let _ = writeln!(
+                self.body,
+                "<line x1=\"{x0}\" y1=\"{py:.1}\" x2=\"{x1}\" y2=\"{py:.1}\" stroke=\"#eee\"/><text x=\"{}\" y=\"{:.1}\" text-anchor=\"end\">{}</text>",
+                x0 - 4.0,
+                py + 4.0,
+                number(t)
+            );
+        }
+        let _ = writeln!(
+            self.body,
+            "<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">{}</text><text transform=\"translate(14,{}) rotate(-90)\" text-anchor=\"middle\">{}</text>",
+            (x0 + x1) / 2.0,
+            HEIGHT - 12.0,
+            escape(x_label),
+            (y0 + y1) / 2.0,
+            escape(y_label)
+        );
+    }
+
+    fn legend(&mut self, labels: &[(String, &str)]) {
+        for (i, (label, colour)) in labels.iter().enumerate().take(20) {
+            let y = TOP + 8.0 + i as f64 * 15.0;
+            let x = WIDTH - RIGHT + 12.0;
+            let _ = writeln!(
+                self.body,
+                "<rect x=\"{x}\" y=\"{}\" width=\"10\" height=\"10\" fill=\"{colour}\"/><text x=\"{}\" y=\"{y}\">{}</text>",
+                y - 9.0,
+                x + 14.0,
+                escape(label)
+            );
+        }
+    }
+
+    fn finish(mut self) -> String {
+        self.body.push_str("</svg>\n");
+        self.body
+    }
+}
+
+/// The values in order of first appearance, each once.
+fn distinct(values: impl IntoIterator<Item = String>) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    for v in values {
+        if !out.contains(&v) {
+            out.push(v);
+        }
+    }
+    out
+}
+
+fn job_label(report: &Report, i: usize) -> String {
+    let row = &report.jobs[i];
+    let params: Vec<String> = row
+        .params
+        .iter()
+        .map(|(k, v)| format!("{}={}", k.rsplit('.').next().unwrap_or(k), param(v)))
+        .collect();
+    if params.is_empty() {
+        format!("job {}", row.num)
+    } else {
+        format!("{} {}", row.num, params.join(" "))
+    }
+}
+
+/// Every job's series `name` against the step; `None` when no job logged it.
+pub fn curves_svg(report: &Report, name: &str) -> Option<String> {
+    let series: Vec<(usize, &Vec<(u64, f64)>)> = report
+        .jobs
+        .iter()
+        .enumerate()
+        .filter_map(|(i, r)| r.metrics.get(name).map(|s| (i, s)))
+        .collect();
+    if series.is_empty() {
+        return None;
+    }
+    let points = series.iter().flat_map(|(_, s)| s.iter());
+    let x = Axis::new(
+        points.clone().map(|(s, _)| *s as f64),
+        LEFT,
+        WIDTH - RIGHT,
+        false,
+    );
+    let y = Axis::new(points.map(|(_, v)| *v), HEIGHT - BOTTOM, TOP, false);
+    let mut svg = Svg::new(&format!("{name} by step"));
+    svg.axes(Some(&x), &y, "step", name);
+    let mut legend = Vec::new();
+    for (i, s) in &series {
+        let path: Vec<String> = s
+            .iter()
+            .filter(|(_, v)| v.is_finite())
+            .map(|(step, v)| format!("{:.1},{:.1}", x.map(*step as f64), y.map(*v)))
+            .collect();
+        let marker = if path.len() == 1 {
+            format!(
+                "<circle cx=\"{}\" cy=\"{}\" r=\"3\" fill=\"{}\"/>",
+                path[0].split(',').next().unwrap_or("0"),
+                path[0].split(',').nth(1).unwrap_or("0"),
+                colour(*i)
+            )
+        } else {
+            String::new()
+        };
+        let _ = writeln!(
+            svg.body,
+            "<polyline class=\"curve\" points=\"{}\" fill=\"none\" stroke=\"{}\" stroke-width=\"1.5\"/>{marker}",
+            path.join(" "),
+            colour(*i)
+        );
+        legend.push((job_label(report, *i), colour(*i)));
+    }
+    svg.legend(&legend);
+    Some(svg.finish())
+}
+
+/// Fewest jobs with a final value for the optimization history to be drawn.
+const HISTORY_MIN_JOBS: usize = 3;
+
+/// The optimization history: each job's final metric by job number (completed jobs filled,
+/// pruned and other unfinished ones hollow) and the best completed value so far as a step line.
+/// `None` for fewer than [`HISTORY_MIN_JOBS`] jobs with a final value.
+pub fn history_svg(report: &Report) -> Option<String> {
+    let points: Vec<(usize, f64, bool)> = report
+        .jobs
+        .iter()
+        .filter_map(|r| {
+            let v = r.final_value.filter(|v| v.is_finite())?;
+            Some((
+                r.num,
+                v,
+                r.state == flotilla_launch::rundir::JobState::Completed,
+            ))
+        })
+        .collect();
+    if points.len() < HISTORY_MIN_JOBS {
+        return None;
+    }
+    let x = Axis::new(
+        points.iter().map(|(n, _, _)| *n as f64),
+        LEFT,
+        WIDTH - RIGHT,
+        false,
+    );
+    let y = Axis::new(
+        points.iter().map(|(_, v, _)| *v),
+        HEIGHT - BOTTOM,
+        TOP,
+        true,
+    );
+    let mut svg = Svg::new(&format!("optimization history: {}", report.metric));
+    svg.axes(Some(&x), &y, "job", &report.metric);
+    let mut best: Option<f64> = None;
+    let mut line: Vec<String> = Vec::new();
+    let mut sorted = points.clone();
+    sorted.sort_by_key(|(n, _, _)| *n);
+    for (n, v, completed) in &sorted {
+        let (px, py) = (x.map(*n as f64), y.map(*v));
+        let fill = if *completed { colour(0) } else { "none" };
+        let _ = writeln!(
+            svg.body,
+            "<circle class=\"trial\" cx=\"{px:.1}\" cy=\"{py:.1}\" r=\"3.5\" fill=\"{fill}\" stroke=\"{}\"><title>job {n}: {}</title></circle>",
+            colour(0),
+            number(*v)
+        );
+        if !*completed {
+            continue;
+        }
+        let improved = best.is_none_or(|b| report.mode.better(*v, b));
+        if improved {
+            if let Some(b) = best {
+                line.push(format!("{px:.1},{:.1}", y.map(b)));
+            }
+            best = Some(*v);
+        }
+        line.push(format!("{px:.1},{:.1}", y.map(best.unwrap_or(*v))));
+    }
+    if let (Some(b), Some(last)) = (best, sorted.last()) {
+        line.push(format!("{:.1},{:.1}", x.map(last.0 as f64), y.map(b)));
+    }
+    let _ = writeln!(
+        svg.body,
+        "<polyline class=\"best\" points=\"{}\" fill=\"none\" stroke=\"{}\" stroke-width=\"1.5\"/>",
+        line.join(" "),
+        colour(1)
+    );
+    svg.legend(&[
+        ("completed".to_string(), colour(0)),
+        ("best so far".to_string(), colour(1)),
+    ]);
+    Some(svg.finish())
+}
+
+/// The best metric value of each job against one parameter.
+pub fn param_svg(report: &Report, key: &str) -> Option<String> {
+    let points: Vec<(usize, &serde_json::Value, f64)> = report
+        .jobs
+        .iter()
+        .enumerate()
+        .filter_map(|(i, r)| Some((i, r.params.get(key)?, r.best.filter(|b| b.is_finite())?)))
+        .collect();
+    if points.is_empty() {
+        return None;
+    }
+    let numeric = points.iter().all(|(_, v, _)| v.is_number());
+    let categories = distinct(points.iter().map(|(_, v, _)| param(v)));
+    let xs: Vec<f64> = points
+        .iter()
+        .map(|(_, v, _)| {
+            if numeric {
+                v.as_f64().unwrap_or(0.0)
+            } else {
+                categories.iter().position(|c| *c == param(v)).unwrap_or(0) as f64
+            }
+        })
+        .collect();
+    let x = Axis::new(xs.iter().copied(), LEFT, WIDTH - RIGHT, numeric);
+    let y = Axis::new(
+        points.iter().map(|(_, _, b)| *b),
+        HEIGHT - BOTTOM,
+        TOP,
+        false,
+    );
+    let mut svg = Svg::new(&format!("best {} by {key}", report.metric));
+    if numeric {
+        svg.axes(
+            Some(&x),
+            &y,
+            &format!("{key}{}", if x.log { " (log)" } else { "" }),
+            &report.metric,
+        );
+    } else {
+        svg.axes(None, &y, key, &report.metric);
+        for (i, c) in categories.iter().enumerate() {
+            let _ = writeln!(
+                svg.body,
+                "<text x=\"{:.1}\" y=\"{}\" text-anchor=\"middle\">{}</text>",
+                x.map(i as f64),
+                HEIGHT - BOTTOM + 16.0,
+                escape(c)
+            );
+        }
+    }
+    for ((i, _, b), px) in points.iter().zip(&xs) {
+        let _ = writeln!(
+            svg.body,
+            "<circle class=\"point\" cx=\"{:.1}\" cy=\"{:.1}\" r=\"4\" fill=\"{}\"><title>job {}: {}</title></circle>",
+            x.map(*px),
+            y.map(*b),
+            colour(*i),
+            report.jobs[*i].num,
+            number(*b)
+        );
+    }
+    Some(svg.finish())
+}
+
+/// Where a job crosses one axis of the parallel coordinates, in pixels.
+type AxisPosition = Box<dyn Fn(&super::JobRow) -> f64>;
+
+/// Parallel coordinates: one axis per parameter and one for the metric; each job a line
+/// coloured from best (dark) to worst (light).
+pub fn parallel_svg(report: &Report) -> Option<String> {
+    let keys = report.param_keys();
+    if keys.is_empty() {
+        return None;
+    }
+    let rows: Vec<&super::JobRow> = report
+        .jobs
+        .iter()
+        .filter(|r| r.best.is_some_and(f64::is_finite))
+        .collect();
+    if rows.is_empty() {
+        return None;
+    }
+    let n_axes = keys.len() + 1;
+    let spacing = (WIDTH - LEFT - 40.0) / (n_axes.max(2) - 1) as f64;
+    let mut svg = Svg::new(&format!("parameters → best {}", report.metric));
+    let (y0, y1) = (HEIGHT - BOTTOM, TOP + 10.0);
+    // Per axis: a function from a row to a pixel.
+    let mut axes: Vec<AxisPosition> = Vec::new();
+    for (a, key) in keys.iter().enumerate() {
+        let values: Vec<&serde_json::Value> =
+            rows.iter().filter_map(|r| r.params.get(key)).collect();
+        let px = LEFT + a as f64 * spacing;
+        let _ = writeln!(
+            svg.body,
+            "<line x1=\"{px}\" y1=\"{y0}\" x2=\"{px}\" y2=\"{y1}\" stroke=\"#333\"/><text x=\"{px}\" y=\"{}\" text-anchor=\"middle\">{}</text>",
+            y0 + 16.0,
+            escape(key)
+        );
+        if values.iter().all(|v| v.is_number()) {
+            let axis = Axis::new(values.iter().filter_map(|v| v.as_f64()), y0, y1, true);
+            for t in [axis.lo, axis.hi] {
+                let _ = writeln!(
+                    svg.body,
+                    "<text x=\"{}\" y=\"{:.1}\" font-size=\"9\">{}</text>",
+                    px + 3.0,
+                    axis.map(t) + 3.0,
+                    number(t)
+                );
+            }
+            let key = key.clone();
+            axes.push(Box::new(move |r| {
+                axis.map(
+                    r.params
+                        .get(&key)
+                        .and_then(|v| v.as_f64())
+                        .unwrap_or(axis.lo),
+                )
+            }));
+        } else {
+            let cats = distinct(values.iter().map(|v| param(v)));
+            let step = (y0 - y1) / (cats.len().max(2) - 1) as f64;
+            for (i, c) in cats.iter().enumerate() {
+                let _ = writeln!(
+                    svg.body,
+                    "<text x=\"{}\" y=\"{:.1}\" font-size=\"9\">{}</text>",
+                    px + 3.0,
+                    y0 - i as f64 * step + 3.0,
+                    escape(c)
+                );
+            }
+            let key = key.clone();
+            axes.push(Box::new(move |r| {
+                let s = r.params.get(&key).map(param).unwrap_or_default();
+                y0 - cats.iter().position(|c| *c == s).unwrap_or(0) as f64 * step
+            }));
+        }
+    }
+    let metric_axis = Axis::new(rows.iter().filter_map(|r| r.best), y0, y1, false);
+    let px = LEFT + keys.len() as f64 * spacing;
+    let _ = writeln!(
+        svg.body,
+        "<line x1=\"{px}\" y1=\"{y0}\" x2=\"{px}\" y2=\"{y1}\" stroke=\"#333\"/><text x=\"{px}\" y=\"{}\" text-anchor=\"middle\">best {}</text>",
+        y0 + 16.0,
+        escape(&report.metric)
+    );
+    for t in metric_axis.ticks() {
+        let _ = writeln!(
+            svg.body,
+            "<text x=\"{}\" y=\"{:.1}\" font-size=\"9\">{}</text>",
+            px + 3.0,
+            metric_axis.map(t) + 3.0,
+            number(t)
+        );
+    }
+    axes.push(Box::new(move |r| {
+        metric_axis.map(r.best.unwrap_or(metric_axis.lo))
+    }));
+    let (lo, hi) = (metric_axis.lo, metric_axis.hi);
+    for r in &rows {
+        let b = r.best.unwrap_or(lo);
+        let mut t = if hi > lo { (b - lo) / (hi - lo) } else { 0.0 };
+        if report.mode == Mode::Max {
+            t = 1.0 - t;
+        }
+        // Dark blue (best) to light (worst).
+        let shade = (40.0 + t * 170.0) as u8;
+        let points: Vec<String> = axes
+            .iter()
+            .enumerate()
+            .map(|(a, f)| format!("{:.1},{:.1}", LEFT + a as f64 * spacing, f(r)))
+            .collect();
+        let _ = writeln!(
+            svg.body,
+            "<polyline class=\"pc\" points=\"{}\" fill=\"none\" stroke=\"rgb({shade},{shade},230)\" stroke-width=\"1.5\"><title>job {}</title></polyline>",
+            points.join(" "),
+            r.num
+        );
+    }
+    Some(svg.finish())
+}
+
+/// All figures of a report, named for files (`curves_loss.svg`, `param_trainer.lr.svg`,
+/// `parallel.svg`).
+pub fn figures(report: &Report) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    let mut names = vec!["loss".to_string()];
+    if report.metric != "loss" {
+        names.push(report.metric.clone());
+    }
+    for name in names {
+        if let Some(svg) = curves_svg(report, &name) {
+            out.push((format!("curves_{name}.svg"), svg));
+        }
+    }
+    for key in report.param_keys() {
+        if let Some(svg) = param_svg(report, &key) {
+            out.push((format!("param_{}.svg", key.replace('/', "_")), svg));
+        }
+    }
+    if let Some(svg) = parallel_svg(report) {
+        out.push(("parallel.svg".into(), svg));
+    }
+    if let Some(svg) = history_svg(report) {
+        out.push(("history.svg".into(), svg));
+    }
+    out
+}
+
+const SORT_SCRIPT: &str = r#"
+document.querySelectorAll('table.report th').forEach((th, col) => {
+  th.addEventListener('click', () => {
+    const body = th.closest('table').tBodies[0];
+    const rows = Array.from(body.rows);
+    const dir = th.dataset.dir === 'asc' ? -1 : 1;
+    th.dataset.dir = dir === 1 ? 'asc' : 'desc';
+    const key = r => r.cells[col].dataset.v ?? r.cells[col].textContent;
+    rows.sort((a, b) => {
+      const x = key(a), y = key(b), nx = parseFloat(x), ny = parseFloat(y);
+      if (x === '' && y !== '') return 1;
+      if (y === '' && x !== '') return -1;
+      return (isNaN(nx) || isNaN(ny) ? x.localeCompare(y) : nx - ny) * dir;
+    });
+    rows.forEach(r => body.appendChild(r));
+  });
+});
+document.body.dataset.ready = 'yes';
+"#;
+
+/// One self-contained page: the sortable table, then every figure.
+pub fn page(report: &Report, title: &str) -> String {
+    let mut html = String::new();
+    let _ = write!(
+        html,
+        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>{t}</title>\n<style>body{{font-family:sans-serif;margin:24px;color:#222}} table.report{{border-collapse:collapse;font-size:13px}} th,td{{padding:4px 10px;border-bottom:1px solid #ddd;text-align:right}} th{{cursor:pointer;background:#f4f4f4}} td.text,th.text{{text-align:left}} tr.best td{{font-weight:bold;background:#eef6ee}} .figures svg{{margin:8px;border:1px solid #eee}}</style></head>\n<body><h1>{t}</h1>\n<p>metric: <b>{m}</b> ({mode}); {n} job{s}; click a column to sort.</p>\n",
+        t = escape(title),
+        m = escape(&report.metric),
+        mode = if report.mode == Mode::Min { "lower is better" } else { "higher is better" },
+        n = report.jobs.len(),
+        s = if report.jobs.len() == 1 { "" } else { "s" },
+    );
+    let keys = report.param_keys();
+    html.push_str("<table class=\"report\"><thead><tr><th>num</th><th class=\"text\">state</th>");
+    for k in &keys {
+        let _ = write!(html, "<th class=\"text\">{}</th>", escape(k));
+    }
+    let _ = writeln!(
+        html,
+        "<th>final {m}</th><th>best {m}</th><th>best step</th><th>steps</th><th>wall s</th><th>tokens/s</th><th class=\"text\">note</th></tr></thead><tbody>",
+        m = escape(&report.metric)
+    );
+    let best = report.best.as_ref().map(|b| b.num);
+    let cell = |x: Option<f64>| match x {
+        Some(v) => format!("<td data-v=\"{v}\">{}</td>", number(v)),
+        None => "<td data-v=\"\"></td>".to_string(),
+    };
+    for r in &report.jobs {
+        let _ = write!(
+            html,
+            "<tr{}><td>{}</td><td class=\"text\">{}</td>",
+            if Some(r.num) == best {
+                " class=\"best\""
+            } else {
+                ""
+            },
+            r.num,
+            r.state
+        );
+        for k in &keys {
+            let v = r.params.get(k).map(param).unwrap_or_default();
+            let _ = write!(html, "<td class=\"text\">{}</td>", escape(&v));
+        }
+        html.push_str(&cell(r.final_value));
+        html.push_str(&cell(r.best));
+        html.push_str(&cell(r.best_step.map(|s| s as f64)));
+        html.push_str(&cell(Some(r.steps as f64)));
+        html.push_str(&cell(r.wall_s));
+        html.push_str(&cell(r.tokens_per_s.map(f64::round)));
+        let _ = writeln!(
+            html,
+            "<td class=\"text\">{}</td></tr>",
+            escape(r.reason.as_deref().unwrap_or(""))
+        );
+    }
+    html.push_str("</tbody></table>\n<div class=\"figures\">\n");
+    for (_, svg) in figures(report) {
+        html.push_str(&svg);
+    }
+    let _ = write!(
+        html,
+        "</div>\n<script>{SORT_SCRIPT}</script>\n</body></html>\n"
+    );
+    html
+}

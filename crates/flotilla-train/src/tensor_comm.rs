@@ -1,0 +1,197 @@
+//! Collectives over tch tensors: the [`TensorCollectives`] front end every
+//! [`Communicator`] gets (CPU tensors for the CPU backend, CUDA tensors on the communicator's
+//! device for NCCL). Each checks that its tensors are defined, contiguous, of a supported dtype
+//! and on the communicator's device, and keeps a shallow clone of them in the returned [`Work`]
+//! so their storage outlives the operation.
+
+use flotilla_comm::comm::{CommError, Communicator, DType, Device, OpKind, RawOp, ReduceOp, Work};
+
+/// The collective dtype of a tch tensor kind, if collectives support it.
+pub fn dtype_of(kind: tch::Kind) -> Option<DType> {
+    match kind {
+        tch::Kind::Float => Some(DType::F32),
+        tch::Kind::BFloat16 => Some(DType::BF16),
+        tch::Kind::Half => Some(DType::F16),
+        tch::Kind::Int64 => Some(DType::I64),
+        _ => None,
+    }
+}
+
+struct TensorBuf {
+    ptr: *mut u8,
+    numel: usize,
+    dtype: DType,
+}
+
+fn tensor_buf(
+    comm: &(impl Communicator + ?Sized),
+    t: &tch::Tensor,
+    op: &'static str,
+    what: &str,
+) -> Result<TensorBuf, CommError> {
+    if !t.defined() {
+        return Err(CommError::invalid(
+            op,
+            format!("{what} tensor is undefined"),
+        ));
+    }
+    if !t.is_contiguous() {
+        return Err(CommError::invalid(
+            op,
+            format!("{what} tensor is not contiguous"),
+        ));
+    }
+    let kind = t.kind();
+    let dtype = dtype_of(kind).ok_or_else(|| {
+        CommError::invalid(
+            op,
+            format!("{what} tensor has unsupported dtype {kind:?} (f32, bf16, f16, i64)"),
+        )
+    })?;
+    let want = comm.device();
+    let ok = match (t.device(), want) {
+        (tch::Device::Cpu, Device::Cpu) => true,
+        (tch::Device::Cuda(a), Device::Cuda(b)) => a == b,
+        _ => false,
+    };
+    if !ok {
+        return Err(CommError::invalid(
+            op,
+            format!(
+                "{what} tensor is on {:?} but the {} communicator works on {want:?}",
+                t.device(),
+                comm.backend()
+            ),
+        ));
+    }
+    Ok(TensorBuf {
+        ptr: t.data_ptr() as *mut u8,
+        numel: t.numel(),
+        dtype,
+    })
+}
+
+/// all_reduce, reduce_scatter, all_gather and broadcast of tch tensors, on any [`Communicator`].
+pub trait TensorCollectives: Communicator {
+    /// all_reduce of a contiguous tensor (CPU tensor for the CPU backend, CUDA tensor on the
+    /// communicator's device for NCCL), in place.
+    fn all_reduce_tensor(&self, t: &tch::Tensor, op: ReduceOp) -> Result<Work<'static>, CommError> {
+        let b = tensor_buf(self, t, "all_reduce", "the")?;
+        let raw = RawOp {
+            kind: OpKind::AllReduce(op),
+            dtype: b.dtype,
+            send: b.ptr,
+            recv: b.ptr,
+            count: b.numel,
+        };
+        // SAFETY: the Work keeps a shallow clone of the tensor, so the storage outlives it.
+        Ok(unsafe { self.submit(raw) }?.keep_alive(Box::new(t.shallow_clone())))
+    }
+
+    /// reduce_scatter of tensors: `input` has `n * k` elements, `output` `k` (same dtype).
+    /// `output` may be the view of `input` at offset `rank * k` (in place).
+    fn reduce_scatter_tensor(
+        &self,
+        input: &tch::Tensor,
+        output: &tch::Tensor,
+        op: ReduceOp,
+    ) -> Result<Work<'static>, CommError> {
+        let i = tensor_buf(self, input, "reduce_scatter", "input")?;
+        let o = tensor_buf(self, output, "reduce_scatter", "output")?;
+        check_pair(
+            "reduce_scatter",
+            &i,
+            &o,
+            o.numel * self.world_size() == i.numel,
+            "input must have world_size x output elements",
+        )?;
+        let raw = RawOp {
+            kind: OpKind::ReduceScatter(op),
+            dtype: i.dtype,
+            send: i.ptr,
+            recv: o.ptr,
+            count: o.numel,
+        };
+        // SAFETY: the Work keeps shallow clones of both tensors.
+        Ok(unsafe { self.submit(raw) }?
+            .keep_alive(Box::new((input.shallow_clone(), output.shallow_clone()))))
+    }
+
+    /// all_gather of tensors: `input` has `k` elements, `output` `n * k` (same dtype).
+    /// `input` may be the view of `output` at offset `rank * k` (in place).
+    fn all_gather_tensor(
+        &self,
+        input: &tch::Tensor,
+        output: &tch::Tensor,
+    ) -> Result<Work<'static>, CommError> {
+        let i = tensor_buf(self, input, "all_gather", "input")?;
+        let o = tensor_buf(self, output, "all_gather", "output")?;
+        check_pair(
+            "all_gather",
+            &i,
+            &o,
+            i.numel * self.world_size() == o.numel,
+            "output must have world_size x input elements",
+        )?;
+        let raw = RawOp {
+            kind: OpKind::AllGather,
+            dtype: i.dtype,
+            send: i.ptr,
+            recv: o.ptr,
+            count: i.numel,
+        };
+        // SAFETY: the Work keeps shallow clones of both tensors.
+        Ok(unsafe { self.submit(raw) }?
+            .keep_alive(Box::new((input.shallow_clone(), output.shallow_clone()))))
+    }
+
+    /// broadcast of a tensor from `root`, in place.
+    fn broadcast_tensor(&self, t: &tch::Tensor, root: usize) -> Result<Work<'static>, CommError> {
+        let b = tensor_buf(self, t, "broadcast", "the")?;
+        let raw = RawOp {
+            kind: OpKind::Broadcast { root },
+            dtype: b.dtype,
+            send: b.ptr,
+            recv: b.ptr,
+            count: b.numel,
+        };
+        // SAFETY: the Work keeps a shallow clone of the tensor.
+        Ok(unsafe { self.submit(raw) }?.keep_alive(Box::new(t.shallow_clone())))
+    }
+}
+
+impl<C: Communicator + ?Sized> TensorCollectives for C {}
+
+fn check_pair(
+    op: &'static str,
+    a: &TensorBuf,
+    b: &TensorBuf,
+    sizes_ok: bool,
+    msg: &str,
+) -> Result<(), CommError> {
+    if a.dtype != b.dtype {
+        return Err(CommError::invalid(
+            op,
+            format!("input is {} but output is {}", a.dtype, b.dtype),
+        ));
+    }
+    if !sizes_ok {
+        return Err(CommError::invalid(
+            op,
+            format!("{msg} (input {}, output {})", a.numel, b.numel),
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tensor_kinds_map_to_collective_dtypes() {
+        assert_eq!(dtype_of(tch::Kind::BFloat16), Some(DType::BF16));
+        assert_eq!(dtype_of(tch::Kind::Float), Some(DType::F32));
+        assert_eq!(dtype_of(tch::Kind::Double), None);
+    }
+}
