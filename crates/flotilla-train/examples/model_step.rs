@@ -47,7 +47,7 @@ fn main() {
     let whole = || {
         let loss = causal_lm_loss(&model.forward(&params, &tokens).unwrap(), &tokens);
         let wrt: Vec<&Tensor> = names.iter().map(|n| params.get(n).unwrap()).collect();
-        let grads = vjp(&loss, None, &wrt);
+        let grads = vjp(&loss, None, &wrt).expect("backward");
         assert!(grads.iter().all(Option::is_some));
     };
     let units = || {
@@ -78,7 +78,7 @@ fn main() {
                 None => causal_lm_loss(&outputs[i], &tokens),
                 Some(_) => outputs[i].shallow_clone(),
             };
-            let mut g = vjp(&root, grad_out.as_ref(), &wrt);
+            let mut g = vjp(&root, grad_out.as_ref(), &wrt).expect("backward");
             grad_out = if i > 0 { g.pop().unwrap() } else { None };
             for (name, gi) in model.units()[i].param_names().iter().zip(g) {
                 let gi = gi.unwrap();

@@ -224,7 +224,7 @@ impl<'m> Engine<'m> {
                 wrt.push(&input);
             }
             wrt.extend(params.iter());
-            let mut g = vjp(&output, grad_out_ref, &wrt).into_iter();
+            let mut g = vjp(&output, grad_out_ref, &wrt)?.into_iter();
             grad_out = if i > 0 { g.next().flatten() } else { None };
             for (name, pg) in units[i].param_names().iter().zip(g) {
                 let Some(pg) = pg else { continue };

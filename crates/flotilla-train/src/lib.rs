@@ -6,8 +6,7 @@
 //! [`parallelize`](mod@parallelize) builds them, the [`trainer`] loop with its fp16
 //! [`loss_scale`] (its `metrics.csv` rows are `flotilla_contract::metrics`'), its [`checkpoint`]s, a run in a run directory
 //! ([`fit`](mod@fit): evaluation, checkpointing, resuming; [`preempt`]ion), the
-//! `flotilla train` job ([`task`]) and `flotilla bench comm` ([`comm_bench`]). This file owns the crate's error type, [`find_stopped`] (a
-//! preemption stop in an error chain), and the safetensors helpers that name the file in their
+//! `flotilla train` job ([`task`]) and `flotilla bench comm` ([`comm_bench`]). This file owns the crate's error type and the safetensors helpers that name the file in their
 //! errors.
 
 pub mod checkpoint;
@@ -27,15 +26,15 @@ pub mod replicated;
 pub mod schedule;
 pub mod storage_shim;
 pub mod task;
+pub mod task_error;
 pub mod tensor_comm;
+pub mod torch_guard;
 pub mod trainer;
 pub mod weights;
 
 pub use flotilla_contract::LIBTORCH_VERSION;
 
 use std::path::PathBuf;
-
-use preempt::PreemptError;
 
 pub use engine::{Engine, EngineOptions, SingleProcess, Strategy};
 pub use fit::{fit, resume, EvalSet, FitOptions};
@@ -80,7 +79,7 @@ pub enum TrainError {
     Metrics(#[from] flotilla_contract::metrics::MetricsError),
     /// A stop on request (SIGUSR2/SIGTERM) after a checkpoint, or a handler that cannot be set.
     #[error(transparent)]
-    Preempt(#[from] PreemptError),
+    Preempt(#[from] preempt::PreemptError),
     #[error(transparent)]
     Comm(#[from] flotilla_comm::comm::CommError),
     #[error("rendezvous with the other ranks (MASTER_ADDR:MASTER_PORT)")]
@@ -91,6 +90,23 @@ pub enum TrainError {
     Model(#[from] crate::model::ModelError),
     #[error(transparent)]
     Torch(#[from] tch::TchError),
+    /// libtorch threw (through a panic of tch's or a fallible call) while the job was at
+    /// `step`; see [`torch_guard`].
+    #[error(
+        "libtorch failed at step {step}: {message}{}",
+        if *out_of_memory {
+            "; the device ran out of memory: `flotilla plan --memory` with this job's overrides \
+             shows its estimate and what would fit (a smaller micro batch, activation \
+             checkpointing, FSDP)"
+        } else {
+            ""
+        }
+    )]
+    Libtorch {
+        step: u64,
+        out_of_memory: bool,
+        message: String,
+    },
 }
 
 /// Writes named tensors to a safetensors file; errors name the file.
@@ -112,44 +128,4 @@ pub(crate) fn read_safetensors(
         path: path.to_path_buf(),
         source,
     })
-}
-
-/// The [`PreemptError::Stopped`] in an error or among its sources, if any (for the exit
-/// status of a command whose error wraps the trainer's).
-pub fn find_stopped<'a>(err: &'a (dyn std::error::Error + 'static)) -> Option<&'a PreemptError> {
-    let mut cur = Some(err);
-    while let Some(e) = cur {
-        let found = match e.downcast_ref::<TrainError>() {
-            Some(TrainError::Preempt(p)) => Some(p),
-            _ => e.downcast_ref::<PreemptError>(),
-        };
-        if let Some(p @ PreemptError::Stopped { .. }) = found {
-            return Some(p);
-        }
-        cur = e.source();
-    }
-    None
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn stopped_is_found_through_wrappers() {
-        let stop = TrainError::Preempt(PreemptError::Stopped {
-            reason: "SIGUSR2".into(),
-            step: 7,
-            checkpoint: PathBuf::from("run/checkpoints/step_7"),
-        });
-        let e = anyhow::Error::from(stop).context("training");
-        let found = e.chain().find_map(find_stopped).unwrap();
-        assert_eq!(
-            found.to_string(),
-            "stopped by SIGUSR2 at step 7; checkpoint written to run/checkpoints/step_7; \
-             resume with the same command"
-        );
-        let other = anyhow::anyhow!("disk full");
-        assert!(other.chain().find_map(find_stopped).is_none());
-    }
 }

@@ -2,16 +2,17 @@
 //! it; `flotilla train|consolidate|bench` forward to it). It links libtorch; the login-node CLI
 //! `flotilla` does not. Exit status 0 on success, 2 on a config or override error, 75 when
 //! training was stopped by SIGUSR2/SIGTERM after writing a checkpoint (rerun the same command to
-//! resume), 1 on any other failure.
+//! resume), 1 on any other failure (a libtorch error, out of memory included, names the step);
+//! [`TaskError::exit_status`] decides.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
-use flotilla_config::{ComposeOptions, Composer, ConfigError};
+use flotilla_config::{ComposeOptions, Composer};
 use flotilla_train::comm_bench;
-use flotilla_train::preempt;
+use flotilla_train::task_error::TaskError;
 
 #[derive(Parser)]
 #[command(
@@ -82,52 +83,50 @@ enum BenchCommand {
 
 fn main() -> ExitCode {
     flotilla_train::task::init_logging();
+    flotilla_train::torch_guard::install_panic_hook();
     // A rank started by `flotilla bench comm` runs the benchmark body and nothing else.
     if std::env::var_os(comm_bench::WORKER_ENV).is_some() {
-        return exit_with(comm_bench::worker_main());
+        return exit_with(comm_bench::worker_main().map_err(TaskError::from));
     }
     let result = match Cli::parse().command {
         Command::Train(args) => train(args),
-        Command::Consolidate { checkpoint, out } => consolidate(&checkpoint, &out),
+        Command::Consolidate { checkpoint, out } => {
+            consolidate(&checkpoint, &out).map_err(TaskError::from)
+        }
         Command::Bench {
             what: BenchCommand::Comm(args),
-        } => comm_bench::run(&args),
+        } => comm_bench::run(&args).map_err(TaskError::from),
     };
     exit_with(result)
 }
 
-/// Exit status 2 for the user's config, 75 for a stop with a checkpoint, 1 for the rest.
-fn exit_with(result: anyhow::Result<()>) -> ExitCode {
+/// Prints the error (a stop on request as its own report) and exits with its status.
+fn exit_with(result: Result<(), TaskError>) -> ExitCode {
     let Err(e) = result else {
         return ExitCode::SUCCESS;
     };
-    if let Some(config) = e.chain().find_map(|c| c.downcast_ref::<ConfigError>()) {
-        eprintln!("error: {config}");
-        return ExitCode::from(2);
+    match e.stopped() {
+        Some(stop) => eprintln!("{stop}"),
+        None => eprintln!("error: {}", e.report()),
     }
-    if let Some(stop) = e.chain().find_map(flotilla_train::find_stopped) {
-        eprintln!("{stop}");
-        return ExitCode::from(preempt::EXIT_CODE);
-    }
-    eprintln!("error: {e:#}");
-    ExitCode::from(1)
+    ExitCode::from(e.exit_status())
 }
 
-fn train(args: TrainArgs) -> anyhow::Result<()> {
+fn train(args: TrainArgs) -> Result<(), TaskError> {
     let (config_dir, config_name) = if args.prepared {
         if !args.overrides.is_empty() {
-            anyhow::bail!(
+            return Err(TaskError::Other(anyhow::anyhow!(
                 "--prepared trains on {}/{} as written; overrides belong to `flotilla run`",
                 args.run_dir.display(),
                 flotilla_contract::layout::CONFIG_FILE
-            );
+            )));
         }
         let config_file = args.run_dir.join(flotilla_contract::layout::CONFIG_FILE);
         if !config_file.is_file() {
-            anyhow::bail!(
+            return Err(TaskError::Other(anyhow::anyhow!(
                 "--prepared: {} does not exist (prepare the directory with `flotilla run`)",
                 config_file.display()
-            );
+            )));
         }
         (args.run_dir.clone(), "config".to_string())
     } else {

@@ -17,6 +17,7 @@ use super::trainer::Trainer;
 use super::TrainError;
 use crate::data::{self, BatchLayout, DataLoader, DataOptions};
 use crate::model::{load_hf, save_hf, Llama};
+use crate::task_error::TaskError;
 use flotilla_comm::comm::{Backend, Communicator};
 use flotilla_comm::connect::{self, CommOptions};
 use flotilla_comm::store::{KvStore, Store, StoreConfig};
@@ -160,7 +161,17 @@ pub fn join_group(
 
 /// Runs `job` in `run_dir` as rank `rank` (config files are the caller's business) and returns
 /// the summary. `on_row` sees every metrics row (rank 0's console progress).
+/// A libtorch exception anywhere in it is an error naming the step ([`crate::torch_guard`]).
 pub fn run_job(
+    job: &JobConfig,
+    run_dir: &Path,
+    rank: &RankInfo,
+    on_row: Option<&mut dyn FnMut(&MetricsRow)>,
+) -> Result<JobSummary, TrainError> {
+    crate::torch_guard::guarded(|| run_job_unguarded(job, run_dir, rank, on_row))
+}
+
+fn run_job_unguarded(
     job: &JobConfig,
     run_dir: &Path,
     rank: &RankInfo,
@@ -352,21 +363,25 @@ pub fn train_in_run_dir(
     composed: &flotilla_config::Composed,
     run_dir: &Path,
     prepared: bool,
-) -> anyhow::Result<()> {
-    use anyhow::Context;
+) -> Result<(), TaskError> {
     use flotilla_contract::layout::{overrides_yaml, CONFIG_FILE, OVERRIDES_FILE};
-    let job = composed
-        .typed
-        .as_ref()
-        .context("the composed config is not a flotilla job (or --no-validate was given)")?;
-    let rank = flotilla_contract::rank::discover_from_process()
-        .context("reading this task's rank from the environment")?;
+    let job = composed.typed.as_ref().ok_or_else(|| {
+        TaskError::Other(anyhow::anyhow!(
+            "the composed config is not a flotilla job (or --no-validate was given)"
+        ))
+    })?;
+    let rank = flotilla_contract::rank::discover_from_process().map_err(|e| {
+        TaskError::Other(
+            anyhow::Error::new(e).context("reading this task's rank from the environment"),
+        )
+    })?;
+    let io = |what: String, source: std::io::Error| TaskError::Io { what, source };
     std::fs::create_dir_all(run_dir)
-        .with_context(|| format!("cannot create {}", run_dir.display()))?;
+        .map_err(|e| io(format!("cannot create {}", run_dir.display()), e))?;
     if rank.is_master() && !prepared {
-        let write = |name: &str, text: String| -> anyhow::Result<()> {
+        let write = |name: &str, text: String| -> Result<(), TaskError> {
             let p = run_dir.join(name);
-            std::fs::write(&p, text).with_context(|| format!("cannot write {}", p.display()))
+            std::fs::write(&p, text).map_err(|e| io(format!("cannot write {}", p.display()), e))
         };
         let emit = flotilla_config::yaml::EmitOptions { provenance: false };
         write(
@@ -389,13 +404,14 @@ pub fn train_in_run_dir(
     } else {
         None
     };
-    let summary = run_job(job, run_dir, &rank, on_row).with_context(|| {
-        format!(
+    let summary = run_job(job, run_dir, &rank, on_row).map_err(|source| TaskError::Train {
+        context: format!(
             "training in {} (rank {} of {})",
             run_dir.display(),
             rank.rank,
             rank.world_size
-        )
+        ),
+        source,
     })?;
     if let Some(p) = progress.as_mut() {
         p.finish(&summary.to_string());

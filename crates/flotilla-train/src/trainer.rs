@@ -159,6 +159,7 @@ impl Trainer {
     /// One optimizer step (collective when distributed).
     /// The row has no evaluation figures; `fit.rs` adds them on evaluation steps.
     pub fn step(&mut self) -> Result<MetricsRow, TrainError> {
+        crate::torch_guard::set_step(self.step);
         let t0 = Instant::now();
         let batches = self.loader.next_step()?;
         let mut options = self.options;

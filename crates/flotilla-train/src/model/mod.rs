@@ -251,16 +251,21 @@ impl Params {
 /// `output` must be a scalar (the loss, for the last unit) and is differentiated itself.
 ///
 /// The gradients are returned, not accumulated into `.grad()`; a tensor that `output` does not
-/// depend on gets `None`. Every tensor of `wrt` must require grad. The graph is freed.
-pub fn vjp(output: &Tensor, grad_output: Option<&Tensor>, wrt: &[&Tensor]) -> Vec<Option<Tensor>> {
+/// depend on gets `None`. Every tensor of `wrt` must require grad. The graph is freed. An
+/// exception of the autograd engine (out of memory, say) is an error, not a panic.
+pub fn vjp(
+    output: &Tensor,
+    grad_output: Option<&Tensor>,
+    wrt: &[&Tensor],
+) -> Result<Vec<Option<Tensor>>, tch::TchError> {
     let grads = match grad_output {
-        Some(g) => seeded_backward(output, g, wrt),
-        None => Tensor::run_backward(&[output], wrt, false, false),
+        Some(g) => seeded_backward(output, g, wrt)?,
+        None => Tensor::f_run_backward(&[output], wrt, false, false)?,
     };
-    grads
+    Ok(grads
         .into_iter()
         .map(|g| g.defined().then_some(g))
-        .collect()
+        .collect())
 }
 
 extern "C" {
@@ -276,7 +281,11 @@ extern "C" {
 
 /// The autograd engine run from `output` seeded with `grad_output` (the C++ shim
 /// `csrc/vjp.cpp`; tch's `run_backward` only seeds with ones).
-fn seeded_backward(output: &Tensor, grad_output: &Tensor, wrt: &[&Tensor]) -> Vec<Tensor> {
+fn seeded_backward(
+    output: &Tensor,
+    grad_output: &Tensor,
+    wrt: &[&Tensor],
+) -> Result<Vec<Tensor>, tch::TchError> {
     let inputs: Vec<*const std::ffi::c_void> = wrt
         .iter()
         .map(|t| t.as_ptr() as *const std::ffi::c_void)
@@ -296,11 +305,14 @@ fn seeded_backward(output: &Tensor, grad_output: &Tensor, wrt: &[&Tensor]) -> Ve
     if code != 0 {
         // SAFETY: the shim returns a NUL-terminated thread-local message.
         let msg = unsafe { std::ffi::CStr::from_ptr(flotilla_vjp_error()) };
-        panic!("backward through a unit failed: {}", msg.to_string_lossy());
+        return Err(tch::TchError::Torch(format!(
+            "backward through a unit failed: {}",
+            msg.to_string_lossy()
+        )));
     }
-    outputs
+    Ok(outputs
         .into_iter()
         // SAFETY: each pointer is a fresh at::Tensor* owned by nobody else.
         .map(|p| unsafe { Tensor::from_ptr(p as *mut torch_sys::C_tensor) })
-        .collect()
+        .collect())
 }
