@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # slurm-cluster-start.sh - a single-node Slurm test cluster (munged + slurmctld + slurmd) without
-# systemd, for flotilla's SLURM launcher tests.  Adapted from the project's verified reference
-# (shared/reference/start-cluster.sh).  Run as root on Debian.
+# systemd, for flotilla's SLURM launcher tests (tests/slurm.rs starts it and
+# slurm-cluster-stop.sh stops it).  Run as root on Debian.
 #
 # Idempotent: installs the Debian packages only when missing, leaves alone a daemon whose recorded
 # PID is alive, and records the PID of every daemon it starts so that slurm-cluster-stop.sh stops

@@ -18,6 +18,8 @@
 //! `FLOTILLA_ORACLE_LIVE=1` also re-runs the recorder (needs the `.venv`) and checks that the
 //! committed fixtures are up to date.
 
+mod common;
+
 use serde_json::{Map, Value};
 use std::fmt::Write as _;
 use std::io::Read;
@@ -664,13 +666,12 @@ fn multirun_plan_matches_hydra() {
 #[test]
 fn fixtures_are_up_to_date() {
     if std::env::var("FLOTILLA_ORACLE_LIVE").as_deref() != Ok("1") {
-        eprintln!("skipped: set FLOTILLA_ORACLE_LIVE=1 to re-record and compare the fixtures");
-        return;
+        return common::skip_or_fail(
+            "re-recording the fixtures with the live Hydra is slow and opt-in: set \
+             FLOTILLA_ORACLE_LIVE=1 (with hydra-core in the venv: scripts/setup.sh)",
+        );
     }
-    let venv = std::env::var_os("FLOTILLA_VENV")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(MANIFEST_DIR).join(".venv"));
-    let python = venv.join("bin").join("python");
+    let python = common::venv_python();
     assert!(
         python.exists(),
         "no Python at {}; run scripts/setup.sh",

@@ -4,8 +4,13 @@
 //! real `train` command (one rank and DDP).
 
 mod common;
+#[path = "common/compose.rs"]
+mod compose;
+#[path = "common/launch.rs"]
+mod launch;
 
-use common::{composer, conf_dir, read_env};
+use common::{conf_dir, read_env};
+use compose::composer;
 use flotilla_contract::rank::{discover, RankEnv, RankSource};
 use flotilla_launch::local::{rank_env, rank_slot, threads_per_rank, EnvSpec};
 use flotilla_launch::rundir::{self, JobState, PreparedRun};
@@ -29,7 +34,7 @@ fn prepare(root: &Path, overrides: &[&str], multirun: bool) -> PreparedRun {
     }
     ov.push(format!("flotilla.run.dir={}/run", root.display()));
     ov.push(format!("flotilla.sweep.dir={}/sweep", root.display()));
-    common::prepare(&composer(), &ov, multirun).unwrap()
+    launch::prepare(&composer(), &ov, multirun).unwrap()
 }
 
 /// A task running `script` with `sh`; `$1` is the job directory.
@@ -538,6 +543,7 @@ fn cli_failing_job_exits_1_with_the_rank_and_its_log_tail() {
 
 #[test]
 fn cli_runs_train_end_to_end_with_one_rank() {
+    common::train_binary();
     let tmp = tempfile::tempdir().unwrap();
     let out = flotilla_run(tmp.path())
         .args(["--format", "json", "trainer.max_steps=5"])
@@ -573,6 +579,7 @@ fn cli_runs_train_end_to_end_with_one_rank() {
 
 #[test]
 fn cli_runs_a_ddp_sweep_with_two_ranks_per_job() {
+    common::train_binary();
     let tmp = tempfile::tempdir().unwrap();
     let out = flotilla_run(tmp.path())
         .args([

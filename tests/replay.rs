@@ -10,6 +10,8 @@ use common::{copy_dir, flotilla_in, ok};
 
 /// A project directory with its own copy of the shipped `conf/`.
 fn project() -> tempfile::TempDir {
+    // Every test here runs `flotilla run`, which finds the task binary first.
+    common::train_binary();
     let tmp = tempfile::tempdir().unwrap();
     copy_dir(&common::conf_dir(), &tmp.path().join("conf"));
     tmp

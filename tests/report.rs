@@ -32,6 +32,8 @@ fn snapshot(dir: &Path) -> BTreeMap<PathBuf, (u64, std::time::SystemTime)> {
 
 /// A sweep of five jobs prepared (not started) under `root/sweep`.
 fn prepared_sweep(root: &Path) -> PathBuf {
+    // `flotilla run`, even a dry one, finds the task binary first.
+    common::train_binary();
     let sweep = root.join("sweep");
     ok(flotilla(&[
         "run",
@@ -390,8 +392,9 @@ fn without_any_font_the_pngs_are_still_written_and_one_warning_names_the_fix() {
         .args([&empty, &empty])
         .output();
     if !probe.is_ok_and(|o| o.status.success()) {
-        eprintln!("SKIPPED: hiding the fonts needs `unshare -m` and mount (root)");
-        return;
+        return common::skip_or_fail(
+            "hiding the fonts needs `unshare -m` and mount: run the tests as root",
+        );
     }
     let mut script = String::from("set -e\n");
     for dir in ["/usr/share/fonts", "/usr/local/share/fonts"] {
@@ -518,7 +521,7 @@ fn status_shows_the_best_metric_so_far_of_a_running_sweep() {
     );
 }
 
-/// Debian's Chromium, or `None` (the test then says it skipped).
+/// Debian's Chromium, or `None` (the test then skips, or fails with `FLOTILLA_REQUIRE_ORACLES`).
 fn chromium() -> Option<PathBuf> {
     ["/usr/bin/chromium", "/usr/bin/chromium-browser"]
         .iter()
@@ -584,8 +587,7 @@ fn the_html_report_renders_in_headless_chromium_without_console_errors() {
     assert_eq!(html.matches("class=\"curve\"").count(), 10);
 
     let Some(chromium) = chromium() else {
-        eprintln!("SKIPPED: chromium is not installed (apt-get install chromium)");
-        return;
+        return common::skip_or_fail("chromium is not installed (apt-get install chromium)");
     };
     let profile = tmp.path().join("profile");
     let url = format!("file://{}", page.display());
@@ -628,6 +630,7 @@ fn the_html_report_renders_in_headless_chromium_without_console_errors() {
 /// reported, and its TensorBoard events read back by the real `tensorboard` package.
 #[test]
 fn a_real_sweep_is_reported_and_tensorboard_reads_its_events() {
+    common::train_binary();
     let tmp = tempfile::tempdir().unwrap();
     let sweep = tmp.path().join("sweep");
     ok(flotilla(&[
@@ -680,7 +683,7 @@ fn a_real_sweep_is_reported_and_tensorboard_reads_its_events() {
 
         // TensorBoard sees every value of metrics.csv at its step (as float32), and the hparams.
         let read = Command::new(venv_python())
-            .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/oracle/tensorboard_events.py"))
+            .arg(common::oracle_file("tensorboard_events.py"))
             .arg(sweep.join(format!("{i}/tb")))
             .output()
             .expect("run the tensorboard oracle (scripts/setup.sh installs it)");

@@ -3,6 +3,10 @@
 //! and its typed update API, and `flotilla status` from a directory's markers.
 
 mod common;
+#[path = "common/compose.rs"]
+mod compose;
+#[path = "common/launch.rs"]
+mod launch;
 
 use common::{conf_dir, ov};
 use flotilla_config::interp::ResolveContext;
@@ -16,7 +20,7 @@ use std::process::{Command, Output};
 
 /// A composer whose `${now:...}` is 2024-01-02 03:04:05 local time.
 fn fixed_clock_composer() -> Composer {
-    let mut c = common::composer();
+    let mut c = compose::composer();
     use chrono::TimeZone;
     let now = chrono::Local
         .with_ymd_and_hms(2024, 1, 2, 3, 4, 5)
@@ -31,7 +35,7 @@ fn fixed_clock_composer() -> Composer {
 
 /// Prepares a run (or with `multirun`, a sweep) at the fixed time.
 fn prepare(overrides: &[String], multirun: bool) -> Result<PreparedRun, RunDirError> {
-    common::prepare(&fixed_clock_composer(), overrides, multirun)
+    launch::prepare(&fixed_clock_composer(), overrides, multirun)
 }
 
 fn entries(dir: &Path) -> Vec<String> {
@@ -235,7 +239,7 @@ fn meta_json_records_how_the_job_was_made() {
     let meta: Meta = serde_json::from_str(&text).unwrap();
     assert_eq!(meta.argv, ["flotilla", "run", "--test"]);
     assert_eq!(meta.flotilla_version, env!("CARGO_PKG_VERSION"));
-    assert_eq!(meta.libtorch_version, flotilla_train::LIBTORCH_VERSION);
+    assert_eq!(meta.libtorch_version, flotilla_contract::LIBTORCH_VERSION);
     assert_eq!(meta.job_num, 0);
     assert_eq!(meta.launcher, "local");
     assert_eq!(meta.overrides, ["seed=3"]);
@@ -274,7 +278,9 @@ fn git_state_outside_a_repository_is_none_and_dirty_flag_follows_changes() {
             .unwrap_or(false)
     };
     if !git(&["init", "-q"]) {
-        return; // no git on this machine
+        return common::skip_or_fail(
+            "`git init` fails: git is not installed (apt-get install git)",
+        );
     }
     std::fs::write(tmp.path().join("a.txt"), "one").unwrap();
     assert!(git(&["add", "a.txt"]));
@@ -343,6 +349,8 @@ fn create_unique_dir_under_threads_never_hands_out_a_directory_twice() {
 }
 
 fn run_cli(cwd: &Path, args: &[&str]) -> Output {
+    // `flotilla run`, even a dry one, finds the task binary first.
+    common::train_binary();
     Command::new(env!("CARGO_BIN_EXE_flotilla"))
         .current_dir(cwd)
         .arg("run")
@@ -357,6 +365,7 @@ fn run_cli(cwd: &Path, args: &[&str]) -> Output {
 fn concurrent_dry_runs_get_distinct_complete_directories() {
     let tmp = tempfile::tempdir().unwrap();
     let n = 16;
+    common::train_binary();
     let children: Vec<_> = (0..n)
         .map(|i| {
             Command::new(env!("CARGO_BIN_EXE_flotilla"))

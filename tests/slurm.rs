@@ -6,6 +6,10 @@
 //! Golden files live in `tests/slurm/`; `UPDATE_GOLDEN=1 cargo test --test slurm` rewrites them.
 
 mod common;
+#[path = "common/compose.rs"]
+mod compose;
+#[path = "common/launch.rs"]
+mod launch;
 
 use common::{branin, copy_dir, ov, read_env};
 use flotilla_config::schema::{ComputeConfig, Launcher};
@@ -443,10 +447,13 @@ struct Cluster {
 }
 
 impl Cluster {
-    /// Starts the test cluster; `None` (after printing why) when it cannot be installed.
+    /// Starts the test cluster; `None` (after [`common::skip_or_fail`]) when it cannot be
+    /// installed or is skipped on purpose.
     fn start() -> Option<Cluster> {
         if std::env::var("FLOTILLA_SKIP_SLURM").is_ok_and(|v| v == "1") {
-            println!("SKIPPED: the real-Slurm tests (FLOTILLA_SKIP_SLURM=1)");
+            common::skip_or_fail(
+                "the real-Slurm tests: FLOTILLA_SKIP_SLURM=1 skips them on purpose (unset it)",
+            );
             return None;
         }
         let script = Path::new(REPO).join("scripts/slurm-cluster-start.sh");
@@ -468,7 +475,10 @@ impl Cluster {
         match out.status.code() {
             Some(0) => {}
             Some(3) => {
-                println!("SKIPPED: the real-Slurm tests: Slurm cannot be installed here:\n{text}");
+                common::skip_or_fail(&format!(
+                    "the real-Slurm tests: Slurm cannot be installed here (run the tests as root \
+                     on Debian with apt-get, which scripts/slurm-cluster-start.sh uses):\n{text}"
+                ));
                 return None;
             }
             _ => panic!("slurm-cluster-start.sh failed:\n{text}"),
@@ -493,7 +503,7 @@ impl Drop for Cluster {
 
 /// Prepares a run or sweep with the repository's conf tree.
 fn prepare(overrides: &[String], multirun: bool) -> rundir::PreparedRun {
-    common::prepare(&common::composer(), overrides, multirun)
+    launch::prepare(&compose::composer(), overrides, multirun)
         .unwrap_or_else(|e| panic!("prepare {overrides:?}: {e}"))
 }
 
@@ -587,6 +597,8 @@ fn real_cluster() {
     let Some(_cluster) = Cluster::start() else {
         return;
     };
+    // The scenarios train with `flotilla train` and submit with `flotilla run`.
+    common::train_binary();
     let t_all = Instant::now();
     let tmp = tempfile::Builder::new()
         .prefix("flotilla-slurm-test")
@@ -1101,16 +1113,11 @@ sys.exit(0)
 /// 8. The DDP example stopped by SIGUSR2: it checkpoints, is requeued and resumes.
 fn user_programs(root: &Path) {
     let python = common::venv_python();
-    let has_torch = Command::new(&python)
-        .args(["-c", "import torch"])
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if !has_torch {
-        println!(
-            "SKIPPED: the user-program scenarios: {} cannot import torch",
+    if !common::venv_imports("torch") {
+        return common::skip_or_fail(&format!(
+            "the user-program scenarios: {} cannot import torch (run scripts/setup.sh)",
             python.display()
-        );
-        return;
+        ));
     }
     let mut dirs = vec![python.parent().unwrap().to_path_buf()];
     dirs.extend(std::env::split_paths(

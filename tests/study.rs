@@ -40,6 +40,8 @@ flotilla:
 ";
 
 fn project() -> tempfile::TempDir {
+    // Every test here runs `flotilla run`, which finds the task binary first.
+    common::train_binary();
     let tmp = tempfile::tempdir().unwrap();
     std::fs::create_dir_all(tmp.path().join("conf")).unwrap();
     std::fs::write(tmp.path().join("conf/config.yaml"), CONFIG).unwrap();

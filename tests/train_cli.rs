@@ -1,10 +1,13 @@
 //! `flotilla train` end to end on the default config (a few steps): the run directory's files,
 //! `metrics.csv`, resuming with a larger `trainer.max_steps`, and exit 2 on a config error.
 
+mod common;
+
 use std::path::Path;
 use std::process::{Command, Output};
 
 fn train(run_dir: &Path, overrides: &[&str]) -> Output {
+    common::train_binary();
     Command::new(env!("CARGO_BIN_EXE_flotilla"))
         .current_dir(env!("CARGO_MANIFEST_DIR"))
         .arg("train")

@@ -82,6 +82,7 @@ fn flotilla(dir: &Path) -> Vec<(u64, [f64; 3])> {
         "trainer.log_every=1".into(),
         "trainer.activation_checkpointing=false".into(),
     ];
+    common::train_binary();
     let out = Command::new(env!("CARGO_BIN_EXE_flotilla"))
         .current_dir(env!("CARGO_MANIFEST_DIR"))
         .arg("train")

@@ -3,6 +3,8 @@
 //! same command then resumes and completes with the metrics rows of an uninterrupted run (all
 //! columns but the timings).
 
+mod common;
+
 use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -20,6 +22,7 @@ const OVERRIDES: [&str; 9] = [
 ];
 
 fn command(run_dir: &Path) -> Command {
+    common::train_binary();
     let mut c = Command::new(env!("CARGO_BIN_EXE_flotilla"));
     c.current_dir(env!("CARGO_MANIFEST_DIR"))
         .arg("train")

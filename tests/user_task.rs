@@ -8,7 +8,8 @@
 //!
 //! Each test copies its example into a temporary directory and runs `flotilla` there with the
 //! project venv's `bin/` first in PATH (so `python` and `torchrun` are the venv's). Skipped, with
-//! a `SKIPPED:` line, only when that python cannot import torch, hydra and omegaconf.
+//! a `SKIPPED:` line, only when that python cannot import torch, hydra and omegaconf (a failure
+//! instead with `FLOTILLA_REQUIRE_ORACLES` set).
 
 mod common;
 use common::copy_dir;
@@ -24,22 +25,19 @@ use std::time::{Duration, Instant};
 
 const EXE: &str = env!("CARGO_BIN_EXE_flotilla");
 
-/// The venv's `bin/` when its python imports torch, hydra and omegaconf; `None` after a
-/// `SKIPPED:` line otherwise.
+/// The venv's `bin/` when its python imports torch, hydra and omegaconf; `None` after
+/// [`common::skip_or_fail`] otherwise.
 fn venv_bin(test: &str) -> Option<PathBuf> {
     let python = common::venv_python();
-    let ok = Command::new(&python)
-        .args(["-c", "import torch, hydra, omegaconf"])
-        .output()
-        .map(|o| o.status.success())
-        .unwrap_or(false);
-    if !ok {
-        println!(
-            "SKIPPED: {test}: {} cannot import torch, hydra and omegaconf (run scripts/setup.sh)",
+    if !common::venv_imports("torch, hydra, omegaconf") {
+        common::skip_or_fail(&format!(
+            "{test}: {} cannot import torch, hydra and omegaconf (run scripts/setup.sh)",
             python.display()
-        );
+        ));
         return None;
     }
+    // `flotilla run` finds the training task binary before anything else, whatever the task.
+    common::train_binary();
     Some(python.parent().unwrap().to_path_buf())
 }
 

@@ -1,5 +1,6 @@
-//! Build script: embeds an rpath to the libtorch shared libraries so the `flotilla` binary and
-//! the test executables find them without `LD_LIBRARY_PATH`, and compiles the small C++ shim
+//! Build script: embeds an rpath to the libtorch shared libraries so the `flotilla-train`
+//! binary, this crate's examples and its test executables (tests/, which drive the trainer
+//! in-process) find them without `LD_LIBRARY_PATH`, and compiles the small C++ shim
 //! (`csrc/storage.cpp`, freeing and re-allocating a tensor's storage in place for FSDP) against
 //! the same libtorch headers.
 
@@ -27,6 +28,8 @@ fn main() {
         .compile("flotilla_shim");
     let lib_dir = libtorch.join("lib");
     let lib_dir = lib_dir.canonicalize().unwrap_or(lib_dir);
+    // `rustc-link-arg` reaches every linked target of this package: binaries, examples, tests
+    // and benches.
     println!("cargo:rustc-link-arg=-Wl,-rpath,{}", lib_dir.display());
     // libtorch_cuda is deliberately not forced into the link: composing and planning on a login
     // node must not pay for loading the CUDA libraries. The trainer loads it at run time when a

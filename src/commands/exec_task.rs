@@ -1,6 +1,6 @@
 //! `flotilla exec-task JOB_DIR` (hidden): what each process of a job that runs the user's own
 //! program runs; it sets the process's environment from its place in the job and becomes the
-//! program (see `flotilla_launch::task`). It returns only when the program cannot be started.
+//! program (see `flotilla_launch::user_task`). It returns only when the program cannot be started.
 
 use std::path::PathBuf;
 
@@ -18,7 +18,7 @@ pub struct ExecTaskArgs {
 }
 
 pub fn exec_task(args: ExecTaskArgs) -> Result<(), Failure> {
-    let error = flotilla_launch::task::exec(&args.job_dir);
+    let error = flotilla_launch::user_task::exec(&args.job_dir);
     eprintln!("flotilla exec-task: {error}");
     Err(Failure::Silent(CANNOT_START))
 }

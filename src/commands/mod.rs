@@ -14,11 +14,15 @@ mod study_drive;
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::OnceLock;
 
 use anyhow::Context;
 use clap::Args;
 use flotilla_config::{ComposeOptions, Composer, ConfigError};
 use flotilla_launch::settings::{Settings, SettingsError, SettingsSources};
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
+use tracing_subscriber::{reload, EnvFilter, Registry};
 
 pub use compose::{compose, ComposeArgs, COMPOSE_EXAMPLES};
 pub use diff::{diff, DiffArgs, DIFF_EXAMPLES};
@@ -109,16 +113,38 @@ impl From<flotilla_launch::LaunchError> for Failure {
     }
 }
 
-/// Logs to stderr (colour only on a terminal), filtered by `FLOTILLA_LOG` (default `warn`).
+/// The log filter when `FLOTILLA_LOG` sets none.
+const DEFAULT_LOG_FILTER: &str = "warn";
+
+/// The handle that replaces the default log filter; unset when `FLOTILLA_LOG` chose the filter.
+static DEFAULT_LOG: OnceLock<reload::Handle<EnvFilter, Registry>> = OnceLock::new();
+
+/// Logs to stderr (colour only on a terminal), filtered by `FLOTILLA_LOG` (default `warn`, or
+/// what a subcommand sets with [`default_log_filter`]).
 pub fn init_logging() {
-    tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("FLOTILLA_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+    let from_env = EnvFilter::try_from_env("FLOTILLA_LOG").ok();
+    let chosen = from_env.is_some();
+    let (filter, handle) =
+        reload::Layer::new(from_env.unwrap_or_else(|| EnvFilter::new(DEFAULT_LOG_FILTER)));
+    tracing_subscriber::registry()
+        .with(filter)
+        .with(
+            tracing_subscriber::fmt::layer()
+                .with_writer(std::io::stderr)
+                .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr())),
         )
         .init();
+    if !chosen {
+        let _ = DEFAULT_LOG.set(handle);
+    }
+}
+
+/// Replaces the default log filter with `directives` (an `EnvFilter` string) for this
+/// subcommand; a filter chosen with `FLOTILLA_LOG` stays.
+fn default_log_filter(directives: &str) {
+    if let Some(handle) = DEFAULT_LOG.get() {
+        let _ = handle.reload(EnvFilter::new(directives));
+    }
 }
 
 /// The process's exit status for a subcommand's result; the error goes to stderr.

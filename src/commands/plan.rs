@@ -7,7 +7,7 @@ use flotilla_config::node::to_json_text;
 use flotilla_config::sweep::sweep_overrides;
 use flotilla_config::sweep::{plan_map, PlannedJob, SweepFile};
 use flotilla_launch::memory::{self, Advice, Estimate};
-use flotilla_launch::study::driver::{first_trials, search_space};
+use flotilla_launch::study::{first_trials, search_space};
 use flotilla_study::config::{study_config, StudyConfig};
 use flotilla_study::SearchSpace;
 use std::path::PathBuf;

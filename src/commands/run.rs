@@ -5,8 +5,9 @@ use clap::{Args, ValueEnum};
 use flotilla_config::sweep::sweep_overrides;
 use flotilla_config::sweep::SweepFile;
 use flotilla_launch::rundir::snapshot::{layer_overrides, SavedJob};
-use flotilla_launch::study::detach;
-use flotilla_launch::study::driver::{self, StudyFile, StudyRun};
+use flotilla_launch::study::{
+    detach, resume_study, run_study, search_space, summary, StudyFile, StudyRun,
+};
 use flotilla_launch::{LocalOptions, RunOptions, TaskCommand, JOB_DIR_PLACEHOLDER};
 use flotilla_study::config::study_config;
 use std::path::PathBuf;
@@ -88,8 +89,7 @@ pub fn run(args: RunArgs) -> Result<(), Failure> {
         Some(dir) => match StudyFile::read(dir)? {
             Some(study) if !args.dry_run => {
                 study_dir = Some(dir.clone());
-                match driver::resume_study(dir, study, settings.fallbacks(), &argv, options.local)?
-                {
+                match resume_study(dir, study, settings.fallbacks(), &argv, options.local)? {
                     StudyRun::Ran(report) => report,
                     StudyRun::Slurm(dir) => return start_driver(&dir, &driving),
                 }
@@ -127,11 +127,11 @@ pub fn run(args: RunArgs) -> Result<(), Failure> {
             };
             match study {
                 Some((config, sweep)) if args.dry_run => {
-                    let space = driver::search_space(&sweep.task)?;
+                    let space = search_space(&sweep.task)?;
                     return write_stdout(&super::plan::describe_study(&config, &space));
                 }
                 Some((config, sweep)) => {
-                    let report = match driver::run_study(
+                    let report = match run_study(
                         &composer,
                         config,
                         sweep.runtime,
@@ -160,7 +160,7 @@ pub fn run(args: RunArgs) -> Result<(), Failure> {
     };
     if let (Some(dir), OutputFormat::Text) = (&study_dir, args.format) {
         if let Some(study) = StudyFile::read(dir)? {
-            eprint!("{}", driver::summary(&study));
+            eprint!("{}", summary(&study));
         }
     }
     write_stdout(&match args.format {

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 
 use clap::Args;
 use flotilla_launch::slurm::SlurmOptions;
-use flotilla_launch::study::driver;
+use flotilla_launch::study::{drive_slurm_study, summary};
 use flotilla_launch::{TaskCommand, JOB_DIR_PLACEHOLDER};
 
 use super::Failure;
@@ -25,7 +25,12 @@ pub struct StudyDriveArgs {
     task_exec: Option<PathBuf>,
 }
 
+/// What the driver logs by default: its trials' submissions, ends and stops (info), and any
+/// warning. Its stderr is `driver.log`.
+const DRIVER_LOG_FILTER: &str = "warn,flotilla_launch::study=info";
+
 pub fn study_drive(args: StudyDriveArgs) -> Result<(), Failure> {
+    super::default_log_filter(DRIVER_LOG_FILTER);
     let settings = super::settings()?;
     let task = match &args.task_exec {
         Some(p) => TaskCommand::new([p.as_os_str(), JOB_DIR_PLACEHOLDER.as_ref()]),
@@ -35,13 +40,13 @@ pub fn study_drive(args: StudyDriveArgs) -> Result<(), Failure> {
         }),
     };
     let argv: Vec<String> = std::env::args().collect();
-    let study = driver::drive_slurm_study(
+    let study = drive_slurm_study(
         &args.sweep_dir,
         settings.fallbacks(),
         &argv,
         SlurmOptions::with_task(task),
         std::time::Duration::from_secs_f64(args.stop_grace_s.max(0.0)),
     )?;
-    eprint!("{}", driver::summary(&study));
+    eprint!("{}", summary(&study));
     Ok(())
 }

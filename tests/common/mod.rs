@@ -1,8 +1,15 @@
-//! Fixtures and helpers shared by the integration tests: the repository's config tree and a
-//! composer over it, preparing runs, reading the environment a task wrote, a free port, small
-//! model and trainer configs, the Python oracle, running the `flotilla` binary, copying a
-//! project tree, and the Branin function the adaptive-sweep objectives compute. Included with `mod common;`; each test
-//! uses what it needs.
+//! Helpers shared by the integration tests of every crate, needing only `std`, `serde`,
+//! `serde_json` and `flotilla_contract`: the repository's root and config tree, overrides, the
+//! environment a task wrote, a free port, the Python oracles and [`skip_or_fail`] for a
+//! missing one, the `flotilla` and `flotilla-train` binaries of this build, running a command
+//! that must succeed, copying a project tree, and the Branin function the adaptive-sweep
+//! objectives compute.
+//!
+//! The root tests include it with `mod common;`, a crate's tests with
+//! `#[path = "../../../tests/common/mod.rs"] mod common;`. Helpers with heavier dependencies
+//! live beside it, each included the same way by the tests that can compile it:
+//! `compose.rs` (flotilla_config: the composer, tiny model and trainer configs), `launch.rs`
+//! (flotilla_launch: preparing runs) and `world.rs` (the multi-process harness).
 
 #![allow(dead_code)]
 
@@ -10,43 +17,33 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use flotilla_config::schema::{ModelConfig, TrainerConfig};
-use flotilla_config::{ComposeOptions, Composer};
-use flotilla_launch::rundir::{self, PreparedRun, RunDirError, RunRequest};
+/// The environment variable that turns every skip for a missing oracle into a failure.
+pub const REQUIRE_ORACLES: &str = "FLOTILLA_REQUIRE_ORACLES";
+
+/// The repository's root (the directory holding `conf/` and `tests/oracle/`), whichever
+/// crate's tests ask.
+pub fn repo_root() -> PathBuf {
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
+    manifest
+        .ancestors()
+        .find(|d| d.join("conf/config.yaml").is_file() && d.join("tests/oracle").is_dir())
+        .unwrap_or_else(|| {
+            panic!(
+                "no repository root (with conf/config.yaml and tests/oracle/) above {}",
+                manifest.display()
+            )
+        })
+        .to_path_buf()
+}
 
 /// The repository's config tree.
 pub fn conf_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("conf")
+    repo_root().join("conf")
 }
 
-/// A composer of the repository's `conf/config.yaml`.
-pub fn composer() -> Composer {
-    Composer::new(ComposeOptions {
-        config_dir: conf_dir(),
-        config_name: "config".into(),
-    })
-    .unwrap()
-}
-
-/// The command line prepared runs record (`meta.json`, `sweep.json`).
-pub const ARGV: [&str; 3] = ["flotilla", "run", "--test"];
-
-/// Prepares a run (or with `multirun`, a sweep) of `overrides` with `composer`.
-pub fn prepare(
-    composer: &Composer,
-    overrides: &[String],
-    multirun: bool,
-) -> Result<PreparedRun, RunDirError> {
-    rundir::prepare(
-        composer,
-        &RunRequest {
-            overrides: overrides.to_vec(),
-            sweep_file: None,
-            multirun,
-            argv: ARGV.iter().map(|s| s.to_string()).collect(),
-            rerun_of: None,
-        },
-    )
+/// A file of tests/oracle/.
+pub fn oracle_file(name: &str) -> PathBuf {
+    repo_root().join("tests/oracle").join(name)
 }
 
 /// Owned overrides.
@@ -69,68 +66,28 @@ pub fn free_port() -> u16 {
     flotilla_contract::rank::free_port().expect("a free port on 127.0.0.1")
 }
 
-/// A small Llama configuration (2 layers, GQA 4:2) for fast model and engine tests.
-pub fn tiny_model_config(tied: bool) -> ModelConfig {
-    ModelConfig {
-        name: "t".into(),
-        vocab_size: 40,
-        hidden_size: 32,
-        intermediate_size: 48,
-        num_hidden_layers: 2,
-        num_attention_heads: 4,
-        num_key_value_heads: 2,
-        max_position_embeddings: 64,
-        rms_norm_eps: 1e-5,
-        rope_theta: 10000.0,
-        rope_scaling: None,
-        tie_word_embeddings: tied,
-        initializer_range: 0.02,
-        init_from: None,
-    }
+/// Whether a missing oracle fails the test: `FLOTILLA_REQUIRE_ORACLES` set, non-empty and
+/// not `0`.
+pub fn oracles_required() -> bool {
+    std::env::var_os(REQUIRE_ORACLES).is_some_and(|v| !v.is_empty() && v != "0")
 }
 
-/// A complete `trainer:` section for tests: one process, fp32 on CPU, constant LR with no
-/// warmup, no evaluation or checkpoints, with `overrides` (a YAML mapping such as
-/// `{max_steps: 12, schedule: cosine}`) replacing keys of that base.
-pub fn trainer_config(overrides: &str) -> TrainerConfig {
-    const BASE: &str = "
-dist: {mode: none}
-max_steps: 10
-global_batch_size: 8
-micro_batch_size: 4
-lr: 3.0e-3
-min_lr: 0.0
-warmup_steps: 0
-schedule: constant
-weight_decay: 0.1
-betas: [0.9, 0.95]
-eps: 1.0e-8
-grad_clip: 1.0
-precision: 32-true
-device: cpu
-eval_every: 0
-eval_batches: 1
-checkpoint_every: 0
-keep_last_checkpoints: 0
-resume: never
-log_every: 1
-activation_checkpointing: false
-seed: 7
-";
-    let mut config: serde_yaml::Mapping = serde_yaml::from_str(BASE).unwrap();
-    let overrides: serde_yaml::Mapping = serde_yaml::from_str(overrides)
-        .unwrap_or_else(|e| panic!("trainer overrides {overrides}: {e}"));
-    for (k, v) in overrides {
-        assert!(config.contains_key(&k), "unknown trainer key {k:?}");
-        config.insert(k, v);
+/// What a test does when an oracle or a tool it compares against is missing: with
+/// `FLOTILLA_REQUIRE_ORACLES` set it panics with `reason` (which says what is missing and how
+/// to provide it); otherwise it prints `SKIPPED: reason`, and the caller returns.
+pub fn skip_or_fail(reason: &str) {
+    if oracles_required() {
+        panic!(
+            "{reason}\n({REQUIRE_ORACLES} is set, so a missing oracle fails the test instead of \
+             skipping it: provide it as said above, or unset {REQUIRE_ORACLES})"
+        );
     }
-    serde_yaml::from_value(serde_yaml::Value::Mapping(config))
-        .unwrap_or_else(|e| panic!("trainer config: {e}"))
+    eprintln!("SKIPPED: {reason}");
 }
 
 /// Runs a Python oracle (`.venv/bin/python` with transformers quiet and offline), asserts that
 /// it succeeded, and parses the JSON of its last line of output.
-pub fn run_oracle<T: serde::de::DeserializeOwned>(cmd: &mut std::process::Command) -> T {
+pub fn run_oracle<T: serde::de::DeserializeOwned>(cmd: &mut Command) -> T {
     let out = cmd
         .env("TRANSFORMERS_VERBOSITY", "error")
         .env("HF_HUB_OFFLINE", "1")
@@ -146,28 +103,72 @@ pub fn run_oracle<T: serde::de::DeserializeOwned>(cmd: &mut std::process::Comman
     serde_json::from_str(last).unwrap_or_else(|e| panic!("{cmd:?}: last line {last:?}: {e}"))
 }
 
-/// The project venv's python (`FLOTILLA_VENV`, else `.venv`).
+/// The project venv's python (`FLOTILLA_VENV`, else the repository's `.venv`).
 pub fn venv_python() -> PathBuf {
     let venv = std::env::var_os("FLOTILLA_VENV")
         .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join(".venv"));
+        .unwrap_or_else(|| repo_root().join(".venv"));
     venv.join("bin").join("python")
+}
+
+/// Whether the venv python can run `import <modules>`.
+pub fn venv_imports(modules: &str) -> bool {
+    Command::new(venv_python())
+        .args(["-c", &format!("import {modules}")])
+        .output()
+        .is_ok_and(|o| o.status.success())
 }
 
 /// The venv python, if transformers and safetensors import there.
 pub fn oracle_python() -> Option<PathBuf> {
-    let python = venv_python();
-    let ok = std::process::Command::new(&python)
-        .args(["-c", "import transformers, safetensors"])
-        .output()
-        .map(|o| o.status.success())
-        .unwrap_or(false);
-    ok.then_some(python)
+    venv_imports("transformers, safetensors").then(venv_python)
+}
+
+/// The directory of this build's binaries (`target/<profile>`): the test executable runs from
+/// its `deps/`.
+pub fn target_profile_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("the test executable's path");
+    let deps = exe.parent().expect("the test executable's directory");
+    deps.parent().unwrap_or(deps).to_path_buf()
+}
+
+/// The `flotilla` CLI of this build: Cargo's own path in the root package's tests, else
+/// `target/<profile>/flotilla` (panicking, with the command that builds it, when absent).
+pub fn flotilla_bin() -> PathBuf {
+    if let Some(exe) = option_env!("CARGO_BIN_EXE_flotilla") {
+        return PathBuf::from(exe);
+    }
+    let exe = target_profile_dir().join("flotilla");
+    assert!(
+        exe.is_file(),
+        "this test runs the `flotilla` CLI, which is not built at {}: build it with \
+         `cargo build -p flotilla` (with the same profile), or run the whole workspace's tests",
+        exe.display()
+    );
+    exe
+}
+
+/// The `flotilla-train` beside [`flotilla_bin`], which `flotilla run` and `flotilla train`
+/// start (a test that needs it fails, naming the command that builds it, when it is absent,
+/// rather than finding another one on `PATH`). Cargo's own path in the train crate's tests.
+pub fn train_binary() -> PathBuf {
+    if let Some(exe) = option_env!("CARGO_BIN_EXE_flotilla-train") {
+        return PathBuf::from(exe);
+    }
+    let exe = flotilla_bin().with_file_name("flotilla-train");
+    assert!(
+        exe.is_file(),
+        "this test trains through `flotilla`, which starts the `flotilla-train` beside it, but \
+         {} is not built: build it with `cargo build -p flotilla-train` (with the same \
+         profile), or run the whole workspace's tests",
+        exe.display()
+    );
+    exe
 }
 
 /// Runs the `flotilla` binary with `args` in `cwd` (its log filter left at the default).
 pub fn flotilla_in(cwd: &Path, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_flotilla"))
+    Command::new(flotilla_bin())
         .args(args)
         .current_dir(cwd)
         .env_remove("FLOTILLA_LOG")

@@ -1,4 +1,4 @@
-"""Oracle for flotilla's AdamW and gradient clipping (tests/train_optim.rs).
+"""Oracle for flotilla's AdamW and gradient clipping (crates/flotilla-train/tests/train_optim.rs).
 
 Reads a safetensors file with parameters `p.{i}` and per-step gradients `g.{k}.{i}`, runs
 torch.nn.utils.clip_grad_norm_ and torch.optim.AdamW (weight decay only on tensors with

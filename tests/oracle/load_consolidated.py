@@ -1,5 +1,5 @@
 """Loads a Hugging Face directory written by `flotilla consolidate` with transformers and
-writes its logits for a token batch, for tests/train_dist.rs.
+writes its logits for a token batch, for crates/flotilla-train/tests/train_dist.rs.
 
 usage: load_consolidated.py DIR TOKENS_JSON OUT.safetensors
 

@@ -1,4 +1,5 @@
-"""Oracle for flotilla's model (tests/model_hf.rs): the real transformers LlamaForCausalLM.
+"""Oracle for flotilla's model (crates/flotilla-train/tests/model_hf.rs): the real transformers
+LlamaForCausalLM.
 
     make_llama_fixtures.py make OUT     small random models saved with save_pretrained, a token
                                         batch, and transformers' logits and loss for it;

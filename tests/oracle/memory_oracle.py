@@ -1,6 +1,7 @@
-"""Oracle for flotilla's activation memory (tests/memory.rs): the bytes of the tensors autograd
-really saves for backward, measured on CPU with torch.autograd.graph.saved_tensors_hooks and
-counted as distinct storages (by data pointer; parameters left out).
+"""Oracle for flotilla's activation memory (crates/flotilla-train/tests/memory.rs): the bytes of
+the tensors autograd really saves for backward, measured on CPU with
+torch.autograd.graph.saved_tensors_hooks and counted as distinct storages (by data pointer;
+parameters left out).
 
     memory_oracle.py CASES
 

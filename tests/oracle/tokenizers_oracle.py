@@ -1,5 +1,6 @@
-"""Oracle for tests/data.rs: the Hugging Face `tokenizers` library encodes strings with
-tokenizer.json files written by flotilla, and trains tokenizers of its own for flotilla to load.
+"""Oracle for crates/flotilla-train/tests/data.rs: the Hugging Face `tokenizers` library encodes
+strings with tokenizer.json files written by flotilla, and trains tokenizers of its own for
+flotilla to load.
 
 usage: tokenizers_oracle.py DIR
   DIR/strings.json      list of strings to encode

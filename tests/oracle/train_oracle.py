@@ -6,9 +6,10 @@ clipping); torch.optim.AdamW with weight decay only on tensors of dim >= 2; the 
 cosine/linear/constant schedule of issue 4. Both print a JSON list of [loss, grad_norm, lr]
 per step as the last line of stdout.
 
-- replay (tests/train_trainer.rs): loads the initial weights (an HF directory written by
-  flotilla's save_hf) and replays the exact micro-batches flotilla trained on (`x.{step}.{k}`
-  input ids, `y.{step}.{k}` shifted labels, `tok.{step}` labelled tokens of the global batch).
+- replay (crates/flotilla-train/tests/train_trainer.rs): loads the initial weights (an HF
+  directory written by flotilla's save_hf) and replays the exact micro-batches flotilla trained
+  on (`x.{step}.{k}` input ids, `y.{step}.{k}` shifted labels, `tok.{step}` labelled tokens of
+  the global batch).
 
     train_oracle.py MODEL_DIR BATCHES STEPS LR MIN_LR WARMUP SCHEDULE WD BETA1 BETA2 EPS CLIP
 

@@ -2,8 +2,9 @@
 //! (all_reduce, reduce_scatter, all_gather, broadcast, barrier and sub-groups by `split`), the
 //! element types it moves ([`Element`]: f32, bf16, f16, i64; the half types are reduced in f32),
 //! the reduce operations, the asynchronous [`Work`] handle, the typed front end over host slices in
-//! [`CommunicatorExt`] (the trainer adds one over tensors). The backends live in `cpu.rs` and `nccl.rs`; `connect.rs` builds the
-//! one a run asks for.
+//! [`CommunicatorExt`] (the trainer adds one over tensors). The backends live in
+//! [`cpu`](crate::cpu) and [`nccl`](crate::nccl); [`connect`](crate::connect) builds the one a
+//! run asks for.
 //!
 //! Semantics shared by all backends:
 //! - operations of one communicator run in submission order, whatever order their `Work`s are
@@ -118,9 +119,9 @@ pub enum Device {
 /// A communication backend.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Backend {
-    /// TCP between ranks, buffers in host memory (`dist::cpu`).
+    /// TCP between ranks, buffers in host memory ([`cpu`](crate::cpu)).
     Cpu,
-    /// NCCL through cudarc, buffers in GPU memory (`dist::nccl`).
+    /// NCCL through cudarc, buffers in GPU memory ([`nccl`](crate::nccl)).
     Nccl,
 }
 
@@ -180,7 +181,9 @@ impl OpKind {
 /// Buffer shapes (`count` elements of `dtype`, `n` = group size):
 /// - `AllReduce`, `Broadcast`: `send` and `recv` hold `count` elements (equal pointers: in place);
 /// - `ReduceScatter`: `send` holds `n * count`, `recv` holds `count`; in place when
-///   `recv == send + rank * count` (NCCL's convention);
+///   `recv == send + rank * count` (NCCL's convention), and then all of `send` must be
+///   writable: the CPU backend uses the other ranks' segments as scratch and leaves them
+///   clobbered;
 /// - `AllGather`: `send` holds `count`, `recv` holds `n * count`; in place when
 ///   `send == recv + rank * count`;
 /// - `Barrier`: no buffers (`count == 0`).
@@ -195,9 +198,9 @@ pub struct RawOp {
     pub count: usize,
 }
 
-// SAFETY: a RawOp is a description; whoever builds one promises (see `Communicator::submit`)
-// that the memory stays valid and unaliased until the operation completes, so handing it to a
-// communication thread is sound.
+// SAFETY: a RawOp is a description; whoever submits one promises (see `Communicator::submit`)
+// that the memory it points to stays valid and unaliased until the operation completes, from
+// whichever thread the backend touches it, so handing it to a communication thread is sound.
 unsafe impl Send for RawOp {}
 
 impl RawOp {
@@ -440,10 +443,11 @@ pub trait Communicator: Send + Sync {
     /// Enqueues a collective and returns at once.
     ///
     /// # Safety
-    /// The buffers described by `op` must be valid for reads (`send`) and writes (`recv`) of
-    /// the lengths in [`RawOp`]'s docs, on [`Communicator::device`], and must not be accessed
-    /// by anything else until the returned `Work` has been waited (or dropped). The caller
-    /// must not let the returned `Work` outlive the buffers.
+    /// The buffers described by `op` must be valid for reads (`send`) and writes (`recv`, and
+    /// all of `send` for an in-place reduce_scatter) of the lengths in [`RawOp`]'s docs, on
+    /// [`Communicator::device`], and must not be accessed by anything else until the returned
+    /// `Work` has been waited (or dropped). The caller must not let the returned `Work`
+    /// outlive the buffers.
     unsafe fn submit(&self, op: RawOp) -> Result<Work<'static>, CommError>;
 
     /// Creates sub-groups: ranks that pass the same `color` form a new group, ranked by
@@ -514,7 +518,9 @@ pub trait CommunicatorExt: Communicator {
             recv: p,
             count: buf.len(),
         };
-        // SAFETY: `buf` is borrowed mutably for 'a, which the returned Work carries.
+        // SAFETY: `buf` is host memory (`check_host`) holding every element `raw` describes,
+        // borrowed mutably (so by no one else) for 'a, the lifetime of the returned `Work`,
+        // which waits for the operation when it is waited or dropped.
         unsafe { self.submit(raw) }.map(Work::bind)
     }
 
@@ -546,7 +552,10 @@ pub trait CommunicatorExt: Communicator {
             recv: output.as_mut_ptr() as *mut u8,
             count: output.len(),
         };
-        // SAFETY: both slices are borrowed for 'a, which the returned Work carries.
+        // SAFETY: both slices are host memory (`check_host`) of the lengths `RawOp` asks for
+        // (checked above), `input` borrowed shared (so written by no one) and `output`
+        // mutably for 'a, the lifetime of the returned `Work`, which waits for the operation
+        // when it is waited or dropped.
         unsafe { self.submit(raw) }.map(Work::bind)
     }
 
@@ -565,11 +574,13 @@ pub trait CommunicatorExt: Communicator {
             kind: OpKind::ReduceScatter(op),
             dtype: T::DTYPE,
             send: p as *const u8,
-            // SAFETY: rank < n, so the offset stays inside `buf`.
+            // SAFETY: `rank < n` and `buf` holds `n * k` elements, so the offset stays inside.
             recv: unsafe { p.add(self.rank() * k) } as *mut u8,
             count: k,
         };
-        // SAFETY: `buf` is borrowed mutably for 'a, which the returned Work carries.
+        // SAFETY: `buf` is host memory (`check_host`) holding every element `raw` describes,
+        // borrowed mutably (so by no one else) for 'a, the lifetime of the returned `Work`,
+        // which waits for the operation when it is waited or dropped.
         unsafe { self.submit(raw) }.map(Work::bind)
     }
 
@@ -599,7 +610,10 @@ pub trait CommunicatorExt: Communicator {
             recv: output.as_mut_ptr() as *mut u8,
             count: input.len(),
         };
-        // SAFETY: both slices are borrowed for 'a, which the returned Work carries.
+        // SAFETY: both slices are host memory (`check_host`) of the lengths `RawOp` asks for
+        // (checked above), `input` borrowed shared (so written by no one) and `output`
+        // mutably for 'a, the lifetime of the returned `Work`, which waits for the operation
+        // when it is waited or dropped.
         unsafe { self.submit(raw) }.map(Work::bind)
     }
 
@@ -613,12 +627,14 @@ pub trait CommunicatorExt: Communicator {
         let raw = RawOp {
             kind: OpKind::AllGather,
             dtype: T::DTYPE,
-            // SAFETY: rank < n, so the offset stays inside `buf`.
+            // SAFETY: `rank < n` and `buf` holds `n * k` elements, so the offset stays inside.
             send: unsafe { p.add(self.rank() * k) } as *const u8,
             recv: p as *mut u8,
             count: k,
         };
-        // SAFETY: `buf` is borrowed mutably for 'a, which the returned Work carries.
+        // SAFETY: `buf` is host memory (`check_host`) holding every element `raw` describes,
+        // borrowed mutably (so by no one else) for 'a, the lifetime of the returned `Work`,
+        // which waits for the operation when it is waited or dropped.
         unsafe { self.submit(raw) }.map(Work::bind)
     }
 
@@ -637,13 +653,15 @@ pub trait CommunicatorExt: Communicator {
             recv: p,
             count: buf.len(),
         };
-        // SAFETY: `buf` is borrowed mutably for 'a, which the returned Work carries.
+        // SAFETY: `buf` is host memory (`check_host`) holding every element `raw` describes,
+        // borrowed mutably (so by no one else) for 'a, the lifetime of the returned `Work`,
+        // which waits for the operation when it is waited or dropped.
         unsafe { self.submit(raw) }.map(Work::bind)
     }
 
     /// Asynchronous barrier: completes once every rank of the group has submitted it.
     fn barrier_async(&self) -> Result<Work<'static>, CommError> {
-        // SAFETY: a barrier has no buffers.
+        // SAFETY: a barrier has no buffers, so there is nothing to keep valid.
         unsafe { self.submit(RawOp::barrier()) }
     }
 
@@ -702,16 +720,14 @@ mod tests {
             count,
         };
         // In-place all_gather: send is the rank's shard of recv.
+        // SAFETY: byte 8 of the 32-byte array.
         let ag = mk(OpKind::AllGather, unsafe { p.add(8) }, p, 2);
         assert!(ag.validate(1, 4).is_ok());
         assert!(ag.validate(2, 4).is_err());
         // In-place reduce_scatter: recv is the rank's shard of send.
-        let rs = mk(
-            OpKind::ReduceScatter(ReduceOp::Sum),
-            p,
-            unsafe { p.add(16) },
-            2,
-        );
+        // SAFETY: byte 16 of the 32-byte array.
+        let p16 = unsafe { p.add(16) };
+        let rs = mk(OpKind::ReduceScatter(ReduceOp::Sum), p, p16, 2);
         assert!(rs.validate(2, 4).is_ok());
         assert!(rs.validate(1, 4).is_err());
         let bc = mk(OpKind::Broadcast { root: 4 }, p, p, 8);
@@ -719,12 +735,9 @@ mod tests {
             bc.validate(0, 4),
             Err(CommError::InvalidArgument { .. })
         ));
-        let odd = mk(
-            OpKind::AllReduce(ReduceOp::Sum),
-            unsafe { p.add(1) },
-            unsafe { p.add(1) },
-            2,
-        );
+        // SAFETY: byte 1 of the 32-byte array.
+        let p1 = unsafe { p.add(1) };
+        let odd = mk(OpKind::AllReduce(ReduceOp::Sum), p1, p1, 2);
         assert!(odd.validate(0, 2).is_err());
         assert!(RawOp::barrier().validate(0, 3).is_ok());
     }

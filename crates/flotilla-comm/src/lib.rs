@@ -5,6 +5,9 @@
 //! run ([`connect`]). Rank discovery is `flotilla_contract::rank`'s; collectives over tensors
 //! are the trainer's.
 
+#![warn(unsafe_op_in_unsafe_fn)]
+#![warn(clippy::undocumented_unsafe_blocks)]
+
 pub mod comm;
 pub mod connect;
 pub mod cpu;

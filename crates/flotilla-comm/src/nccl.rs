@@ -110,11 +110,14 @@ pub struct NcclLib {
 impl NcclLib {
     /// Opens `path` (a path or a bare library name) and resolves the NCCL functions.
     pub fn open(path: &Path) -> Result<NcclLib, String> {
-        // SAFETY: loading NCCL runs its (well-behaved) initialisers only.
+        // SAFETY: loading a library runs its initialisers; `path` names NCCL (the user's
+        // choice or one of the candidates), whose initialisers only set up its own state.
         let lib = unsafe { libloading::Library::new(path) }.map_err(|e| e.to_string())?;
         macro_rules! sym {
             ($name:literal) => {
-                // SAFETY: the symbol has the C signature of the field it is stored in (NCCL ≥ 2.18).
+                // SAFETY: the symbol is NCCL's function of that name, whose C signature (NCCL
+                // ≥ 2.18) is the type of the field it is stored in; the field's `Library`
+                // (`_lib`) lives as long as the pointer.
                 *unsafe { lib.get($name) }.map_err(|e| format!("{}: {e}", path.display()))?
             };
         }
@@ -147,24 +150,19 @@ impl NcclLib {
     /// NCCL's version code (e.g. 22809 for 2.28.9).
     pub fn version(&self) -> Result<i32, CommError> {
         let mut v = 0;
-        // SAFETY: valid out pointer.
-        self.check(
-            unsafe { (self.get_version)(&mut v) },
-            None,
-            "ncclGetVersion",
-        )?;
+        // SAFETY: `ncclGetVersion` writes one `int` through its argument, a live local.
+        let r = unsafe { (self.get_version)(&mut v) };
+        self.check(r, None, "ncclGetVersion")?;
         Ok(v)
     }
 
     /// A fresh unique id (rank 0 makes it, the others receive it through the store).
     pub fn unique_id(&self) -> Result<ncclUniqueId, CommError> {
         let mut id = ncclUniqueId { internal: [0; 128] };
-        // SAFETY: valid out pointer.
-        self.check(
-            unsafe { (self.get_unique_id)(&mut id) },
-            None,
-            "ncclGetUniqueId",
-        )?;
+        // SAFETY: `ncclGetUniqueId` writes one `ncclUniqueId` through its argument, a live
+        // local.
+        let r = unsafe { (self.get_unique_id)(&mut id) };
+        self.check(r, None, "ncclGetUniqueId")?;
         Ok(id)
     }
 
@@ -179,10 +177,16 @@ impl NcclLib {
     }
 
     fn describe(&self, r: NcclRes, comm: Option<ncclComm_t>) -> String {
-        // SAFETY: NCCL returns static (or per-comm, still live) NUL-terminated strings.
+        // SAFETY: `ncclGetErrorString` takes any result code and returns a static
+        // NUL-terminated string, which `cstr` copies.
         let s = unsafe { cstr((self.get_error_string)(r)) };
         let last = comm
-            .map(|c| unsafe { cstr((self.get_last_error)(c)) })
+            .map(|c| {
+                // SAFETY: `c` is the handle the failing call was made on, still live (see
+                // `RawComm`); `ncclGetLastError` returns null or a NUL-terminated string in
+                // NCCL's last-error buffer, which `cstr` copies at once.
+                unsafe { cstr((self.get_last_error)(c)) }
+            })
             .unwrap_or_default();
         if last.is_empty() {
             format!("{s} (code {r})")
@@ -198,7 +202,8 @@ unsafe fn cstr(p: *const c_char) -> String {
     if p.is_null() {
         String::new()
     } else {
-        // SAFETY: as promised by the caller.
+        // SAFETY: not null, so a NUL-terminated string live for this call (our caller's
+        // contract); it is copied before returning.
         unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
     }
 }
@@ -330,7 +335,8 @@ fn driver_available() -> bool {
     *OK.get_or_init(|| {
         cudarc::get_lib_name_candidates("cuda")
             .iter()
-            // SAFETY: probing the driver library; the handle is dropped again.
+            // SAFETY: loading the NVIDIA driver library runs only its own initialisers; the
+            // handle is dropped again at once.
             .any(|n| unsafe { libloading::Library::new(n.as_str()) }.is_ok())
     })
 }
@@ -462,9 +468,17 @@ impl<E: Completion + ?Sized> Outstanding<E> {
     }
 }
 
+/// An NCCL communicator handle. It is live from `ncclCommInitRank` (or `ncclCommSplit`) until
+/// the one `ncclCommAbort` or `ncclCommDestroy` that the `aborted` flag of [`Shared`] lets
+/// through; calls on it assume that window (see the `unsafe` blocks that use it).
 struct RawComm(ncclComm_t);
-// SAFETY: an NCCL communicator may be used from any thread; this crate serialises enqueues.
+// SAFETY: an NCCL communicator is not tied to the thread that made it; NCCL lets any thread
+// make calls on it, one enqueue at a time, which `NcclComm::enqueue` serialises.
 unsafe impl Send for RawComm {}
+// SAFETY: the calls made through a shared handle are either serialised by
+// `NcclComm::enqueue` (enqueues and splits) or ones NCCL allows from any thread at any time
+// (`ncclCommGetAsyncError`, `ncclGetLastError`, and `ncclCommAbort`, which exists to stop a
+// communicator another thread is using).
 unsafe impl Sync for RawComm {}
 
 /// State shared by a communicator, its watchdog and its `Work`s.
@@ -494,7 +508,8 @@ impl Shared {
             .unwrap_or_else(|e| e.into_inner())
             .get_or_insert(msg);
         if !self.aborted.swap(true, Ordering::AcqRel) {
-            // SAFETY: the communicator is live; abort may be called from any thread.
+            // SAFETY: winning the `aborted` swap makes this the handle's only abort or destroy,
+            // so it is still live; NCCL allows the abort from any thread.
             unsafe { (self.lib.comm_abort)(self.comm.0) };
         }
     }
@@ -504,7 +519,9 @@ impl Shared {
             return Err(CommError::Aborted(f));
         }
         let mut r = NCCL_SUCCESS;
-        // SAFETY: live communicator (not aborted: checked above), valid out pointer.
+        // SAFETY: `r` is a live local for the result. The handle is live: no failure was
+        // recorded (checked above), and only a failure or the communicator's drop end it. (A
+        // watchdog abort racing between that check and this call is not excluded.)
         let q = unsafe { (self.lib.comm_get_async_error)(self.comm.0, &mut r) };
         if q != NCCL_SUCCESS {
             r = q;
@@ -621,7 +638,8 @@ impl NcclComm {
         ctx.bind_to_thread()
             .map_err(cuda_err("binding the context"))?;
         let mut comm: ncclComm_t = std::ptr::null_mut();
-        // SAFETY: valid out pointer; the device is current.
+        // SAFETY: `comm` is a live local for the new handle, `id` a unique id made by
+        // `ncclGetUniqueId` on rank 0, and the device's context is current on this thread.
         let r = unsafe { (lib.comm_init_rank)(&mut comm, nranks, id, rank as c_int) };
         lib.check(r, None, "ncclCommInitRank")?;
         tracing::info!(
@@ -639,21 +657,17 @@ impl NcclComm {
         timeout: Duration,
     ) -> Result<NcclComm, CommError> {
         let (mut n, mut rank) = (0, 0);
-        // SAFETY: live communicator, valid out pointers.
-        lib.check(
-            unsafe { (lib.comm_count)(comm, &mut n) },
-            Some(comm),
-            "ncclCommCount",
-        )?;
-        lib.check(
-            unsafe { (lib.comm_user_rank)(comm, &mut rank) },
-            Some(comm),
-            "ncclCommUserRank",
-        )?;
+        // SAFETY: `comm` was just created by NCCL and is not shared yet; `n` is a live local.
+        let r = unsafe { (lib.comm_count)(comm, &mut n) };
+        lib.check(r, Some(comm), "ncclCommCount")?;
+        // SAFETY: as above, with `rank`.
+        let r = unsafe { (lib.comm_user_rank)(comm, &mut rank) };
+        lib.check(r, Some(comm), "ncclCommUserRank")?;
         let stream = ctx
             .new_stream()
             .map_err(cuda_err("creating the NCCL stream"))?;
-        // SAFETY: the legacy default stream (null) always exists.
+        // SAFETY: the null `CUstream` is the legacy default stream, which exists as long as
+        // the context does, and a borrowed stream is never destroyed by cudarc.
         let compute = unsafe { ctx.wrap_borrowed_stream(std::ptr::null_mut()) };
         let barrier_buf = DeviceBuffer::new(&ctx, 4)?;
         let shared = Arc::new(Shared {
@@ -690,7 +704,7 @@ impl NcclComm {
     /// `stream` is a live `CUstream` of this communicator's device that outlives the
     /// communicator (or the next call to this method).
     pub unsafe fn set_compute_stream(&self, stream: *mut c_void) {
-        // SAFETY: as promised by the caller.
+        // SAFETY: the caller promises a live stream of this device that outlives its use.
         let s = unsafe {
             self.ctx
                 .wrap_borrowed_stream(stream as cudarc::driver::sys::CUstream)
@@ -708,6 +722,11 @@ impl NcclComm {
         DeviceBuffer::new(&self.ctx, bytes)
     }
 
+    /// Enqueues `op` on the NCCL stream after the compute stream's current work; returns the
+    /// operation's done event and the compute stream.
+    ///
+    /// # Safety
+    /// As [`Communicator::submit`], with `op` validated for this communicator.
     unsafe fn enqueue_op(
         &self,
         op: &RawOp,
@@ -735,7 +754,12 @@ impl NcclComm {
         let (lib, comm) = (sh.lib, sh.comm.0);
         let dt = nccl_dtype(op.dtype) as c_int;
         let (send, recv) = (op.send as *const c_void, op.recv as *mut c_void);
-        // SAFETY: device buffers as `submit`'s contract promises; live communicator and stream.
+        // SAFETY: `send` and `recv` are device buffers of the lengths `RawOp` documents, on
+        // this device, untouched by others until the `Work` completes (our caller's
+        // contract); the barrier uses our own 4-byte device buffer. `s` is our live stream
+        // and the context is current. The handle is live: no failure was recorded (checked
+        // above), drop cannot run while `&self` is borrowed, and enqueues are serialised by
+        // `_g`. (A watchdog abort racing between that check and this call is not excluded.)
         let r = unsafe {
             match op.kind {
                 OpKind::AllReduce(o) => {
@@ -795,7 +819,9 @@ impl Drop for NcclComm {
         }
         if !self.shared.aborted.swap(true, Ordering::AcqRel) {
             let _ = self.ctx.bind_to_thread();
-            // SAFETY: the communicator is live; nothing is pending (or it is broken: abort).
+            // SAFETY: winning the `aborted` swap makes this the handle's only abort or destroy,
+            // so it is still live; the watchdog has exited, and with `&mut self` no enqueue
+            // runs. Destroy waits for pending work, so it is used only once the stream drained.
             unsafe {
                 if drained {
                     (self.shared.lib.comm_destroy)(self.shared.comm.0);
@@ -857,7 +883,7 @@ impl Communicator for NcclComm {
         if op.count == 0 && op.kind != OpKind::Barrier {
             return Ok(Work::completed());
         }
-        // SAFETY: forwarded contract.
+        // SAFETY: our caller's contract, and `op` was validated just above.
         let (done, compute) = unsafe { self.enqueue_op(&op)? };
         Ok(Work::from_handle(Box::new(NcclWork {
             done,
@@ -880,7 +906,9 @@ impl Communicator for NcclComm {
             self.ctx
                 .bind_to_thread()
                 .map_err(cuda_err("binding the context"))?;
-            // SAFETY: live parent communicator, valid out pointer; null config = the parent's.
+            // SAFETY: `new` is a live local for the child handle; a null config means the
+            // parent's. The parent handle is live (no failure recorded, checked above, and
+            // `&self` is borrowed) and `_g` serialises this with enqueues.
             let r = unsafe { (sh.lib.comm_split)(sh.comm.0, c, k, &mut new, std::ptr::null_mut()) };
             sh.lib.check(r, Some(sh.comm.0), "ncclCommSplit")?;
         }
@@ -915,9 +943,11 @@ impl DeviceBuffer {
     fn new(ctx: &Arc<CudaContext>, bytes: usize) -> Result<DeviceBuffer, CommError> {
         ctx.bind_to_thread()
             .map_err(cuda_err("binding the context"))?;
-        // SAFETY: plain allocation and zero fill of `bytes` on the current device.
+        // SAFETY: a plain allocation in the context made current just above.
         let ptr = unsafe { cudarc::driver::result::malloc_sync(bytes.max(1)) }
             .map_err(cuda_err("cuMemAlloc"))?;
+        // SAFETY: `ptr` is the allocation of `bytes.max(1)` bytes just made, used by no one
+        // else yet.
         unsafe { cudarc::driver::result::memset_d8_sync(ptr, 0, bytes.max(1)) }
             .map_err(cuda_err("cuMemset"))?;
         Ok(DeviceBuffer {
@@ -944,7 +974,8 @@ impl DeviceBuffer {
 impl Drop for DeviceBuffer {
     fn drop(&mut self) {
         let _ = self.ctx.bind_to_thread();
-        // SAFETY: allocated by `new`, freed once.
+        // SAFETY: `ptr` was allocated by `new` in this context and is freed only here, once;
+        // collectives that used it were waited for by their owner.
         let _ = unsafe { cudarc::driver::result::free_sync(self.ptr) };
     }
 }
@@ -1103,6 +1134,7 @@ mod tests {
         };
         let host = [1.5f32, -2.0, 3.25, 7.0];
         let buf = comm.alloc(16).unwrap();
+        // SAFETY: `buf` holds 16 bytes on this device, the size of `host`.
         unsafe { cudarc::driver::result::memcpy_htod_sync(buf.ptr as u64, &host[..]) }.unwrap();
         let raw = RawOp {
             kind: OpKind::AllReduce(ReduceOp::Sum),
@@ -1111,9 +1143,12 @@ mod tests {
             recv: buf.ptr(),
             count: 4,
         };
+        // SAFETY: `buf` (4 f32 on this device) outlives the `Work`, which is waited at once.
         unsafe { comm.submit(raw) }.unwrap().wait().unwrap();
         comm.synchronize().unwrap();
         let mut back = [0f32; 4];
+        // SAFETY: `buf` holds 16 bytes on this device, the size of `back`, and the stream was
+        // synchronised above.
         unsafe { cudarc::driver::result::memcpy_dtoh_sync(&mut back[..], buf.ptr as u64) }.unwrap();
         assert_eq!(back, host);
         let sub = comm.split(0, 0).unwrap();

@@ -10,7 +10,7 @@
 //! uses devices `n * gpus_per_node ..`. A job that runs the user's own program starts
 //! `flotilla exec-task` in each process (one per rank, or one per node with `ranks: per_node`,
 //! placed as a rank holding all the node's devices), which sets the program's variables and
-//! becomes it (see [`crate::task`]).
+//! becomes it (see [`crate::user_task`]).
 //!
 //! Each rank's stdout and stderr go to `JOBDIR/logs/rank_<R>.log`; rank 0's are also echoed
 //! to flotilla's stderr. Each rank runs in its own process group (so a terminal's Ctrl-C
@@ -659,7 +659,7 @@ impl LocalLauncher {
 
 impl Launcher for LocalLauncher {
     fn name(&self) -> &'static str {
-        "local"
+        flotilla_config::schema::Launcher::Local.as_str()
     }
 
     fn launch(&mut self, run: &PreparedRun) -> Result<Vec<JobOutcome>, LaunchError> {

@@ -35,31 +35,13 @@ pub struct GroupLayout {
     pub shard_len: i64,
 }
 
-/// Groups of engine units under an auto-wrap policy: `block` gives one group per unit;
-/// `size` closes a group once its units own at least `min_num_params` parameters (the rest
-/// form the last group).
+/// Groups of engine units under an auto-wrap policy ([`AutoWrapPolicy::groups`] over the
+/// parameters each unit owns).
 pub fn wrap_units(model: &Llama, wrap: AutoWrapPolicy, min_num_params: u64) -> Vec<Range<usize>> {
-    let n = model.units().len();
-    match wrap {
-        AutoWrapPolicy::Block => (0..n).map(|u| u..u + 1).collect(),
-        AutoWrapPolicy::Size => {
-            let mut groups = vec![];
-            let mut start = 0;
-            let mut count = 0u64;
-            for u in 0..n {
-                count += model.owned_params(u).map(|s| s.numel() as u64).sum::<u64>();
-                if count >= min_num_params {
-                    groups.push(start..u + 1);
-                    start = u + 1;
-                    count = 0;
-                }
-            }
-            if start < n {
-                groups.push(start..n);
-            }
-            groups
-        }
-    }
+    let owned: Vec<u64> = (0..model.units().len())
+        .map(|u| model.owned_params(u).map(|s| s.numel() as u64).sum())
+        .collect();
+    wrap.groups(&owned, min_num_params)
 }
 
 /// Flat layouts of `groups` for a shard group of `shard_world` ranks.

@@ -1,5 +1,5 @@
 //! The `flotilla-train` binary as a launcher starts it: its exit statuses for a bad config and
-//! a missing prepared directory. (Training itself is tested from the workspace's tests/.)
+//! a missing prepared directory. (Training itself is tested by the other tests here.)
 
 use std::process::Command;
 

@@ -17,11 +17,11 @@
 //!   holding it and, for a key that does not exist, the nearest key that does.
 //!
 //! Where things live: `lexer` and `grammar` turn a string into its [`Template`] (the lexer
-//! modes, then the parser and the AST); `engine` resolves a tree (selection of keys, typed
+//! modes, then the parser and the AST); `evaluate` resolves a tree (selection of keys, typed
 //! and string interpolation, memoization, cycles, limits, near-miss suggestions); `resolvers`
 //! holds the resolvers themselves and the list of their names ([`RESOLVERS`]).
 
-mod engine;
+mod evaluate;
 mod grammar;
 mod lexer;
 mod resolvers;
@@ -36,7 +36,7 @@ pub use grammar::{Element, Interp, InterpKind, KeyItem, KeyPart, KeyPath, Part, 
 pub use resolvers::RESOLVERS;
 
 use crate::node::{Node, Origin, Value};
-use engine::{suggest_key, Engine, Seg};
+use evaluate::{suggest_key, Evaluator, Seg};
 use grammar::parse_template;
 
 /// Environment lookup: the value of a variable, if set.
@@ -180,9 +180,9 @@ fn did_you_mean(suggestion: &Option<String>) -> String {
 /// [`Value::Missing`] unless something interpolates them (then an error); a node produced by
 /// an interpolation keeps the origin of the node that held the interpolation.
 pub fn resolve_tree(root: &Node, ctx: &ResolveContext) -> Result<Node, InterpError> {
-    let mut engine = Engine::new(root, ctx);
+    let mut evaluator = Evaluator::new(root, ctx);
     let mut path = Vec::new();
-    engine
+    evaluator
         .resolved_copy(&mut path, root)
         .map_err(|f| f.into_error(root))
 }
@@ -196,28 +196,28 @@ pub fn resolve_at(root: &Node, path: &[String], ctx: &ResolveContext) -> Result<
 /// once however many of the requested nodes depend on it. (Each [`resolve_at`] call starts
 /// afresh.)
 pub struct Resolver<'t> {
-    engine: Engine<'t>,
+    evaluator: Evaluator<'t>,
 }
 
 impl<'t> Resolver<'t> {
     pub fn new(root: &'t Node, ctx: &'t ResolveContext) -> Self {
         Resolver {
-            engine: Engine::new(root, ctx),
+            evaluator: Evaluator::new(root, ctx),
         }
     }
 
     /// The resolved copy of the whole tree, as [`resolve_tree`] gives it.
     pub fn resolve_tree(&mut self) -> Result<Node, InterpError> {
-        let root = self.engine.root;
+        let root = self.evaluator.root;
         let mut path = Vec::new();
-        let r = self.engine.resolved_copy(&mut path, root);
-        self.engine.reset();
+        let r = self.evaluator.resolved_copy(&mut path, root);
+        self.evaluator.reset();
         r.map_err(|f| f.into_error(root))
     }
 
     /// The resolved copy of the node at `path` (key segments; list items by index).
     pub fn resolve_at(&mut self, path: &[String]) -> Result<Node, InterpError> {
-        let root = self.engine.root;
+        let root = self.evaluator.root;
         let mut segs: Vec<Seg<'_>> = Vec::with_capacity(path.len());
         let mut node = root;
         for key in path {
@@ -249,8 +249,8 @@ impl<'t> Resolver<'t> {
                 }
             }
         }
-        let r = self.engine.resolved_copy(&mut segs, node);
-        self.engine.reset();
+        let r = self.evaluator.resolved_copy(&mut segs, node);
+        self.evaluator.reset();
         r.map_err(|f| f.into_error(root))
     }
 }

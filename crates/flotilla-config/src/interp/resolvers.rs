@@ -6,8 +6,8 @@ use std::borrow::Cow;
 use std::fmt::Write as _;
 use std::rc::Rc;
 
-use super::engine::{
-    nearest, render_path, str_of, val_type_name, Engine, Fail, LazyValues, Loc, Seg, Sel, Val, R,
+use super::evaluate::{
+    nearest, render_path, str_of, val_type_name, Evaluator, Fail, LazyValues, Loc, Seg, Sel, Val, R,
 };
 use super::grammar::{parse_single_element, Element, KeyPart};
 use super::InterpErrorKind;
@@ -27,7 +27,7 @@ pub const RESOLVERS: &[&str] = &[
     "flotilla",
 ];
 
-impl<'t> Engine<'t> {
+impl<'t> Evaluator<'t> {
     pub(super) fn eval_resolver(
         &mut self,
         name_parts: &[KeyPart],

@@ -915,3 +915,19 @@ fn gpu_type_names_a_gpu_of_the_table_or_gets_near_misses() {
         .message
         .starts_with("compute.gpu_mem_gb: must be a positive number"));
 }
+
+#[test]
+fn wrap_policy_groups_units() {
+    use super::AutoWrapPolicy;
+    let owned = [10, 40, 40, 40, 5];
+    assert_eq!(
+        AutoWrapPolicy::Block.groups(&owned, 0),
+        vec![0..1, 1..2, 2..3, 3..4, 4..5]
+    );
+    assert_eq!(
+        AutoWrapPolicy::Size.groups(&owned, 50),
+        vec![0..2, 2..4, 4..5]
+    );
+    assert_eq!(AutoWrapPolicy::Size.groups(&owned, 1000), vec![0..5]);
+    assert!(AutoWrapPolicy::Size.groups(&[], 10).is_empty());
+}

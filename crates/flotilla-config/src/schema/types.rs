@@ -107,8 +107,42 @@ choice! {
 }
 
 choice! {
-    /// FSDP unit boundaries: one unit per decoder block, or by parameter count.
+    /// FSDP unit boundaries: one unit per decoder block, or by parameter count
+    /// ([`AutoWrapPolicy::groups`]).
     pub enum AutoWrapPolicy { Block = "block", Size = "size" }
+}
+
+impl AutoWrapPolicy {
+    /// The FSDP groups of consecutive units, given the parameters each unit owns (in forward
+    /// order): `block` gives one group per unit; `size` closes a group once its units own at
+    /// least `min_num_params` parameters (the rest form the last group). The one wrap policy
+    /// that the trainer's FSDP and the memory planner both follow.
+    pub fn groups(
+        self,
+        owned_per_unit: &[u64],
+        min_num_params: u64,
+    ) -> Vec<std::ops::Range<usize>> {
+        let n = owned_per_unit.len();
+        match self {
+            AutoWrapPolicy::Block => (0..n).map(|u| u..u + 1).collect(),
+            AutoWrapPolicy::Size => {
+                let mut groups = vec![];
+                let (mut start, mut count) = (0, 0u64);
+                for (u, owned) in owned_per_unit.iter().enumerate() {
+                    count += owned;
+                    if count >= min_num_params {
+                        groups.push(start..u + 1);
+                        start = u + 1;
+                        count = 0;
+                    }
+                }
+                if start < n {
+                    groups.push(start..n);
+                }
+                groups
+            }
+        }
+    }
 }
 
 choice! {

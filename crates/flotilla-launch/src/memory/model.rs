@@ -14,8 +14,8 @@
 use std::ops::Range;
 
 use flotilla_config::schema::{
-    AutoWrapPolicy, DataConfig, Device, DistConfig, Dtype, FsdpConfig, JobConfig, Precision,
-    Resume, ShardingStrategy, StateDictType,
+    DataConfig, Device, DistConfig, Dtype, FsdpConfig, JobConfig, Precision, Resume,
+    ShardingStrategy, StateDictType,
 };
 
 /// The CUDA context, cuBLAS workspaces and NCCL buffers of one rank: a fixed figure (a CUDA
@@ -335,26 +335,7 @@ pub struct FlatGroup {
 }
 
 pub fn flat_groups(units: &Units, f: &FsdpConfig, shard: u64) -> Vec<FlatGroup> {
-    let n = units.count();
-    let ranges: Vec<Range<usize>> = match f.auto_wrap_policy {
-        AutoWrapPolicy::Block => (0..n).map(|u| u..u + 1).collect(),
-        AutoWrapPolicy::Size => {
-            let mut out = vec![];
-            let (mut start, mut count) = (0, 0u64);
-            for u in 0..n {
-                count += units.owned[u];
-                if count >= f.min_num_params {
-                    out.push(start..u + 1);
-                    start = u + 1;
-                    count = 0;
-                }
-            }
-            if start < n {
-                out.push(start..n);
-            }
-            out
-        }
-    };
+    let ranges = f.auto_wrap_policy.groups(&units.owned, f.min_num_params);
     ranges
         .into_iter()
         .map(|r| {

@@ -19,7 +19,7 @@ pub mod trials;
 pub use meta::{ComposeSource, Meta, Provenance};
 pub use plan::{JobRecord, JobState, Plan, PlanFile, JOB_FILE, PLAN_VERSION, SWEEP_FILE};
 
-use crate::task::{TaskSpec, TASK_FILE};
+use crate::user_task::{TaskSpec, TASK_FILE};
 use flotilla_config::interp::{self, ResolveContext};
 use flotilla_config::node::{python_str, Node, Value};
 use flotilla_config::schema::{ComputeConfig, JobConfig};
@@ -558,7 +558,7 @@ pub fn prepare(composer: &Composer, req: &RunRequest) -> Result<PreparedRun, Run
         let plan = Plan::new(
             req.multirun,
             provenance.time.clone(),
-            launcher_name,
+            launcher,
             req.argv.clone(),
             records,
             job_name.as_deref(),

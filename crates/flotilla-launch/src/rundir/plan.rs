@@ -4,6 +4,7 @@
 //! whenever a job moves. Launchers record their ids and states through [`PlanFile`].
 
 use super::{io_err, RunDirError};
+use flotilla_config::schema::Launcher as LauncherKind;
 use serde::{Deserialize, Serialize};
 use std::fmt;
 use std::fs::File;
@@ -198,7 +199,7 @@ pub struct Plan {
     /// When the directories were prepared (RFC 3339).
     pub created: String,
     /// `local` or `slurm` (the jobs' `compute.launcher`).
-    pub launcher: String,
+    pub launcher: LauncherKind,
     /// The command line that prepared the plan.
     pub argv: Vec<String>,
     /// Every job, ordered by number.
@@ -214,7 +215,7 @@ impl Plan {
     pub fn new(
         sweep: bool,
         created: String,
-        launcher: &str,
+        launcher: LauncherKind,
         argv: Vec<String>,
         jobs: Vec<JobRecord>,
         job_name: Option<&str>,
@@ -223,7 +224,7 @@ impl Plan {
             version: PLAN_VERSION,
             sweep,
             created,
-            launcher: launcher.to_string(),
+            launcher,
             argv,
             jobs,
             extra: job_name

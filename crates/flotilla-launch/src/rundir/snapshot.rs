@@ -19,7 +19,7 @@ const MAX_DEPTH: usize = 16;
 
 /// Copies the YAML files of `config_dir` (every `*.yaml`/`*.yml`, sub-directories included,
 /// hidden entries skipped, symbolic links followed) to `dest`. Returns `Ok(false)` without
-/// copying anything when the files exceed [`MAX_SNAPSHOT_BYTES`].
+/// copying anything when the files exceed 64 MiB (`MAX_SNAPSHOT_BYTES`).
 pub fn copy_config_dir(config_dir: &Path, dest: &Path) -> Result<bool, RunDirError> {
     let mut files = Vec::new();
     collect_yaml(config_dir, Path::new(""), 0, &mut files)?;

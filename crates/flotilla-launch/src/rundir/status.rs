@@ -3,6 +3,7 @@
 //! states on top (see `launch::status`).
 
 use super::{JobRecord, JobState, PlanFile, RunDirError, META_FILE};
+use flotilla_config::schema::Launcher as LauncherKind;
 use serde::Serialize;
 use std::path::{Path, PathBuf};
 
@@ -82,7 +83,7 @@ pub struct RunStatus {
     /// The sweep directory when the jobs belong to a sweep.
     pub sweep_dir: Option<PathBuf>,
     /// `local` or `slurm` (from the plan; `null` without one).
-    pub launcher: Option<String>,
+    pub launcher: Option<LauncherKind>,
     pub jobs: Vec<JobStatus>,
 }
 
@@ -200,7 +201,7 @@ pub fn read_status(
     Ok(RunStatus {
         dir: dir.to_path_buf(),
         sweep_dir: plan_file.is_sweep().then(|| plan_file.dir().to_path_buf()),
-        launcher: Some(plan.launcher.clone()),
+        launcher: Some(plan.launcher),
         jobs,
     })
 }

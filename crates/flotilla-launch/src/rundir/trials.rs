@@ -10,6 +10,7 @@ use super::{
     RunDirError, Staged,
 };
 use flotilla_config::overrides::{parse_override, Override};
+use flotilla_config::schema::Launcher as LauncherKind;
 use flotilla_config::yaml::{to_yaml, EmitOptions};
 use flotilla_config::{Composed, Composer, ConfigError};
 use std::path::{Component, Path, PathBuf};
@@ -20,7 +21,7 @@ pub struct StudyDir {
     /// The runtime overrides every job is composed with.
     pub runtime: Vec<Override>,
     provenance: Provenance,
-    launcher: String,
+    launcher: LauncherKind,
     snapshot_kept: bool,
     start_dir: PathBuf,
 }
@@ -41,7 +42,7 @@ impl StudyDir {
         let job_name = runtime_path(first, ctx, "job.name")?;
         let dest = std::path::absolute(&dest).map_err(|e| io_err(Path::new(&dest), e))?;
         let provenance = provenance_for(composer, argv, None);
-        let launcher = runs.compute.launcher.as_str().to_string();
+        let launcher = runs.compute.launcher;
         let tmp = staging_dir(&dest)?;
         let built = (|| -> Result<bool, RunDirError> {
             let kept = snapshot::copy_config_dir(
@@ -51,7 +52,7 @@ impl StudyDir {
             let plan = Plan::new(
                 true,
                 provenance.time.clone(),
-                &launcher,
+                launcher,
                 argv.to_vec(),
                 Vec::new(),
                 Some(&job_name),
@@ -78,8 +79,8 @@ impl StudyDir {
     }
 
     /// `local` or `slurm`: the launcher the study's jobs run on.
-    pub fn launcher(&self) -> &str {
-        &self.launcher
+    pub fn launcher(&self) -> LauncherKind {
+        self.launcher
     }
 
     /// The study directory of an existing sweep (to add jobs after a restart).
@@ -119,7 +120,7 @@ impl StudyDir {
         let composed = composer.compose_parsed(&parsed, Some(num)).map_err(what)?;
         let ctx = composer.context();
         let runs = job_runs(&composed, ctx, &self.start_dir).map_err(what)?;
-        if runs.compute.launcher.as_str() != self.launcher {
+        if runs.compute.launcher != self.launcher {
             return Err(what(ConfigError::Composition(format!(
                 "it uses compute.launcher={} but the study runs on {}",
                 runs.compute.launcher, self.launcher
@@ -158,7 +159,13 @@ impl StudyDir {
         let conf = self
             .snapshot_kept
             .then(|| snapshot::snapshot_path_from_job(&subdir));
-        if let Err(e) = write_job_files(&tmp, &staged, &self.provenance, &self.launcher, conf) {
+        if let Err(e) = write_job_files(
+            &tmp,
+            &staged,
+            &self.provenance,
+            self.launcher.as_str(),
+            conf,
+        ) {
             let _ = std::fs::remove_dir_all(&tmp);
             return Err(e);
         }

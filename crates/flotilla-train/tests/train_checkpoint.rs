@@ -2,7 +2,10 @@
 //! rotation keeps the last K checkpoints, a leftover temporary directory is ignored, and
 //! evaluation fills the eval columns of `metrics.csv`.
 
+#[path = "../../../tests/common/mod.rs"]
 mod common;
+#[path = "../../../tests/common/compose.rs"]
+mod compose;
 
 use std::path::Path;
 use std::sync::Arc;
@@ -16,12 +19,12 @@ use tch::{Device, Kind};
 fn model_config() -> ModelConfig {
     ModelConfig {
         vocab_size: 16,
-        ..common::tiny_model_config(true)
+        ..compose::tiny_model_config(true)
     }
 }
 
 fn trainer_config(checkpoint_every: u64, keep: usize) -> TrainerConfig {
-    common::trainer_config(&format!(
+    compose::trainer_config(&format!(
         "{{max_steps: 12, min_lr: 3.0e-4, warmup_steps: 3, schedule: cosine, eval_every: 4, \
          eval_batches: 2, checkpoint_every: {checkpoint_every}, \
          keep_last_checkpoints: {keep}, resume: auto}}"

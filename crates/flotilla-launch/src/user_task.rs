@@ -371,7 +371,7 @@ mod tests {
                 "{job_dir}/x".into(),
             ],
             ranks,
-            cwd: PathBuf::from("/work"),
+            cwd: PathBuf::from("/srv/project"),
             env: IndexMap::from([("EXTRA".to_string(), "1".to_string())]),
             config_arg: None,
             compute: compute(),

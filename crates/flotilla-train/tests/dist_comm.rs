@@ -1,165 +1,52 @@
 //! Multi-process tests of the collective-communication layer (`dist::comm` with the CPU/TCP
-//! backend) on localhost. Each test starts `world` copies of this test binary as ranks: the
-//! copies run the `#[ignore]`d `worker` test (`--exact worker --include-ignored`), which does
-//! nothing unless `FLOTILLA_TEST_SCENARIO` names a scenario. Every rank checks its results
-//! against a naive computation; the parent waits on every child within a deadline (killing
-//! all on expiry) and asserts on exit codes and output. Failure tests check that when a rank
+//! backend) on localhost. Each test starts a world (tests/common/world.rs) of copies of this
+//! test binary as ranks: the copies run the `#[ignore]`d `worker` test (`--exact worker
+//! --include-ignored`), which does nothing unless `FLOTILLA_TEST_SCENARIO` names a scenario.
+//! Every rank checks its results against a naive computation; the parent waits on every child
+//! within a deadline (killing all on expiry) and asserts on exit codes and output. Failure tests check that when a rank
 //! exits, is killed or goes silent mid-collective, every other rank gets an error naming a
 //! peer within the configured timeout (a few seconds here), and that nothing hangs.
 
-mod common;
+#[path = "../../../tests/common/world.rs"]
+mod world;
 
-use common::free_port;
 use flotilla_comm::comm::{CommError, Communicator, CommunicatorExt, Element, ReduceOp, Work};
 use flotilla_comm::cpu::{CpuComm, CpuOptions};
 use flotilla_comm::store::{KvStore, MemoryStore, Store, StoreConfig};
 use flotilla_train::tensor_comm::TensorCollectives;
 use half::{bf16, f16};
 use std::fmt::Debug;
-use std::path::PathBuf;
-use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use world::{Finished, Shape, World};
 
 const SCENARIO_ENV: &str = "FLOTILLA_TEST_SCENARIO";
 
 // ---------------------------------------------------------------------------------------------
-// Parent side: start ranks, wait for them
+// Parent side: start ranks (tests/common/world.rs), wait for them
 
-struct Rank {
-    rank: usize,
-    child: Child,
-    out: PathBuf,
-    err: PathBuf,
+/// `size` ranks of this test binary's `worker` playing `scenario`, with collectives timing
+/// out after `timeout_ms`.
+fn spawn_world(scenario: &str, size: usize, timeout_ms: u64) -> World {
+    World::spawn(scenario, Shape::single_node(size), None, |_| {
+        let mut c = world::test_worker("worker");
+        c.env(SCENARIO_ENV, scenario)
+            .env("FLOTILLA_TEST_TIMEOUT_MS", timeout_ms.to_string());
+        c
+    })
 }
 
-struct Outcome {
-    rank: usize,
-    status: ExitStatus,
-    stdout: String,
-    stderr: String,
-}
-
-fn spawn_world(
-    scenario: &str,
-    world: usize,
-    timeout_ms: u64,
-    dir: &tempfile::TempDir,
-) -> Vec<Rank> {
-    let exe = std::env::current_exe().unwrap();
-    let port = free_port();
-    (0..world)
-        .map(|rank| {
-            let out = dir.path().join(format!("rank{rank}.out"));
-            let err = dir.path().join(format!("rank{rank}.err"));
-            let child = Command::new(&exe)
-                .args([
-                    "--exact",
-                    "worker",
-                    "--nocapture",
-                    "--include-ignored",
-                    "--test-threads",
-                    "1",
-                ])
-                .env(SCENARIO_ENV, scenario)
-                .env("RANK", rank.to_string())
-                .env("WORLD_SIZE", world.to_string())
-                .env("MASTER_PORT", port.to_string())
-                .env("FLOTILLA_TEST_TIMEOUT_MS", timeout_ms.to_string())
-                .env("RUST_BACKTRACE", "0")
-                .stdin(Stdio::null())
-                .stdout(std::fs::File::create(&out).unwrap())
-                .stderr(std::fs::File::create(&err).unwrap())
-                .spawn()
-                .expect("spawning a rank");
-            Rank {
-                rank,
-                child,
-                out,
-                err,
-            }
-        })
-        .collect()
-}
-
-fn read(p: &PathBuf) -> String {
-    std::fs::read_to_string(p).unwrap_or_default()
-}
-
-fn logs(ranks: &[Rank]) -> String {
-    ranks
-        .iter()
-        .map(|r| {
-            format!(
-                "--- rank {} stdout:\n{}--- rank {} stderr:\n{}",
-                r.rank,
-                read(&r.out),
-                r.rank,
-                read(&r.err)
-            )
-        })
-        .collect()
-}
-
-/// Waits for every rank; past `limit`, kills and reaps them all and panics with their logs.
-fn wait_world(mut ranks: Vec<Rank>, limit: Duration) -> Vec<Outcome> {
-    let start = Instant::now();
-    let mut done: Vec<Option<(ExitStatus, Duration)>> = ranks.iter().map(|_| None).collect();
-    while done.iter().any(Option::is_none) {
-        for (i, r) in ranks.iter_mut().enumerate() {
-            if done[i].is_none() {
-                if let Some(st) = r.child.try_wait().unwrap() {
-                    done[i] = Some((st, start.elapsed()));
-                }
-            }
-        }
-        if start.elapsed() > limit {
-            for r in ranks.iter_mut() {
-                let _ = r.child.kill();
-                let _ = r.child.wait();
-            }
-            panic!(
-                "ranks still running after {limit:?}; killed them\n{}",
-                logs(&ranks)
-            );
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    ranks
-        .iter()
-        .zip(done)
-        .map(|(r, d)| {
-            let (status, _) = d.unwrap();
-            Outcome {
-                rank: r.rank,
-                status,
-                stdout: read(&r.out),
-                stderr: read(&r.err),
-            }
-        })
-        .collect()
-}
-
-/// Runs `scenario` on `world` ranks and requires every rank to succeed.
-fn run_ok(scenario: &str, world: usize, limit: Duration) {
-    let dir = tempfile::tempdir().unwrap();
-    let ranks = spawn_world(scenario, world, 60_000, &dir);
-    let out = wait_world(ranks, limit);
-    for o in &out {
+/// Runs `scenario` on `size` ranks and requires every rank to succeed.
+fn run_ok(scenario: &str, size: usize, limit: Duration) {
+    let done = spawn_world(scenario, size, 60_000).wait(limit);
+    for (rank, (status, log)) in done.statuses.iter().zip(&done.logs).enumerate() {
         assert!(
-            o.status.success(),
-            "rank {} of {scenario} failed ({}):\n{}\n{}",
-            o.rank,
-            o.status,
-            o.stdout,
-            o.stderr
+            status.success(),
+            "rank {rank} of {scenario} failed ({status}):\n{log}"
         );
         assert!(
-            o.stdout.contains("SCENARIO OK"),
-            "rank {} did not finish:\n{}\n{}",
-            o.rank,
-            o.stdout,
-            o.stderr
+            log.contains("SCENARIO OK"),
+            "rank {rank} did not finish:\n{log}"
         );
     }
 }
@@ -946,9 +833,8 @@ fn tensor_helpers_world_2() {
 const FAIL_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// The `ERROR after <ms> ms: …` line a failure scenario prints (the harness may prefix it).
-fn error_line(o: &Outcome) -> &str {
-    o.stdout
-        .lines()
+fn error_line(log: &str) -> &str {
+    log.lines()
         .find_map(|l| l.find("ERROR after").map(|i| &l[i..]))
         .unwrap_or("")
 }
@@ -961,131 +847,96 @@ fn error_ms(line: &str) -> u64 {
         .unwrap_or(u64::MAX)
 }
 
+/// Every rank's (rank, status, log).
+fn outcomes(done: &Finished) -> impl Iterator<Item = (usize, &std::process::ExitStatus, &str)> {
+    done.statuses
+        .iter()
+        .zip(&done.logs)
+        .enumerate()
+        .map(|(rank, (status, log))| (rank, status, log.as_str()))
+}
+
 #[test]
 fn rank_exiting_mid_collective_fails_the_others_fast() {
-    let dir = tempfile::tempdir().unwrap();
-    let ranks = spawn_world("exit_mid", 3, FAIL_TIMEOUT.as_millis() as u64, &dir);
-    let out = wait_world(ranks, Duration::from_secs(60));
-    for o in &out {
-        assert!(
-            o.status.success(),
-            "rank {} ({}):\n{}\n{}",
-            o.rank,
-            o.status,
-            o.stdout,
-            o.stderr
-        );
-        if o.rank != 2 {
-            let e = error_line(o);
+    let done =
+        spawn_world("exit_mid", 3, FAIL_TIMEOUT.as_millis() as u64).wait(Duration::from_secs(60));
+    for (rank, status, log) in outcomes(&done) {
+        assert!(status.success(), "rank {rank} ({status}):\n{log}");
+        if rank != 2 {
+            let e = error_line(log);
             assert!(
                 e.contains("during all_reduce") && e.contains("rank "),
-                "rank {}: {e:?}",
-                o.rank
+                "rank {rank}: {e:?}"
             );
             assert!(
                 error_ms(e) < FAIL_TIMEOUT.as_millis() as u64,
-                "rank {}: {e}",
-                o.rank
+                "rank {rank}: {e}"
             );
         }
     }
     // The first rank to notice names rank 2 (later ones may name the rank that gave up
     // before them: a failure cascades through the connections).
     assert!(
-        out.iter().any(|o| error_line(o).contains("rank 2 (")),
+        done.logs.iter().any(|l| error_line(l).contains("rank 2 (")),
         "nobody named rank 2"
     );
 }
 
 #[test]
 fn rank_killed_mid_collective_fails_the_others_within_the_timeout() {
-    let dir = tempfile::tempdir().unwrap();
-    let mut ranks = spawn_world("killed", 4, FAIL_TIMEOUT.as_millis() as u64, &dir);
+    let mut ranks = spawn_world("killed", 4, FAIL_TIMEOUT.as_millis() as u64);
     // Wait until every rank is inside its all_reduce loop.
-    let start = Instant::now();
-    while !ranks.iter().all(|r| read(&r.out).contains("LOOPING")) {
-        if start.elapsed() > Duration::from_secs(60)
-            || ranks
-                .iter_mut()
-                .any(|r| r.child.try_wait().unwrap().is_some())
-        {
-            for r in ranks.iter_mut() {
-                let _ = r.child.kill();
-                let _ = r.child.wait();
-            }
-            panic!("ranks did not start looping\n{}", logs(&ranks));
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    ranks.wait_until(Duration::from_secs(60), "every rank is looping", |w| {
+        (0..4).all(|r| w.log(r).contains("LOOPING"))
+    });
     std::thread::sleep(Duration::from_millis(100));
-    ranks[1].child.kill().unwrap();
+    ranks.kill_rank(1);
     // No hang: everyone is gone well within the timeout plus process exit.
-    let out = wait_world(ranks, FAIL_TIMEOUT + Duration::from_secs(15));
-    assert!(!out[1].status.success(), "rank 1 was killed");
-    for o in out.iter().filter(|o| o.rank != 1) {
-        assert!(
-            o.status.success(),
-            "rank {} ({}):\n{}\n{}",
-            o.rank,
-            o.status,
-            o.stdout,
-            o.stderr
-        );
-        let e = error_line(o);
+    let done = ranks.wait(FAIL_TIMEOUT + Duration::from_secs(15));
+    assert!(!done.statuses[1].success(), "rank 1 was killed");
+    for (rank, status, log) in outcomes(&done).filter(|o| o.0 != 1) {
+        assert!(status.success(), "rank {rank} ({status}):\n{log}");
+        let e = error_line(log);
         assert!(
             e.contains("during all_reduce") && e.contains("rank "),
-            "rank {}: {e:?}",
-            o.rank
+            "rank {rank}: {e:?}"
         );
         // From its last successful all_reduce (milliseconds before the kill) to the error.
         let ms = error_ms(e);
         assert!(
             ms < FAIL_TIMEOUT.as_millis() as u64,
-            "rank {} failed only after {ms} ms",
-            o.rank
+            "rank {rank} failed only after {ms} ms"
         );
     }
     // The first rank to notice names rank 1.
     assert!(
-        out.iter().any(|o| error_line(o).contains("rank 1 (")),
+        done.logs.iter().any(|l| error_line(l).contains("rank 1 (")),
         "nobody named rank 1"
     );
 }
 
 #[test]
 fn silent_rank_times_out() {
-    let dir = tempfile::tempdir().unwrap();
-    let mut ranks = spawn_world("silent", 2, 2000, &dir);
+    let mut ranks = spawn_world("silent", 2, 2000);
     let start = Instant::now();
     // Rank 0 must give up on its own, after about the 2 s timeout.
-    loop {
-        if let Some(st) = ranks[0].child.try_wait().unwrap() {
-            let dt = start.elapsed();
-            let _ = ranks[1].child.kill();
-            let _ = ranks[1].child.wait();
-            let (o, e) = (read(&ranks[0].out), read(&ranks[0].err));
-            assert!(st.success(), "rank 0 ({st}):\n{o}\n{e}");
-            assert!(
-                o.contains("timed out after 2s waiting for rank 1 (") && o.contains("all_reduce"),
-                "{o}"
-            );
-            // The error comes at the timeout, not long after.
-            let ms = o
-                .lines()
-                .find_map(|l| l.find("ERROR after").map(|i| error_ms(&l[i..])));
-            assert!(ms.is_some_and(|ms| (1900..6000).contains(&ms)), "{o}");
-            assert!(dt < Duration::from_secs(20), "rank 0 took {dt:?}");
-            return;
-        }
-        if start.elapsed() > Duration::from_secs(60) {
-            for r in ranks.iter_mut() {
-                let _ = r.child.kill();
-                let _ = r.child.wait();
-            }
-            panic!("rank 0 hung\n{}", logs(&ranks));
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    let Some(st) = ranks.wait_rank(0, Duration::from_secs(60)) else {
+        panic!("rank 0 hung\n{}", ranks.all_logs());
+    };
+    let dt = start.elapsed();
+    ranks.kill_rank(1);
+    let o = ranks.log(0);
+    assert!(st.success(), "rank 0 ({st}):\n{o}");
+    assert!(
+        o.contains("timed out after 2s waiting for rank 1 (") && o.contains("all_reduce"),
+        "{o}"
+    );
+    // The error comes at the timeout, not long after.
+    let ms = o
+        .lines()
+        .find_map(|l| l.find("ERROR after").map(|i| error_ms(&l[i..])));
+    assert!(ms.is_some_and(|ms| (1900..6000).contains(&ms)), "{o}");
+    assert!(dt < Duration::from_secs(20), "rank 0 took {dt:?}");
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-//! Resolution: the engine that walks a tree and evaluates its interpolations the way
+//! Resolution: the evaluator that walks a tree and evaluates its interpolations the way
 //! OmegaConf does (key selection, relative keys, typed values for a lone interpolation and
 //! Python `str()` pieces otherwise), with memoization, cycle detection, depth limits, errors
 //! attributed to the node holding the interpolation, and near-miss key suggestions.
@@ -229,7 +229,7 @@ impl Fail {
     }
 }
 
-pub(super) struct Engine<'t> {
+pub(super) struct Evaluator<'t> {
     pub(super) root: &'t Node,
     pub(super) ctx: &'t ResolveContext,
     /// Resolved value of every interpolation string evaluated so far, by node address.
@@ -245,9 +245,9 @@ pub(super) struct Engine<'t> {
     spare_paths: Vec<Vec<Seg<'t>>>,
 }
 
-impl<'t> Engine<'t> {
+impl<'t> Evaluator<'t> {
     pub(super) fn new(root: &'t Node, ctx: &'t ResolveContext) -> Self {
-        Engine {
+        Evaluator {
             root,
             ctx,
             memo: FastMap::with_capacity_and_hasher(64, Default::default()),

@@ -5,7 +5,10 @@
 //! the loss, saves its own directory, and transformers loads that and matches flotilla's logits.
 //! The other tests need no Python: save/load round trips and the loader's error messages.
 
+#[path = "../../../tests/common/mod.rs"]
 mod common;
+#[path = "../../../tests/common/compose.rs"]
+mod compose;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -16,7 +19,7 @@ use flotilla_train::model::{causal_lm_loss, load_hf, save_hf, Llama, ModelError,
 use tch::{Device, Kind, Tensor};
 
 fn oracle_script() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/oracle/make_llama_fixtures.py")
+    common::oracle_file("make_llama_fixtures.py")
 }
 
 fn kind_of(dtype: &str) -> Kind {
@@ -44,12 +47,11 @@ fn max_rel_err(ours: &Tensor, theirs: &Tensor) -> f64 {
 #[test]
 fn transformers_oracle_both_directions() {
     let Some(python) = common::oracle_python() else {
-        eprintln!(
-            "SKIPPED transformers_oracle_both_directions: `import transformers, safetensors` \
-             fails in {}; run scripts/setup.sh",
+        return common::skip_or_fail(&format!(
+            "transformers_oracle_both_directions: `import transformers, safetensors` fails in \
+             {}; run scripts/setup.sh",
             common::venv_python().display()
-        );
-        return;
+        ));
     };
     let tmp = tempfile::tempdir().unwrap();
     let start = Instant::now();
@@ -174,7 +176,7 @@ fn transformers_oracle_both_directions() {
 }
 
 fn tiny(tied: bool) -> ModelConfig {
-    common::tiny_model_config(tied)
+    compose::tiny_model_config(tied)
 }
 
 #[test]

@@ -17,7 +17,10 @@
 //!   created; FSDP FULL_SHARD with sharded checkpoints accepted (`--dry-run`);
 //!   `compute.check_memory=false` skips the refusal.
 
+#[path = "../../../tests/common/mod.rs"]
 mod common;
+#[path = "../../../tests/common/compose.rs"]
+mod compose;
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -25,7 +28,8 @@ use std::process::{Command, Output};
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{composer, ov};
+use common::ov;
+use compose::composer;
 use flotilla_comm::comm::Communicator;
 use flotilla_comm::cpu::{CpuComm, CpuOptions};
 use flotilla_comm::store::MemoryStore;
@@ -333,7 +337,7 @@ fn oracle(cases: &[(JobConfig, &str)]) -> Option<Vec<Saved>> {
             ])
         })
         .collect();
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/oracle/memory_oracle.py");
+    let script = common::oracle_file("memory_oracle.py");
     Some(common::run_oracle(
         Command::new(python)
             .arg(script)
@@ -360,8 +364,11 @@ fn activation_terms_match_the_tensors_pytorch_saves_for_backward() {
         }
     }
     let Some(saved) = oracle(&cases) else {
-        eprintln!("skipped: the venv has no transformers (run scripts/setup-venv.sh)");
-        return;
+        return common::skip_or_fail(&format!(
+            "activation_terms_match_the_tensors_pytorch_saves_for_backward: `import \
+             transformers, safetensors` fails in {}; run scripts/setup.sh",
+            common::venv_python().display()
+        ));
     };
     let mut lines = vec![];
     for ((job, dtype), saved) in cases.iter().zip(saved) {
@@ -418,15 +425,18 @@ const LLAMA_8B: [&str; 13] = [
     "trainer.max_steps=10",
 ];
 
+/// The `flotilla` CLI (built by `cargo build -p flotilla`, beside this crate's binary).
 fn flotilla(dir: &Path, args: &[&str]) -> Output {
-    let conf = Path::new(env!("CARGO_MANIFEST_DIR")).join("conf");
-    Command::new(env!("CARGO_BIN_EXE_flotilla"))
+    Command::new(common::flotilla_bin())
         .args(args)
         .arg("--config-dir")
-        .arg(conf)
+        .arg(common::conf_dir())
         .current_dir(dir)
         // Found before anything is created; a dry run never starts it.
-        .env("FLOTILLA_TRAIN_BINARY", env!("CARGO_BIN_EXE_flotilla"))
+        .env(
+            "FLOTILLA_TRAIN_BINARY",
+            env!("CARGO_BIN_EXE_flotilla-train"),
+        )
         .output()
         .expect("run flotilla")
 }

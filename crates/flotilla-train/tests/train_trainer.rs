@@ -2,7 +2,10 @@
 //! (tests/oracle/train_oracle.py) from the same initial weights and the same batches: loss,
 //! gradient norm and learning rate of 20 steps, and the `metrics.csv` it writes.
 
+#[path = "../../../tests/common/mod.rs"]
 mod common;
+#[path = "../../../tests/common/compose.rs"]
+mod compose;
 
 use std::path::Path;
 use std::process::Command;
@@ -19,12 +22,12 @@ const STEPS: u64 = 20;
 fn model_config() -> ModelConfig {
     ModelConfig {
         vocab_size: 32,
-        ..common::tiny_model_config(true)
+        ..compose::tiny_model_config(true)
     }
 }
 
 fn trainer_config(schedule: &str) -> TrainerConfig {
-    common::trainer_config(&format!(
+    compose::trainer_config(&format!(
         "{{max_steps: {STEPS}, min_lr: 3.0e-4, warmup_steps: 5, schedule: {schedule}}}"
     ))
 }
@@ -73,10 +76,9 @@ fn run_oracle(dir: &Path, t: &TrainerConfig, schedule: &str) -> Vec<[f64; 3]> {
     }
     let batches = dir.join("batches.safetensors");
     Tensor::write_safetensors(&tensors, &batches).unwrap();
-    let root = env!("CARGO_MANIFEST_DIR");
     common::run_oracle(
         Command::new(common::venv_python())
-            .arg(format!("{root}/tests/oracle/train_oracle.py"))
+            .arg(common::oracle_file("train_oracle.py"))
             .arg(dir.join("init"))
             .arg(&batches)
             .arg(STEPS.to_string())

@@ -2,7 +2,10 @@
 //! checkpointing, tied and untied embeddings, and gradient accumulation over two micro-batches
 //! against one batch of twice the size.
 
+#[path = "../../../tests/common/mod.rs"]
 mod common;
+#[path = "../../../tests/common/compose.rs"]
+mod compose;
 
 use flotilla_config::schema::ModelConfig;
 use flotilla_train::data::{Batch, IGNORE_INDEX};
@@ -11,7 +14,7 @@ use flotilla_train::{Engine, EngineOptions, SingleProcess, Strategy, TrainError}
 use tch::{Device, Kind, Tensor};
 
 fn tiny(tied: bool) -> ModelConfig {
-    common::tiny_model_config(tied)
+    compose::tiny_model_config(tied)
 }
 
 fn batch(rows: i64, t: i64, seed: i64) -> Batch {

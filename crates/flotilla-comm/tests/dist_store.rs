@@ -1,53 +1,50 @@
 //! Multi-process tests of the rendezvous store (`flotilla_comm::store`) and rank discovery
 //! (`flotilla_contract::rank`) on localhost.
 //!
-//! Each test re-executes this test binary as worker processes: it runs the `#[ignore]`d test
-//! `store_worker` with RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT and a scenario name in the
+//! Each test re-executes this test binary as worker processes of a world
+//! (tests/common/world.rs): it runs the `#[ignore]`d test `store_worker` with the torchrun
+//! variables (RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT ...) and a scenario name in the
 //! environment. The worker reads its rank with `discover_from_process`, plays its scenario,
-//! and reports on stdout with lines starting `@@`. A normal test run skips the worker (it is
-//! ignored, and does nothing without the scenario variable). Every spawned process is waited
-//! for, and killed first if a test fails or runs past its deadline.
+//! and reports in its log with lines containing `@@`. A normal test run skips the worker (it
+//! is ignored, and does nothing without the scenario variable). Every spawned process is
+//! waited for, and killed first if a test fails or runs past its deadline.
 
+#[path = "../../../tests/common/mod.rs"]
 mod common;
+#[path = "../../../tests/common/world.rs"]
+mod world;
 
 use common::free_port;
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
-use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
-use std::thread::{self, JoinHandle};
+use std::process::ExitStatus;
+use std::thread;
 use std::time::{Duration, Instant};
 
 use flotilla_comm::store::{Store, StoreConfig, StoreError};
-use flotilla_contract::rank::discover_from_process;
+use flotilla_contract::rank::{discover_from_process, RankEnv};
+use world::World;
 
 const SCENARIO_VAR: &str = "FLOTILLA_STORE_TEST_SCENARIO";
 const TIMEOUT_VAR: &str = "FLOTILLA_STORE_TEST_TIMEOUT_MS";
 const RUN_ID_VAR: &str = "FLOTILLA_STORE_TEST_RUN_ID";
 const WORKER: &str = "store_worker";
+/// What starts a worker's report line (after whatever the test harness printed first).
+const MARK: &str = "@@";
 
 /// Upper bound for any one test.
 const TEST_DEADLINE: Duration = Duration::from_secs(20);
 
 // ---------------------------------------------------------------------------------------------
-// Parent side
+// Parent side: workers are processes of a `World` (tests/common/world.rs)
 // ---------------------------------------------------------------------------------------------
-
-/// A worker process. Dropping it kills and reaps the process.
-struct Worker {
-    label: String,
-    child: Option<Child>,
-    lines: Receiver<String>,
-    seen: Vec<String>,
-    stderr: Option<JoinHandle<String>>,
-}
 
 struct Finished {
     label: String,
     status: ExitStatus,
     /// The `@@` lines, without the marker.
     reports: Vec<String>,
-    stderr: String,
+    log: String,
 }
 
 impl Finished {
@@ -58,7 +55,7 @@ impl Finished {
             .unwrap_or_else(|| {
                 panic!(
                     "{}: no '{prefix}' report in {:?}\n{}",
-                    self.label, self.reports, self.stderr
+                    self.label, self.reports, self.log
                 )
             })
             .trim()
@@ -67,152 +64,70 @@ impl Finished {
     fn assert_ok(&self) {
         assert!(
             self.status.success() && self.reports.iter().any(|l| l == "ok"),
-            "{} failed ({}): reports {:?}\nstderr:\n{}",
+            "{} failed ({}): reports {:?}\nlog:\n{}",
             self.label,
             self.status,
             self.reports,
-            self.stderr
+            self.log
         );
     }
 }
 
-impl Worker {
-    fn spawn(
-        scenario: &str,
-        rank: usize,
-        world: usize,
-        port: u16,
-        timeout_ms: u64,
-        extra: &[(&str, &str)],
-    ) -> Worker {
-        let mut cmd = Command::new(std::env::current_exe().unwrap());
-        cmd.args([
-            "--exact",
-            WORKER,
-            "--nocapture",
-            "--include-ignored",
-            "--test-threads=1",
-        ])
-        .env(SCENARIO_VAR, scenario)
-        .env(TIMEOUT_VAR, timeout_ms.to_string())
-        .env("RANK", rank.to_string())
-        .env("WORLD_SIZE", world.to_string())
-        .env("LOCAL_RANK", rank.to_string())
-        .env("LOCAL_WORLD_SIZE", world.to_string())
-        .env("MASTER_ADDR", "127.0.0.1")
-        .env("MASTER_PORT", port.to_string())
-        .env("RUST_BACKTRACE", "0")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-        for var in [
-            "GROUP_RANK",
-            "NODE_RANK",
-            "GROUP_WORLD_SIZE",
-            "TORCHELASTIC_RESTART_COUNT",
-            "TORCHELASTIC_RUN_ID",
-            RUN_ID_VAR,
-        ] {
-            cmd.env_remove(var);
-        }
-        for (k, v) in extra {
-            cmd.env(k, v);
-        }
-        let mut child = cmd.spawn().expect("spawn a worker");
-        let stdout = child.stdout.take().unwrap();
-        let mut stderr = child.stderr.take().unwrap();
-        let (tx, rx) = mpsc::channel();
-        thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                // The harness prints "test store_worker ... " without a newline first.
-                if let Some((_, report)) = line.split_once("@@") {
-                    if tx.send(report.to_string()).is_err() {
-                        break;
-                    }
-                }
-            }
-        });
-        let stderr = thread::spawn(move || {
-            let mut s = String::new();
-            let _ = stderr.read_to_string(&mut s);
-            s
-        });
-        Worker {
-            label: format!("{scenario} rank {rank}/{world}"),
-            child: Some(child),
-            lines: rx,
-            seen: Vec::new(),
-            stderr: Some(stderr),
-        }
-    }
-
-    /// Wait for a report starting with `prefix`.
-    fn wait_for(&mut self, prefix: &str, deadline: Instant) -> String {
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            match self.lines.recv_timeout(left) {
-                Ok(line) => {
-                    self.seen.push(line.clone());
-                    if line.starts_with(prefix) {
-                        return line;
-                    }
-                }
-                Err(RecvTimeoutError::Timeout) => panic!(
-                    "{}: no '{prefix}' report in time ({:?})",
-                    self.label, self.seen
-                ),
-                Err(RecvTimeoutError::Disconnected) => {
-                    panic!(
-                        "{}: exited before reporting '{prefix}' ({:?})",
-                        self.label, self.seen
-                    )
-                }
-            }
-        }
-    }
-
-    fn kill(&mut self) {
-        if let Some(c) = self.child.as_mut() {
-            let _ = c.kill();
-        }
-    }
-
-    /// Wait for the process to exit (killing it at `deadline`) and collect what it said.
-    fn finish(mut self, deadline: Instant) -> Finished {
-        let mut child = self.child.take().unwrap();
-        let status = loop {
-            if let Some(status) = child.try_wait().unwrap() {
-                break status;
-            }
-            if Instant::now() >= deadline {
-                let _ = child.kill();
-                let _ = child.wait();
-                let stderr = self.stderr.take().unwrap().join().unwrap_or_default();
-                panic!(
-                    "{}: still running at the deadline; killed. stderr:\n{stderr}",
-                    self.label
-                );
-            }
-            thread::sleep(Duration::from_millis(5));
-        };
-        let mut reports = std::mem::take(&mut self.seen);
-        reports.extend(self.lines.iter());
-        let stderr = self.stderr.take().unwrap().join().unwrap_or_default();
-        Finished {
-            label: self.label.clone(),
-            status,
-            reports,
-            stderr,
-        }
-    }
+/// A world for one test's workers (their logs in a temporary directory of its own).
+fn workers(test: &str) -> World {
+    World::new(test, None)
 }
 
-impl Drop for Worker {
-    fn drop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
+/// Starts the worker playing `scenario` as rank `rank` of `size` ranks whose master listens on
+/// `port`, with `extra` variables; its index in `w`.
+fn spawn(
+    w: &mut World,
+    scenario: &str,
+    rank: usize,
+    size: usize,
+    port: u16,
+    timeout_ms: u64,
+    extra: &[(&str, &str)],
+) -> usize {
+    let mut cmd = world::test_worker(WORKER);
+    cmd.env(SCENARIO_VAR, scenario)
+        .env(TIMEOUT_VAR, timeout_ms.to_string())
+        .env_remove(RUN_ID_VAR);
+    for (k, v) in extra {
+        cmd.env(k, v);
+    }
+    let env = RankEnv::on_this_host(rank, 1, size, port);
+    w.start(&format!("{scenario}.rank{rank}of{size}"), &env, cmd)
+}
+
+fn left(deadline: Instant) -> Duration {
+    deadline.saturating_duration_since(Instant::now())
+}
+
+/// Waits for a report of worker `i` starting with `prefix`.
+fn wait_for(w: &mut World, i: usize, prefix: &str, deadline: Instant) -> String {
+    let line = w.wait_for_line(i, &format!("{MARK}{prefix}"), left(deadline));
+    report_of(&line).unwrap().to_string()
+}
+
+/// The report on a log line, if it has one.
+fn report_of(line: &str) -> Option<&str> {
+    line.split_once(MARK).map(|(_, r)| r)
+}
+
+/// Waits for worker `i` to exit (killing every worker at `deadline`) and collects what it said.
+fn finish(w: &mut World, i: usize, deadline: Instant) -> Finished {
+    let status = w.finish_rank(i, left(deadline));
+    let log = w.log(i);
+    Finished {
+        label: w.ranks[i].label.clone(),
+        status,
+        reports: log
+            .lines()
+            .filter_map(report_of)
+            .map(String::from)
+            .collect(),
+        log,
     }
 }
 
@@ -227,16 +142,16 @@ fn deadline() -> Instant {
 #[test]
 fn world_sizes_one_to_four_exchange_keys_counters_and_barriers() {
     let end = deadline();
-    let mut workers = Vec::new();
-    for world in 1..=4 {
+    let mut w = workers("exchange");
+    for size in 1..=4 {
         // A single process may let the store pick its port.
-        let port = if world == 1 { 0 } else { free_port() };
-        for rank in 0..world {
-            workers.push(Worker::spawn("exchange", rank, world, port, 10_000, &[]));
+        let port = if size == 1 { 0 } else { free_port() };
+        for rank in 0..size {
+            spawn(&mut w, "exchange", rank, size, port, 10_000, &[]);
         }
     }
-    for w in workers {
-        w.finish(end).assert_ok();
+    for i in 0..w.ranks.len() {
+        finish(&mut w, i, end).assert_ok();
     }
 }
 
@@ -244,10 +159,11 @@ fn world_sizes_one_to_four_exchange_keys_counters_and_barriers() {
 fn get_blocks_until_another_rank_sets() {
     let end = deadline();
     let port = free_port();
-    let workers: Vec<Worker> = (0..2)
-        .map(|r| Worker::spawn("late_get", r, 2, port, 10_000, &[]))
-        .collect();
-    let done: Vec<Finished> = workers.into_iter().map(|w| w.finish(end)).collect();
+    let mut w = workers("late_get");
+    for r in 0..2 {
+        spawn(&mut w, "late_get", r, 2, port, 10_000, &[]);
+    }
+    let done: Vec<Finished> = (0..2).map(|i| finish(&mut w, i, end)).collect();
     for f in &done {
         f.assert_ok();
     }
@@ -264,12 +180,13 @@ fn a_rank_that_never_joins_makes_the_others_fail_naming_it() {
     let port = free_port();
     let start = Instant::now();
     // World of 3, rank 2 never starts.
-    let workers: Vec<Worker> = (0..2)
-        .map(|r| Worker::spawn("barrier", r, 3, port, 2_000, &[]))
-        .collect();
-    for w in workers {
-        let f = w.finish(end);
-        assert!(f.status.success(), "{}: {}", f.label, f.stderr);
+    let mut w = workers("never_joins");
+    for r in 0..2 {
+        spawn(&mut w, "barrier", r, 3, port, 2_000, &[]);
+    }
+    for i in 0..2 {
+        let f = finish(&mut w, i, end);
+        assert!(f.status.success(), "{}: {}", f.label, f.log);
         let e = f.report("err");
         // "within" is the master's uptime: 2 s, or a little more on a loaded machine.
         let rest = e
@@ -292,21 +209,22 @@ fn a_rank_that_never_joins_makes_the_others_fail_naming_it() {
 fn killing_rank_0_fails_the_others_promptly() {
     let end = deadline();
     let port = free_port();
-    let mut master = Worker::spawn("hold", 0, 3, port, 10_000, &[]);
-    let mut others: Vec<Worker> = (1..3)
-        .map(|r| Worker::spawn("wait_master", r, 3, port, 10_000, &[]))
+    let mut w = workers("kill_master");
+    let master = spawn(&mut w, "hold", 0, 3, port, 10_000, &[]);
+    let others: Vec<usize> = (1..3)
+        .map(|r| spawn(&mut w, "wait_master", r, 3, port, 10_000, &[]))
         .collect();
-    master.wait_for("ready", end);
-    for w in &mut others {
-        w.wait_for("waiting", end);
+    wait_for(&mut w, master, "ready", end);
+    for &i in &others {
+        wait_for(&mut w, i, "waiting", end);
     }
     // Let both park their get on the server, then kill rank 0 (SIGKILL: no cleanup at all).
     thread::sleep(Duration::from_millis(100));
     let killed = Instant::now();
-    master.kill();
-    for w in others {
-        let f = w.finish(end);
-        assert!(f.status.success(), "{}: {}", f.label, f.stderr);
+    w.kill_rank(master);
+    for &i in &others {
+        let f = finish(&mut w, i, end);
+        assert!(f.status.success(), "{}: {}", f.label, f.log);
         let e = f.report("err");
         assert!(
             e.starts_with("the master closed the connection (rank 0 exited?) during get 'never'"),
@@ -319,7 +237,7 @@ fn killing_rank_0_fails_the_others_promptly() {
         took < Duration::from_secs(3),
         "the others noticed after {took:?}"
     );
-    let f = master.finish(end);
+    let f = finish(&mut w, master, end);
     assert!(!f.status.success());
 }
 
@@ -328,7 +246,9 @@ fn port_already_in_use_is_a_clear_error() {
     let end = deadline();
     let taken = TcpListener::bind("127.0.0.1:0").unwrap();
     let port = taken.local_addr().unwrap().port();
-    let f = Worker::spawn("connect", 0, 2, port, 2_000, &[]).finish(end);
+    let mut w = workers("port_in_use");
+    let i = spawn(&mut w, "connect", 0, 2, port, 2_000, &[]);
+    let f = finish(&mut w, i, end);
     assert_eq!(
         f.report("err"),
         format!("cannot bind 127.0.0.1:{port}: address already in use (another job on this port? set MASTER_PORT)")
@@ -340,12 +260,45 @@ fn port_already_in_use_is_a_clear_error() {
 fn a_different_world_size_or_run_id_is_rejected_on_both_sides() {
     let end = deadline();
     let (port_a, port_b) = (free_port(), free_port());
-    let master_a = Worker::spawn("barrier", 0, 2, port_a, 2_000, &[(RUN_ID_VAR, "main")]);
-    let stray_a = Worker::spawn("connect", 1, 3, port_a, 5_000, &[(RUN_ID_VAR, "main")]);
-    let master_b = Worker::spawn("barrier", 0, 2, port_b, 2_000, &[(RUN_ID_VAR, "main")]);
-    let stray_b = Worker::spawn("connect", 1, 2, port_b, 5_000, &[(RUN_ID_VAR, "other")]);
+    let mut w = workers("rejected");
+    let master_a = spawn(
+        &mut w,
+        "barrier",
+        0,
+        2,
+        port_a,
+        2_000,
+        &[(RUN_ID_VAR, "main")],
+    );
+    let stray_a = spawn(
+        &mut w,
+        "connect",
+        1,
+        3,
+        port_a,
+        5_000,
+        &[(RUN_ID_VAR, "main")],
+    );
+    let master_b = spawn(
+        &mut w,
+        "barrier",
+        0,
+        2,
+        port_b,
+        2_000,
+        &[(RUN_ID_VAR, "main")],
+    );
+    let stray_b = spawn(
+        &mut w,
+        "connect",
+        1,
+        2,
+        port_b,
+        5_000,
+        &[(RUN_ID_VAR, "other")],
+    );
 
-    let f = stray_a.finish(end);
+    let f = finish(&mut w, stray_a, end);
     assert_eq!(
         f.report("err"),
         format!(
@@ -353,12 +306,12 @@ fn a_different_world_size_or_run_id_is_rejected_on_both_sides() {
              but the master expects 2"
         )
     );
-    let f = stray_b.finish(end);
+    let f = finish(&mut w, stray_b, end);
     assert_eq!(
         f.report("err"),
         format!("the master 127.0.0.1:{port_b} rejected this process: rank 1 has run id 'other', the master 'main'")
     );
-    let f = master_a.finish(end);
+    let f = finish(&mut w, master_a, end);
     let e = f.report("err");
     assert!(e.contains("rank 1 of 2 did not join within"), "{e}");
     assert!(
@@ -367,7 +320,7 @@ fn a_different_world_size_or_run_id_is_rejected_on_both_sides() {
         ),
         "{e}"
     );
-    let f = master_b.finish(end);
+    let f = finish(&mut w, master_b, end);
     let e = f.report("err");
     assert!(
         e.ends_with("the master turned away: rank 1 has run id 'other', the master 'main'"),
@@ -379,7 +332,8 @@ fn a_different_world_size_or_run_id_is_rejected_on_both_sides() {
 fn garbage_on_the_port_does_not_stop_the_server() {
     let end = deadline();
     let port = free_port();
-    let master = Worker::spawn("serve", 0, 2, port, 10_000, &[]);
+    let mut w = workers("garbage");
+    let master = spawn(&mut w, "serve", 0, 2, port, 10_000, &[]);
     let junk: [&[u8]; 4] = [
         b"GET / HTTP/1.1\r\nHost: localhost\r\n\r\n",
         b"\x00\x01\x02\x03\x04\x05\x06\x07\x08\x09",
@@ -400,15 +354,16 @@ fn garbage_on_the_port_does_not_stop_the_server() {
         let mut answer = Vec::new();
         let _ = s.read_to_end(&mut answer);
     }
-    let rank1 = Worker::spawn("serve", 1, 2, port, 10_000, &[]);
-    rank1.finish(end).assert_ok();
-    master.finish(end).assert_ok();
+    let rank1 = spawn(&mut w, "serve", 1, 2, port, 10_000, &[]);
+    finish(&mut w, rank1, end).assert_ok();
+    finish(&mut w, master, end).assert_ok();
 }
 
 #[test]
 fn stores_leave_no_threads_behind_and_drop_is_bounded() {
-    let f = Worker::spawn("threads", 0, 1, 0, 500, &[]).finish(deadline());
-    f.assert_ok();
+    let mut w = workers("threads");
+    let i = spawn(&mut w, "threads", 0, 1, 0, 500, &[]);
+    finish(&mut w, i, deadline()).assert_ok();
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -1,7 +1,10 @@
 //! AdamW and gradient clipping against torch (tests/oracle/adamw_oracle.py run with the
 //! project's venv), and the optimizer state round trip.
 
-use std::path::Path;
+#[path = "../../../tests/common/mod.rs"]
+mod common;
+
+use std::path::PathBuf;
 use std::process::Command;
 
 use flotilla_train::model::Params;
@@ -19,8 +22,8 @@ const CFG: AdamWConfig = AdamWConfig {
 };
 const CLIP: f64 = 1.0;
 
-fn python() -> &'static Path {
-    Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/.venv/bin/python"))
+fn python() -> PathBuf {
+    common::venv_python()
 }
 
 fn inputs() -> (Params, Vec<Params>) {
@@ -78,10 +81,7 @@ fn adamw_and_clip_match_torch() {
 
     let lrs: Vec<String> = LRS.iter().map(|x| format!("{x:e}")).collect();
     let out = Command::new(python())
-        .arg(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/tests/oracle/adamw_oracle.py"
-        ))
+        .arg(common::oracle_file("adamw_oracle.py"))
         .arg(&src)
         .arg(&dst)
         .arg(lrs.join(","))

@@ -1,5 +1,6 @@
-//! The proof of DDP and FSDP (issue 6): real `flotilla train` processes started as
-//! torchrun-style worlds on localhost (tests/common/world.rs), each compared with one process
+//! The proof of DDP and FSDP (issue 6): real training processes (`flotilla-train train`, what
+//! `flotilla train` runs) started as torchrun-style worlds on localhost
+//! (tests/common/world.rs), each compared with one process
 //! run with the same global batch and the same initial weights (the tiny model of
 //! conf/model/tiny.yaml, the built-in arithmetic data unshuffled, no evaluation, fp32, 30
 //! steps, peak learning rate 1e-3):
@@ -25,8 +26,11 @@
 //! are run once per test binary and shared. Every world has a deadline; a hang kills its
 //! ranks and fails the test.
 
+#[path = "../../../tests/common/mod.rs"]
 mod common;
-#[path = "common/world.rs"]
+#[path = "../../../tests/common/compose.rs"]
+mod compose;
+#[path = "../../../tests/common/world.rs"]
 mod world;
 
 use std::collections::BTreeMap;
@@ -60,8 +64,10 @@ const WORLD_LIMIT: Duration = Duration::from_secs(300);
 // ---------------------------------------------------------------------------------------------
 // Runs
 
+/// The training task binary: `flotilla train` and `flotilla consolidate` run it with the same
+/// arguments (exec), so the worlds start it directly.
 fn exe() -> &'static Path {
-    Path::new(env!("CARGO_BIN_EXE_flotilla"))
+    Path::new(env!("CARGO_BIN_EXE_flotilla-train"))
 }
 
 /// This test binary's scratch directory, under target/tmp. It outlives the process (the
@@ -172,7 +178,7 @@ fn train(name: &str, shape: Shape, micro: usize, mode: &str, extra: &[&str]) -> 
     .into();
     args.extend(extra.iter().map(|s| s.to_string()));
     let start = Instant::now();
-    let world = world::spawn(exe(), name, shape, &dir, &root().join("logs"), &args);
+    let world = world::train(exe(), name, shape, &dir, &root().join("logs"), &args);
     let done = world.wait(WORLD_LIMIT);
     done.assert_success();
     assert!(
@@ -673,7 +679,7 @@ fn consolidated_sharded_checkpoint_equals_the_full_weights_and_loads_in_transfor
         .collect();
     let logits_file = root().join("consolidated_logits.safetensors");
     let o = Command::new(&python)
-        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/oracle/load_consolidated.py"))
+        .arg(common::oracle_file("load_consolidated.py"))
         .arg(&out)
         .arg(serde_json::to_string(&tokens).unwrap())
         .arg(&logits_file)
@@ -705,7 +711,7 @@ fn consolidated_sharded_checkpoint_equals_the_full_weights_and_loads_in_transfor
 // Memory accounting
 
 fn trainer_config(world: usize, dist: &str) -> TrainerConfig {
-    common::trainer_config(&format!(
+    compose::trainer_config(&format!(
         "{{dist: {dist}, global_batch_size: {world}, micro_batch_size: 1, lr: 1.0e-3}}"
     ))
 }
@@ -927,7 +933,7 @@ fn a_killed_rank_fails_every_surviving_rank_quickly() {
             "compute.tasks_per_node=2".into(),
         ];
         args.extend(extra.iter().map(|s| s.to_string()));
-        let mut world: World = world::spawn(
+        let mut world: World = world::train(
             exe(),
             case,
             Shape::single_node(2),

@@ -3,8 +3,11 @@
 //! `tokenizers` Python library as the oracle), the arithmetic task and its exact-match
 //! accuracy, and the error messages that name the culprit.
 
+#[path = "../../../tests/common/mod.rs"]
+mod common;
+
 use std::collections::HashSet;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::sync::Arc;
 
@@ -648,31 +651,18 @@ fn bpe_trained_into_run_dir_reloads_to_the_same_ids() {
     );
 }
 
-fn venv_python() -> PathBuf {
-    let venv = std::env::var_os("FLOTILLA_VENV")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join(".venv"));
-    venv.join("bin").join("python")
-}
-
 /// The Hugging Face `tokenizers` Python library as the oracle, both ways: it encodes with the
 /// tokenizer.json files flotilla writes (byte, trained BPE, arithmetic), and it trains a BPE
 /// and a WordPiece tokenizer that flotilla loads; the ids must agree everywhere.
 #[test]
 fn tokenizers_agree_with_the_python_library() {
-    let python = venv_python();
-    let ok = Command::new(&python)
-        .args(["-c", "import tokenizers"])
-        .output()
-        .map(|o| o.status.success())
-        .unwrap_or(false);
-    if !ok {
-        eprintln!(
-            "SKIPPED tokenizers_agree_with_the_python_library: `import tokenizers` fails in {}; \
+    let python = common::venv_python();
+    if !common::venv_imports("tokenizers") {
+        return common::skip_or_fail(&format!(
+            "tokenizers_agree_with_the_python_library: `import tokenizers` fails in {}; \
              run scripts/setup.sh",
             python.display()
-        );
-        return;
+        ));
     }
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
@@ -699,7 +689,7 @@ fn tokenizers_agree_with_the_python_library() {
     )
     .unwrap();
 
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/oracle/tokenizers_oracle.py");
+    let script = common::oracle_file("tokenizers_oracle.py");
     let out = Command::new(&python).arg(script).arg(d).output().unwrap();
     assert!(
         out.status.success(),
@@ -780,10 +770,7 @@ fn tokenizer_file_errors_and_special_tokens_from_tokenizer_config() {
 // ------------------------------------------------------------------------------------------
 
 fn default_arithmetic() -> DataConfig {
-    let yaml = std::fs::read_to_string(
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("conf/data/arithmetic.yaml"),
-    )
-    .unwrap();
+    let yaml = std::fs::read_to_string(common::conf_dir().join("data/arithmetic.yaml")).unwrap();
     data_config(&yaml)
 }
 

@@ -1,0 +1,136 @@
+//! `flotilla run`: [`run`] prepares the directories of a run or sweep and starts or submits
+//! its jobs; [`RunReport`] is what it (and [`resume`](crate::resume)) did, as JSON or text.
+
+use crate::rundir::{self, JobState, PreparedRun, RunRequest};
+use crate::{launcher_for, JobOutcome, LaunchError, LocalOptions};
+use flotilla_config::Composer;
+use std::path::Path;
+
+/// What [`run`] does besides preparing.
+#[derive(Clone, Debug)]
+pub struct RunOptions {
+    /// Prepare directories (and scripts) and start nothing.
+    pub dry_run: bool,
+    pub local: LocalOptions,
+}
+
+/// The result of `flotilla run`.
+#[derive(Clone, Debug)]
+pub struct RunReport {
+    pub run: PreparedRun,
+    pub outcomes: Vec<JobOutcome>,
+    pub dry_run: bool,
+}
+
+/// `flotilla run`: composes and validates every job, prepares the directories, then (unless
+/// `dry_run`) starts or submits the jobs with their launcher.
+pub fn run(
+    composer: &Composer,
+    req: &RunRequest,
+    opts: RunOptions,
+) -> Result<RunReport, LaunchError> {
+    let prepared = rundir::prepare(composer, req)?;
+    let mut launcher = launcher_for(prepared.launcher, opts.local)?;
+    launcher.prepare(&prepared)?;
+    let outcomes = if opts.dry_run {
+        prepared.jobs.iter().map(JobOutcome::pending).collect()
+    } else {
+        launcher.launch(&prepared)?
+    };
+    Ok(RunReport {
+        run: prepared,
+        outcomes,
+        dry_run: opts.dry_run,
+    })
+}
+
+fn path_json(p: &Path) -> serde_json::Value {
+    serde_json::Value::String(p.to_string_lossy().into_owned())
+}
+
+impl RunReport {
+    /// `{"sweep_dir": DIR|null, "jobs": [{"num": N, "dir": DIR, "job_id": ID|null, "state": S}]}`
+    pub fn to_json(&self) -> String {
+        let jobs: Vec<serde_json::Value> = self
+            .outcomes
+            .iter()
+            .map(|o| {
+                serde_json::json!({
+                    "num": o.num,
+                    "dir": path_json(&o.dir),
+                    "job_id": o.job_id,
+                    "state": o.state.as_str(),
+                })
+            })
+            .collect();
+        let doc = serde_json::json!({
+            "sweep_dir": self.run.sweep_dir.as_deref().map(path_json),
+            "jobs": jobs,
+        });
+        format!("{doc}\n")
+    }
+
+    /// A summary for people.
+    pub fn to_text(&self) -> String {
+        let mut out = String::new();
+        let n = self.outcomes.len();
+        let verb = if self.dry_run {
+            "prepared"
+        } else if self.outcomes.iter().any(|o| o.job_id.is_some()) {
+            "submitted"
+        } else {
+            "finished"
+        };
+        match &self.run.sweep_dir {
+            Some(d) => out.push_str(&format!(
+                "{verb} sweep {} ({n} job{})\n",
+                d.display(),
+                if n == 1 { "" } else { "s" }
+            )),
+            None => out.push_str(&format!("{verb} run {}\n", self.run.plan.dir().display())),
+        }
+        for (o, job) in self.outcomes.iter().zip(&self.run.jobs) {
+            let ov = if job.overrides.is_empty() {
+                "(defaults)".to_string()
+            } else {
+                job.overrides.join(" ")
+            };
+            let id = o.job_id.as_deref().unwrap_or("-");
+            out.push_str(&format!(
+                "{:>5}  {:<10} {:<8} {}  {}\n",
+                o.num,
+                o.state.as_str(),
+                id,
+                o.dir.display(),
+                ov
+            ));
+        }
+        out
+    }
+
+    /// One message per job that did not complete (empty on a dry run or a submission).
+    pub fn problems(&self) -> Vec<String> {
+        self.outcomes
+            .iter()
+            .filter(|o| matches!(o.state, JobState::Failed | JobState::Cancelled))
+            .map(|o| {
+                let why = match (&o.failure, &o.message) {
+                    (Some(f), _) => f.to_string(),
+                    (None, Some(m)) => m.clone(),
+                    (None, None) => String::new(),
+                };
+                let state = o.state.as_str().to_ascii_lowercase();
+                if why.is_empty() {
+                    format!("job {} {state} ({})", o.num, o.dir.display())
+                } else {
+                    format!("job {} {state} ({}): {why}", o.num, o.dir.display())
+                }
+            })
+            .collect()
+    }
+
+    /// Did every started job complete (always true for a dry run or a submission)?
+    pub fn succeeded(&self) -> bool {
+        self.problems().is_empty()
+    }
+}
