@@ -352,7 +352,7 @@ pub fn flat_groups(units: &Units, f: &FsdpConfig, shard: u64) -> Vec<FlatGroup> 
 }
 
 /// Activation bytes of one micro-batch (`model/llama.rs` as autograd runs it: what each op
-/// saves for backward, checked against PyTorch's saved tensors in `tests/memory.rs`).
+/// saves for backward, checked against PyTorch's saved tensors in `crates/flotilla-train/tests/memory.rs`).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Activations {
     /// A block's input (the previous unit's output, kept by the engine).

@@ -161,7 +161,7 @@ fn mixed_precision_adds_compute_copies_and_bf16_true_halves_the_states() {
 fn activations_per_block_and_loss_by_hand() {
     // fp32, 4 x 32 tokens: per token a block saves its input 512, norm 2·512+4, q 512, k and v
     // 256 each, the attention output 512, log-sum-exp 4·4, the fp32 residual 512, norm 1028,
-    // the MLP 4·352·4 = 5632: 10264 bytes (PyTorch's saved tensors, tests/memory.rs).
+    // the MLP 4·352·4 = 5632: 10264 bytes (PyTorch's saved tensors, crates/flotilla-train/tests/memory.rs).
     let j = job("");
     let a = Step::new(&j).act;
     let n = 4 * 32;
