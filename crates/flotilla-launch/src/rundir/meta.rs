@@ -183,14 +183,4 @@ pub fn user_name() -> String {
     }
 }
 
-/// The host name (`gethostname`), or `unknown`.
-pub fn host_name() -> String {
-    let mut buf = [0u8; 256];
-    // SAFETY: the buffer is valid for its length; the result is NUL-terminated or truncated.
-    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
-    if rc != 0 {
-        return "unknown".into();
-    }
-    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
-    String::from_utf8_lossy(&buf[..end]).into_owned()
-}
+pub use flotilla_contract::host_name;
