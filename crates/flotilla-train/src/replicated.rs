@@ -239,7 +239,7 @@ pub struct GradReducer {
     /// Buckets launched so far (for tests and logs).
     pub buckets_launched: u64,
     /// Most bytes of flat buckets in flight at once so far (each is a copy of its gradients,
-    /// kept until [`GradReducer::finish`] writes the sums back).
+    /// kept until `GradReducer::finish` writes the sums back).
     pub peak_in_flight_bytes: usize,
 }
 

@@ -273,7 +273,7 @@ const HISTORY_MIN_JOBS: usize = 3;
 
 /// The optimization history: each job's final metric by job number (completed jobs filled,
 /// pruned and other unfinished ones hollow) and the best completed value so far as a step line.
-/// `None` for fewer than [`HISTORY_MIN_JOBS`] jobs with a final value.
+/// `None` for fewer than three jobs with a final value (`HISTORY_MIN_JOBS`).
 pub fn history_svg(report: &Report) -> Option<String> {
     let points: Vec<(usize, f64, bool)> = report
         .jobs
