@@ -2,26 +2,33 @@
 //! (`model.safetensors`, Hugging Face names, with the model's `config.json`), the optimizer
 //! state (`optimizer.safetensors`) and `trainer_state.json` (step, sampler position, schedule,
 //! loss scale); or, sharded (FSDP), one `shard_<r>.safetensors` per shard-group rank with its
-//! flat parameter, gradient-free AdamW moments and `sharded_meta.json` with the layout, which
-//! [`read_full`] turns back into full tensors for any world size and [`consolidate`] into a
-//! Hugging Face directory. A checkpoint is written into a
-//! hidden temporary directory and renamed into place, and `trainer_state.json` is written last,
-//! so a crash never leaves a directory that [`latest`] would pick. This file owns the layout,
-//! saving, rotation and restoring.
+//! flat parameter, gradient-free AdamW moments and `sharded_meta.json` with the layout.
+//!
+//! A full checkpoint of sharded weights is streamed: rank 0 writes each file's header first,
+//! then each group as it is gathered to it ([`ParallelWeights::visit_full`]), so no rank holds
+//! more than a group beyond its shards. Restoring reads, on every rank, only the elements that
+//! rank holds, from either kind and whatever world size wrote it ([`CheckpointFiles`]);
+//! [`consolidate`] turns either kind into a Hugging Face directory a parameter at a time.
+//!
+//! A checkpoint is written into a hidden temporary directory and renamed into place, and
+//! `trainer_state.json` is written last, so a crash never leaves a directory that [`latest`]
+//! would pick. This file owns the layout, saving, rotation and restoring.
 
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 use tch::Tensor;
 
-use super::fsdp_layout::{unflatten, GroupLayout};
+use super::fsdp_layout::GroupLayout;
 use super::loss_scale::LossScaler;
+use super::param_source::{open_shards, FileSource, ShardedSource, TensorSource};
+use super::safetensors_io::{SafetensorsFile, SafetensorsWriter};
 use super::trainer::Trainer;
-use super::weights::CheckpointState;
-use super::{read_safetensors, write_safetensors, TrainError};
+use super::weights::{OptimizerSource, ParallelWeights, StatePart};
+use super::{write_safetensors, TrainError};
 use crate::data::SamplerState;
 use crate::model::hf::HfLlamaConfig;
-use crate::model::Params;
+use crate::model::Llama;
 use crate::tensor_comm::TensorCollectives;
 use flotilla_comm::comm::ReduceOp;
 use flotilla_config::schema::LrSchedule;
@@ -167,8 +174,8 @@ pub fn save(trainer: &Trainer, run_dir: &Path, keep_last: usize) -> Result<PathB
     })?;
 
     // Gathering (full checkpoints of sharded weights) is collective: every rank takes part.
-    match trainer.weights().checkpoint_state()? {
-        CheckpointState::Sharded(shard) => on_all_ranks(trainer, "write", || {
+    match trainer.weights().sharded_state() {
+        Some(shard) => on_all_ranks(trainer, "write", || {
             if shard.writes_shard {
                 write_safetensors(&tmp.join(shard_file(shard.shard_rank)), &shard.tensors)?;
             }
@@ -186,17 +193,10 @@ pub fn save(trainer: &Trainer, run_dir: &Path, keep_last: usize) -> Result<PathB
             }
             Ok(())
         })?,
-        CheckpointState::Full { params, optimizer } => on_all_ranks(trainer, "write", || {
-            // Rank 0 writes.
-            if rank == 0 {
-                let params: Vec<(String, Tensor)> = params
-                    .iter()
-                    .map(|(n, t)| (n.to_string(), t.shallow_clone()))
-                    .collect();
-                write_safetensors(&tmp.join(MODEL_FILE), &params)?;
-                write_safetensors(&tmp.join(OPTIMIZER_FILE), &optimizer)?;
-            }
-            Ok(())
+        None => on_all_ranks(trainer, "write", || {
+            let weights = trainer.weights();
+            write_state_file(weights, &tmp.join(MODEL_FILE), None, rank == 0)?;
+            write_state_file(weights, &tmp.join(OPTIMIZER_FILE), None, rank == 0)
         })?,
     }
 
@@ -245,6 +245,96 @@ pub fn save(trainer: &Trainer, run_dir: &Path, keep_last: usize) -> Result<PathB
     Ok(target)
 }
 
+/// Streams one file of a full checkpoint (or `final/`) from `weights`: `model.safetensors`
+/// (the parameters, in `kind` when given, else the master dtype) or `optimizer.safetensors`
+/// (`step`, then every first moment, then every second). Collective; only `is_root` writes. A
+/// write error on the root does not stop it taking part in the gathers (the other ranks would
+/// wait for it); it is returned once they are done, and the unfinished file is removed.
+pub fn write_state_file(
+    weights: &dyn ParallelWeights,
+    path: &Path,
+    kind: Option<tch::Kind>,
+    is_root: bool,
+) -> Result<(), TrainError> {
+    let optimizer = path.file_name().is_some_and(|n| n == OPTIMIZER_FILE);
+    let parts: &[StatePart] = if optimizer {
+        &[StatePart::ExpAvg, StatePart::ExpAvgSq]
+    } else {
+        &[StatePart::Params]
+    };
+    let mut failure: Option<TrainError> = None;
+    let mut writer = None;
+    if is_root {
+        let mut order = vec![];
+        if optimizer {
+            order.push(("step".to_string(), tch::Kind::Int64, vec![]));
+        }
+        for &part in parts {
+            for (name, shape, k) in weights.full_layout(part) {
+                order.push((format!("{name}{}", part.suffix()), kind.unwrap_or(k), shape));
+            }
+        }
+        match SafetensorsWriter::create(path, order) {
+            Ok(mut w) => {
+                if optimizer {
+                    let step = Tensor::from(weights.optimizer_steps() as i64);
+                    if let Err(e) = w.write("step", &step) {
+                        failure = Some(e.into());
+                    }
+                }
+                writer = Some(w);
+            }
+            Err(e) => failure = Some(e.into()),
+        }
+    }
+    for &part in parts {
+        let mut visit = |name: &str, t: &Tensor| -> Result<(), TrainError> {
+            if let (None, Some(w)) = (&failure, writer.as_mut()) {
+                if let Err(e) = w.write(&format!("{name}{}", part.suffix()), t) {
+                    failure = Some(e.into());
+                }
+            }
+            Ok(())
+        };
+        weights.visit_full(part, is_root.then_some(&mut visit as _))?;
+    }
+    if let Some(e) = failure {
+        return Err(e);
+    }
+    if let Some(w) = writer {
+        w.finish()?;
+    }
+    Ok(())
+}
+
+/// Writes the trained model as a Hugging Face directory `dir` (fp32 `model.safetensors`,
+/// `config.json`, and the tokenizer when there is one), gathered to rank 0 a group at a time.
+/// Collective; a failure on any rank fails it on every rank.
+pub fn save_final(
+    trainer: &Trainer,
+    dir: &Path,
+    tokenizer: Option<&crate::data::Tokenizer>,
+) -> Result<(), TrainError> {
+    let root = trainer.rank_world().0 == 0;
+    on_all_ranks(trainer, "set-up of final/", || {
+        if root {
+            std::fs::create_dir_all(dir).map_err(io(dir))?;
+        }
+        Ok(())
+    })?;
+    on_all_ranks(trainer, "write of final/", || {
+        let weights = dir.join(crate::model::hf::WEIGHTS_FILE);
+        write_state_file(trainer.weights(), &weights, Some(tch::Kind::Float), root)?;
+        if root {
+            crate::model::finish_hf_dir(dir, &trainer.model, tch::Kind::Float)?;
+            if let Some(tok) = tokenizer {
+                tok.save(dir.join("tokenizer.json"))?;
+            }
+        }
+        Ok(())
+    })
+}
+
 /// The shard file of shard-group rank `r`.
 pub fn shard_file(r: usize) -> String {
     format!("shard_{r:05}.safetensors")
@@ -266,95 +356,164 @@ pub struct ShardedMeta {
     pub groups: Vec<GroupLayout>,
 }
 
-/// The full parameters and optimizer state (single-process format) of a checkpoint, full or
-/// sharded (shards are concatenated and unpadded, whatever the world size that wrote them).
-pub fn read_full(dir: &Path) -> Result<(Params, Vec<(String, Tensor)>), TrainError> {
-    let meta_path = dir.join(SHARDED_META_FILE);
-    if !meta_path.is_file() {
-        let mut params = Params::new();
-        for (n, t) in read_safetensors(&dir.join(MODEL_FILE))? {
-            params.insert(n, t);
-        }
-        return Ok((params, read_safetensors(&dir.join(OPTIMIZER_FILE))?));
-    }
-    let text = std::fs::read_to_string(&meta_path).map_err(io(&meta_path))?;
-    let meta: ShardedMeta = serde_json::from_str(&text)
-        .map_err(|e| TrainError::BadState(format!("{}: {e}", meta_path.display())))?;
-    if meta.format != SHARDED_FORMAT {
-        return Err(TrainError::BadState(format!(
-            "{}: unknown format `{}`",
-            meta_path.display(),
-            meta.format
-        )));
-    }
-    let mut shards: Vec<std::collections::HashMap<String, Tensor>> = vec![];
-    for r in 0..meta.shard_world {
-        shards.push(
-            read_safetensors(&dir.join(shard_file(r)))?
-                .into_iter()
-                .collect(),
-        );
-    }
-    let mut params = Params::new();
-    let mut optimizer = vec![("step".to_string(), Tensor::from(meta.optimizer_step as i64))];
-    for (g, layout) in meta.groups.iter().enumerate() {
-        let full = |what: &str| -> Result<Params, TrainError> {
-            let key = format!("group{g}.{what}");
-            let parts = shards
-                .iter()
-                .enumerate()
-                .map(|(r, s)| {
-                    s.get(&key).map(Tensor::shallow_clone).ok_or_else(|| {
-                        TrainError::BadState(format!(
-                            "{}: no tensor `{key}`",
-                            dir.join(shard_file(r)).display()
-                        ))
-                    })
-                })
-                .collect::<Result<Vec<_>, _>>()?;
-            let flat = Tensor::f_cat(&parts, 0)?;
-            if flat.numel() as i64 != layout.padded {
-                return Err(TrainError::BadState(format!(
-                    "{}: group {g} has {} elements over its shards, its layout says {}",
-                    dir.display(),
-                    flat.numel(),
-                    layout.padded
-                )));
-            }
-            let mut out = Params::new();
-            unflatten(layout, &flat, &mut out)?;
-            Ok(out)
-        };
-        for (n, t) in full("param")?.iter() {
-            params.insert(n, t.shallow_clone());
-        }
-        let avg = full("exp_avg")?;
-        let sq = full("exp_avg_sq")?;
-        for e in &layout.entries {
-            optimizer.push((
-                format!("{}.exp_avg", e.name),
-                avg.require(&e.name)?.shallow_clone(),
-            ));
-            optimizer.push((
-                format!("{}.exp_avg_sq", e.name),
-                sq.require(&e.name)?.shallow_clone(),
-            ));
-        }
-    }
-    Ok((params, optimizer))
+/// The tensor files of a checkpoint directory, full or sharded, opened by their headers only:
+/// sources of its parameters and AdamW moments by ranges.
+pub enum CheckpointFiles {
+    Full {
+        model: FileSource,
+        exp_avg: FileSource,
+        exp_avg_sq: FileSource,
+        step: u64,
+    },
+    Sharded {
+        files: Vec<SafetensorsFile>,
+        meta: ShardedMeta,
+    },
 }
 
-/// Writes a checkpoint's model (full or sharded) as a Hugging Face directory.
+impl CheckpointFiles {
+    /// Opens the checkpoint in `dir` and checks that it holds every parameter of `model` with
+    /// its shape.
+    pub fn open(dir: &Path, model: &Llama) -> Result<Self, TrainError> {
+        let meta_path = dir.join(SHARDED_META_FILE);
+        if !meta_path.is_file() {
+            let files = FileSource::open(&[dir.join(MODEL_FILE)], "")?;
+            files.check_all(model)?;
+            let optimizer = SafetensorsFile::open(dir.join(OPTIMIZER_FILE))?;
+            let step = optimizer.read("step")?.f_int64_value(&[])? as u64;
+            let path = [optimizer.path().to_path_buf()];
+            return Ok(CheckpointFiles::Full {
+                model: files,
+                exp_avg: FileSource::open(&path, ".exp_avg")?,
+                exp_avg_sq: FileSource::open(&path, ".exp_avg_sq")?,
+                step,
+            });
+        }
+        let text = std::fs::read_to_string(&meta_path).map_err(io(&meta_path))?;
+        let meta: ShardedMeta = serde_json::from_str(&text)
+            .map_err(|e| TrainError::BadState(format!("{}: {e}", meta_path.display())))?;
+        if meta.format != SHARDED_FORMAT {
+            return Err(TrainError::BadState(format!(
+                "{}: unknown format `{}`",
+                meta_path.display(),
+                meta.format
+            )));
+        }
+        for spec in model.param_specs() {
+            let entry = meta
+                .groups
+                .iter()
+                .flat_map(|g| g.entries.iter())
+                .find(|e| e.name == spec.name);
+            match entry {
+                Some(e) if e.shape == spec.shape => {}
+                Some(e) => {
+                    return Err(crate::model::ModelError::ShapeMismatch {
+                        name: spec.name.clone(),
+                        expected: spec.shape.clone(),
+                        found: e.shape.clone(),
+                        file: Some(meta_path.clone()),
+                    }
+                    .into())
+                }
+                None => {
+                    return Err(crate::model::ModelError::MissingTensor {
+                        name: spec.name.clone(),
+                        files: meta_path.display().to_string(),
+                    }
+                    .into())
+                }
+            }
+        }
+        let files = open_shards(dir, meta.shard_world)?;
+        for (g, layout) in meta.groups.iter().enumerate() {
+            for (r, f) in files.iter().enumerate() {
+                for what in ["param", "exp_avg", "exp_avg_sq"] {
+                    let key = format!("group{g}.{what}");
+                    let numel = f.info(&key).map(|i| i.numel);
+                    if numel != Some(layout.shard_len) {
+                        return Err(TrainError::BadState(format!(
+                            "{}: `{key}` should hold {} elements (its layout in {SHARDED_META_FILE}), \
+                             found {numel:?}",
+                            f.path().display(),
+                            layout.shard_len
+                        )));
+                    }
+                }
+                let _ = r;
+            }
+        }
+        Ok(CheckpointFiles::Sharded { files, meta })
+    }
+
+    /// Runs `f` with sources of the parameters and, when `with_optimizer`, of the AdamW
+    /// state.
+    pub fn with_sources<T>(
+        &self,
+        model: &Llama,
+        f: impl FnOnce(&dyn TensorSource, Option<OptimizerSource<'_>>) -> Result<T, TrainError>,
+    ) -> Result<T, TrainError> {
+        match self {
+            CheckpointFiles::Full {
+                model: params,
+                exp_avg,
+                exp_avg_sq,
+                step,
+            } => {
+                let with_moments = model
+                    .param_specs()
+                    .iter()
+                    .filter(|s| exp_avg.find(&format!("{}.exp_avg", s.name)).is_some())
+                    .map(|s| s.name.clone())
+                    .collect();
+                f(
+                    params,
+                    Some(OptimizerSource {
+                        exp_avg,
+                        exp_avg_sq,
+                        step: *step,
+                        with_moments,
+                    }),
+                )
+            }
+            CheckpointFiles::Sharded { files, meta } => {
+                let params = ShardedSource::new(files, &meta.groups, "param");
+                let exp_avg = ShardedSource::new(files, &meta.groups, "exp_avg");
+                let exp_avg_sq = ShardedSource::new(files, &meta.groups, "exp_avg_sq");
+                f(
+                    &params,
+                    Some(OptimizerSource {
+                        exp_avg: &exp_avg,
+                        exp_avg_sq: &exp_avg_sq,
+                        step: meta.optimizer_step,
+                        with_moments: model.param_specs().iter().map(|s| s.name.clone()).collect(),
+                    }),
+                )
+            }
+        }
+    }
+}
+
+/// Writes a checkpoint's model (full or sharded) as a Hugging Face directory, a parameter at
+/// a time, in the checkpoint's dtype.
 pub fn consolidate(checkpoint: &Path, out: &Path) -> Result<(), TrainError> {
     let config = crate::model::hf::read_model_config(checkpoint)?;
     let model = crate::model::Llama::new(&config)?;
-    let (params, _) = read_full(checkpoint)?;
-    let kind = params
-        .iter()
-        .next()
-        .map_or(tch::Kind::Float, |(_, t)| t.kind());
-    crate::model::save_hf(out, &model, &params, kind)?;
-    Ok(())
+    let files = CheckpointFiles::open(checkpoint, &model)?;
+    let kind = match &files {
+        CheckpointFiles::Full { model: m, .. } => m
+            .entries()
+            .next()
+            .map_or(tch::Kind::Float, |(_, f)| f.tensors().values().next().map_or(tch::Kind::Float, |i| i.kind)),
+        CheckpointFiles::Sharded { files, .. } => files
+            .first()
+            .and_then(|f| f.info("group0.param"))
+            .map_or(tch::Kind::Float, |i| i.kind),
+    };
+    files.with_sources(&model, |params, _| {
+        crate::model::save_hf_from(out, &model, params, kind)?;
+        Ok(())
+    })
 }
 
 /// Reads `trainer_state.json` of a checkpoint directory.
@@ -367,12 +526,14 @@ pub fn read_state(dir: &Path) -> Result<TrainerState, TrainError> {
 
 /// Restores `trainer` (parameters, optimizer, data position, step, loss scale) from a
 /// checkpoint directory, full or sharded, written by any world size and strategy. Every rank
-/// reads the files itself; nothing is collective.
+/// reads from the files only the elements it holds; nothing is collective.
 pub fn restore(trainer: &mut Trainer, dir: &Path) -> Result<TrainerState, TrainError> {
     let state = read_state(dir)?;
-    let (loaded, optimizer) = read_full(dir)?;
-    trainer.model.check_params(&loaded)?;
-    trainer.weights.load_full_state(&loaded, optimizer)?;
+    let files = CheckpointFiles::open(dir, &trainer.model)?;
+    let weights = &mut trainer.weights;
+    files.with_sources(&trainer.model, |params, optimizer| {
+        weights.load_state(params, optimizer)
+    })?;
     trainer.loader.restore(&state.sampler)?;
     trainer.step = state.step;
     if trainer.scaler.is_some() {

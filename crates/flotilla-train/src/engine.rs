@@ -37,10 +37,11 @@ pub trait Strategy {
     }
 
     /// The gradients of the parameters unit `unit` owns ([`Llama::owned_params`]) are final for
-    /// this optimizer step: accumulated over every micro-batch, tied-weight contributions of
-    /// later readers included. Called once per unit per step, after the last micro-batch's
-    /// backward through `unit`, in reverse unit order. The tensors are the engine's
-    /// accumulators; a strategy may reduce them in place (DDP all-reduce).
+    /// this optimizer step (accumulated over every micro-batch), or, when the strategy
+    /// [reduces every micro-batch](Strategy::reduces_every_micro_batch), for this micro-batch;
+    /// tied-weight contributions of later readers included. Called once per unit per step (per
+    /// micro-batch), after the backward through `unit`, in reverse unit order. The tensors are
+    /// the engine's accumulators; a strategy may reduce them in place (DDP all-reduce).
     fn gradients_ready(&mut self, unit: usize, grads: &Params) -> Result<(), TrainError>;
 
     /// A micro-batch's forward starts. Default: nothing.
@@ -48,6 +49,14 @@ pub trait Strategy {
 
     /// A micro-batch's backward starts (after the loss). Default: nothing.
     fn begin_backward(&mut self) {}
+
+    /// Whether [`Strategy::gradients_ready`] fires on every micro-batch with that micro-batch's
+    /// gradients (FSDP reduce-scatters each into its sharded accumulator, so no unsharded
+    /// accumulator outlives a unit's backward) instead of once per step with the sums.
+    /// Default: false.
+    fn reduces_every_micro_batch(&self) -> bool {
+        false
+    }
 
     /// Whether [`Strategy::gradients_ready`] takes the gradients over (FSDP reduces them into
     /// its own shards): the engine then drops its full-size accumulators of that unit's
@@ -57,9 +66,9 @@ pub trait Strategy {
         false
     }
 
-    /// The last micro-batch's backward is done: wait for the gradient collectives still in
-    /// flight and leave the reduced gradients in place. Default: nothing.
-    fn finish_backward(&mut self) -> Result<(), TrainError> {
+    /// A micro-batch's backward is done (`last`: the step's last): wait for the gradient
+    /// collectives still in flight and leave the reduced gradients in place. Default: nothing.
+    fn finish_backward(&mut self, _last: bool) -> Result<(), TrainError> {
         Ok(())
     }
 }
@@ -242,7 +251,7 @@ impl<'m> Engine<'m> {
                 }
             }
             strategy.release(i)?;
-            if last {
+            if last || strategy.reduces_every_micro_batch() {
                 let mut owned = Params::new();
                 for s in model.owned_params(i) {
                     if let Some(g) = grads.get(&s.name) {
@@ -257,9 +266,43 @@ impl<'m> Engine<'m> {
                 }
             }
         }
-        if last {
-            strategy.finish_backward()?;
-        }
+        strategy.finish_backward(last)?;
         Ok(loss_value)
     }
+}
+
+/// Runs `inputs` forward without gradients unit by unit: each unit's parameters are asked of
+/// `params_for` once for all inputs (so sharded weights gather each group once), and
+/// `on_logits` gets each input's output of the last unit as soon as it is computed.
+/// `release(unit)` follows each unit.
+pub fn forward_by_unit(
+    model: &Llama,
+    inputs: &[Tensor],
+    params_for: &mut dyn FnMut(usize) -> Result<Vec<Tensor>, TrainError>,
+    release: &mut dyn FnMut(usize) -> Result<(), TrainError>,
+    on_logits: &mut dyn FnMut(usize, Tensor) -> Result<(), TrainError>,
+) -> Result<(), TrainError> {
+    let _guard = tch::no_grad_guard();
+    let units = model.units();
+    let n = units.len();
+    let ctxs: Vec<_> = inputs
+        .iter()
+        .map(|x| model.ctx(x.size()[1], x.device()))
+        .collect();
+    let mut xs: Vec<Option<Tensor>> = inputs.iter().map(|x| Some(x.shallow_clone())).collect();
+    for (u, unit) in units.iter().enumerate() {
+        let params = params_for(u)?;
+        for (i, slot) in xs.iter_mut().enumerate() {
+            let x = slot.take().expect("each input is carried to the last unit");
+            let y = unit.forward(&params, &x, &ctxs[i]);
+            if u + 1 == n {
+                on_logits(i, y)?;
+            } else {
+                *slot = Some(y);
+            }
+        }
+        drop(params);
+        release(u)?;
+    }
+    Ok(())
 }

@@ -11,10 +11,11 @@ use std::sync::Arc;
 use tch::Tensor;
 
 use super::checkpoint::{self, TrainerState};
+use super::host_memory::HostPhase;
 use super::preempt;
 use super::trainer::Trainer;
 use super::TrainError;
-use crate::data::{eval_batches, greedy_generate, ArithmeticTask, Dataset};
+use crate::data::{eval_batches, greedy_generate_in_step, ArithmeticTask, Dataset};
 use crate::tensor_comm::TensorCollectives;
 use flotilla_comm::comm::ReduceOp;
 use flotilla_config::schema::Resume;
@@ -31,18 +32,21 @@ pub struct EvalSet<'a> {
     pub task: Option<(&'a ArithmeticTask, usize)>,
 }
 
+/// Prompts per generation batch of the exact-match evaluation.
+const EXACT_MATCH_BATCH: usize = 128;
+
 impl Trainer {
     /// Evaluates the current parameters (no gradients, no state change). Collective in a
-    /// distributed run: under FSDP the full parameters are gathered; each rank takes its share
-    /// of the evaluation samples and of the exact-match problems, and the sums are all-reduced,
-    /// so every rank returns the same figures.
-    pub fn evaluate(&self, eval: &EvalSet<'_>) -> Result<EvalMetrics, TrainError> {
-        let params = self.full_params()?;
-        let device = params
-            .iter()
-            .next()
-            .map_or(tch::Device::Cpu, |(_, t)| t.device());
+    /// distributed run: each rank takes its share of the evaluation samples and of the
+    /// exact-match problems, runs them through its weights' [`ParallelWeights::forward_eval`]
+    /// (under FSDP a group gathered at a time, every rank in step), and the sums are
+    /// all-reduced, so every rank returns the same figures.
+    ///
+    /// [`ParallelWeights::forward_eval`]: super::weights::ParallelWeights::forward_eval
+    pub fn evaluate(&mut self, eval: &EvalSet<'_>) -> Result<EvalMetrics, TrainError> {
+        let device = self.device;
         let (rank, world) = self.rank_world();
+        let comm = self.comm().filter(|c| c.world_size() > 1).cloned();
         let n = eval.num_batches * eval.micro_batch_size;
         let batches = eval_batches(
             eval.dataset.as_ref(),
@@ -52,32 +56,67 @@ impl Trainer {
             world,
             device,
         )?;
+        let inputs: Vec<Tensor> = batches
+            .micro_batches
+            .iter()
+            .map(|b| b.input_ids.shallow_clone())
+            .collect();
         let mut sum = 0.0;
-        tch::no_grad(|| -> Result<(), TrainError> {
-            for b in &batches.micro_batches {
-                let logits = self.model.forward(&params, &b.input_ids)?;
-                sum += b.loss_sum(&logits).f_double_value(&[])?;
-            }
+        let (model, weights) = (&self.model, &mut self.weights);
+        weights.forward_eval(model, &inputs, &mut |i, logits| {
+            sum += batches.micro_batches[i]
+                .loss_sum(&logits)
+                .f_double_value(&[])?;
             Ok(())
         })?;
+        drop(inputs);
         let mut correct_total = None;
         if let Some((task, max)) = eval.task {
             if !task.eval.is_empty() {
                 let all = &task.eval[..max.min(task.eval.len())];
-                let mine = &all[rank * all.len() / world..(rank + 1) * all.len() / world];
-                let acc = task.exact_match(mine, 128, |prompts, max_new| {
-                    greedy_generate(
+                let share = |r: usize| &all[r * all.len() / world..(r + 1) * all.len() / world];
+                let mine = share(rank);
+                // Every rank runs as many generation batches as the rank with the most.
+                let rounds = (0..world)
+                    .map(|r| share(r).len().div_ceil(EXACT_MATCH_BATCH))
+                    .max()
+                    .unwrap_or(0);
+                let agree = |active: bool| -> Result<bool, TrainError> {
+                    let Some(comm) = &comm else { return Ok(active) };
+                    let flag = Tensor::from_slice(&[active as i64]);
+                    comm.all_reduce_tensor(&flag, ReduceOp::Max)?.wait()?;
+                    Ok(flag.f_int64_value(&[0])? != 0)
+                };
+                let mut generate = |prompts: &[Vec<i64>], max_new: usize| {
+                    greedy_generate_in_step(
                         prompts,
                         max_new,
                         crate::data::arithmetic::EOS_ID as i64,
                         device,
-                        |x| self.model.forward(&params, x),
+                        |x| -> Result<Option<Tensor>, TrainError> {
+                            let inputs: Vec<Tensor> = x.iter().map(|x| x.shallow_clone()).collect();
+                            let mut out = None;
+                            weights.forward_eval(model, &inputs, &mut |_, logits| {
+                                out = Some(logits);
+                                Ok(())
+                            })?;
+                            Ok(out)
+                        },
+                        agree,
                     )
+                };
+                let mut done = 0;
+                let acc = task.exact_match(mine, EXACT_MATCH_BATCH, |prompts, max_new| {
+                    done += 1;
+                    generate(prompts, max_new)
                 })?;
+                for _ in done..rounds {
+                    generate(&[], task.max_new_tokens())?;
+                }
                 correct_total = Some((acc.correct as f64, acc.total as f64));
             }
         }
-        if let Some(comm) = self.comm().filter(|c| c.world_size() > 1) {
+        if let Some(comm) = &comm {
             let (c, t) = correct_total.unwrap_or((0.0, 0.0));
             let sums = Tensor::from_slice(&[sum as f32, c as f32, t as f32]);
             comm.all_reduce_tensor(&sums, ReduceOp::Sum)?.wait()?;
@@ -111,7 +150,9 @@ pub fn resume(
     };
     match dir {
         Some(d) => {
+            trainer.host.begin();
             let state = checkpoint::restore(trainer, &d)?;
+            trainer.host.end(HostPhase::Resume);
             Ok(Some((d, state)))
         }
         None => Ok(None),
@@ -152,7 +193,10 @@ pub fn fit(
         let at_end = done == trainer.schedule.max_steps;
         let eval = match &opts.eval {
             Some(set) if opts.eval_every > 0 && (at_end || done % opts.eval_every == 0) => {
-                Some(trainer.evaluate(set)?)
+                trainer.host.begin();
+                let metrics = trainer.evaluate(set)?;
+                trainer.host.end(HostPhase::Evaluation);
+                Some(metrics)
             }
             _ => None,
         };
@@ -162,11 +206,13 @@ pub fn fit(
         }
         let mut saved = None;
         if last || (opts.checkpoint_every > 0 && done % opts.checkpoint_every == 0) {
+            trainer.host.begin();
             saved = Some(checkpoint::save(
                 trainer,
                 opts.run_dir,
                 opts.keep_last_checkpoints,
             )?);
+            trainer.host.end(HostPhase::Checkpoint);
         }
         if let Some(f) = opts.on_row.as_deref_mut() {
             f(&row);

@@ -28,16 +28,26 @@
 //! Every rank issues the same collectives in the same order: gathers in forward order (one
 //! group ahead with `forward_prefetch`, one group behind in backward with `backward_prefetch`,
 //! at most two groups in flight with `limit_all_gathers`), reduce-scatters in reverse order.
+//!
+//! What is never alive at once, as in PyTorch's FSDP: a group's unsharded gradient is
+//! reduce-scattered as soon as its units' backward is done, on every micro-batch, and freed
+//! once the reduction lands in the group's sharded gradient (at most one reduction in flight
+//! while the next unit's backward runs); start-up builds each rank's shards from the
+//! parameters' source by ranges (`param_source.rs`), never the whole model; a full checkpoint
+//! is gathered to rank 0 one group at a time ([`ParallelWeights::visit_full`]); evaluation
+//! gathers one group at a time in the master dtype ([`ParallelWeights::forward_eval`]).
 
 use std::sync::Arc;
 
 use tch::{Device, Kind, Tensor};
 
-use super::engine::{Engine, Strategy};
+use super::engine::{forward_by_unit, Engine, Strategy};
 use super::loss_scale::unscale;
 use super::optim::{adamw_update, scale_to_max_norm, AdamWConfig, Decay};
+use super::param_source::TensorSource;
 use super::weights::{
-    nbytes, CheckpointState, HeldTensors, MemoryReport, ParallelWeights, ShardState,
+    nbytes, FullStateVisitor, HeldTensors, MemoryReport, OptimizerSource, ParallelWeights,
+    ShardState, StatePart,
 };
 use super::TrainError;
 use crate::data::StepBatches;
@@ -81,7 +91,8 @@ struct Group {
     layout: GroupLayout,
     /// Master shard `[shard_len]`.
     shard: Tensor,
-    /// Reduced gradient shard of the current step (master kind).
+    /// Reduced gradient shard of the current step (master kind, on the store device), summed
+    /// over the step's micro-batches.
     grad: Option<Tensor>,
     exp_avg: Tensor,
     exp_avg_sq: Tensor,
@@ -94,7 +105,8 @@ struct Group {
     /// The flat gradient being assembled over the group's units.
     grad_flat: Option<Tensor>,
     units_ready: usize,
-    /// Reduce-scatter (and replica all-reduce) in flight: work, output shard.
+    /// The reduce-scatter of this micro-batch's unsharded gradient in flight: work (which
+    /// keeps the unsharded gradient alive), output shard.
     reducing: Option<(Work<'static>, Tensor)>,
 }
 
@@ -183,10 +195,14 @@ pub fn process_groups(
 }
 
 impl Fsdp {
-    /// Shards `params` (the same full values on every rank) for this rank.
+    /// This rank's shards of the parameters `source` gives (every rank must see the same
+    /// values). Each rank reads only the elements of its own shards; with `sync_from_rank0`
+    /// (`sync_module_states`) rank 0 reads each group whole and broadcasts it instead, one
+    /// group at a time.
     pub fn new(
         model: &Llama,
-        params: &Params,
+        source: &dyn TensorSource,
+        sync_from_rank0: bool,
         options: FsdpOptions,
         adam: AdamWConfig,
         groups: ProcessGroups,
@@ -228,16 +244,32 @@ impl Fsdp {
         } else {
             device
         };
+        let sync = world_comm
+            .as_ref()
+            .filter(|w| sync_from_rank0 && w.world_size() > 1);
         let mut groups = vec![];
         for layout in layouts {
-            let shard = layout.own_shard(params, shard_rank, options.master_kind, store_device)?;
-            let decay_full = Tensor::f_zeros([layout.padded], (Kind::Bool, store_device))?;
-            for e in &layout.entries {
+            let shard = match sync {
+                Some(world) => {
+                    let full = if world.rank() == 0 {
+                        layout.slice_from(source, 0, layout.padded, options.master_kind, device)?
+                    } else {
+                        Tensor::f_empty([layout.padded], (options.master_kind, device))?
+                    };
+                    world.broadcast_tensor(&full, 0)?.wait()?;
+                    layout
+                        .shard_of(&full, shard_rank)?
+                        .f_to_device(store_device)?
+                        .f_detach_copy()?
+                }
+                None => layout.shard_from(source, shard_rank, options.master_kind, store_device)?,
+            };
+            let decay = Tensor::f_zeros([layout.shard_len], (Kind::Bool, store_device))?;
+            for (start, len, e) in layout.local_pieces(shard_rank) {
                 if e.shape.len() >= 2 {
-                    let _ = decay_full.f_narrow(0, e.offset, e.numel)?.f_fill_(1)?;
+                    let _ = decay.f_narrow(0, start, len)?.f_fill_(1)?;
                 }
             }
-            let decay = layout.shard_of(&decay_full, shard_rank)?.f_contiguous()?;
             groups.push(Group {
                 exp_avg: shard.f_zeros_like()?,
                 exp_avg_sq: shard.f_zeros_like()?,
@@ -412,29 +444,8 @@ impl Fsdp {
         Ok(flats)
     }
 
-    /// Full AdamW state in the single-process format (`{name}.exp_avg`, `{name}.exp_avg_sq`,
-    /// `step`); collective on the shard group.
-    pub fn full_optimizer_state(&self) -> Result<Vec<(String, Tensor)>, TrainError> {
-        let mut out = vec![("step".to_string(), Tensor::from(self.opt_step as i64))];
-        for g in &self.groups {
-            let mut avg = Params::new();
-            let mut sq = Params::new();
-            unflatten(&g.layout, &self.gather_full(&g.exp_avg)?, &mut avg)?;
-            unflatten(&g.layout, &self.gather_full(&g.exp_avg_sq)?, &mut sq)?;
-            for e in &g.layout.entries {
-                out.push((
-                    format!("{}.exp_avg", e.name),
-                    avg.get(&e.name).expect("unflattened").shallow_clone(),
-                ));
-                out.push((
-                    format!("{}.exp_avg_sq", e.name),
-                    sq.get(&e.name).expect("unflattened").shallow_clone(),
-                ));
-            }
-        }
-        Ok(out)
-    }
-
+    /// A shard gathered whole on every rank of the shard group (in its own dtype, on the
+    /// compute device).
     fn gather_full(&self, shard: &Tensor) -> Result<Tensor, TrainError> {
         let shard = shard.f_to_device(self.device)?.f_contiguous()?;
         match &self.shard_comm {
@@ -450,46 +461,40 @@ impl Fsdp {
         }
     }
 
-    /// Replaces the shards (and the optimizer state, when given) from full named tensors in
-    /// the single-process format. Not collective.
-    pub fn load_full(
-        &mut self,
-        params: &Params,
-        optimizer: Option<&[(String, Tensor)]>,
-    ) -> Result<(), TrainError> {
-        let mut avg = Params::new();
-        let mut sq = Params::new();
-        let mut step = None;
-        if let Some(state) = optimizer {
-            for (name, t) in state {
-                if name == "step" {
-                    step = Some(t.f_int64_value(&[])? as u64);
-                } else if let Some(p) = name.strip_suffix(".exp_avg_sq") {
-                    sq.insert(p, t.shallow_clone());
-                } else if let Some(p) = name.strip_suffix(".exp_avg") {
-                    avg.insert(p, t.shallow_clone());
-                } else {
-                    return Err(TrainError::BadState(format!("unexpected tensor `{name}`")));
-                }
-            }
+    /// A shard gathered whole on shard rank 0 only (`None` elsewhere): each shard rank in
+    /// turn broadcasts its shard, so that no other rank holds more than a shard's worth of
+    /// buffer (collective on the shard group).
+    fn gather_to_root(&self, shard: &Tensor) -> Result<Option<Tensor>, TrainError> {
+        let shard = shard.f_to_device(self.device)?.f_contiguous()?;
+        let Some(comm) = &self.shard_comm else {
+            return Ok(Some(shard));
+        };
+        let (me, w) = (comm.rank(), comm.world_size());
+        let k = shard.numel() as i64;
+        let opts = (shard.kind(), self.device);
+        let full = if me == 0 {
+            Some(Tensor::f_empty([k * w as i64], opts)?)
+        } else {
+            None
+        };
+        let scratch = if me == 0 {
+            None
+        } else {
+            Some(Tensor::f_empty([k], opts)?)
+        };
+        for r in 0..w {
+            let t = match (&full, &scratch) {
+                _ if r == me => shard.shallow_clone(),
+                (Some(full), _) => full.f_narrow(0, r as i64 * k, k)?,
+                (None, Some(scratch)) => scratch.shallow_clone(),
+                (None, None) => unreachable!("rank 0 has the output, the others scratch"),
+            };
+            comm.broadcast_tensor(&t, r)?.wait()?;
         }
-        let store = self.store_device();
-        let (rank, kind) = (self.shard_rank, self.options.master_kind);
-        for g in &mut self.groups {
-            let l = &g.layout;
-            g.shard = l.own_shard(params, rank, kind, store)?;
-            if optimizer.is_some() {
-                g.exp_avg = l.own_shard(&avg, rank, kind, store)?;
-                g.exp_avg_sq = l.own_shard(&sq, rank, kind, store)?;
-            }
-            g.gathered = None;
+        if let Some(full) = &full {
+            full.f_narrow(0, 0, k)?.f_copy_(&shard)?;
         }
-        if let Some(s) = step {
-            self.opt_step = s;
-        } else if optimizer.is_some() {
-            return Err(TrainError::BadState("no `step` tensor".into()));
-        }
-        Ok(())
+        Ok(full)
     }
 
     fn store_device(&self) -> Device {
@@ -579,6 +584,12 @@ impl Strategy for Fsdp {
             return Ok(());
         }
         let flat = group.grad_flat.take().expect("assembled above");
+        // At most one reduction in flight: the previous group's lands (and its unsharded
+        // gradient goes) before this one starts.
+        for other in 0..self.groups.len() {
+            self.settle_reduction(other)?;
+        }
+        let group = &mut self.groups[gi];
         let (work, out) = match &self.shard_comm {
             None => (Work::completed(), flat),
             Some(comm) => {
@@ -595,28 +606,67 @@ impl Strategy for Fsdp {
         true
     }
 
-    fn finish_backward(&mut self) -> Result<(), TrainError> {
-        // Reduce-scatters were issued in reverse group order; wait in the same order, then
-        // all-reduce across replicas.
-        let mut replica_work = vec![];
+    fn reduces_every_micro_batch(&self) -> bool {
+        true
+    }
+
+    fn finish_backward(&mut self, last: bool) -> Result<(), TrainError> {
         for gi in (0..self.groups.len()).rev() {
-            let Some((work, out)) = self.groups[gi].reducing.take() else {
-                continue;
-            };
-            work.wait()?;
-            if let Some(comm) = &self.replica_comm {
-                let out = out.f_contiguous()?;
-                replica_work.push((gi, comm.all_reduce_tensor(&out, ReduceOp::Sum)?, out));
-            } else {
-                self.set_grad(gi, &out)?;
-            }
+            self.settle_reduction(gi)?;
         }
-        for (gi, work, out) in replica_work {
-            work.wait()?;
-            self.set_grad(gi, &out)?;
+        if !last {
+            return Ok(());
+        }
+        // The step's sharded gradients are complete on each replica: sum them across
+        // replicas (in the reduce dtype, as the reduce-scatter).
+        if let Some(comm) = &self.replica_comm {
+            let mut works = vec![];
+            for (gi, g) in self.groups.iter().enumerate() {
+                let Some(grad) = &g.grad else { continue };
+                let t = grad
+                    .f_to_device(self.device)?
+                    .f_to_kind(self.options.reduce_kind)?
+                    .f_contiguous()?;
+                works.push((gi, comm.all_reduce_tensor(&t, ReduceOp::Sum)?, t));
+            }
+            for (gi, work, t) in works {
+                work.wait()?;
+                if let Some(grad) = &self.groups[gi].grad {
+                    grad.shallow_clone().f_copy_(&t)?;
+                }
+            }
         }
         self.backward = false;
         Ok(())
+    }
+}
+
+impl Fsdp {
+    /// Waits for group `gi`'s reduce-scatter, if one is in flight, and adds its output into
+    /// the group's sharded gradient (created on the first micro-batch); the unsharded gradient
+    /// is freed here.
+    fn settle_reduction(&mut self, gi: usize) -> Result<(), TrainError> {
+        let Some((work, out)) = self.groups[gi].reducing.take() else {
+            return Ok(());
+        };
+        work.wait()?;
+        let store = self.store_device();
+        let master = self.options.master_kind;
+        let g = &mut self.groups[gi];
+        tch::no_grad(|| -> Result<(), TrainError> {
+            match &g.grad {
+                None => {
+                    let acc = Tensor::f_empty([g.layout.shard_len], (master, store))?;
+                    acc.shallow_clone().f_copy_(&out)?;
+                    g.grad = Some(acc);
+                }
+                Some(acc) => {
+                    let out = out.f_to_device(store)?.f_to_kind(master)?;
+                    let _ = acc.shallow_clone().f_add_(&out)?;
+                }
+            }
+            Ok(())
+        })
     }
 }
 
@@ -624,32 +674,10 @@ impl Group {
     /// `(start, len)` within this rank's shard of each parameter's elements (padding left
     /// out), in layout order.
     fn local_segments(&self, shard_rank: usize) -> Vec<(i64, i64)> {
-        let k = self.layout.shard_len;
-        let lo = shard_rank as i64 * k;
-        let hi = lo + k;
         self.layout
-            .entries
-            .iter()
-            .filter_map(|e| {
-                let a = e.offset.max(lo);
-                let b = (e.offset + e.numel).min(hi);
-                (a < b).then_some((a - lo, b - a))
-            })
+            .local_pieces(shard_rank)
+            .map(|(start, len, _)| (start, len))
             .collect()
-    }
-}
-
-impl Fsdp {
-    fn set_grad(&mut self, gi: usize, reduced: &Tensor) -> Result<(), TrainError> {
-        let store = self.store_device();
-        let g = &mut self.groups[gi];
-        g.grad = Some(
-            reduced
-                .f_to_device(store)?
-                .f_to_kind(self.options.master_kind)?
-                .f_contiguous()?,
-        );
-        Ok(())
     }
 }
 
@@ -791,30 +819,105 @@ impl ParallelWeights for Fsdp {
         held
     }
 
-    /// Sharded checkpoints: this rank's shards (no communication); full ones: the parameters
-    /// and optimizer state gathered from every shard.
-    fn checkpoint_state(&self) -> Result<CheckpointState, TrainError> {
-        if self.options.sharded_checkpoints {
-            return Ok(CheckpointState::Sharded(ShardState {
-                shard_rank: self.shard_rank,
-                shard_world: self.shard_world,
-                writes_shard: self.is_first_replica(),
-                tensors: self.shard_tensors(),
-                optimizer_step: self.opt_step,
-                layouts: self.layouts(),
-            }));
-        }
-        Ok(CheckpointState::Full {
-            params: self.full_params()?,
-            optimizer: self.full_optimizer_state()?,
+    fn sharded_state(&self) -> Option<ShardState> {
+        self.options.sharded_checkpoints.then(|| ShardState {
+            shard_rank: self.shard_rank,
+            shard_world: self.shard_world,
+            writes_shard: self.is_first_replica(),
+            tensors: self.shard_tensors(),
+            optimizer_step: self.opt_step,
+            layouts: self.layouts(),
         })
     }
 
-    fn load_full_state(
-        &mut self,
-        params: &Params,
-        optimizer: Vec<(String, Tensor)>,
+    fn full_layout(&self, _part: StatePart) -> Vec<(String, Vec<i64>, Kind)> {
+        self.groups
+            .iter()
+            .flat_map(|g| g.layout.entries.iter())
+            .map(|e| (e.name.clone(), e.shape.clone(), self.options.master_kind))
+            .collect()
+    }
+
+    /// Group by group: the shard group of the first replica gathers the group's shards to
+    /// its rank 0 (world rank 0), which gives `visit` the group's parameters one by one; the
+    /// other replicas take no part.
+    fn visit_full(
+        &self,
+        part: StatePart,
+        mut visit: Option<FullStateVisitor<'_>>,
     ) -> Result<(), TrainError> {
-        self.load_full(params, Some(&optimizer))
+        if !self.is_first_replica() {
+            return Ok(());
+        }
+        for g in &self.groups {
+            let shard = match part {
+                StatePart::Params => &g.shard,
+                StatePart::ExpAvg => &g.exp_avg,
+                StatePart::ExpAvgSq => &g.exp_avg_sq,
+            };
+            let full = self.gather_to_root(shard)?;
+            if let (Some(full), Some(visit)) = (full, visit.as_deref_mut()) {
+                for e in &g.layout.entries {
+                    let t = full.f_narrow(0, e.offset, e.numel)?.f_view(e.shape.as_slice())?;
+                    visit(&e.name, &t)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn optimizer_steps(&self) -> u64 {
+        self.opt_step
+    }
+
+    /// Each group's shard (and moments) rebuilt from the sources, reading only this rank's
+    /// elements.
+    fn load_state(
+        &mut self,
+        params: &dyn TensorSource,
+        optimizer: Option<OptimizerSource<'_>>,
+    ) -> Result<(), TrainError> {
+        let store = self.store_device();
+        let (rank, kind) = (self.shard_rank, self.options.master_kind);
+        for g in &mut self.groups {
+            let l = &g.layout;
+            g.shard = l.shard_from(params, rank, kind, store)?;
+            if let Some(o) = &optimizer {
+                g.exp_avg = l.shard_from(o.exp_avg, rank, kind, store)?;
+                g.exp_avg_sq = l.shard_from(o.exp_avg_sq, rank, kind, store)?;
+            }
+            g.gathered = None;
+        }
+        if let Some(o) = &optimizer {
+            self.opt_step = o.step;
+        }
+        Ok(())
+    }
+
+    /// Unit by unit, each group gathered in the master dtype (as the replicated weights
+    /// evaluate) when a unit first reads it and dropped when no later unit of the walk does.
+    fn forward_eval(
+        &mut self,
+        model: &Llama,
+        inputs: &[Tensor],
+        on_logits: &mut dyn FnMut(usize, Tensor) -> Result<(), TrainError>,
+    ) -> Result<(), TrainError> {
+        let this = &*self;
+        let mut held: Vec<(usize, Tensor)> = vec![];
+        let mut params_for = |u: usize| -> Result<Vec<Tensor>, TrainError> {
+            let reads = &this.unit_reads[u];
+            held.retain(|(g, _)| reads.contains(g));
+            for &g in reads {
+                if !held.iter().any(|(h, _)| *h == g) {
+                    held.push((g, this.gather_full(&this.groups[g].shard)?));
+                }
+            }
+            let mut named = Params::new();
+            for (g, flat) in &held {
+                unflatten(&this.groups[*g].layout, flat, &mut named)?;
+            }
+            Ok(model.unit_params(u, &named)?)
+        };
+        forward_by_unit(model, inputs, &mut params_for, &mut |_| Ok(()), on_logits)
     }
 }

@@ -77,6 +77,18 @@ pub fn layouts(model: &Llama, groups: &[Range<usize>], shard_world: usize) -> Ve
 }
 
 impl GroupLayout {
+    /// The parameters' pieces inside shard `rank`: `(start within the shard, length, entry)`,
+    /// in layout order (padding left out).
+    pub fn local_pieces(&self, rank: usize) -> impl Iterator<Item = (i64, i64, &FlatEntry)> {
+        let lo = rank as i64 * self.shard_len;
+        let hi = lo + self.shard_len;
+        self.entries.iter().filter_map(move |e| {
+            let a = e.offset.max(lo);
+            let b = (e.offset + e.numel).min(hi);
+            (a < b).then_some((a - lo, b - a, e))
+        })
+    }
+
     /// Shard `rank`'s part of a flat `[padded]` tensor (a view).
     pub fn shard_of(&self, flat: &Tensor, rank: usize) -> Result<Tensor, TrainError> {
         Ok(flat.f_narrow(0, rank as i64 * self.shard_len, self.shard_len)?)
@@ -107,22 +119,6 @@ impl GroupLayout {
             }
             Ok(())
         })
-    }
-
-    /// Shard `rank` of the flattened `named` tensors, as a tensor of its own (in `kind`, on
-    /// `device`).
-    pub(crate) fn own_shard(
-        &self,
-        named: &Params,
-        rank: usize,
-        kind: Kind,
-        device: Device,
-    ) -> Result<Tensor, TrainError> {
-        let full = flatten(self, named, kind, device)?;
-        Ok(self
-            .shard_of(&full, rank)?
-            .f_contiguous()?
-            .f_detach_copy()?)
     }
 }
 

@@ -16,13 +16,16 @@ pub mod engine;
 pub mod fit;
 pub mod fsdp;
 pub mod fsdp_layout;
+pub mod host_memory;
 pub mod loss_scale;
 pub mod model;
 pub mod optim;
+pub mod param_source;
 pub mod parallelize;
 pub mod preempt;
 pub mod progress;
 pub mod replicated;
+pub mod safetensors_io;
 pub mod schedule;
 pub mod storage_shim;
 pub mod task;
@@ -88,6 +91,8 @@ pub enum TrainError {
     Data(#[from] crate::data::DataError),
     #[error(transparent)]
     Model(#[from] crate::model::ModelError),
+    #[error(transparent)]
+    Safetensors(#[from] safetensors_io::SafetensorsError),
     #[error(transparent)]
     Torch(#[from] tch::TchError),
     /// libtorch threw (through a panic of tch's or a fallible call) while the job was at

@@ -1,8 +1,8 @@
-//! The one place where a trainer's parallelism is applied: [`parallelize`] turns the full
-//! starting parameters and `trainer.dist` / `trainer.precision` into this rank's
+//! The one place where a trainer's parallelism is applied: [`parallelize`] turns the starting
+//! parameters' source and `trainer.dist` / `trainer.precision` into this rank's
 //! [`ParallelWeights`] — replicated for one process or DDP (rank 0's parameters broadcast,
 //! gradients all-reduced in buckets), sharded for FSDP (process groups of the sharding
-//! strategy, flat groups of the auto-wrap policy) — and into the engine options (activation
+//! strategy, flat groups of the auto-wrap policy, each rank reading only its shards) — and into the engine options (activation
 //! checkpointing). The training loop and the checkpoints only ever see the trait.
 
 use std::sync::Arc;
@@ -15,7 +15,8 @@ use super::optim::AdamWConfig;
 use super::replicated::{broadcast_params, GradReducer, Replicated};
 use super::weights::ParallelWeights;
 use super::TrainError;
-use crate::model::{Llama, Params};
+use super::param_source::{materialize, TensorSource};
+use crate::model::Llama;
 use flotilla_comm::comm::Communicator;
 use flotilla_config::schema::{DistConfig, Dtype, Precision, StateDictType, TrainerConfig};
 
@@ -53,13 +54,14 @@ fn dtype_kind(d: Dtype) -> Kind {
     }
 }
 
-/// This rank's weights for `config.dist` (`none`, `ddp` or `fsdp`), starting from `params`
-/// (the same full values on every rank) copied to `device` in the master dtype of
-/// `config.precision`. Collective when `dist` is given (the start-up broadcast, FSDP's
-/// HYBRID_SHARD groups).
+/// This rank's weights for `config.dist` (`none`, `ddp` or `fsdp`), starting from the
+/// parameters `source` gives (the same values on every rank), on `device` in the master dtype
+/// of `config.precision`. Replicated weights read every parameter; FSDP reads only this rank's
+/// shards. Collective when `dist` is given (the start-up broadcast, FSDP's HYBRID_SHARD
+/// groups).
 pub fn parallelize(
     model: &Llama,
-    params: &Params,
+    source: &dyn TensorSource,
     config: &TrainerConfig,
     device: Device,
     dist: Option<&DistContext>,
@@ -74,7 +76,7 @@ pub fn parallelize(
     let mut activation_checkpointing = config.activation_checkpointing;
     let weights: Box<dyn ParallelWeights> = match &config.dist {
         DistConfig::None | DistConfig::Ddp(_) => {
-            let params = params.to(device, master_kind);
+            let params = materialize(model, source, master_kind, device)?;
             let compute = (compute_kind != master_kind).then_some(compute_kind);
             let mut w = Replicated::new(params, adam, compute);
             if let (DistConfig::Ddp(ddp), Some(comm)) = (&config.dist, &comm) {
@@ -89,12 +91,6 @@ pub fn parallelize(
             activation_checkpointing |= f.activation_checkpointing;
             let local = dist.map_or(1, |d| d.local_world_size);
             let groups = process_groups(f.sharding_strategy, comm.as_ref(), local)?;
-            let full = params.to(device, master_kind);
-            if f.sync_module_states {
-                if let Some(comm) = &comm {
-                    broadcast_params(comm.as_ref(), &full)?;
-                }
-            }
             let options = FsdpOptions {
                 sharding: f.sharding_strategy,
                 wrap: f.auto_wrap_policy,
@@ -108,8 +104,15 @@ pub fn parallelize(
                 cpu_offload: f.cpu_offload,
                 sharded_checkpoints: f.state_dict_type == StateDictType::Sharded,
             };
-            let fsdp = Fsdp::new(model, &full, options, adam, groups, device)?;
-            drop(full);
+            let fsdp = Fsdp::new(
+                model,
+                source,
+                f.sync_module_states,
+                options,
+                adam,
+                groups,
+                device,
+            )?;
             Box::new(fsdp)
         }
     };

@@ -16,7 +16,11 @@ use tch::{Kind, Tensor};
 use super::engine::{Engine, Strategy};
 use super::loss_scale::unscale;
 use super::optim::{clip_grad_norm, AdamW, AdamWConfig};
-use super::weights::{nbytes, CheckpointState, HeldTensors, MemoryReport, ParallelWeights};
+use super::param_source::TensorSource;
+use super::weights::{
+    nbytes, FullStateVisitor, HeldTensors, MemoryReport, OptimizerSource, ParallelWeights,
+    StatePart,
+};
 use super::TrainError;
 use crate::data::StepBatches;
 use crate::model::{Llama, Params};
@@ -144,47 +148,84 @@ impl ParallelWeights for Replicated {
         self.reducer.as_ref().map(|r| r.peak_in_flight_bytes)
     }
 
-    fn checkpoint_state(&self) -> Result<CheckpointState, TrainError> {
-        Ok(CheckpointState::Full {
-            params: self.full_params()?,
-            optimizer: self.optimizer.state_tensors(),
-        })
+    /// Parameters in model order; moments of the parameters that have them.
+    fn full_layout(&self, part: StatePart) -> Vec<(String, Vec<i64>, Kind)> {
+        let state = self.optimizer.state();
+        self.params
+            .iter()
+            .filter(|(n, _)| part == StatePart::Params || state.contains_key(*n))
+            .map(|(n, t)| (n.to_string(), t.size(), t.kind()))
+            .collect()
     }
 
-    /// Copies the parameters in place; the optimizer state moves to the parameters' device
-    /// and dtype (the step count excepted).
-    fn load_full_state(
+    /// The tensors themselves, no communication.
+    fn visit_full(
+        &self,
+        part: StatePart,
+        visit: Option<FullStateVisitor<'_>>,
+    ) -> Result<(), TrainError> {
+        let Some(visit) = visit else { return Ok(()) };
+        let state = self.optimizer.state();
+        for (name, p) in self.params.iter() {
+            match (part, state.get(name)) {
+                (StatePart::Params, _) => visit(name, p)?,
+                (StatePart::ExpAvg, Some(s)) => visit(name, &s.exp_avg)?,
+                (StatePart::ExpAvgSq, Some(s)) => visit(name, &s.exp_avg_sq)?,
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+
+    fn optimizer_steps(&self) -> u64 {
+        self.optimizer.steps()
+    }
+
+    /// Copies each parameter in place, one read from the source at a time; the moments are
+    /// read in the parameters' device and dtype.
+    fn load_state(
         &mut self,
-        params: &Params,
-        optimizer: Vec<(String, Tensor)>,
+        params: &dyn TensorSource,
+        optimizer: Option<OptimizerSource<'_>>,
     ) -> Result<(), TrainError> {
         tch::no_grad(|| -> Result<(), TrainError> {
             for (name, p) in self.params.iter() {
-                let src = params.require(name)?;
-                let mut p = p.shallow_clone();
-                p.f_copy_(src)?;
+                let src = params.read_range(name, 0, p.numel() as i64)?;
+                p.shallow_clone()
+                    .f_copy_(&src.f_view(p.size().as_slice())?)?;
             }
             Ok(())
         })?;
-        let (device, kind) = self
-            .params
-            .iter()
-            .next()
-            .map_or((tch::Device::Cpu, Kind::Float), |(_, t)| {
-                (t.device(), t.kind())
-            });
-        let optimizer = optimizer
-            .into_iter()
-            .map(|(n, t)| {
-                let t = if n == "step" {
-                    t
-                } else {
-                    t.to_device(device).to_kind(kind)
-                };
-                (n, t)
-            })
-            .collect::<Vec<_>>();
-        self.optimizer.load_state_tensors(optimizer)
+        let Some(o) = optimizer else { return Ok(()) };
+        let mut tensors = vec![("step".to_string(), Tensor::from(o.step as i64))];
+        for (name, p) in self.params.iter() {
+            if !o.with_moments.iter().any(|m| m == name) {
+                continue;
+            }
+            for (suffix, source) in [(".exp_avg", o.exp_avg), (".exp_avg_sq", o.exp_avg_sq)] {
+                let t = source
+                    .read_range(name, 0, p.numel() as i64)?
+                    .f_to_device(p.device())?
+                    .f_to_kind(p.kind())?
+                    .f_view(p.size().as_slice())?;
+                tensors.push((format!("{name}{suffix}"), t));
+            }
+        }
+        self.optimizer.load_state_tensors(tensors)
+    }
+
+    /// The whole model on each input in turn (no communication).
+    fn forward_eval(
+        &mut self,
+        model: &Llama,
+        inputs: &[Tensor],
+        on_logits: &mut dyn FnMut(usize, Tensor) -> Result<(), TrainError>,
+    ) -> Result<(), TrainError> {
+        let _guard = tch::no_grad_guard();
+        for (i, x) in inputs.iter().enumerate() {
+            on_logits(i, model.forward(&self.params, x)?)?;
+        }
+        Ok(())
     }
 }
 
@@ -214,10 +255,10 @@ impl Strategy for ReplicatedStrategy<'_> {
         }
     }
 
-    fn finish_backward(&mut self) -> Result<(), TrainError> {
+    fn finish_backward(&mut self, last: bool) -> Result<(), TrainError> {
         match self.reducer.as_deref_mut() {
-            Some(r) => r.finish(),
-            None => Ok(()),
+            Some(r) if last => r.finish(),
+            _ => Ok(()),
         }
     }
 }

@@ -9,14 +9,17 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tch::{Device, Kind};
+use tch::Device;
 
 use super::fit::{fit, resume, EvalSet, FitOptions};
+use super::host_memory::HostPhase;
 use super::parallelize::DistContext;
 use super::trainer::Trainer;
 use super::TrainError;
 use crate::data::{self, BatchLayout, DataLoader, DataOptions};
-use crate::model::{load_hf, save_hf, Llama};
+use crate::model::{HfWeights, Llama};
+use crate::param_source::{Seeded, TensorSource};
+use super::checkpoint::save_final;
 use crate::task_error::TaskError;
 use flotilla_comm::comm::{Backend, Communicator};
 use flotilla_comm::connect::{self, CommOptions};
@@ -178,6 +181,7 @@ fn run_job_unguarded(
     on_row: Option<&mut dyn FnMut(&MetricsRow)>,
 ) -> Result<JobSummary, TrainError> {
     let wall = Instant::now();
+    crate::host_memory::reset_peak_rss();
     // A stop signal during start-up is honoured at the first step.
     super::preempt::install()?;
     let t = &job.trainer;
@@ -190,13 +194,18 @@ fn run_job_unguarded(
     }
     let device = train_device(t.device, rank)?;
     let dist = join_group(rank, &t.dist, device)?;
-    let (model, params) = match &job.model.init_from {
-        Some(dir) => load_hf(dir, device, Some(Kind::Float))?,
-        None => {
-            let model = Llama::new(&job.model)?;
-            let params = model.init_params(t.seed as u64, device, Kind::Float);
-            (model, params)
+    // Each rank reads only what it will hold (FSDP: its shards) from the starting weights.
+    let (model, hf) = match &job.model.init_from {
+        Some(dir) => {
+            let (model, weights) = HfWeights::open(dir)?;
+            (model, Some(weights))
         }
+        None => (Llama::new(&job.model)?, None),
+    };
+    let seeded = Seeded::new(&model, t.seed as u64);
+    let params: &dyn TensorSource = match &hf {
+        Some(weights) => weights,
+        None => &seeded,
     };
     let data = data::build(
         &job.data,
@@ -218,8 +227,9 @@ fn run_job_unguarded(
         layout,
         device,
     )?;
-    let mut trainer = Trainer::distributed(model, &params, t, loader, device, dist)?;
-    drop(params);
+    let mut trainer = Trainer::distributed(model, params, t, loader, device, dist)?;
+    drop(hf);
+    trainer.host_peaks_mut().end(HostPhase::Startup);
     let is_zero = rank.rank == 0;
     if let Some((dir, state)) = resume(&mut trainer, run_dir, &t.resume)? {
         if is_zero {
@@ -308,19 +318,11 @@ fn run_job_unguarded(
     }
     let rows = fitted?;
 
-    // Gathering is collective; rank 0 writes.
-    let params = trainer.full_params()?;
-    if is_zero {
-        let final_dir = run_dir.join(flotilla_contract::layout::FINAL_DIR);
-        save_hf(&final_dir, trainer.model(), &params, Kind::Float)?;
-        if let Some(tok) = &data.tokenizer {
-            tok.save(final_dir.join("tokenizer.json"))?;
-        }
-    }
-    if let Some(comm) = trainer.comm() {
-        use flotilla_comm::comm::CommunicatorExt;
-        comm.barrier()?;
-    }
+    // The final model: gathered to rank 0 a group at a time and streamed to the file.
+    trainer.host_peaks_mut().begin();
+    let final_dir = run_dir.join(flotilla_contract::layout::FINAL_DIR);
+    save_final(&trainer, &final_dir, data.tokenizer.as_ref())?;
+    trainer.host_peaks_mut().end(HostPhase::Final);
     let summary = JobSummary {
         steps: trainer.step_index(),
         final_loss: rows.last().map(|r| r.loss),
@@ -336,6 +338,7 @@ fn run_job_unguarded(
         memory.push_str(&format!(", peak gathered params {peak} B"));
     }
     tracing::info!("{memory}");
+    tracing::info!("peak host RSS by phase: {}", trainer.host_peaks());
     if !is_zero {
         eprintln!("[rank {}] {memory}", rank.rank);
         eprintln!("[rank {}] {summary}", rank.rank);

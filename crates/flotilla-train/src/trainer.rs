@@ -13,12 +13,14 @@ use std::time::Instant;
 use tch::{Device, Tensor};
 
 use super::engine::{Engine, EngineOptions};
+use super::host_memory::{HostPeaks, HostPhase};
 use super::loss_scale::LossScaler;
 use super::parallelize::{parallelize, DistContext, Parallelized};
 use super::schedule::Schedule;
 use super::weights::{MemoryReport, ParallelWeights};
 use super::TrainError;
 use crate::data::DataLoader;
+use super::param_source::TensorSource;
 use crate::model::{Llama, Params};
 use crate::tensor_comm::TensorCollectives;
 use flotilla_comm::comm::{Communicator, ReduceOp};
@@ -47,15 +49,19 @@ pub struct Trainer {
     pub(super) step: u64,
     pub(super) stop_requested: bool,
     pub(super) start: Instant,
+    /// Peak host memory by phase of the run.
+    pub(super) host: HostPeaks,
+    /// The device the rank computes on.
+    pub(super) device: Device,
 }
 
 impl Trainer {
-    /// A single-process trainer for `model` starting from `params` (copied to `device` in the
-    /// master dtype of `trainer.precision`). `trainer.dist` may be `ddp` or `fsdp` (then it
-    /// runs as a world of one).
+    /// A single-process trainer for `model` starting from the parameters `params` gives (on
+    /// `device` in the master dtype of `trainer.precision`). `trainer.dist` may be `ddp` or
+    /// `fsdp` (then it runs as a world of one).
     pub fn new(
         model: Llama,
-        params: &Params,
+        params: &dyn TensorSource,
         config: &TrainerConfig,
         loader: DataLoader,
         device: Device,
@@ -63,18 +69,19 @@ impl Trainer {
         Self::distributed(model, params, config, loader, device, None)
     }
 
-    /// A trainer for one rank of `dist` (or one process with `None`). Every rank must pass the
-    /// same `params` (DDP broadcasts rank 0's anyway, and so does FSDP with
-    /// `sync_module_states`). Collective when `dist` is given.
+    /// A trainer for one rank of `dist` (or one process with `None`). Every rank must pass a
+    /// source of the same parameters (DDP broadcasts rank 0's anyway, and so does FSDP with
+    /// `sync_module_states`); FSDP ranks read only their shards of it. Collective when `dist`
+    /// is given.
     pub fn distributed(
         model: Llama,
-        params: &Params,
+        params: &dyn TensorSource,
         config: &TrainerConfig,
         loader: DataLoader,
         device: Device,
         dist: Option<DistContext>,
     ) -> Result<Self, TrainError> {
-        model.check_params(params)?;
+        params.check(&model)?;
         let world = dist.as_ref().map_or(1, |d| d.comm.world_size());
         if world > 1 && matches!(config.dist, DistConfig::None) {
             return Err(TrainError::Unsupported(format!(
@@ -101,6 +108,8 @@ impl Trainer {
             step: 0,
             stop_requested: false,
             start: Instant::now(),
+            host: HostPeaks::default(),
+            device,
         })
     }
 
@@ -159,6 +168,23 @@ impl Trainer {
     /// One optimizer step (collective when distributed).
     /// The row has no evaluation figures; `fit.rs` adds them on evaluation steps.
     pub fn step(&mut self) -> Result<MetricsRow, TrainError> {
+        self.host.begin();
+        let row = self.step_unmeasured();
+        self.host.end(HostPhase::Step);
+        row
+    }
+
+    /// Peak host memory by phase so far (`host_memory.rs`).
+    pub fn host_peaks(&self) -> &HostPeaks {
+        &self.host
+    }
+
+    /// Peak host memory by phase, for the phases run outside the trainer's own calls.
+    pub fn host_peaks_mut(&mut self) -> &mut HostPeaks {
+        &mut self.host
+    }
+
+    fn step_unmeasured(&mut self) -> Result<MetricsRow, TrainError> {
         crate::torch_guard::set_step(self.step);
         let t0 = Instant::now();
         let batches = self.loader.next_step()?;

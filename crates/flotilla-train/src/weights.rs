@@ -2,16 +2,18 @@
 //! laid out across ranks: [`ParallelWeights`] is what one optimizer step and a checkpoint need
 //! of the weights, whether they are replicated (one process, DDP; `replicated.rs`) or sharded
 //! (FSDP; `fsdp.rs`). `parallelize.rs` picks the implementation; nothing else asks which it
-//! is. This file also owns the [`MemoryReport`], the [`HeldTensors`] and the
-//! [`CheckpointState`] the implementations hand back.
+//! is. This file also owns the [`MemoryReport`], the [`HeldTensors`], the parts of a full
+//! checkpoint ([`StatePart`]) and the sharded state ([`ShardState`]) the implementations
+//! hand back.
 
-use tch::Tensor;
+use tch::{Kind, Tensor};
 
 use super::engine::Engine;
 use super::fsdp_layout::GroupLayout;
+use super::param_source::TensorSource;
 use super::TrainError;
 use crate::data::StepBatches;
-use crate::model::Params;
+use crate::model::{Llama, Params};
 
 /// Bytes a rank holds for training state.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
@@ -44,17 +46,39 @@ pub(crate) fn nbytes(t: &Tensor) -> usize {
     t.numel() * t.kind().elt_size_in_bytes()
 }
 
-/// What a checkpoint of the weights holds, as the weights give it; `checkpoint.rs` decides the
-/// files.
-pub enum CheckpointState {
-    /// Full tensors in the single-process format (gathered when sharded); rank 0 writes them.
-    Full {
-        params: Params,
-        /// AdamW state: `step`, `{name}.exp_avg`, `{name}.exp_avg_sq`.
-        optimizer: Vec<(String, Tensor)>,
-    },
-    /// This rank's shard of the flat groups (FSDP, `state_dict_type: sharded`).
-    Sharded(ShardState),
+/// A part of the training state that a full checkpoint stores tensor by tensor.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StatePart {
+    /// The parameters in the master dtype.
+    Params,
+    /// AdamW's first moment of each parameter.
+    ExpAvg,
+    /// AdamW's second moment of each parameter.
+    ExpAvgSq,
+}
+
+impl StatePart {
+    /// The suffix of the part's tensors in `optimizer.safetensors` (`""` for parameters).
+    pub fn suffix(self) -> &'static str {
+        match self {
+            StatePart::Params => "",
+            StatePart::ExpAvg => ".exp_avg",
+            StatePart::ExpAvgSq => ".exp_avg_sq",
+        }
+    }
+}
+
+/// Receives the full tensors of a [`StatePart`] one at a time: `(parameter name, tensor)`.
+pub type FullStateVisitor<'a> = &'a mut dyn FnMut(&str, &Tensor) -> Result<(), TrainError>;
+
+/// Where resumed AdamW state comes from.
+pub struct OptimizerSource<'a> {
+    pub exp_avg: &'a dyn TensorSource,
+    pub exp_avg_sq: &'a dyn TensorSource,
+    /// Optimizer steps taken.
+    pub step: u64,
+    /// Parameters that have moments (replicated weights create them at their first update).
+    pub with_moments: Vec<String>,
 }
 
 /// One rank's part of a sharded checkpoint.
@@ -122,15 +146,42 @@ pub trait ParallelWeights {
         None
     }
 
-    /// What a checkpoint of these weights holds (collective: full checkpoints of sharded
-    /// weights gather).
-    fn checkpoint_state(&self) -> Result<CheckpointState, TrainError>;
+    /// This rank's shards for a sharded checkpoint (FSDP with `state_dict_type: sharded`);
+    /// `None` for weights whose checkpoints are full.
+    fn sharded_state(&self) -> Option<ShardState> {
+        None
+    }
 
-    /// Replaces the parameters and optimizer state from full tensors in the single-process
-    /// format (any world size and strategy wrote them). Not collective.
-    fn load_full_state(
+    /// The full tensors of `part` in the order [`ParallelWeights::visit_full`] gives them:
+    /// `(name, shape, dtype)`. Not collective.
+    fn full_layout(&self, part: StatePart) -> Vec<(String, Vec<i64>, Kind)>;
+
+    /// Gives `visit` each full tensor of `part`, in [`ParallelWeights::full_layout`] order,
+    /// one at a time (collective when sharded: a group is gathered to rank 0 at a time, and
+    /// only rank 0 may pass a visitor; the tensors are valid during the call only).
+    fn visit_full(&self, part: StatePart, visit: Option<FullStateVisitor<'_>>)
+        -> Result<(), TrainError>;
+
+    /// Optimizer steps taken.
+    fn optimizer_steps(&self) -> u64;
+
+    /// Replaces the parameters (and the optimizer state, when given) from sources in the
+    /// single-process naming, whatever world size and strategy wrote them: each rank reads
+    /// only what it holds. Not collective.
+    fn load_state(
         &mut self,
-        params: &Params,
-        optimizer: Vec<(String, Tensor)>,
+        params: &dyn TensorSource,
+        optimizer: Option<OptimizerSource<'_>>,
+    ) -> Result<(), TrainError>;
+
+    /// Runs `inputs` (token ids) forward without gradients in the master dtype and gives
+    /// `on_logits` each input's logits, one input at a time as each is done. Sharded weights
+    /// walk the units once for all inputs, gathering a group at a time (collective: every rank
+    /// calls it the same number of times, with any number of inputs, none included).
+    fn forward_eval(
+        &mut self,
+        model: &Llama,
+        inputs: &[Tensor],
+        on_logits: &mut dyn FnMut(usize, Tensor) -> Result<(), TrainError>,
     ) -> Result<(), TrainError>;
 }

@@ -257,8 +257,8 @@ impl Strategy for Probe<'_> {
         self.inner.gradients_ready(unit, grads)
     }
 
-    fn finish_backward(&mut self) -> Result<(), flotilla_train::TrainError> {
-        self.inner.finish_backward()
+    fn finish_backward(&mut self, last: bool) -> Result<(), flotilla_train::TrainError> {
+        self.inner.finish_backward(last)
     }
 }
 

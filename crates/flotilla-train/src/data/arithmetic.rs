@@ -378,10 +378,37 @@ where
     F: FnMut(&Tensor) -> std::result::Result<Tensor, E>,
     E: std::fmt::Display,
 {
-    let Some(first) = prompts.first() else {
-        return Ok(vec![]);
-    };
-    if prompts.iter().any(|p| p.len() != first.len()) || first.is_empty() {
+    greedy_generate_in_step(
+        prompts,
+        max_new_tokens,
+        eos_id,
+        device,
+        |x| x.map(&mut forward).transpose(),
+        |active| Ok::<_, E>(active),
+    )
+}
+
+/// [`greedy_generate`] in step with other processes whose forward passes are collective
+/// (sharded weights): before each new token, `agree(active)` says whether any process still
+/// generates (this one is active while a prompt of its batch has not ended), and while any
+/// does, `forward` is called every step, with `None` once this process is done or when it has
+/// no prompts. `prompts` may be empty.
+pub fn greedy_generate_in_step<F, A, E>(
+    prompts: &[Vec<i64>],
+    max_new_tokens: usize,
+    eos_id: i64,
+    device: Device,
+    mut forward: F,
+    mut agree: A,
+) -> Result<Vec<Vec<i64>>>
+where
+    F: FnMut(Option<&Tensor>) -> std::result::Result<Option<Tensor>, E>,
+    A: FnMut(bool) -> std::result::Result<bool, E>,
+    E: std::fmt::Display,
+{
+    let generate = |e: E| DataError::Generate(e.to_string());
+    let len = prompts.first().map_or(1, Vec::len);
+    if prompts.iter().any(|p| p.len() != len) || len == 0 {
         return Err(DataError::Generate(
             "greedy_generate needs non-empty prompts of one length".into(),
         ));
@@ -390,12 +417,19 @@ where
     let flat: Vec<i64> = prompts.concat();
     tch::no_grad(|| {
         let mut x = Tensor::f_from_slice(&flat)?
-            .f_reshape([b as i64, first.len() as i64])?
+            .f_reshape([b as i64, len as i64])?
             .f_to_device(device)?;
         let mut out = vec![vec![]; b];
         let mut done = vec![false; b];
         for _ in 0..max_new_tokens {
-            let logits = forward(&x).map_err(|e| DataError::Generate(e.to_string()))?;
+            let active = b > 0 && !done.iter().all(|&d| d);
+            if !agree(active).map_err(generate)? {
+                break;
+            }
+            let logits = forward(active.then_some(&x)).map_err(generate)?;
+            let Some(logits) = logits.filter(|_| active) else {
+                continue;
+            };
             let next = logits.f_select(1, -1)?.f_argmax(-1, false)?;
             let ids: Vec<i64> = Vec::<i64>::try_from(next.f_to_device(Device::Cpu)?)?;
             for (i, &t) in ids.iter().enumerate() {
@@ -406,9 +440,6 @@ where
                         out[i].push(t);
                     }
                 }
-            }
-            if done.iter().all(|&d| d) {
-                break;
             }
             x = Tensor::f_cat(&[x, next.f_unsqueeze(1)?], 1)?;
         }

@@ -1,6 +1,8 @@
 //! Everything about the Hugging Face format: `config.json`
 //! ([`HfLlamaConfig`], to and from [`ModelConfig`]), and reading and writing model
-//! directories (`model.safetensors`, or shards listed by `model.safetensors.index.json`).
+//! directories (`model.safetensors`, or shards listed by `model.safetensors.index.json`):
+//! [`HfWeights`] checks a directory's tensors from the file headers alone and reads them by
+//! ranges (an FSDP rank reads only its shards); writing streams one tensor at a time.
 
 use std::collections::HashMap;
 use std::fs;
@@ -13,6 +15,9 @@ use flotilla_config::schema::{ModelConfig, RopeScaling, RopeType};
 
 use super::llama::Llama;
 use super::{ModelError, Params};
+use crate::param_source::TensorSource;
+use crate::safetensors_io::{SafetensorsFile, SafetensorsWriter};
+use crate::TrainError;
 
 /// transformers' `rope_parameters` (≥ 5) or legacy `rope_scaling` dict.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -406,153 +411,203 @@ fn weight_files(dir: &Path) -> Result<Vec<PathBuf>, ModelError> {
     })
 }
 
-/// Loads a Hugging Face `LlamaForCausalLM` directory: the architecture from `config.json` and
-/// the weights from its safetensors file(s), onto `device` in `kind` (`None`: the dtype the
-/// config declares, else each tensor's own). Every weight is checked against the config (name,
-/// shape, dtype); a tied checkpoint that also stores `lm_head.weight` has it ignored, as
-/// transformers does.
+/// The weights of a Hugging Face `LlamaForCausalLM` directory, checked against its
+/// `config.json` from the safetensors headers alone (name, shape, dtype of every tensor; a
+/// tied checkpoint that also stores `lm_head.weight` has it ignored, as transformers does; an
+/// old `rotary_emb.inv_freq` buffer is skipped) and read by ranges.
+pub struct HfWeights {
+    files: Vec<SafetensorsFile>,
+    /// Parameter name → index in `files`.
+    place: HashMap<String, usize>,
+    /// The dtype `config.json` declares for the weights, if any.
+    pub declared_kind: Option<Kind>,
+}
+
+impl HfWeights {
+    /// Opens `dir`: the model its `config.json` describes and its checked weights.
+    pub fn open(dir: impl AsRef<Path>) -> Result<(Llama, Self), ModelError> {
+        let dir = dir.as_ref();
+        let config = read_model_config(dir)?;
+        let model = Llama::new(&config)?;
+        let declared_kind = read_hf_config(dir)?.weight_kind();
+        let paths = weight_files(dir)?;
+        let mut files = vec![];
+        let mut place = HashMap::new();
+        for (i, path) in paths.iter().enumerate() {
+            let file = SafetensorsFile::open(path)?;
+            for (name, info) in file.tensors() {
+                if name.ends_with("rotary_emb.inv_freq") {
+                    continue; // a buffer older transformers saved; recomputed from the config
+                }
+                let Some(spec) = model.param_spec(name) else {
+                    if name == "lm_head.weight" && config.tie_word_embeddings {
+                        tracing::debug!("{}: ignoring lm_head.weight of a tied model", path.display());
+                        continue;
+                    }
+                    return Err(ModelError::UnexpectedTensor {
+                        name: name.clone(),
+                        file: path.clone(),
+                    });
+                };
+                if !matches!(
+                    info.kind,
+                    Kind::Float | Kind::BFloat16 | Kind::Half | Kind::Double
+                ) {
+                    return Err(ModelError::UnsupportedDtype {
+                        name: name.clone(),
+                        dtype: format!("{:?}", info.kind),
+                        file: Some(path.clone()),
+                    });
+                }
+                if info.shape != spec.shape {
+                    return Err(ModelError::ShapeMismatch {
+                        name: name.clone(),
+                        expected: spec.shape.clone(),
+                        found: info.shape.clone(),
+                        file: Some(path.clone()),
+                    });
+                }
+                place.insert(name.clone(), i);
+            }
+            files.push(file);
+        }
+        for spec in model.param_specs() {
+            if !place.contains_key(&spec.name) {
+                return Err(ModelError::MissingTensor {
+                    name: spec.name.clone(),
+                    files: paths
+                        .iter()
+                        .map(|f| f.display().to_string())
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                });
+            }
+        }
+        Ok((
+            model,
+            Self {
+                files,
+                place,
+                declared_kind,
+            },
+        ))
+    }
+
+    /// Elements `lo..hi` of parameter `name`, flattened (CPU, the file's dtype).
+    pub fn read_range(&self, name: &str, lo: i64, hi: i64) -> Result<Tensor, ModelError> {
+        let i = self
+            .place
+            .get(name)
+            .ok_or_else(|| ModelError::MissingParam { name: name.into() })?;
+        Ok(self.files[*i].read_range(name, lo, hi)?)
+    }
+}
+
+impl TensorSource for HfWeights {
+    fn read_range(&self, name: &str, lo: i64, hi: i64) -> Result<Tensor, TrainError> {
+        Ok(HfWeights::read_range(self, name, lo, hi)?)
+    }
+}
+
+/// Loads a Hugging Face `LlamaForCausalLM` directory whole ([`HfWeights`] checks it), onto
+/// `device` in `kind` (`None`: the dtype the config declares, else each tensor's own).
 pub fn load_hf(
     dir: impl AsRef<Path>,
     device: Device,
     kind: Option<Kind>,
 ) -> Result<(Llama, Params), ModelError> {
-    let dir = dir.as_ref();
-    let config = read_model_config(dir)?;
-    let model = Llama::new(&config)?;
-    let kind = kind.or(read_hf_config(dir)?.weight_kind());
-    let files = weight_files(dir)?;
-
+    let (model, weights) = HfWeights::open(dir)?;
+    let kind = kind.or(weights.declared_kind);
     let _guard = tch::no_grad_guard();
-    let mut found: HashMap<String, Tensor> = HashMap::new();
-    for file in &files {
-        let tensors = Tensor::read_safetensors(file).map_err(|source| ModelError::Safetensors {
-            path: file.clone(),
-            source,
-        })?;
-        for (name, t) in tensors {
-            if name.ends_with("rotary_emb.inv_freq") {
-                continue; // a buffer older transformers saved; recomputed from the config
-            }
-            let Some(spec) = model.param_spec(&name) else {
-                if name == "lm_head.weight" && config.tie_word_embeddings {
-                    tracing::debug!(
-                        "{}: ignoring lm_head.weight of a tied model",
-                        file.display()
-                    );
-                    continue;
-                }
-                return Err(ModelError::UnexpectedTensor {
-                    name,
-                    file: file.clone(),
-                });
-            };
-            if !matches!(
-                t.kind(),
-                Kind::Float | Kind::BFloat16 | Kind::Half | Kind::Double
-            ) {
-                return Err(ModelError::UnsupportedDtype {
-                    name,
-                    dtype: format!("{:?}", t.kind()),
-                    file: Some(file.clone()),
-                });
-            }
-            if t.size() != spec.shape {
-                return Err(ModelError::ShapeMismatch {
-                    name,
-                    expected: spec.shape.clone(),
-                    found: t.size(),
-                    file: Some(file.clone()),
-                });
-            }
-            let t = t.to_kind(kind.unwrap_or(t.kind())).to_device(device);
-            found.insert(name, t);
-        }
-    }
-
     let mut params = Params::new();
     for spec in model.param_specs() {
-        let t = found
-            .remove(&spec.name)
-            .ok_or_else(|| ModelError::MissingTensor {
-                name: spec.name.clone(),
-                files: files
-                    .iter()
-                    .map(|f| f.display().to_string())
-                    .collect::<Vec<_>>()
-                    .join(", "),
-            })?;
+        let t = weights.read_range(&spec.name, 0, spec.numel() as i64)?;
+        let t = t
+            .f_to_kind(kind.unwrap_or(t.kind()))?
+            .f_to_device(device)?
+            .f_reshape(spec.shape.as_slice())?;
         params.insert(spec.name.clone(), t);
     }
     Ok((model, params))
 }
 
-/// Writes a file through a temporary name in the same directory, then renames it.
-fn write_atomic(
-    path: &Path,
-    write: impl FnOnce(&Path) -> Result<(), ModelError>,
-) -> Result<(), ModelError> {
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let tmp = path.with_file_name(format!(".{name}.tmp-{}", std::process::id()));
-    if let Err(e) = write(&tmp) {
-        let _ = fs::remove_file(&tmp);
-        return Err(e);
+/// The name of a directory's weights file as flotilla writes it.
+pub const WEIGHTS_FILE: &str = "model.safetensors";
+
+/// Writes `config.json` (with `torch_dtype` = `kind`) into `dir` atomically, and removes a
+/// stale `model.safetensors.index.json`, so that the `model.safetensors` written beside it is
+/// the one loaded.
+pub fn finish_hf_dir(dir: &Path, model: &Llama, kind: Kind) -> Result<(), ModelError> {
+    let dtype = kind_name(kind).ok_or_else(|| ModelError::UnsupportedDtype {
+        name: "(save dtype)".into(),
+        dtype: format!("{kind:?}"),
+        file: None,
+    })?;
+    let index = dir.join("model.safetensors.index.json");
+    if index.exists() {
+        fs::remove_file(&index).map_err(io_err(&index))?;
     }
-    fs::rename(&tmp, path).map_err(io_err(path))
+    let mut hf = HfLlamaConfig::from(model.config());
+    hf.torch_dtype = Some(dtype.into());
+    let mut text = serde_json::to_string_pretty(&hf).expect("config serialises");
+    text.push('\n');
+    let config = dir.join(CONFIG_JSON);
+    let tmp = dir.join(format!(".{CONFIG_JSON}.tmp-{}", std::process::id()));
+    fs::write(&tmp, &text).map_err(io_err(&tmp))?;
+    fs::rename(&tmp, &config).map_err(io_err(&config))
 }
 
-/// Saves `params` as a Hugging Face directory that transformers' `LlamaForCausalLM` loads:
-/// `config.json` (with `torch_dtype`) and one `model.safetensors` in `kind`, with Hugging Face
-/// names and no `lm_head.weight` when embeddings are tied. Each file is written atomically; a
-/// stale `model.safetensors.index.json` in `dir` is removed so that the new file is the one
-/// loaded.
+/// Saves the parameters `source` gives as a Hugging Face directory that transformers'
+/// `LlamaForCausalLM` loads: one `model.safetensors` in `kind` (Hugging Face names, no
+/// `lm_head.weight` when embeddings are tied), written a parameter at a time through a
+/// temporary file, then `config.json` ([`finish_hf_dir`]).
+pub fn save_hf_from(
+    dir: impl AsRef<Path>,
+    model: &Llama,
+    source: &dyn TensorSource,
+    kind: Kind,
+) -> Result<(), TrainError> {
+    let dir = dir.as_ref();
+    if kind_name(kind).is_none() {
+        return Err(ModelError::UnsupportedDtype {
+            name: "(save dtype)".into(),
+            dtype: format!("{kind:?}"),
+            file: None,
+        }
+        .into());
+    }
+    fs::create_dir_all(dir).map_err(io_err(dir))?;
+    let order = model
+        .param_specs()
+        .iter()
+        .map(|s| (s.name.clone(), kind, s.shape.clone()))
+        .collect();
+    let mut writer = SafetensorsWriter::create(dir.join(WEIGHTS_FILE), order)?;
+    for s in model.param_specs() {
+        let t = source.read_range(&s.name, 0, s.numel() as i64)?;
+        writer.write(&s.name, &t)?;
+    }
+    writer.finish()?;
+    Ok(finish_hf_dir(dir, model, kind)?)
+}
+
+/// [`save_hf_from`] in-memory parameters.
 pub fn save_hf(
     dir: impl AsRef<Path>,
     model: &Llama,
     params: &Params,
     kind: Kind,
 ) -> Result<(), ModelError> {
-    let dir = dir.as_ref();
-    let dtype = kind_name(kind).ok_or_else(|| ModelError::UnsupportedDtype {
-        name: "(save dtype)".into(),
-        dtype: format!("{kind:?}"),
-        file: None,
-    })?;
     model.check_params(params)?;
-    fs::create_dir_all(dir).map_err(io_err(dir))?;
-
-    let _guard = tch::no_grad_guard();
-    let tensors: Vec<(String, Tensor)> = model
-        .param_specs()
-        .iter()
-        .map(|s| {
-            let t = params.require(&s.name)?;
-            Ok((
-                s.name.clone(),
-                t.detach().to_device(Device::Cpu).to_kind(kind).contiguous(),
-            ))
-        })
-        .collect::<Result<_, ModelError>>()?;
-    let weights = dir.join("model.safetensors");
-    write_atomic(&weights, |tmp| {
-        Tensor::write_safetensors(&tensors, tmp).map_err(|source| ModelError::Safetensors {
-            path: weights.clone(),
-            source,
-        })
-    })?;
-    let index = dir.join("model.safetensors.index.json");
-    if index.exists() {
-        fs::remove_file(&index).map_err(io_err(&index))?;
-    }
-
-    let mut hf = HfLlamaConfig::from(model.config());
-    hf.torch_dtype = Some(dtype.into());
-    let mut text = serde_json::to_string_pretty(&hf).expect("config serialises");
-    text.push('\n');
-    let config = dir.join(CONFIG_JSON);
-    write_atomic(&config, |tmp| fs::write(tmp, &text).map_err(io_err(tmp)))
+    save_hf_from(dir, model, params, kind).map_err(|e| match e {
+        TrainError::Model(e) => e,
+        TrainError::Safetensors(e) => e.into(),
+        TrainError::Torch(e) => e.into(),
+        other => ModelError::InvalidConfig {
+            field: "(save)".into(),
+            message: other.to_string(),
+        },
+    })
 }
 
 #[cfg(test)]

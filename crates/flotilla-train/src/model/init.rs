@@ -33,20 +33,25 @@ impl Init {
     /// The whole parameter of `numel` elements, as initialised under `seed`.
     pub fn values(&self, seed: u64, name: &str, numel: usize) -> Vec<f32> {
         let mut out = vec![0f32; numel];
-        // Large tensors are filled by several threads; the values do not depend on how many.
+        self.fill_parallel(seed, name, 0, &mut out);
+        out
+    }
+
+    /// [`Init::fill`] on several threads for large slices; the values do not depend on how
+    /// many.
+    pub fn fill_parallel(&self, seed: u64, name: &str, start: usize, out: &mut [f32]) {
         let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
         const CHUNK: usize = 1 << 20;
-        if threads <= 1 || numel <= CHUNK {
-            self.fill(seed, name, 0, &mut out);
-            return out;
+        if threads <= 1 || out.len() <= CHUNK {
+            self.fill(seed, name, start, out);
+            return;
         }
-        let per = numel.div_ceil(threads).next_multiple_of(2);
+        let per = out.len().div_ceil(threads).next_multiple_of(2);
         std::thread::scope(|s| {
             for (k, chunk) in out.chunks_mut(per).enumerate() {
-                s.spawn(move || self.fill(seed, name, k * per, chunk));
+                s.spawn(move || self.fill(seed, name, start + k * per, chunk));
             }
         });
-        out
     }
 }
 

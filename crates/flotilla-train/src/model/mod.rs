@@ -36,7 +36,10 @@ use std::path::PathBuf;
 use indexmap::IndexMap;
 use tch::{Device, Kind, Tensor};
 
-pub use hf::{load_hf, read_hf_config, read_model_config, save_hf, HfLlamaConfig};
+pub use hf::{
+    finish_hf_dir, load_hf, read_hf_config, read_model_config, save_hf, save_hf_from, HfLlamaConfig,
+    HfWeights,
+};
 pub use init::Init;
 pub use llama::{causal_lm_loss, causal_lm_loss_sum, Llama};
 pub use names::{LayerWeight, ParamName};
@@ -94,6 +97,9 @@ pub enum ModelError {
     /// A parameter set handed to the model lacks a parameter.
     #[error("parameter `{name}` is missing from the parameter set")]
     MissingParam { name: String },
+    /// A safetensors file that cannot be read or written.
+    #[error(transparent)]
+    File(#[from] crate::safetensors_io::SafetensorsError),
     /// A safetensors file that libtorch could not read or write.
     #[error("{}: {source}", path.display())]
     Safetensors {

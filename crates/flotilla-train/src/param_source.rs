@@ -1,0 +1,315 @@
+//! Where a rank's starting weights and resumed optimizer state come from, read by ranges: a
+//! [`TensorSource`] gives elements `lo..hi` of one flattened parameter (or of its AdamW
+//! moment) without producing the rest. The seeded initialisation ([`Seeded`]) computes just
+//! those elements; safetensors files ([`FileSource`]: a Hugging Face directory, a full
+//! checkpoint's `model.safetensors` / `optimizer.safetensors`) read just those bytes; a sharded
+//! checkpoint ([`ShardedSource`]) finds them in the shard files of whatever world size wrote
+//! it; tensors already in memory ([`Params`]) are sliced. An FSDP rank builds its shards from a
+//! source ([`GroupLayout::shard_from`]) and so never holds the whole model; replicated weights
+//! take every parameter whole ([`materialize`]).
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use tch::{Device, Kind, Tensor};
+
+use super::fsdp_layout::GroupLayout;
+use super::safetensors_io::SafetensorsFile;
+use super::TrainError;
+use crate::model::{Init, Llama, ModelError, Params};
+
+/// Elements of flattened tensors, by parameter name.
+pub trait TensorSource {
+    /// Elements `lo..hi` of the flattened tensor of parameter `name`, as a 1-D CPU tensor (any
+    /// floating dtype; callers cast).
+    fn read_range(&self, name: &str, lo: i64, hi: i64) -> Result<Tensor, TrainError>;
+
+    /// Checks, before anything is read, that the source has every parameter of `model` with
+    /// its shape (errors name the culprit). Default: nothing to check.
+    fn check(&self, _model: &Llama) -> Result<(), TrainError> {
+        Ok(())
+    }
+}
+
+/// The seeded initialisation of a model (`Init`, a pure function of seed, name and index).
+pub struct Seeded {
+    init: HashMap<String, Init>,
+    seed: u64,
+}
+
+impl Seeded {
+    pub fn new(model: &Llama, seed: u64) -> Self {
+        Self {
+            init: model
+                .param_specs()
+                .iter()
+                .map(|s| (s.name.clone(), s.init))
+                .collect(),
+            seed,
+        }
+    }
+}
+
+impl TensorSource for Seeded {
+    fn read_range(&self, name: &str, lo: i64, hi: i64) -> Result<Tensor, TrainError> {
+        let init = self
+            .init
+            .get(name)
+            .ok_or_else(|| ModelError::MissingParam { name: name.into() })?;
+        let out = Tensor::f_empty([hi - lo], (Kind::Float, Device::Cpu))?;
+        let n = (hi - lo) as usize;
+        if n > 0 {
+            // SAFETY: `out` is a fresh contiguous f32 CPU tensor of `n` elements, referenced
+            // by nothing else until it is returned.
+            let buf = unsafe { std::slice::from_raw_parts_mut(out.data_ptr() as *mut f32, n) };
+            init.fill_parallel(self.seed, name, lo as usize, buf);
+        }
+        Ok(out)
+    }
+}
+
+impl TensorSource for Params {
+    fn check(&self, model: &Llama) -> Result<(), TrainError> {
+        Ok(model.check_params(self)?)
+    }
+
+    fn read_range(&self, name: &str, lo: i64, hi: i64) -> Result<Tensor, TrainError> {
+        let t = self.require(name)?;
+        Ok(t.f_detach()?
+            .f_reshape([-1])?
+            .f_narrow(0, lo, hi - lo)?
+            .f_to_device(Device::Cpu)?)
+    }
+}
+
+/// Tensors in safetensors files, found by parameter name with a suffix (`""` for parameters,
+/// `".exp_avg"` for a moment of the optimizer file).
+pub struct FileSource {
+    files: Vec<SafetensorsFile>,
+    by_name: HashMap<String, usize>,
+    suffix: String,
+}
+
+impl FileSource {
+    /// The tensors of `files` (a name in several files: the first).
+    pub fn open(files: &[PathBuf], suffix: &str) -> Result<Self, TrainError> {
+        let mut opened = vec![];
+        let mut by_name = HashMap::new();
+        for (i, path) in files.iter().enumerate() {
+            let f = SafetensorsFile::open(path)?;
+            for name in f.tensors().keys() {
+                by_name.entry(name.clone()).or_insert(i);
+            }
+            opened.push(f);
+        }
+        Ok(Self {
+            files: opened,
+            by_name,
+            suffix: suffix.to_string(),
+        })
+    }
+
+    /// The same files, naming tensors with another suffix.
+    pub fn with_suffix(&self, suffix: &str) -> Result<Self, TrainError> {
+        let paths: Vec<PathBuf> = self.files.iter().map(|f| f.path().to_path_buf()).collect();
+        Self::open(&paths, suffix)
+    }
+
+    /// The file holding tensor `key` (a full name, suffix included) and its header entry.
+    pub fn find(&self, key: &str) -> Option<&SafetensorsFile> {
+        self.by_name.get(key).map(|&i| &self.files[i])
+    }
+
+    /// Every `(tensor name, file)` of the source.
+    pub fn entries(&self) -> impl Iterator<Item = (&str, &SafetensorsFile)> {
+        self.by_name
+            .iter()
+            .map(|(n, &i)| (n.as_str(), &self.files[i]))
+    }
+
+    /// Checks that every parameter of `model` is there (with this source's suffix) with its
+    /// shape and a floating dtype.
+    pub fn check_all(&self, model: &Llama) -> Result<(), TrainError> {
+        for s in model.param_specs() {
+            let key = format!("{}{}", s.name, self.suffix);
+            let Some(file) = self.find(&key) else {
+                return Err(ModelError::MissingTensor {
+                    name: key,
+                    files: self
+                        .files
+                        .iter()
+                        .map(|f| f.path().display().to_string())
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                }
+                .into());
+            };
+            let info = file.info(&key).expect("indexed");
+            if info.shape != s.shape {
+                return Err(ModelError::ShapeMismatch {
+                    name: key,
+                    expected: s.shape.clone(),
+                    found: info.shape.clone(),
+                    file: Some(file.path().to_path_buf()),
+                }
+                .into());
+            }
+            if !is_float(info.kind) {
+                return Err(ModelError::UnsupportedDtype {
+                    name: key,
+                    dtype: format!("{:?}", info.kind),
+                    file: Some(file.path().to_path_buf()),
+                }
+                .into());
+            }
+        }
+        Ok(())
+    }
+}
+
+pub(crate) fn is_float(kind: Kind) -> bool {
+    matches!(
+        kind,
+        Kind::Float | Kind::BFloat16 | Kind::Half | Kind::Double
+    )
+}
+
+impl TensorSource for FileSource {
+    fn check(&self, model: &Llama) -> Result<(), TrainError> {
+        self.check_all(model)
+    }
+
+    fn read_range(&self, name: &str, lo: i64, hi: i64) -> Result<Tensor, TrainError> {
+        let key = format!("{name}{}", self.suffix);
+        let file = self
+            .find(&key)
+            .ok_or_else(|| ModelError::MissingParam { name: key.clone() })?;
+        Ok(file.read_range(&key, lo, hi)?)
+    }
+}
+
+/// One of a sharded checkpoint's flat tensors: `group{g}.{what}` in every shard file.
+pub struct ShardedSource<'a> {
+    files: &'a [SafetensorsFile],
+    /// Parameter name → (group, offset in the group's flat tensor).
+    place: HashMap<String, (usize, i64)>,
+    /// Elements per shard of each group.
+    shard_len: Vec<i64>,
+    what: &'static str,
+}
+
+impl<'a> ShardedSource<'a> {
+    /// `what` (`param`, `exp_avg` or `exp_avg_sq`) of the checkpoint whose shard files (in
+    /// shard-rank order) and group layouts are given.
+    pub fn new(files: &'a [SafetensorsFile], groups: &[GroupLayout], what: &'static str) -> Self {
+        let mut place = HashMap::new();
+        for (g, layout) in groups.iter().enumerate() {
+            for e in &layout.entries {
+                place.insert(e.name.clone(), (g, e.offset));
+            }
+        }
+        Self {
+            files,
+            place,
+            shard_len: groups.iter().map(|l| l.shard_len).collect(),
+            what,
+        }
+    }
+}
+
+impl TensorSource for ShardedSource<'_> {
+    fn read_range(&self, name: &str, lo: i64, hi: i64) -> Result<Tensor, TrainError> {
+        let &(g, offset) = self
+            .place
+            .get(name)
+            .ok_or_else(|| ModelError::MissingParam { name: name.into() })?;
+        let k = self.shard_len[g];
+        let key = format!("group{g}.{}", self.what);
+        let (a, b) = (offset + lo, offset + hi);
+        let mut parts = vec![];
+        let mut at = a;
+        while at < b {
+            let r = (at / k) as usize;
+            let end = b.min((r as i64 + 1) * k);
+            let file = self.files.get(r).ok_or_else(|| {
+                TrainError::BadState(format!(
+                    "sharded checkpoint: `{name}` needs shard {r}, which it does not have"
+                ))
+            })?;
+            parts.push(file.read_range(&key, at - r as i64 * k, end - r as i64 * k)?);
+            at = end;
+        }
+        Ok(match parts.len() {
+            0 => Tensor::f_empty([0], (Kind::Float, Device::Cpu))?,
+            1 => parts.pop().expect("one part"),
+            _ => Tensor::f_cat(&parts, 0)?,
+        })
+    }
+}
+
+/// Every parameter of `model` whole, from `source`, in `kind` on `device` (one parameter on
+/// the host at a time).
+pub fn materialize(
+    model: &Llama,
+    source: &dyn TensorSource,
+    kind: Kind,
+    device: Device,
+) -> Result<Params, TrainError> {
+    let _guard = tch::no_grad_guard();
+    let mut out = Params::new();
+    for s in model.param_specs() {
+        let t = source
+            .read_range(&s.name, 0, s.numel() as i64)?
+            .f_to_kind(kind)?
+            .f_to_device(device)?
+            .f_reshape(s.shape.as_slice())?;
+        out.insert(s.name.clone(), t);
+    }
+    Ok(out)
+}
+
+impl GroupLayout {
+    /// Shard `rank` of this group's flat tensor, built from `source` (only the elements the
+    /// shard holds are read; padding is zero), in `kind` on `device`.
+    pub fn shard_from(
+        &self,
+        source: &dyn TensorSource,
+        rank: usize,
+        kind: Kind,
+        device: Device,
+    ) -> Result<Tensor, TrainError> {
+        let lo = rank as i64 * self.shard_len;
+        self.slice_from(source, lo, lo + self.shard_len, kind, device)
+    }
+
+    /// Elements `lo..hi` of this group's flat, padded tensor, built from `source` (only those
+    /// elements are read; padding is zero), in `kind` on `device`.
+    pub fn slice_from(
+        &self,
+        source: &dyn TensorSource,
+        lo: i64,
+        hi: i64,
+        kind: Kind,
+        device: Device,
+    ) -> Result<Tensor, TrainError> {
+        let _guard = tch::no_grad_guard();
+        let out = Tensor::f_zeros([hi - lo], (kind, device))?;
+        for e in &self.entries {
+            let a = e.offset.max(lo);
+            let b = (e.offset + e.numel).min(hi);
+            if a >= b {
+                continue;
+            }
+            let piece = source.read_range(&e.name, a - e.offset, b - e.offset)?;
+            out.f_narrow(0, a - lo, b - a)?.f_copy_(&piece)?;
+        }
+        Ok(out)
+    }
+}
+
+/// The shard files of a sharded checkpoint directory, opened (headers only).
+pub fn open_shards(dir: &Path, shard_world: usize) -> Result<Vec<SafetensorsFile>, TrainError> {
+    (0..shard_world)
+        .map(|r| Ok(SafetensorsFile::open(dir.join(super::checkpoint::shard_file(r)))?))
+        .collect()
+}
