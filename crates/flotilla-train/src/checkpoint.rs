@@ -501,10 +501,14 @@ pub fn consolidate(checkpoint: &Path, out: &Path) -> Result<(), TrainError> {
     let model = crate::model::Llama::new(&config)?;
     let files = CheckpointFiles::open(checkpoint, &model)?;
     let kind = match &files {
-        CheckpointFiles::Full { model: m, .. } => m
-            .entries()
-            .next()
-            .map_or(tch::Kind::Float, |(_, f)| f.tensors().values().next().map_or(tch::Kind::Float, |i| i.kind)),
+        CheckpointFiles::Full { model: m, .. } => {
+            m.entries().next().map_or(tch::Kind::Float, |(_, f)| {
+                f.tensors()
+                    .values()
+                    .next()
+                    .map_or(tch::Kind::Float, |i| i.kind)
+            })
+        }
         CheckpointFiles::Sharded { files, .. } => files
             .first()
             .and_then(|f| f.info("group0.param"))

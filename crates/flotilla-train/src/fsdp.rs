@@ -47,7 +47,7 @@ use super::optim::{adamw_update, scale_to_max_norm, AdamWConfig, Decay};
 use super::param_source::TensorSource;
 use super::weights::{
     nbytes, FullStateVisitor, HeldTensors, MemoryReport, OptimizerSource, ParallelWeights,
-    ShardState, StatePart,
+    ShardState, StatePart, TransientPeaks,
 };
 use super::TrainError;
 use crate::data::StepBatches;
@@ -132,6 +132,8 @@ pub struct Fsdp {
     pub gathers: u64,
     /// Most bytes of gathered parameters held at once.
     peak_gathered: usize,
+    /// Most bytes of the other transient tensors held at once (`visit_full` takes `&self`).
+    transient: std::cell::Cell<TransientPeaks>,
 }
 
 impl std::fmt::Debug for Fsdp {
@@ -300,6 +302,7 @@ impl Fsdp {
             backward: false,
             gathers: 0,
             peak_gathered: 0,
+            transient: Default::default(),
         })
     }
 
@@ -493,6 +496,7 @@ impl Fsdp {
         }
         if let Some(full) = &full {
             full.f_narrow(0, 0, k)?.f_copy_(&shard)?;
+            self.note(|p| p.checkpoint_gathered = p.checkpoint_gathered.max(nbytes(full)));
         }
         Ok(full)
     }
@@ -580,6 +584,20 @@ impl Strategy for Fsdp {
         // A group spanning several units receives their gradients one unit at a time.
         group.layout.fill(flat, grads, false)?;
         group.units_ready += 1;
+        // The moment the planner prices: this group's unsharded gradient assembled (or being
+        // assembled) while the previous reduction is still in flight.
+        let alive: usize = self
+            .groups
+            .iter()
+            .map(|g| {
+                g.reducing
+                    .as_ref()
+                    .map_or(0, |_| nbytes_padded(g, reduce_kind))
+                    + g.grad_flat.as_ref().map_or(0, nbytes)
+            })
+            .sum();
+        self.note(|p| p.unsharded_grads = p.unsharded_grads.max(alive));
+        let group = &mut self.groups[gi];
         if group.units_ready < group.layout.units.len() {
             return Ok(());
         }
@@ -641,7 +659,19 @@ impl Strategy for Fsdp {
     }
 }
 
+/// Bytes of a group's unsharded (padded) tensor in `kind`.
+fn nbytes_padded(g: &Group, kind: Kind) -> usize {
+    g.layout.padded as usize * kind.elt_size_in_bytes()
+}
+
 impl Fsdp {
+    /// Updates the transient peaks.
+    fn note(&self, f: impl FnOnce(&mut TransientPeaks)) {
+        let mut p = self.transient.get();
+        f(&mut p);
+        self.transient.set(p);
+    }
+
     /// Waits for group `gi`'s reduce-scatter, if one is in flight, and adds its output into
     /// the group's sharded gradient (created on the first micro-batch); the unsharded gradient
     /// is freed here.
@@ -805,6 +835,10 @@ impl ParallelWeights for Fsdp {
         Some(self.peak_gathered)
     }
 
+    fn transient_peaks(&self) -> TransientPeaks {
+        self.transient.get()
+    }
+
     /// The shards, the reduced gradient shards (under 32-true, views of each group's
     /// unsharded gradient, whose storage they keep) and the moments.
     fn held_tensors(&self) -> HeldTensors {
@@ -858,7 +892,9 @@ impl ParallelWeights for Fsdp {
             let full = self.gather_to_root(shard)?;
             if let (Some(full), Some(visit)) = (full, visit.as_deref_mut()) {
                 for e in &g.layout.entries {
-                    let t = full.f_narrow(0, e.offset, e.numel)?.f_view(e.shape.as_slice())?;
+                    let t = full
+                        .f_narrow(0, e.offset, e.numel)?
+                        .f_view(e.shape.as_slice())?;
                     visit(&e.name, &t)?;
                 }
             }
@@ -912,6 +948,8 @@ impl ParallelWeights for Fsdp {
                     held.push((g, this.gather_full(&this.groups[g].shard)?));
                 }
             }
+            let bytes = held.iter().map(|(_, t)| nbytes(t)).sum::<usize>();
+            this.note(|p| p.eval_gathered = p.eval_gathered.max(bytes));
             let mut named = Params::new();
             for (g, flat) in &held {
                 unflatten(&this.groups[*g].layout, flat, &mut named)?;

@@ -310,6 +310,10 @@ impl GroupLayout {
 /// The shard files of a sharded checkpoint directory, opened (headers only).
 pub fn open_shards(dir: &Path, shard_world: usize) -> Result<Vec<SafetensorsFile>, TrainError> {
     (0..shard_world)
-        .map(|r| Ok(SafetensorsFile::open(dir.join(super::checkpoint::shard_file(r)))?))
+        .map(|r| {
+            Ok(SafetensorsFile::open(
+                dir.join(super::checkpoint::shard_file(r)),
+            )?)
+        })
         .collect()
 }

@@ -137,7 +137,8 @@ impl SafetensorsFile {
             )));
         }
         let mut header = vec![0u8; header_len as usize];
-        file.read_exact_at(&mut header, 8).map_err(io_error(&path))?;
+        file.read_exact_at(&mut header, 8)
+            .map_err(io_error(&path))?;
         let raw: BTreeMap<String, serde_json::Value> = serde_json::from_slice(&header)
             .map_err(|e| format(format!("header is not a JSON object ({e})")))?;
         let data_start = 8 + header_len;
@@ -264,8 +265,8 @@ impl SafetensorsWriter {
         let mut offset = 0u64;
         let mut plan = Vec::with_capacity(order.len());
         for (name, kind, shape) in order {
-            let dtype = dtype_name(kind)
-                .ok_or_else(|| write_error(format!("`{name}`: dtype {kind:?}")))?;
+            let dtype =
+                dtype_name(kind).ok_or_else(|| write_error(format!("`{name}`: dtype {kind:?}")))?;
             let numel: i64 = shape.iter().product();
             let bytes = numel as u64 * kind.elt_size_in_bytes() as u64;
             let entry = HeaderEntry {
@@ -354,12 +355,10 @@ impl SafetensorsWriter {
             return Err(self.write_error(format!("`{name}` and later tensors were never written")));
         }
         let out = self.out.take().expect("open until finish");
-        let file = out
-            .into_inner()
-            .map_err(|e| SafetensorsError::Io {
-                path: self.tmp.clone(),
-                source: e.into_error(),
-            })?;
+        let file = out.into_inner().map_err(|e| SafetensorsError::Io {
+            path: self.tmp.clone(),
+            source: e.into_error(),
+        })?;
         file.sync_all().map_err(io_error(&self.tmp))?;
         drop(file);
         std::fs::rename(&self.tmp, &self.path).map_err(io_error(&self.path))?;
@@ -421,8 +420,10 @@ mod tests {
         assert_eq!(f.read_range("b", 1, 3).unwrap(), b.narrow(0, 1, 2));
         assert!(f.read_range("b", 2, 4).is_err());
         assert_eq!(f.read("step").unwrap().int64_value(&[]), 7);
-        let via_tch: BTreeMap<String, Tensor> =
-            Tensor::read_safetensors(&path).unwrap().into_iter().collect();
+        let via_tch: BTreeMap<String, Tensor> = Tensor::read_safetensors(&path)
+            .unwrap()
+            .into_iter()
+            .collect();
         assert_eq!(via_tch["b"], b);
 
         // A writer dropped before finishing leaves nothing.

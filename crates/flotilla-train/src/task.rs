@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use tch::Device;
 
+use super::checkpoint::save_final;
 use super::fit::{fit, resume, EvalSet, FitOptions};
 use super::host_memory::HostPhase;
 use super::parallelize::DistContext;
@@ -19,7 +20,6 @@ use super::TrainError;
 use crate::data::{self, BatchLayout, DataLoader, DataOptions};
 use crate::model::{HfWeights, Llama};
 use crate::param_source::{Seeded, TensorSource};
-use super::checkpoint::save_final;
 use crate::task_error::TaskError;
 use flotilla_comm::comm::{Backend, Communicator};
 use flotilla_comm::connect::{self, CommOptions};

@@ -41,6 +41,20 @@ pub struct HeldTensors {
     pub optimizer: Vec<Tensor>,
 }
 
+/// The most bytes of transient tensors sharded weights held at once so far, at the moments
+/// the memory planner models (zero for weights that hold none).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TransientPeaks {
+    /// Unsharded gradients: the group whose reduce-scatter is in flight and the one being
+    /// assembled.
+    pub unsharded_grads: usize,
+    /// Groups gathered in the master dtype to evaluate.
+    pub eval_gathered: usize,
+    /// A group gathered to rank 0 for a full checkpoint or the final model (rank 0's figure;
+    /// a shard's worth of scratch elsewhere).
+    pub checkpoint_gathered: usize,
+}
+
 /// Bytes of a tensor's elements.
 pub(crate) fn nbytes(t: &Tensor) -> usize {
     t.numel() * t.kind().elt_size_in_bytes()
@@ -140,6 +154,11 @@ pub trait ParallelWeights {
     /// The tensors held now for parameters, gradients and optimizer state.
     fn held_tensors(&self) -> HeldTensors;
 
+    /// The most bytes of the transient tensors of sharded weights held at once so far.
+    fn transient_peaks(&self) -> TransientPeaks {
+        TransientPeaks::default()
+    }
+
     /// The most bytes of DDP gradient buckets in flight at once so far, for weights that
     /// all-reduce gradients in buckets.
     fn peak_bucket_bytes(&self) -> Option<usize> {
@@ -159,8 +178,11 @@ pub trait ParallelWeights {
     /// Gives `visit` each full tensor of `part`, in [`ParallelWeights::full_layout`] order,
     /// one at a time (collective when sharded: a group is gathered to rank 0 at a time, and
     /// only rank 0 may pass a visitor; the tensors are valid during the call only).
-    fn visit_full(&self, part: StatePart, visit: Option<FullStateVisitor<'_>>)
-        -> Result<(), TrainError>;
+    fn visit_full(
+        &self,
+        part: StatePart,
+        visit: Option<FullStateVisitor<'_>>,
+    ) -> Result<(), TrainError>;
 
     /// Optimizer steps taken.
     fn optimizer_steps(&self) -> u64;

@@ -33,12 +33,13 @@ use compose::composer;
 use flotilla_comm::comm::Communicator;
 use flotilla_comm::cpu::{CpuComm, CpuOptions};
 use flotilla_comm::store::MemoryStore;
-use flotilla_config::schema::JobConfig;
+use flotilla_config::schema::{DistConfig, JobConfig};
 use flotilla_launch::memory::{self, Phase, Step, TermKind};
 use flotilla_train::data::{self, BatchLayout, DataLoader, DataOptions};
 use flotilla_train::model::{Llama, Params};
 use flotilla_train::replicated::Replicated;
 use flotilla_train::storage_shim::{distinct_storage_bytes, held_bytes, storage_address};
+use flotilla_train::weights::StatePart;
 use flotilla_train::{parallelize, AdamWConfig, DistContext, Engine, EngineOptions, Strategy};
 use tch::{Device, Kind, Tensor};
 
@@ -92,6 +93,11 @@ struct Held {
     optimizer: usize,
     peak_gathered: Option<usize>,
     peak_buckets: Option<usize>,
+    /// Parameters and AdamW state right after the weights are built.
+    startup: usize,
+    /// FSDP: unsharded gradients, an evaluation's gathered groups and a full checkpoint's
+    /// group gathered to rank 0 (0 on the other ranks), at their peaks.
+    transient: Option<(usize, usize, usize)>,
 }
 
 /// Runs two optimizer steps of `job` on rank `rank` of `comm` (or one process), measuring the
@@ -113,6 +119,10 @@ fn run_rank(job: &JobConfig, comm: Option<Arc<dyn Communicator>>) -> Held {
     drop(params);
     let mut loader = loader(job, rank, world);
     let mut held = Held::default();
+    let h = weights.held_tensors();
+    let mut states = h.params;
+    states.extend(h.optimizer);
+    held.startup = distinct_storage_bytes(&states);
     for _ in 0..2 {
         let batches = loader.next_step().unwrap();
         let engine = Engine::new(&llama, options);
@@ -127,6 +137,30 @@ fn run_rank(job: &JobConfig, comm: Option<Arc<dyn Communicator>>) -> Held {
     }
     held.peak_gathered = weights.peak_gathered_bytes();
     held.peak_buckets = weights.peak_bucket_bytes();
+    if matches!(job.trainer.dist, DistConfig::Fsdp(_)) {
+        // An evaluation forward and a full checkpoint's parameters, as the trainer runs them.
+        let batch = loader.next_step().unwrap();
+        weights
+            .forward_eval(
+                &llama,
+                &[batch.micro_batches[0].input_ids.shallow_clone()],
+                &mut |_, _| Ok(()),
+            )
+            .unwrap();
+        let mut seen = 0;
+        let mut count = |_: &str, _: &Tensor| {
+            seen += 1;
+            Ok(())
+        };
+        weights
+            .visit_full(StatePart::Params, (rank == 0).then_some(&mut count as _))
+            .unwrap();
+        if rank == 0 {
+            assert_eq!(seen, llama.param_specs().len(), "every parameter visited");
+        }
+        let p = weights.transient_peaks();
+        held.transient = Some((p.unsharded_grads, p.eval_gathered, p.checkpoint_gathered));
+    }
     held
 }
 
@@ -184,25 +218,55 @@ fn model_state_terms_equal_the_bytes_the_trainer_holds() {
         (
             "fsdp",
             2,
-            &["trainer.dist.sharding_strategy=FULL_SHARD"][..],
+            &[
+                "trainer.dist.sharding_strategy=FULL_SHARD",
+                "trainer.eval_every=1",
+            ][..],
         ),
         (
             "fsdp",
             2,
-            &["trainer.dist.sharding_strategy=SHARD_GRAD_OP"][..],
+            &[
+                "trainer.dist.sharding_strategy=SHARD_GRAD_OP",
+                "trainer.eval_every=1",
+            ][..],
         ),
     ] {
         for precision in ["32-true", "bf16-mixed", "bf16-true"] {
             let job = tiny(ranks, dist, precision, extra);
             let name = format!("{} {precision}", memory::strategy_name(&job));
+            let step = Step::new(&job);
+            let startup = step
+                .moments()
+                .into_iter()
+                .find(|m| m.phase == Phase::Startup)
+                .unwrap();
+            let fsdp = dist == "fsdp";
             let want = Held {
                 params: term(&job, TermKind::Params) as usize,
                 grads: term(&job, TermKind::Grads) as usize,
                 optimizer: term(&job, TermKind::Optimizer) as usize,
-                peak_gathered: (dist == "fsdp").then(|| term(&job, TermKind::Gathered) as usize),
+                peak_gathered: fsdp.then(|| term(&job, TermKind::Gathered) as usize),
                 peak_buckets: (dist == "ddp").then(|| term(&job, TermKind::DdpBuckets) as usize),
+                startup: (startup.get(TermKind::Params)
+                    + startup.get(TermKind::Optimizer)
+                    + startup.get(TermKind::StartupParams)) as usize,
+                transient: fsdp.then(|| {
+                    (
+                        step.peak_unsharded_grads().unwrap() as usize,
+                        term(&job, TermKind::EvalGather) as usize,
+                        term(&job, TermKind::CheckpointGather) as usize,
+                    )
+                }),
             };
-            for (rank, got) in run_world(&job).into_iter().enumerate() {
+            for (rank, mut got) in run_world(&job).into_iter().enumerate() {
+                if rank > 0 {
+                    // Only rank 0 gathers a checkpoint's group; the planner prices rank 0.
+                    if let Some((_, _, ckpt)) = &mut got.transient {
+                        assert_eq!(*ckpt, 0, "{name}, rank {rank} gathers nothing");
+                        *ckpt = want.transient.unwrap().2;
+                    }
+                }
                 assert_eq!(got, want, "{name}, rank {rank}: held vs estimated");
             }
             lines.push(format!(
@@ -217,6 +281,13 @@ fn model_state_terms_equal_the_bytes_the_trainer_holds() {
                     .map(|b| format!("  bucket peak {b:>8} B"))
                     .unwrap_or_default(),
             ));
+            if let Some((u, e, c)) = want.transient {
+                lines.push(format!(
+                    "{:<28} start-up {:>8} B  unsharded grads {u:>8} B  eval gather {e:>8} B  \
+                     checkpoint gather {c:>8} B",
+                    "", want.startup
+                ));
+            }
         }
     }
     eprintln!("estimate = live storages, per rank (tiny, 2 x 16 tokens per rank):");

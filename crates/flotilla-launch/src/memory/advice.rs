@@ -127,12 +127,12 @@ fn changes(job: &JobConfig) -> Vec<Change> {
     }
     // 2. Sharded checkpoints for an FSDP job that gathers full ones.
     if let DistConfig::Fsdp(f) = &job.trainer.dist {
-        if f.state_dict_type == StateDictType::Full && world > 1 {
-            let mut j = job.clone();
-            fsdp_mut(&mut j).expect("fsdp").state_dict_type = StateDictType::Sharded;
+        let mut j = job.clone();
+        fsdp_mut(&mut j).expect("fsdp").state_dict_type = StateDictType::Sharded;
+        if f.state_dict_type == StateDictType::Full && world > 1 && peak(&j).0 < peak(job).0 {
             out.push(Change {
                 rank: 1,
-                change: "sharded checkpoints (no full gather on every GPU)".into(),
+                change: "sharded checkpoints (every rank writes its own shards)".into(),
                 overrides: vec!["trainer.dist.state_dict_type=sharded".into()],
                 job: j,
             });

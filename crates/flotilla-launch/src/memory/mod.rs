@@ -220,18 +220,15 @@ fn label(job: &JobConfig, step: &Step<'_>, t: TermKind) -> String {
         TermKind::Params => format!("parameters ({master}{shard_note})"),
         TermKind::ComputeCopies => format!("{compute} compute copies of the parameters"),
         TermKind::Grads => match fsdp {
-            Some(_) if step.grads_keep_unsharded() => {
-                format!("gradients ({master} shards viewing unsharded ones)")
-            }
             Some(_) => format!("gradients ({master}{shard_note})"),
             None => "gradients (fp32 accumulators)".into(),
         },
-        TermKind::GradAccumulators => "unsharded fp32 gradient accumulators".into(),
+        TermKind::GradAccumulators => "fp32 gradients of the unit in backward".into(),
         TermKind::Optimizer => format!("AdamW moments ({master}{shard_note})"),
         TermKind::Gathered => format!("FSDP all-gather buffers ({param})"),
         TermKind::DdpBuckets => "DDP gradient buckets in flight (fp32)".into(),
         TermKind::UnshardedGrads => {
-            format!("unsharded gradients awaiting reduce-scatter ({reduce})")
+            format!("unsharded gradient in reduce-scatter ({reduce}, one group)")
         }
         TermKind::Activations => format!(
             "activations ({act_dtype}, {layers} blocks{}, micro batch {} x {})",
@@ -249,12 +246,12 @@ fn label(job: &JobConfig, step: &Step<'_>, t: TermKind) -> String {
         TermKind::LossBackward => "loss backward: fp32 gradients over the vocabulary".into(),
         TermKind::BackwardWorkspace => "one block's backward".into(),
         TermKind::OptimizerWorkspace => "AdamW temporaries".into(),
-        TermKind::EvalGather => format!("full parameters gathered to evaluate ({master})"),
+        TermKind::EvalGather => format!("one unit's groups gathered to evaluate ({master})"),
         TermKind::EvalForward => format!("evaluation forward ({master})"),
         TermKind::CheckpointGather => {
-            format!("full parameters + AdamW gathered to checkpoint ({master})")
+            format!("one group gathered on rank 0 to checkpoint ({master})")
         }
-        TermKind::StartupParams => "full fp32 parameters at start-up".into(),
+        TermKind::StartupParams => "one group broadcast at start-up (sync_module_states)".into(),
         TermKind::CudaContext => "CUDA context, cuBLAS, NCCL".into(),
         TermKind::AllocatorMargin => {
             format!("allocator margin ({:.0}%)", model::ALLOCATOR_MARGIN * 100.0)
@@ -270,8 +267,8 @@ fn label(job: &JobConfig, step: &Step<'_>, t: TermKind) -> String {
         ),
         TermKind::Data => "training data and batches".into(),
         TermKind::Offloaded => "offloaded shards, gradients, AdamW (cpu_offload)".into(),
-        TermKind::CheckpointWrite => "writing a checkpoint (one tensor at a time)".into(),
-        TermKind::ResumeRead => "resuming: every rank reads the whole checkpoint".into(),
+        TermKind::CheckpointWrite => "writing a checkpoint (streamed by chunks)".into(),
+        TermKind::ResumeRead => "resuming: each rank reads its own elements".into(),
     }
 }
 

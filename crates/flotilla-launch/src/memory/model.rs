@@ -23,6 +23,10 @@ use flotilla_config::schema::{
 /// hundred MiB more).
 pub const CUDA_CONTEXT_BYTES: u64 = 1 << 30;
 
+/// Elements of a tensor rank 0 copies to the host at a time while writing a checkpoint
+/// (`flotilla-train`'s `SafetensorsWriter`).
+pub const WRITE_CHUNK_ELEMENTS: u64 = 1 << 24;
+
 /// The caching allocator's rounding and fragmentation, as a share of the tensor bytes alive.
 pub const ALLOCATOR_MARGIN: f64 = 0.05;
 
@@ -43,11 +47,12 @@ pub enum TermKind {
     /// embedding and by the head).
     ComputeCopies,
     /// Gradients for the optimizer: the engine's fp32 accumulators (`engine.rs`, whatever the
-    /// precision, bf16-true included); FSDP: the reduced shards in the master dtype.
+    /// precision, bf16-true included); FSDP: the reduced shards in the master dtype, present
+    /// from the first micro-batch's reduce-scatter (`Fsdp::settle_reduction`).
     Grads,
-    /// FSDP: the engine's unsharded fp32 gradient accumulators, held across micro-batches
-    /// under gradient accumulation (and, for a tied embedding, from the head's backward to
-    /// the embedding's).
+    /// FSDP: the engine's unsharded fp32 gradients of the unit whose backward runs (and, for a
+    /// tied embedding, from the head's backward to the embedding's); they are reduce-scattered
+    /// on every micro-batch, so none outlives its unit's backward.
     GradAccumulators,
     /// AdamW's two moments, in the master dtype (`optim.rs`; FSDP: per shard).
     Optimizer,
@@ -59,8 +64,9 @@ pub enum TermKind {
     /// DDP: the flat bucket copies of the gradients (`GradReducer`), all in flight until the
     /// end of the backward pass.
     DdpBuckets,
-    /// FSDP: each group's unsharded gradient, kept alive by its reduce-scatter until the end of
-    /// the backward pass.
+    /// FSDP: the unsharded gradient (reduce dtype) of the group whose reduce-scatter is in
+    /// flight (one at a time: the next waits for it), and a multi-unit group's gradient being
+    /// assembled.
     UnshardedGrads,
     /// Activations of one micro-batch held between forward and backward.
     Activations,
@@ -76,17 +82,21 @@ pub enum TermKind {
     BackwardWorkspace,
     /// AdamW's temporaries on the largest tensor (`adamw_update`).
     OptimizerWorkspace,
-    /// FSDP evaluation: the full parameters gathered on every rank (`Trainer::evaluate`).
+    /// FSDP evaluation: the groups one unit reads, gathered in the master dtype
+    /// (`Fsdp::forward_eval`).
     EvalGather,
-    /// The evaluation forward (no gradients; in the master dtype, as `evaluate` runs the full
-    /// parameters).
+    /// The evaluation forward (no gradients, in the master dtype): replicated weights run one
+    /// micro-batch at a time; FSDP walks the units once for all of the rank's evaluation
+    /// micro-batches, whose hidden states are alive together.
     EvalForward,
-    /// FSDP with `state_dict_type: full`: the full parameters and optimizer state gathered on
-    /// every rank's device for a checkpoint (`Fsdp::checkpoint_state`).
+    /// FSDP with `state_dict_type: full` (and the final model): the largest group gathered on
+    /// rank 0's device in the master dtype (`Fsdp::visit_full`, one group and one part at a
+    /// time; the other ranks hold a shard's worth).
     CheckpointGather,
-    /// Start-up: the full fp32 parameters every rank initialises (or loads) on its device
-    /// before `parallelize` keeps its replica or shards (`task.rs`), with their cast to a bf16
-    /// master and, under FSDP, a group flattened at a time.
+    /// Start-up beyond the weights themselves: each rank builds its replica or its shards
+    /// from the source by ranges (`param_source.rs`), so nothing, unless FSDP's
+    /// `sync_module_states` has rank 0 read and broadcast each group whole (one group at a
+    /// time, on every rank).
     StartupParams,
     /// The CUDA context, cuBLAS workspaces and NCCL buffers.
     CudaContext,
@@ -98,10 +108,11 @@ pub enum TermKind {
     Data,
     /// Host: FSDP `cpu_offload`: the shards, their gradients, AdamW moments and temporaries.
     Offloaded,
-    /// Host: rank 0 writing a checkpoint copies one tensor at a time to the host.
+    /// Host: rank 0 writing a checkpoint or the final model copies at most 16M elements of a
+    /// tensor at a time to the host (`SafetensorsWriter::write`).
     CheckpointWrite,
-    /// Host: resuming, every rank reads the whole checkpoint (file bytes, then the tensors
-    /// made from them; `checkpoint::read_full`).
+    /// Host: resuming, every rank reads only the elements it holds, one parameter's piece at a
+    /// time (`CheckpointFiles`): replicated weights a whole parameter, FSDP its part of it.
     ResumeRead,
 }
 
@@ -446,6 +457,8 @@ struct FsdpShape {
     /// device copy of a one-rank shard) rather than the shard itself.
     gather_copies: bool,
     full_checkpoints: bool,
+    /// `sync_module_states` over more than one rank: rank 0 broadcasts each group at start-up.
+    sync: bool,
 }
 
 impl FsdpShape {
@@ -485,11 +498,31 @@ impl FsdpShape {
             offload,
             gather_copies: shard_world > 1 || p != m || offload,
             full_checkpoints: f.state_dict_type == StateDictType::Full,
+            sync: f.sync_module_states && world > 1,
         }
     }
 
     fn sum(&self, f: impl Fn(&FlatGroup) -> u64) -> u64 {
         self.groups.iter().map(f).sum()
+    }
+
+    /// Bytes of unsharded gradients alive when unit `u` hands its gradients over
+    /// (`Fsdp::gradients_ready`): its group's, assembled, and the next group's, whose
+    /// reduce-scatter is still in flight (the next one starts only when it lands).
+    fn unsharded_at(&self, u: usize) -> u64 {
+        let flat = |g: usize| self.groups.get(g).map_or(0, |g| g.padded * self.r);
+        let own = self.unit_group[u];
+        flat(own) + flat(own + 1)
+    }
+
+    fn max(&self, f: impl Fn(&FlatGroup) -> u64) -> u64 {
+        self.groups.iter().map(f).max().unwrap_or(0)
+    }
+
+    /// Whether gathering a group makes a tensor of its own (more than one shard rank, or
+    /// shards offloaded to the host).
+    fn gathers_copy(&self) -> bool {
+        self.shard_world > 1 || self.offload
     }
 
     /// Groups unit `u` reads: its own, and the embedding's for a tied head.
@@ -631,15 +664,17 @@ impl<'a> Step<'a> {
         self.units.count()
     }
 
-    /// FSDP over more than one rank reducing in the master dtype: `Fsdp::set_grad` makes no
-    /// copy, so each reduced shard is a view of its group's unsharded gradient and keeps all
-    /// of it alive until the optimizer step.
-    pub fn grads_keep_unsharded(&self) -> bool {
-        matches!(&self.weights, Weights::Fsdp(f) if f.shard_world > 1 && f.r == self.m && !f.offload)
-    }
-
     fn tied(&self) -> bool {
         self.job.model.tie_word_embeddings
+    }
+
+    /// FSDP: the most bytes of unsharded gradients alive at once over the backward pass (at
+    /// some unit's hand-off; the moments keep only the worst block's). `None` without FSDP.
+    pub fn peak_unsharded_grads(&self) -> Option<u64> {
+        match &self.weights {
+            Weights::Fsdp(f) => (0..self.n()).map(|u| f.unsharded_at(u)).max(),
+            Weights::Replicated { .. } => None,
+        }
     }
 
     /// Activations held between a unit's forward and backward.
@@ -774,22 +809,22 @@ impl<'a> Step<'a> {
             Weights::Fsdp(f) => {
                 let (fwd_gathered, bwd_gathered) = f.gathered_timeline(n, self.tied());
                 let r = f.r;
-                let flats_from = |u: usize| -> u64 {
-                    f.groups
-                        .iter()
-                        .filter(|g| g.units.start >= u)
-                        .map(|g| g.padded * r)
-                        .sum()
-                };
                 let tied_embed = if self.tied() { owned(0) } else { 0 };
+                let shards = f.sum(|g| g.shard);
+                // Under gradient accumulation the sharded gradients exist from the first
+                // micro-batch's reduction on.
+                let accumulated = if self.accum > 1 && !f.offload {
+                    shards * m
+                } else {
+                    0
+                };
+                let unsharded_at = |u: usize| f.unsharded_at(u);
                 let mut mo = base(Phase::LossBackward);
                 mo.add(
                     TermKind::Gathered,
                     bwd_gathered[n - 1].max(fwd_gathered[n - 1]),
                 );
-                if self.accum > 1 {
-                    mo.add(TermKind::GradAccumulators, big * 4);
-                }
+                mo.add(TermKind::Grads, accumulated);
                 mo.add(TermKind::Activations, kept_all);
                 mo.add(TermKind::Logits, act.logits);
                 mo.add(TermKind::Loss, act.loss);
@@ -799,13 +834,9 @@ impl<'a> Step<'a> {
                 for u in (1..n - 1).rev() {
                     let mut mo = base(Phase::Backward);
                     mo.add(TermKind::Gathered, bwd_gathered[u]);
-                    let acc = if self.accum > 1 {
-                        (0..=u).map(owned).sum::<u64>()
-                    } else {
-                        owned(u) + tied_embed
-                    };
-                    mo.add(TermKind::GradAccumulators, acc * 4);
-                    mo.add(TermKind::UnshardedGrads, flats_from(u));
+                    mo.add(TermKind::Grads, accumulated);
+                    mo.add(TermKind::GradAccumulators, (owned(u) + tied_embed) * 4);
+                    mo.add(TermKind::UnshardedGrads, unsharded_at(u));
                     mo.add(TermKind::Activations, kept_upto(u) + act.rotary);
                     mo.add(TermKind::Recompute, recompute);
                     mo.add(TermKind::BackwardWorkspace, act.block_backward);
@@ -821,64 +852,91 @@ impl<'a> Step<'a> {
                 } else {
                     f.sum(|g| g.padded) * f.p
                 };
+                // The embedding's backward done: its fp32 gradients copied into group 0's
+                // unsharded gradient while group 1's reduction is still in flight, the other
+                // sharded gradients in place.
                 let mut mo = base(Phase::EndOfBackward);
                 mo.add(TermKind::Gathered, kept_gathered);
-                mo.add(TermKind::UnshardedGrads, flats_from(0));
+                if !f.offload {
+                    mo.add(TermKind::Grads, shards * m);
+                }
+                mo.add(TermKind::GradAccumulators, owned(0) * 4);
+                mo.add(TermKind::UnshardedGrads, unsharded_at(0));
                 out.push(mo);
                 let mut mo = base(Phase::OptimizerStep);
                 mo.add(TermKind::Gathered, kept_gathered);
                 if !f.offload {
-                    // Under 32-true the reduced shard is a view of its group's unsharded
-                    // gradient, which it keeps alive until the step.
-                    let grads = if self.grads_keep_unsharded() {
-                        f.sum(|g| g.padded) * r
-                    } else {
-                        f.sum(|g| g.shard) * m
-                    };
-                    mo.add(TermKind::Grads, grads);
-                    let shard = f.groups.iter().map(|g| g.shard).max().unwrap_or(0);
+                    mo.add(TermKind::Grads, shards * m);
+                    let shard = f.max(|g| g.shard);
                     mo.add(TermKind::OptimizerWorkspace, 3 * shard * m);
                 }
                 out.push(mo);
             }
         }
 
-        // Evaluation: the full parameters (gathered under FSDP), a forward without gradients
-        // in the master dtype.
+        // Evaluation, in the master dtype without gradients: replicated weights run a
+        // micro-batch at a time; FSDP gathers the groups one unit reads and walks the units
+        // once for all of the rank's evaluation micro-batches.
         if self.has_eval() {
             let mut mo = base(Phase::Evaluation);
-            if let Weights::Fsdp(f) = &self.weights {
-                if f.shard_world > 1 || f.offload {
-                    mo.add(TermKind::EvalGather, f.sum(|g| g.padded) * m);
+            let t = &self.job.trainer;
+            let micro = t.micro_batch_size as u64;
+            let a = Activations::of(self.job, micro, m, 0);
+            match &self.weights {
+                Weights::Fsdp(f) => {
+                    if f.gathers_copy() {
+                        let reads = (0..n)
+                            .map(|u| {
+                                f.reads(u, n, self.tied())
+                                    .iter()
+                                    .map(|&g| f.groups[g].padded)
+                                    .sum::<u64>()
+                            })
+                            .max()
+                            .unwrap_or(0);
+                        mo.add(TermKind::EvalGather, reads * m);
+                    }
+                    let world = self.job.compute.world_size().max(1) as u64;
+                    let rows = (t.eval_batches as u64 * micro).div_ceil(world);
+                    let hidden = rows
+                        * self.job.data.seq_len() as u64
+                        * self.job.model.hidden_size as u64
+                        * m;
+                    mo.add(
+                        TermKind::EvalForward,
+                        2 * hidden + a.logits + a.loss_backward,
+                    );
+                }
+                Weights::Replicated { .. } => {
+                    mo.add(
+                        TermKind::EvalForward,
+                        a.logits + a.loss_backward + a.block_input,
+                    );
                 }
             }
-            let a = Activations::of(self.job, self.job.trainer.micro_batch_size as u64, m, 0);
-            mo.add(
-                TermKind::EvalForward,
-                a.logits + a.loss_backward + a.block_input,
-            );
             out.push(mo);
         }
-        // A checkpoint (there is always a final one): full ones gather everything under FSDP.
+        // A checkpoint (there is always the final model): FSDP gathers a group at a time to
+        // rank 0 for full checkpoints and for the final model.
         if let Weights::Fsdp(f) = &self.weights {
-            if f.full_checkpoints && (f.shard_world > 1 || f.offload) {
+            if f.gathers_copy() {
                 let mut mo = base(Phase::Checkpoint);
-                mo.add(TermKind::CheckpointGather, 3 * f.sum(|g| g.padded) * m);
+                mo.add(TermKind::CheckpointGather, f.max(|g| g.padded) * m);
                 out.push(mo);
             }
         }
-        // Start-up: the full fp32 parameters, their cast to a bf16 master, and under FSDP the
-        // shards and moments built a group at a time from a flattened copy.
+        // Start-up: each rank builds its replica or its shards (and zero moments) from the
+        // source; with `sync_module_states` every rank holds one group whole while it is
+        // broadcast.
         let mut mo = Moment::new(Phase::Startup);
-        let cast = if m == 4 { 0 } else { big * m };
         match &self.weights {
             Weights::Replicated { .. } => {
                 mo.add(TermKind::Params, big * m);
-                mo.add(TermKind::StartupParams, if m == 4 { 0 } else { big * 4 });
             }
             Weights::Fsdp(f) => {
-                let flat = f.groups.iter().map(|g| g.padded).max().unwrap_or(0) * m;
-                mo.add(TermKind::StartupParams, big * 4 + cast + flat);
+                if f.sync {
+                    mo.add(TermKind::StartupParams, f.max(|g| g.padded) * m);
+                }
                 if !f.offload {
                     let shards = f.sum(|g| g.shard);
                     mo.add(TermKind::Params, shards * m);
@@ -899,7 +957,6 @@ impl<'a> Step<'a> {
     pub fn host(&self, device_peak: u64) -> (Vec<(TermKind, u64)>, u64) {
         let ranks = self.job.compute.tasks_per_node.max(1) as u64;
         let m = self.m;
-        let big = self.units.total();
         let mut terms = vec![];
         let per_process = if self.gpu {
             PROCESS_HOST_BYTES_GPU
@@ -915,36 +972,48 @@ impl<'a> Step<'a> {
         // Input ids and labels of one step's micro-batches.
         let batches = 2 * self.accum * self.act.tokens;
         terms.push((TermKind::Data, ranks * (data + batches)));
-        let mut offloaded = 0;
-        let mut sharded_ckpt = None;
-        if let Weights::Fsdp(f) = &self.weights {
-            let shards = f.sum(|g| g.shard);
-            if f.offload {
-                let shard = f.groups.iter().map(|g| g.shard).max().unwrap_or(0);
-                offloaded = ranks * (4 * shards * m + 3 * shard * m);
-            }
-            if !f.full_checkpoints {
-                sharded_ckpt = Some(f.shard_world);
-            }
-        }
-        terms.push((TermKind::Offloaded, offloaded));
+        // The most elements of one parameter a rank reads at a time on resume (FSDP: a piece
+        // within its shard).
         let largest = *self.units.largest.iter().max().unwrap_or(&0);
-        let write = match sharded_ckpt {
-            Some(_) => 0,
-            None => largest * m,
+        // Rank 0 streams a full checkpoint (and the final model) a chunk at a time: the chunk
+        // on the host, its cast to the file's dtype (fp32 for the final model) and its bytes.
+        let streamed = WRITE_CHUNK_ELEMENTS.min(largest) * (m + 8);
+        let (offloaded, write, piece) = match &self.weights {
+            Weights::Fsdp(f) => {
+                let shards = f.sum(|g| g.shard);
+                let offloaded = if f.offload {
+                    ranks * (4 * shards * m + 3 * f.max(|g| g.shard) * m)
+                } else {
+                    0
+                };
+                // Sharded checkpoints: every rank writes its shards and moments through
+                // libtorch, which copies them to the host.
+                let write = if f.full_checkpoints {
+                    streamed
+                } else {
+                    streamed.max(ranks * 3 * shards * m)
+                };
+                (offloaded, write, largest.min(f.max(|g| g.shard)))
+            }
+            Weights::Replicated { .. } => (0, streamed, largest),
         };
+        terms.push((TermKind::Offloaded, offloaded));
+        self.host_finish(terms, write, ranks * piece * m)
+    }
+
+    /// Adds the checkpoint-write and resume terms (resume only when the job may resume) and
+    /// sums the peak: the fixed terms plus the larger of writing and reading.
+    fn host_finish(
+        &self,
+        mut terms: Vec<(TermKind, u64)>,
+        write: u64,
+        resume: u64,
+    ) -> (Vec<(TermKind, u64)>, u64) {
         terms.push((TermKind::CheckpointWrite, write));
         let resume = if self.job.trainer.resume == Resume::Never {
             0
         } else {
-            ranks
-                * match sharded_ckpt {
-                    // Every shard file (params and moments) kept, one file's bytes while
-                    // reading it, then the concatenated full tensors.
-                    Some(s) => 6 * big * m + (3 * big * m).div_ceil(s.max(1)),
-                    // The parameters; the optimizer file read whole, then its tensors.
-                    None => big * m + 2 * (2 * big * m),
-                }
+            resume
         };
         terms.push((TermKind::ResumeRead, resume));
         let fixed: u64 = terms

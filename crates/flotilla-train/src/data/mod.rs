@@ -78,9 +78,7 @@ use std::sync::Arc;
 
 use flotilla_config::schema::DataConfig;
 
-pub use arithmetic::{
-    greedy_generate, greedy_generate_in_step, Accuracy, ArithmeticTask, Problem,
-};
+pub use arithmetic::{greedy_generate, greedy_generate_in_step, Accuracy, ArithmeticTask, Problem};
 pub use batch::{eval_batches, Batch, BatchLayout, DataLoader, StepBatches};
 pub use dataset::{Dataset, Sample, IGNORE_INDEX};
 pub use error::{DataError, Result};

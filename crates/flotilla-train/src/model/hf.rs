@@ -441,7 +441,10 @@ impl HfWeights {
                 }
                 let Some(spec) = model.param_spec(name) else {
                     if name == "lm_head.weight" && config.tie_word_embeddings {
-                        tracing::debug!("{}: ignoring lm_head.weight of a tied model", path.display());
+                        tracing::debug!(
+                            "{}: ignoring lm_head.weight of a tied model",
+                            path.display()
+                        );
                         continue;
                     }
                     return Err(ModelError::UnexpectedTensor {

@@ -37,8 +37,8 @@ use indexmap::IndexMap;
 use tch::{Device, Kind, Tensor};
 
 pub use hf::{
-    finish_hf_dir, load_hf, read_hf_config, read_model_config, save_hf, save_hf_from, HfLlamaConfig,
-    HfWeights,
+    finish_hf_dir, load_hf, read_hf_config, read_model_config, save_hf, save_hf_from,
+    HfLlamaConfig, HfWeights,
 };
 pub use init::Init;
 pub use llama::{causal_lm_loss, causal_lm_loss_sum, Llama};
