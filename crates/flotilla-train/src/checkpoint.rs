@@ -358,6 +358,8 @@ pub struct ShardedMeta {
 
 /// The tensor files of a checkpoint directory, full or sharded, opened by their headers only:
 /// sources of its parameters and AdamW moments by ranges.
+// One value per resume: the variants' sizes do not matter.
+#[allow(clippy::large_enum_variant)]
 pub enum CheckpointFiles {
     Full {
         model: FileSource,
@@ -427,7 +429,7 @@ impl CheckpointFiles {
         }
         let files = open_shards(dir, meta.shard_world)?;
         for (g, layout) in meta.groups.iter().enumerate() {
-            for (r, f) in files.iter().enumerate() {
+            for f in &files {
                 for what in ["param", "exp_avg", "exp_avg_sq"] {
                     let key = format!("group{g}.{what}");
                     let numel = f.info(&key).map(|i| i.numel);
@@ -440,7 +442,6 @@ impl CheckpointFiles {
                         )));
                     }
                 }
-                let _ = r;
             }
         }
         Ok(CheckpointFiles::Sharded { files, meta })

@@ -109,12 +109,6 @@ impl FileSource {
         })
     }
 
-    /// The same files, naming tensors with another suffix.
-    pub fn with_suffix(&self, suffix: &str) -> Result<Self, TrainError> {
-        let paths: Vec<PathBuf> = self.files.iter().map(|f| f.path().to_path_buf()).collect();
-        Self::open(&paths, suffix)
-    }
-
     /// The file holding tensor `key` (a full name, suffix included) and its header entry.
     pub fn find(&self, key: &str) -> Option<&SafetensorsFile> {
         self.by_name.get(key).map(|&i| &self.files[i])

@@ -808,7 +808,6 @@ impl<'a> Step<'a> {
             }
             Weights::Fsdp(f) => {
                 let (fwd_gathered, bwd_gathered) = f.gathered_timeline(n, self.tied());
-                let r = f.r;
                 let tied_embed = if self.tied() { owned(0) } else { 0 };
                 let shards = f.sum(|g| g.shard);
                 // Under gradient accumulation the sharded gradients exist from the first
