@@ -6,7 +6,9 @@
 //! [`parallelize`](mod@parallelize) builds them, the [`trainer`] loop with its fp16
 //! [`loss_scale`] (its `metrics.csv` rows are `flotilla_contract::metrics`'), its [`checkpoint`]s, a run in a run directory
 //! ([`fit`](mod@fit): evaluation, checkpointing, resuming; [`preempt`]ion), the
-//! `flotilla train` job ([`task`]) and `flotilla bench comm` ([`comm_bench`]). This file owns the crate's error type and the safetensors helpers that name the file in their
+//! `flotilla train` job ([`task`]) and `flotilla bench comm` ([`comm_bench`]); the starting
+//! weights and resumed state read by ranges ([`param_source`] over [`safetensors_io`]) and
+//! each rank's peak host memory by phase ([`host_memory`]). This file owns the crate's error type and the safetensors helpers that name the file in their
 //! errors.
 
 pub mod checkpoint;
