@@ -195,8 +195,18 @@ pub fn save(trainer: &Trainer, run_dir: &Path, keep_last: usize) -> Result<PathB
         })?,
         None => on_all_ranks(trainer, "write", || {
             let weights = trainer.weights();
-            write_state_file(weights, &tmp.join(MODEL_FILE), None, rank == 0)?;
-            write_state_file(weights, &tmp.join(OPTIMIZER_FILE), None, rank == 0)
+            write_state_file(
+                weights,
+                &tmp.join(MODEL_FILE),
+                StateFile::Model(None),
+                rank == 0,
+            )?;
+            write_state_file(
+                weights,
+                &tmp.join(OPTIMIZER_FILE),
+                StateFile::Optimizer,
+                rank == 0,
+            )
         })?,
     }
 
@@ -245,23 +255,29 @@ pub fn save(trainer: &Trainer, run_dir: &Path, keep_last: usize) -> Result<PathB
     Ok(target)
 }
 
-/// Streams one file of a full checkpoint (or `final/`) from `weights`: `model.safetensors`
-/// (the parameters, in `kind` when given, else the master dtype) or `optimizer.safetensors`
-/// (`step`, then every first moment, then every second). Collective; only `is_root` writes. A
+/// The files of a full checkpoint's state.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StateFile {
+    /// `model.safetensors`: the parameters, in this dtype (`None`: the master dtype).
+    Model(Option<tch::Kind>),
+    /// `optimizer.safetensors`: `step`, then every first moment, then every second.
+    Optimizer,
+}
+
+/// Streams one file of a full checkpoint (or `final/`) from `weights` to `path`. Collective; only `is_root` writes. A
 /// write error on the root does not stop it taking part in the gathers (the other ranks would
 /// wait for it); it is returned once they are done, and the unfinished file is removed.
 pub fn write_state_file(
     weights: &dyn ParallelWeights,
     path: &Path,
-    kind: Option<tch::Kind>,
+    file: StateFile,
     is_root: bool,
 ) -> Result<(), TrainError> {
-    let optimizer = path.file_name().is_some_and(|n| n == OPTIMIZER_FILE);
-    let parts: &[StatePart] = if optimizer {
-        &[StatePart::ExpAvg, StatePart::ExpAvgSq]
-    } else {
-        &[StatePart::Params]
+    let (parts, kind): (&[StatePart], _) = match file {
+        StateFile::Model(kind) => (&[StatePart::Params], kind),
+        StateFile::Optimizer => (&[StatePart::ExpAvg, StatePart::ExpAvgSq], None),
     };
+    let optimizer = file == StateFile::Optimizer;
     let mut failure: Option<TrainError> = None;
     let mut writer = None;
     if is_root {
@@ -324,7 +340,8 @@ pub fn save_final(
     })?;
     on_all_ranks(trainer, "write of final/", || {
         let weights = dir.join(crate::model::hf::WEIGHTS_FILE);
-        write_state_file(trainer.weights(), &weights, Some(tch::Kind::Float), root)?;
+        let file = StateFile::Model(Some(tch::Kind::Float));
+        write_state_file(trainer.weights(), &weights, file, root)?;
         if root {
             crate::model::finish_hf_dir(dir, &trainer.model, tch::Kind::Float)?;
             if let Some(tok) = tokenizer {

@@ -14,9 +14,9 @@ use std::path::{Path, PathBuf};
 use tch::{Device, Kind, Tensor};
 
 use super::fsdp_layout::GroupLayout;
-use super::safetensors_io::SafetensorsFile;
+use super::safetensors_io::{SafetensorsError, SafetensorsFile};
 use super::TrainError;
-use crate::model::{Init, Llama, ModelError, Params};
+use crate::model::{is_float_kind, Init, Llama, ModelError, Params};
 
 /// Elements of flattened tensors, by parameter name.
 pub trait TensorSource {
@@ -92,7 +92,7 @@ pub struct FileSource {
 
 impl FileSource {
     /// The tensors of `files` (a name in several files: the first).
-    pub fn open(files: &[PathBuf], suffix: &str) -> Result<Self, TrainError> {
+    pub fn open(files: &[PathBuf], suffix: &str) -> Result<Self, SafetensorsError> {
         let mut opened = vec![];
         let mut by_name = HashMap::new();
         for (i, path) in files.iter().enumerate() {
@@ -109,7 +109,12 @@ impl FileSource {
         })
     }
 
-    /// The file holding tensor `key` (a full name, suffix included) and its header entry.
+    /// The files, in the order given.
+    pub fn files(&self) -> &[SafetensorsFile] {
+        &self.files
+    }
+
+    /// The file holding tensor `key` (a full name, suffix included).
     pub fn find(&self, key: &str) -> Option<&SafetensorsFile> {
         self.by_name.get(key).map(|&i| &self.files[i])
     }
@@ -123,7 +128,7 @@ impl FileSource {
 
     /// Checks that every parameter of `model` is there (with this source's suffix) with its
     /// shape and a floating dtype.
-    pub fn check_all(&self, model: &Llama) -> Result<(), TrainError> {
+    pub fn check_all(&self, model: &Llama) -> Result<(), ModelError> {
         for s in model.param_specs() {
             let key = format!("{}{}", s.name, self.suffix);
             let Some(file) = self.find(&key) else {
@@ -135,8 +140,7 @@ impl FileSource {
                         .map(|f| f.path().display().to_string())
                         .collect::<Vec<_>>()
                         .join(", "),
-                }
-                .into());
+                });
             };
             let info = file.info(&key).expect("indexed");
             if info.shape != s.shape {
@@ -145,32 +149,23 @@ impl FileSource {
                     expected: s.shape.clone(),
                     found: info.shape.clone(),
                     file: Some(file.path().to_path_buf()),
-                }
-                .into());
+                });
             }
-            if !is_float(info.kind) {
+            if !is_float_kind(info.kind) {
                 return Err(ModelError::UnsupportedDtype {
                     name: key,
                     dtype: format!("{:?}", info.kind),
                     file: Some(file.path().to_path_buf()),
-                }
-                .into());
+                });
             }
         }
         Ok(())
     }
 }
 
-pub(crate) fn is_float(kind: Kind) -> bool {
-    matches!(
-        kind,
-        Kind::Float | Kind::BFloat16 | Kind::Half | Kind::Double
-    )
-}
-
 impl TensorSource for FileSource {
     fn check(&self, model: &Llama) -> Result<(), TrainError> {
-        self.check_all(model)
+        Ok(self.check_all(model)?)
     }
 
     fn read_range(&self, name: &str, lo: i64, hi: i64) -> Result<Tensor, TrainError> {

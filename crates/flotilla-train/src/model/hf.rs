@@ -4,7 +4,6 @@
 //! [`HfWeights`] checks a directory's tensors from the file headers alone and reads them by
 //! ranges (an FSDP rank reads only its shards); writing streams one tensor at a time.
 
-use std::collections::HashMap;
 use std::fs;
 use std::path::{Path, PathBuf};
 
@@ -15,8 +14,8 @@ use flotilla_config::schema::{ModelConfig, RopeScaling, RopeType};
 
 use super::llama::Llama;
 use super::{ModelError, Params};
-use crate::param_source::TensorSource;
-use crate::safetensors_io::{SafetensorsFile, SafetensorsWriter};
+use crate::param_source::{FileSource, TensorSource};
+use crate::safetensors_io::SafetensorsWriter;
 use crate::TrainError;
 
 /// transformers' `rope_parameters` (≥ 5) or legacy `rope_scaling` dict.
@@ -416,9 +415,7 @@ fn weight_files(dir: &Path) -> Result<Vec<PathBuf>, ModelError> {
 /// tied checkpoint that also stores `lm_head.weight` has it ignored, as transformers does; an
 /// old `rotary_emb.inv_freq` buffer is skipped) and read by ranges.
 pub struct HfWeights {
-    files: Vec<SafetensorsFile>,
-    /// Parameter name → index in `files`.
-    place: HashMap<String, usize>,
+    source: FileSource,
     /// The dtype `config.json` declares for the weights, if any.
     pub declared_kind: Option<Kind>,
 }
@@ -430,67 +427,30 @@ impl HfWeights {
         let config = read_model_config(dir)?;
         let model = Llama::new(&config)?;
         let declared_kind = read_hf_config(dir)?.weight_kind();
-        let paths = weight_files(dir)?;
-        let mut files = vec![];
-        let mut place = HashMap::new();
-        for (i, path) in paths.iter().enumerate() {
-            let file = SafetensorsFile::open(path)?;
-            for (name, info) in file.tensors() {
-                if name.ends_with("rotary_emb.inv_freq") {
-                    continue; // a buffer older transformers saved; recomputed from the config
+        let source = FileSource::open(&weight_files(dir)?, "")?;
+        for file in source.files() {
+            for name in file.tensors().keys() {
+                if name.ends_with("rotary_emb.inv_freq") || model.param_spec(name).is_some() {
+                    continue; // an old buffer recomputed from the config, or a weight
                 }
-                let Some(spec) = model.param_spec(name) else {
-                    if name == "lm_head.weight" && config.tie_word_embeddings {
-                        tracing::debug!(
-                            "{}: ignoring lm_head.weight of a tied model",
-                            path.display()
-                        );
-                        continue;
-                    }
-                    return Err(ModelError::UnexpectedTensor {
-                        name: name.clone(),
-                        file: path.clone(),
-                    });
-                };
-                if !matches!(
-                    info.kind,
-                    Kind::Float | Kind::BFloat16 | Kind::Half | Kind::Double
-                ) {
-                    return Err(ModelError::UnsupportedDtype {
-                        name: name.clone(),
-                        dtype: format!("{:?}", info.kind),
-                        file: Some(path.clone()),
-                    });
+                if name == "lm_head.weight" && config.tie_word_embeddings {
+                    tracing::debug!(
+                        "{}: ignoring lm_head.weight of a tied model",
+                        file.path().display()
+                    );
+                    continue;
                 }
-                if info.shape != spec.shape {
-                    return Err(ModelError::ShapeMismatch {
-                        name: name.clone(),
-                        expected: spec.shape.clone(),
-                        found: info.shape.clone(),
-                        file: Some(path.clone()),
-                    });
-                }
-                place.insert(name.clone(), i);
-            }
-            files.push(file);
-        }
-        for spec in model.param_specs() {
-            if !place.contains_key(&spec.name) {
-                return Err(ModelError::MissingTensor {
-                    name: spec.name.clone(),
-                    files: paths
-                        .iter()
-                        .map(|f| f.display().to_string())
-                        .collect::<Vec<_>>()
-                        .join(", "),
+                return Err(ModelError::UnexpectedTensor {
+                    name: name.clone(),
+                    file: file.path().to_path_buf(),
                 });
             }
         }
+        source.check_all(&model)?;
         Ok((
             model,
             Self {
-                files,
-                place,
+                source,
                 declared_kind,
             },
         ))
@@ -498,11 +458,11 @@ impl HfWeights {
 
     /// Elements `lo..hi` of parameter `name`, flattened (CPU, the file's dtype).
     pub fn read_range(&self, name: &str, lo: i64, hi: i64) -> Result<Tensor, ModelError> {
-        let i = self
-            .place
-            .get(name)
+        let file = self
+            .source
+            .find(name)
             .ok_or_else(|| ModelError::MissingParam { name: name.into() })?;
-        Ok(self.files[*i].read_range(name, lo, hi)?)
+        Ok(file.read_range(name, lo, hi)?)
     }
 }
 

@@ -175,10 +175,7 @@ impl Llama {
                     file: None,
                 });
             }
-            if !matches!(
-                t.kind(),
-                Kind::Float | Kind::BFloat16 | Kind::Half | Kind::Double
-            ) {
+            if !super::is_float_kind(t.kind()) {
                 return Err(ModelError::UnsupportedDtype {
                     name: s.name.clone(),
                     dtype: format!("{:?}", t.kind()),

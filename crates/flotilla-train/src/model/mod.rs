@@ -111,6 +111,14 @@ pub enum ModelError {
     Torch(#[from] tch::TchError),
 }
 
+/// Whether a tensor kind is one the model's weights may have (f32, bf16, f16, f64).
+pub fn is_float_kind(kind: Kind) -> bool {
+    matches!(
+        kind,
+        Kind::Float | Kind::BFloat16 | Kind::Half | Kind::Double
+    )
+}
+
 fn in_file(file: &Option<PathBuf>) -> String {
     file.as_ref()
         .map(|f| format!(" in {}", f.display()))
