@@ -44,6 +44,15 @@ pub trait Strategy {
     /// the engine's accumulators; a strategy may reduce them in place (DDP all-reduce).
     fn gradients_ready(&mut self, unit: usize, grads: &Params) -> Result<(), TrainError>;
 
+    /// Where parameter `name`'s fp32 gradient accumulator lives, asked when the step's first
+    /// gradient of it arrives: a zeroed tensor of the parameter's shape that the engine writes
+    /// the gradient into and accumulates in (DDP: a view of its bucket, so the bucket
+    /// all-reduce needs no second copy). `None`: the engine keeps the gradient it computed.
+    /// Default: `None`.
+    fn gradient_storage(&mut self, _name: &str) -> Result<Option<Tensor>, TrainError> {
+        Ok(None)
+    }
+
     /// A micro-batch's forward starts. Default: nothing.
     fn begin_forward(&mut self) {}
 
@@ -247,7 +256,13 @@ impl<'m> Engine<'m> {
                     Some(acc) => {
                         let _ = acc.shallow_clone().f_add_(&pg)?;
                     }
-                    None => grads.insert(name.clone(), pg),
+                    None => match strategy.gradient_storage(name)? {
+                        Some(storage) => {
+                            storage.shallow_clone().f_copy_(&pg)?;
+                            grads.insert(name.clone(), storage);
+                        }
+                        None => grads.insert(name.clone(), pg),
+                    },
                 }
             }
             strategy.release(i)?;

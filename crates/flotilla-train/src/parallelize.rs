@@ -82,7 +82,12 @@ pub fn parallelize(
             if let (DistConfig::Ddp(ddp), Some(comm)) = (&config.dist, &comm) {
                 if comm.world_size() > 1 {
                     broadcast_params(comm.as_ref(), &w.params)?;
-                    w.reducer = Some(GradReducer::new(comm.clone(), ddp.bucket_cap_mb));
+                    w.reducer = Some(GradReducer::new(
+                        comm.clone(),
+                        ddp.bucket_cap_mb,
+                        model,
+                        &w.params,
+                    ));
                 }
             }
             Box::new(w)

@@ -9,9 +9,10 @@
 //! Reductions are sums: every rank normalises its loss by the token count of the whole global
 //! batch, so the sum over ranks is the gradient of the global mean loss.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
-use tch::{Kind, Tensor};
+use tch::{Device, Kind, Tensor};
 
 use super::engine::{Engine, Strategy};
 use super::loss_scale::unscale;
@@ -49,6 +50,14 @@ impl Replicated {
             compute_kind,
             reducer: None,
             grads: Params::new(),
+        }
+    }
+
+    /// Drops the step's gradients (under DDP, the buckets they are views of).
+    fn release_grads(&mut self) {
+        self.grads = Params::new();
+        if let Some(r) = self.reducer.as_mut() {
+            r.release();
         }
     }
 
@@ -91,11 +100,11 @@ impl ParallelWeights for Replicated {
     }
 
     fn discard_grads(&mut self) {
-        self.grads = Params::new();
+        self.release_grads();
     }
 
     fn end_step(&mut self) -> Result<(), TrainError> {
-        self.grads = Params::new();
+        self.release_grads();
         Ok(())
     }
 
@@ -142,10 +151,6 @@ impl ParallelWeights for Replicated {
                 .flat_map(|s| [s.exp_avg.shallow_clone(), s.exp_avg_sq.shallow_clone()])
                 .collect(),
         }
-    }
-
-    fn peak_bucket_bytes(&self) -> Option<usize> {
-        self.reducer.as_ref().map(|r| r.peak_in_flight_bytes)
     }
 
     /// Parameters in model order; moments of the parameters that have them.
@@ -248,9 +253,16 @@ impl Strategy for ReplicatedStrategy<'_> {
         }
     }
 
-    fn gradients_ready(&mut self, _unit: usize, grads: &Params) -> Result<(), TrainError> {
+    fn gradient_storage(&mut self, name: &str) -> Result<Option<Tensor>, TrainError> {
         match self.reducer.as_deref_mut() {
-            Some(r) => r.add(grads),
+            Some(r) => r.storage(name),
+            None => Ok(None),
+        }
+    }
+
+    fn gradients_ready(&mut self, unit: usize, _grads: &Params) -> Result<(), TrainError> {
+        match self.reducer.as_deref_mut() {
+            Some(r) => r.unit_ready(unit),
             None => Ok(()),
         }
     }
@@ -263,84 +275,166 @@ impl Strategy for ReplicatedStrategy<'_> {
     }
 }
 
-/// A bucket all-reduce in flight: the flat buffer and the gradients it came from.
-struct InFlight {
-    work: Work<'static>,
-    flat: Tensor,
-    grads: Vec<Tensor>,
+/// One bucket: the gradients of consecutive units, in backward order, in one flat fp32 tensor
+/// that the gradients are views of.
+struct Bucket {
+    /// The lowest unit whose gradients it holds: the bucket is complete, and its all-reduce
+    /// starts, once that unit's gradients are ready.
+    lowest_unit: usize,
+    numel: i64,
+    /// Allocated (zeroed) at the step's first gradient into the bucket, dropped at the end of
+    /// the step.
+    flat: Option<Tensor>,
+    work: Option<Work<'static>>,
 }
 
-/// DDP's bucketed, asynchronous gradient all-reduce.
+/// Where one parameter's gradient lives in the buckets.
+struct Slot {
+    bucket: usize,
+    offset: i64,
+    shape: Vec<i64>,
+}
+
+/// DDP's bucketed, asynchronous gradient all-reduce. The buckets are the gradients' storage
+/// (PyTorch's `gradient_as_bucket_view`): the engine accumulates each gradient in a view of
+/// its bucket, and the all-reduce sums the bucket in place, so no gradient is copied.
 pub struct GradReducer {
     comm: Arc<dyn Communicator>,
-    cap_bytes: usize,
-    bucket: Vec<Tensor>,
-    bucket_bytes: usize,
-    in_flight: Vec<InFlight>,
+    device: Device,
+    buckets: Vec<Bucket>,
+    slots: HashMap<String, Slot>,
     /// Buckets launched so far (for tests and logs).
     pub buckets_launched: u64,
-    /// Most bytes of flat buckets in flight at once so far (each is a copy of its gradients,
-    /// kept until `GradReducer::finish` writes the sums back).
-    pub peak_in_flight_bytes: usize,
 }
 
 impl std::fmt::Debug for GradReducer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("GradReducer")
-            .field("cap_bytes", &self.cap_bytes)
+            .field("buckets", &self.buckets.len())
             .field("buckets_launched", &self.buckets_launched)
             .finish()
     }
 }
 
 impl GradReducer {
-    pub fn new(comm: Arc<dyn Communicator>, bucket_cap_mb: f64) -> Self {
+    /// Buckets over the gradients of `params` (the trained parameters of `model`), in the order
+    /// they become final: units in reverse, each unit's owned parameters in model order. A
+    /// bucket closes at the first unit boundary where it holds `bucket_cap_mb` or more, so a
+    /// unit's gradients never straddle two buckets.
+    pub fn new(
+        comm: Arc<dyn Communicator>,
+        bucket_cap_mb: f64,
+        model: &Llama,
+        params: &Params,
+    ) -> Self {
+        let cap_elements = ((bucket_cap_mb * 1024.0 * 1024.0 / 4.0) as i64).max(1);
+        let device = params
+            .iter()
+            .next()
+            .map_or(Device::Cpu, |(_, t)| t.device());
+        let mut buckets: Vec<Bucket> = vec![];
+        let mut slots = HashMap::new();
+        let mut numel = 0;
+        for unit in (0..model.units().len()).rev() {
+            for spec in model.owned_params(unit) {
+                if params.get(&spec.name).is_none() {
+                    continue;
+                }
+                let slot = Slot {
+                    bucket: buckets.len(),
+                    offset: numel,
+                    shape: spec.shape.clone(),
+                };
+                numel += spec.numel() as i64;
+                slots.insert(spec.name.clone(), slot);
+            }
+            if numel >= cap_elements || (unit == 0 && numel > 0) {
+                buckets.push(Bucket {
+                    lowest_unit: unit,
+                    numel,
+                    flat: None,
+                    work: None,
+                });
+                numel = 0;
+            }
+        }
         Self {
             comm,
-            cap_bytes: ((bucket_cap_mb * 1024.0 * 1024.0) as usize).max(1),
-            bucket: vec![],
-            bucket_bytes: 0,
-            in_flight: vec![],
+            device,
+            buckets,
+            slots,
             buckets_launched: 0,
-            peak_in_flight_bytes: 0,
         }
     }
 
-    /// Adds final gradients to the current bucket, launching it when it reaches the cap.
-    fn add(&mut self, grads: &Params) -> Result<(), TrainError> {
-        for (_, g) in grads.iter() {
-            self.bucket_bytes += nbytes(g);
-            self.bucket.push(g.shallow_clone());
-            if self.bucket_bytes >= self.cap_bytes {
-                self.launch()?;
+    /// The number of buckets.
+    pub fn bucket_count(&self) -> usize {
+        self.buckets.len()
+    }
+
+    /// The zeroed view of its bucket that parameter `name`'s gradient accumulates in; `None`
+    /// for a parameter that is not trained.
+    fn storage(&mut self, name: &str) -> Result<Option<Tensor>, TrainError> {
+        let Some(slot) = self.slots.get(name) else {
+            return Ok(None);
+        };
+        let flat = self.buckets[slot.bucket].allocate(self.device)?;
+        let n: i64 = slot.shape.iter().product();
+        Ok(Some(
+            flat.f_narrow(0, slot.offset, n)?
+                .f_view(slot.shape.as_slice())?,
+        ))
+    }
+
+    /// Unit `unit`'s gradients are final: launches the all-reduce of the bucket it completes.
+    fn unit_ready(&mut self, unit: usize) -> Result<(), TrainError> {
+        if let Some(i) = self.buckets.iter().position(|b| b.lowest_unit == unit) {
+            self.launch(i)?;
+        }
+        Ok(())
+    }
+
+    fn launch(&mut self, i: usize) -> Result<(), TrainError> {
+        let bucket = &mut self.buckets[i];
+        if bucket.work.is_some() {
+            return Ok(());
+        }
+        let flat = bucket.allocate(self.device)?;
+        bucket.work = Some(self.comm.all_reduce_tensor(&flat, ReduceOp::Sum)?);
+        self.buckets_launched += 1;
+        Ok(())
+    }
+
+    /// Launches any bucket not launched yet (in order, the same on every rank) and waits for
+    /// every all-reduce: the gradients then hold the sums.
+    fn finish(&mut self) -> Result<(), TrainError> {
+        for i in 0..self.buckets.len() {
+            self.launch(i)?;
+        }
+        for bucket in &mut self.buckets {
+            if let Some(work) = bucket.work.take() {
+                work.wait()?;
             }
         }
         Ok(())
     }
 
-    fn launch(&mut self) -> Result<(), TrainError> {
-        if self.bucket.is_empty() {
-            return Ok(());
+    /// Drops the buckets' storage (the step's gradients) and any all-reduce left in flight.
+    fn release(&mut self) {
+        for bucket in &mut self.buckets {
+            bucket.work = None;
+            bucket.flat = None;
         }
-        let grads = std::mem::take(&mut self.bucket);
-        self.bucket_bytes = 0;
-        let flat = concat_flat(&grads)?;
-        let work = self.comm.all_reduce_tensor(&flat, ReduceOp::Sum)?;
-        self.buckets_launched += 1;
-        self.in_flight.push(InFlight { work, flat, grads });
-        let held = self.in_flight.iter().map(|f| nbytes(&f.flat)).sum();
-        self.peak_in_flight_bytes = self.peak_in_flight_bytes.max(held);
-        Ok(())
     }
+}
 
-    /// Launches the last partial bucket, waits for every bucket and writes the sums back.
-    fn finish(&mut self) -> Result<(), TrainError> {
-        self.launch()?;
-        for InFlight { work, flat, grads } in self.in_flight.drain(..) {
-            work.wait()?;
-            copy_from_flat(&flat, &grads)?;
+impl Bucket {
+    /// The bucket's flat tensor, allocated and zeroed on first use in the step.
+    fn allocate(&mut self, device: Device) -> Result<Tensor, TrainError> {
+        if self.flat.is_none() {
+            self.flat = Some(Tensor::f_zeros([self.numel], (Kind::Float, device))?);
         }
-        Ok(())
+        Ok(self.flat.as_ref().expect("allocated above").shallow_clone())
     }
 }
 

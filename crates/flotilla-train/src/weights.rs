@@ -159,12 +159,6 @@ pub trait ParallelWeights {
         TransientPeaks::default()
     }
 
-    /// The most bytes of DDP gradient buckets in flight at once so far, for weights that
-    /// all-reduce gradients in buckets.
-    fn peak_bucket_bytes(&self) -> Option<usize> {
-        None
-    }
-
     /// This rank's shards for a sharded checkpoint (FSDP with `state_dict_type: sharded`);
     /// `None` for weights whose checkpoints are full.
     fn sharded_state(&self) -> Option<ShardState> {

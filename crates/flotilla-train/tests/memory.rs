@@ -5,7 +5,7 @@
 //!   `MemoryStore` for DDP and FSDP), stepped under none / DDP / FSDP FULL_SHARD /
 //!   SHARD_GRAD_OP and 32-true / bf16-mixed / bf16-true: the bytes of the distinct storages
 //!   behind its parameters, gradients and AdamW moments equal the estimate's terms exactly, so
-//!   do its FSDP all-gather peak and its DDP bucket peak, and the bf16 compute copies the
+//!   do its FSDP all-gather peak, and the bf16 compute copies the
 //!   engine's units really receive (a probing strategy) equal the compute-copies term.
 //! - Activations: PyTorch's saved tensors (tests/oracle/memory_oracle.py: transformers'
 //!   `LlamaDecoderLayer` with SDPA, and the final norm, LM head and flotilla's shifted fp32
@@ -92,7 +92,6 @@ struct Held {
     grads: usize,
     optimizer: usize,
     peak_gathered: Option<usize>,
-    peak_buckets: Option<usize>,
     /// Parameters and AdamW state right after the weights are built.
     startup: usize,
     /// FSDP: unsharded gradients, an evaluation's gathered groups and a full checkpoint's
@@ -136,7 +135,6 @@ fn run_rank(job: &JobConfig, comm: Option<Arc<dyn Communicator>>) -> Held {
         weights.end_step().unwrap();
     }
     held.peak_gathered = weights.peak_gathered_bytes();
-    held.peak_buckets = weights.peak_bucket_bytes();
     if matches!(job.trainer.dist, DistConfig::Fsdp(_)) {
         // An evaluation forward and a full checkpoint's parameters, as the trainer runs them.
         let batch = loader.next_step().unwrap();
@@ -189,10 +187,19 @@ fn run_world(job: &JobConfig) -> Vec<Held> {
     if world == 1 {
         return vec![run_rank(job, None)];
     }
+    let job = job.clone();
+    on_threads(world, move |comm| run_rank(&job, Some(comm)))
+}
+
+/// `f` on `world` ranks, as threads over one `MemoryStore`.
+fn on_threads<T: Send + 'static>(
+    world: usize,
+    f: impl Fn(Arc<dyn Communicator>) -> T + Clone + Send + 'static,
+) -> Vec<T> {
     let handles: Vec<_> = MemoryStore::group_with_timeout(world, Duration::from_secs(120))
         .into_iter()
         .map(|store| {
-            let job = job.clone();
+            let f = f.clone();
             std::thread::spawn(move || {
                 let comm = CpuComm::new(
                     store,
@@ -202,11 +209,74 @@ fn run_world(job: &JobConfig) -> Vec<Held> {
                     },
                 )
                 .unwrap();
-                run_rank(&job, Some(Arc::new(comm)))
+                f(Arc::new(comm))
             })
         })
         .collect();
     handles.into_iter().map(|h| h.join().unwrap()).collect()
+}
+
+/// One DDP step's reduced gradients on each of 2 ranks with `bucket_cap_mb`, and the number
+/// and bytes of the distinct storages behind them.
+fn ddp_step_grads(bucket_cap_mb: &str) -> Vec<(Vec<Tensor>, usize, usize)> {
+    let cap = format!("trainer.dist.bucket_cap_mb={bucket_cap_mb}");
+    let job = tiny(2, "ddp", "32-true", &[&cap]);
+    on_threads(2, move |comm| {
+        tch::set_num_threads(1);
+        let rank = comm.rank();
+        let llama = Llama::new(&job.model).unwrap();
+        let params = llama.init_params(7, Device::Cpu, Kind::Float);
+        let dist = DistContext {
+            comm,
+            local_world_size: 2,
+        };
+        let mut p =
+            parallelize::parallelize(&llama, &params, &job.trainer, Device::Cpu, Some(&dist))
+                .unwrap();
+        let batches = loader(&job, rank, 2).next_step().unwrap();
+        p.weights
+            .forward_backward(&Engine::new(&llama, p.engine), &batches)
+            .unwrap();
+        let grads = p.weights.held_tensors().grads;
+        let storages: std::collections::HashSet<usize> =
+            grads.iter().filter_map(storage_address).collect();
+        let bytes = distinct_storage_bytes(&grads);
+        let copies = grads.iter().map(Tensor::copy).collect();
+        (copies, storages.len(), bytes)
+    })
+}
+
+#[test]
+fn ddp_gradients_are_views_of_their_buckets() {
+    let job = tiny(2, "ddp", "32-true", &[]);
+    let grad_bytes = term(&job, TermKind::Grads) as usize;
+    let units = Llama::new(&job.model).unwrap().units().len();
+    // 25 MB holds the tiny model in one bucket; 100 bytes close a bucket at every unit.
+    let one = ddp_step_grads("25");
+    let many = ddp_step_grads("0.0001");
+    for (rank, ((g1, s1, b1), (gm, sm, bm))) in one.iter().zip(&many).enumerate() {
+        assert_eq!(
+            (*s1, *b1),
+            (1, grad_bytes),
+            "rank {rank}: one bucket, no copy"
+        );
+        assert_eq!(*sm, units, "rank {rank}: one bucket per unit");
+        assert_eq!(
+            *bm, grad_bytes,
+            "rank {rank}: the buckets are the gradients"
+        );
+        assert_eq!(g1.len(), gm.len());
+        for (i, (t1, tm)) in g1.iter().zip(gm).enumerate() {
+            assert!(
+                t1.equal(tm),
+                "rank {rank}: gradient {i} differs with per-unit buckets"
+            );
+            assert!(
+                t1.equal(&one[0].0[i]),
+                "rank {rank}: gradient {i} differs from rank 0"
+            );
+        }
+    }
 }
 
 #[test]
@@ -247,7 +317,6 @@ fn model_state_terms_equal_the_bytes_the_trainer_holds() {
                 grads: term(&job, TermKind::Grads) as usize,
                 optimizer: term(&job, TermKind::Optimizer) as usize,
                 peak_gathered: fsdp.then(|| term(&job, TermKind::Gathered) as usize),
-                peak_buckets: (dist == "ddp").then(|| term(&job, TermKind::DdpBuckets) as usize),
                 startup: (startup.get(TermKind::Params)
                     + startup.get(TermKind::Optimizer)
                     + startup.get(TermKind::StartupParams)) as usize,
@@ -270,15 +339,12 @@ fn model_state_terms_equal_the_bytes_the_trainer_holds() {
                 assert_eq!(got, want, "{name}, rank {rank}: held vs estimated");
             }
             lines.push(format!(
-                "{name:<28} params {:>8} B  grads {:>8} B  AdamW {:>8} B{}{}",
+                "{name:<28} params {:>8} B  grads {:>8} B  AdamW {:>8} B{}",
                 want.params,
                 want.grads,
                 want.optimizer,
                 want.peak_gathered
                     .map(|b| format!("  gathered peak {b:>8} B"))
-                    .unwrap_or_default(),
-                want.peak_buckets
-                    .map(|b| format!("  bucket peak {b:>8} B"))
                     .unwrap_or_default(),
             ));
             if let Some((u, e, c)) = want.transient {
@@ -541,7 +607,6 @@ fn plan_memory_prints_the_terms_and_json_for_scripts() {
     for needle in [
         "8 ranks (1 node x 8), DDP, bf16-mixed, micro batch 1 x 4096 tokens",
         "AdamW moments (fp32)",
-        "DDP gradient buckets in flight (fp32)",
         "logits (bf16, vocab 128256)",
         "peak per GPU:",
         "DOES NOT FIT one NVIDIA H100",

@@ -401,6 +401,15 @@ fn ddp_two_ranks_matches_one_process() {
         &["trainer/dist=ddp"],
     );
     assert_matches_baseline(&run, 0);
+    // A bucket per unit (100 bytes): more, smaller all-reduces of the same sums.
+    let per_unit = train(
+        "ddp_2_per_unit_buckets",
+        Shape::single_node(2),
+        2,
+        "DDP, 2 ranks",
+        &["trainer/dist=ddp", "trainer.dist.bucket_cap_mb=0.0001"],
+    );
+    assert_rows_identical(&per_unit, &run);
 }
 
 #[test]

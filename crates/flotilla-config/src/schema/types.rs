@@ -483,7 +483,8 @@ section! {
         backend: Backend,
         /// Collective timeout in seconds.
         timeout_s: u64,
-        /// Gradient bucket size (torch default 25).
+        /// Gradient bucket size in MB (torch default 25); a bucket ends at the first unit
+        /// boundary where it holds this much.
         bucket_cap_mb: f64,
     }
 }

@@ -2,7 +2,7 @@
 //! out before it starts, from its typed config alone (arithmetic; no libtorch).
 //!
 //! This module owns the estimate and the fit check: [`estimate`] gives every term of one rank's
-//! memory (parameters, gradients, AdamW moments, FSDP buffers, DDP buckets, activations,
+//! memory (parameters, gradients, AdamW moments, FSDP buffers, activations,
 //! logits and loss, workspaces, the CUDA context, the allocator margin), the peak per GPU with
 //! the moment it happens, host memory per node, and the job's GPU; [`check`] is the refusal
 //! `flotilla run` applies before it creates anything, with ranked [`Advice`] (each with its
@@ -226,7 +226,6 @@ fn label(job: &JobConfig, step: &Step<'_>, t: TermKind) -> String {
         TermKind::GradAccumulators => "fp32 gradients of the unit in backward".into(),
         TermKind::Optimizer => format!("AdamW moments ({master}{shard_note})"),
         TermKind::Gathered => format!("FSDP all-gather buffers ({param})"),
-        TermKind::DdpBuckets => "DDP gradient buckets in flight (fp32)".into(),
         TermKind::UnshardedGrads => {
             format!("unsharded gradient in reduce-scatter ({reduce}, one group)")
         }

@@ -61,9 +61,6 @@ pub enum TermKind {
     /// `limit_all_gathers` bounds the gathers in flight (two), not the buffers held, so it does
     /// not change this term.
     Gathered,
-    /// DDP: the flat bucket copies of the gradients (`GradReducer`), all in flight until the
-    /// end of the backward pass.
-    DdpBuckets,
     /// FSDP: the unsharded gradient (reduce dtype) of the group whose reduce-scatter is in
     /// flight (one at a time: the next waits for it), and a multi-unit group's gradient being
     /// assembled.
@@ -118,14 +115,13 @@ pub enum TermKind {
 
 impl TermKind {
     /// Device terms, in table order.
-    pub const DEVICE: [TermKind; 21] = [
+    pub const DEVICE: [TermKind; 20] = [
         TermKind::Params,
         TermKind::ComputeCopies,
         TermKind::Grads,
         TermKind::GradAccumulators,
         TermKind::Optimizer,
         TermKind::Gathered,
-        TermKind::DdpBuckets,
         TermKind::UnshardedGrads,
         TermKind::Activations,
         TermKind::Recompute,
@@ -151,7 +147,6 @@ impl TermKind {
             TermKind::GradAccumulators => "grad_accumulators",
             TermKind::Optimizer => "optimizer",
             TermKind::Gathered => "gathered",
-            TermKind::DdpBuckets => "ddp_buckets",
             TermKind::UnshardedGrads => "unsharded_grads",
             TermKind::Activations => "activations",
             TermKind::Recompute => "recompute",
@@ -432,12 +427,56 @@ impl Activations {
 
 /// How one rank holds its weights.
 enum Weights {
-    /// One process or DDP: a full replica; `buckets` when DDP has more than one rank.
+    /// One process or DDP: a full replica; DDP on more than one rank keeps its gradients in
+    /// `buckets`.
     Replicated {
         copies: bool,
-        buckets: bool,
+        buckets: Option<DdpBuckets>,
     },
     Fsdp(FsdpShape),
+}
+
+/// DDP's gradient buckets (`replicated.rs` `GradReducer::new`): units in reverse order, a
+/// bucket closed at the first unit boundary where it holds `bucket_cap_mb` or more. The
+/// gradients are views of the buckets, and a bucket is allocated when the first gradient of
+/// the step lands in it.
+struct DdpBuckets {
+    /// Each unit's bucket.
+    of_unit: Vec<usize>,
+    /// Each bucket's elements and the highest unit it holds (whose backward allocates it).
+    buckets: Vec<(u64, usize)>,
+}
+
+impl DdpBuckets {
+    fn new(owned: &[u64], bucket_cap_mb: f64) -> Self {
+        let cap = ((bucket_cap_mb * 1024.0 * 1024.0 / 4.0) as u64).max(1);
+        let mut of_unit = vec![0; owned.len()];
+        let mut buckets = vec![];
+        let (mut elements, mut highest) = (0, None);
+        for u in (0..owned.len()).rev() {
+            of_unit[u] = buckets.len();
+            elements += owned[u];
+            let top = *highest.get_or_insert(u);
+            if elements >= cap || (u == 0 && elements > 0) {
+                buckets.push((elements, top));
+                (elements, highest) = (0, None);
+            }
+        }
+        Self { of_unit, buckets }
+    }
+
+    /// Gradient elements allocated when unit `u`'s gradients land: every bucket holding a unit
+    /// at or above `u`, and, with a tied embedding (whose gradient the head's backward starts),
+    /// the embedding's bucket.
+    fn allocated_at(&self, u: usize, tied: bool) -> u64 {
+        let embedding = self.of_unit.first().copied();
+        self.buckets
+            .iter()
+            .enumerate()
+            .filter(|(i, (_, top))| *top >= u || (tied && Some(*i) == embedding))
+            .map(|(_, (elements, _))| elements)
+            .sum()
+    }
 }
 
 struct FsdpShape {
@@ -630,7 +669,12 @@ impl<'a> Step<'a> {
             DistConfig::None | DistConfig::Ddp(_) => (
                 Weights::Replicated {
                     copies: c != m,
-                    buckets: matches!(t.dist, DistConfig::Ddp(_)) && world > 1,
+                    buckets: match &t.dist {
+                        DistConfig::Ddp(d) if world > 1 => {
+                            Some(DdpBuckets::new(&units.owned, d.bucket_cap_mb))
+                        }
+                        _ => None,
+                    },
                 },
                 c,
                 t.activation_checkpointing,
@@ -775,18 +819,20 @@ impl<'a> Step<'a> {
                             (0..=u).map(copy).sum()
                         },
                     );
-                    let grads = if self.accum > 1 {
-                        big
-                    } else {
-                        owned_after(u) + owned(u) + tied_embed
+                    let grads = match buckets {
+                        _ if self.accum > 1 => big,
+                        Some(b) => b.allocated_at(u, self.tied()),
+                        None => owned_after(u) + owned(u) + tied_embed,
                     };
                     mo.add(TermKind::Grads, grads * 4);
-                    if *buckets {
-                        mo.add(TermKind::DdpBuckets, owned_after(u) * 4);
-                    }
                     mo.add(TermKind::Activations, kept_upto(u) + act.rotary);
                     mo.add(TermKind::Recompute, recompute);
-                    mo.add(TermKind::BackwardWorkspace, act.block_backward);
+                    // In fp32 the block's weight gradients are copied into their buckets.
+                    let copied = match buckets {
+                        Some(_) if self.c == 4 => owned(u) * 4,
+                        _ => 0,
+                    };
+                    mo.add(TermKind::BackwardWorkspace, act.block_backward + copied);
                     if worst.as_ref().is_none_or(|w| mo.total() > w.total()) {
                         worst = Some(mo);
                     }
@@ -794,9 +840,6 @@ impl<'a> Step<'a> {
                 out.extend(worst);
                 let mut mo = base(Phase::EndOfBackward);
                 mo.add(TermKind::Grads, big * 4);
-                if *buckets {
-                    mo.add(TermKind::DdpBuckets, big * 4);
-                }
                 out.push(mo);
                 let mut mo = base(Phase::OptimizerStep);
                 mo.add(TermKind::Grads, big * 4);

@@ -114,11 +114,6 @@ fn one_process_fp32_holds_params_grads_and_two_moments() {
     assert_eq!(end.get(TermKind::Grads), 4 * P);
     assert_eq!(end.get(TermKind::Optimizer), 8 * P);
     assert_eq!(
-        end.get(TermKind::DdpBuckets),
-        0,
-        "no buckets in one process"
-    );
-    assert_eq!(
         largest(&j, TermKind::ComputeCopies),
         0,
         "fp32 computes on the masters"
@@ -191,11 +186,25 @@ fn activations_per_block_and_loss_by_hand() {
 }
 
 #[test]
-fn ddp_buckets_copy_every_gradient_until_the_end_of_backward() {
+fn ddp_gradients_are_their_buckets_allocated_as_the_backward_reaches_them() {
     let j = on_ranks(2, DDP, "");
     let end = moment(&j, Phase::EndOfBackward);
-    assert_eq!(end.get(TermKind::DdpBuckets), 4 * P);
-    assert_eq!(end.get(TermKind::Grads), 4 * P);
+    assert_eq!(end.get(TermKind::Grads), 4 * P, "no second copy in buckets");
+    // 25 MB holds this model in one bucket, allocated whole at the head's backward; with a
+    // bucket per unit a block's backward holds only the gradients from it to the head (and
+    // the tied embedding's).
+    assert_eq!(moment(&j, Phase::Backward).get(TermKind::Grads), 4 * P);
+    let per_unit = on_ranks(
+        2,
+        "{mode: ddp, backend: auto, timeout_s: 60, bucket_cap_mb: 0.000001}",
+        "",
+    );
+    let block = moment(&per_unit, Phase::Backward).get(TermKind::Grads);
+    assert!(0 < block && block < 4 * P, "{block} of {}", 4 * P);
+    assert_eq!(
+        moment(&per_unit, Phase::EndOfBackward).get(TermKind::Grads),
+        4 * P
+    );
     // Gradient accumulation: the gradients exist already when the last backward starts.
     let acc = on_ranks(2, DDP, ", micro_batch_size: 2");
     assert_eq!(Step::new(&acc).accum, 2);
@@ -393,8 +402,9 @@ fn json_names_every_term_and_the_advice() {
     let est = estimate(&j);
     let v = render::json(&est, &advise(&j, est.gpu.as_ref().unwrap().bytes));
     assert_eq!(v["fits"], false);
-    // The gradients and their bucket copies, with the replica and AdamW state.
-    assert_eq!(v["peak_phase"], "end_of_backward");
+    // The loss backward over a 128k vocabulary with every block's activations, on top of the
+    // replica and its AdamW state (the gradients, views of the buckets, come later).
+    assert_eq!(v["peak_phase"], "loss_backward");
     let keys: Vec<&str> = v["terms"]
         .as_array()
         .unwrap()
@@ -406,7 +416,6 @@ fn json_names_every_term_and_the_advice() {
         "compute_copies",
         "grads",
         "optimizer",
-        "ddp_buckets",
         "activations",
         "logits",
         "loss",
