@@ -378,6 +378,16 @@ impl World {
         r.status = Some(r.child.wait().unwrap());
     }
 
+    /// Sends `signal` (a `kill -s` name: `STOP`, `CONT`, ...) to process `i`.
+    pub fn signal_rank(&self, i: usize, signal: &str) {
+        let pid = self.ranks[i].child.id().to_string();
+        let status = Command::new("kill")
+            .args(["-s", signal, &pid])
+            .status()
+            .expect("kill(1)");
+        assert!(status.success(), "kill -s {signal} {pid}");
+    }
+
     /// Process `i`'s log so far (stdout and stderr).
     pub fn log(&self, i: usize) -> String {
         std::fs::read_to_string(&self.ranks[i].log).unwrap_or_default()

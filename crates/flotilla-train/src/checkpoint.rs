@@ -155,24 +155,62 @@ fn on_all_ranks(
 /// and rank 0 writes them; sharded checkpoints (FSDP, `state_dict_type: sharded`) have each
 /// first replica of a shard write `shard_<r>.safetensors` and rank 0 the layout. Rank 0 alone
 /// creates, renames and rotates directories; a failure on any rank fails the checkpoint on
-/// every rank, and leaves only a hidden temporary directory behind.
+/// every rank and rank 0 removes the hidden temporary directory (one that a killed process
+/// left is removed by the next checkpoint). The previous checkpoints are untouched until the
+/// new one is complete.
 pub fn save(trainer: &Trainer, run_dir: &Path, keep_last: usize) -> Result<PathBuf, TrainError> {
     let dir = checkpoints_dir(run_dir);
     let step = trainer.step;
     let (rank, _) = trainer.rank_world();
-    let tmp = dir.join(format!(".tmp-step_{step}"));
-    let target = dir.join(format!("step_{step}"));
+    let tmp = dir.join(format!("{TMP_PREFIX}{step}"));
     on_all_ranks(trainer, "set-up", || {
         if rank == 0 {
             std::fs::create_dir_all(&dir).map_err(io(&dir))?;
-            if tmp.exists() {
-                std::fs::remove_dir_all(&tmp).map_err(io(&tmp))?;
-            }
+            remove_unfinished(&dir)?;
             std::fs::create_dir(&tmp).map_err(io(&tmp))?;
         }
         Ok(())
     })?;
+    let written = write_and_commit(trainer, run_dir, &tmp, keep_last);
+    if let Err(e) = &written {
+        tracing::error!(
+            "checkpoint of step {step} abandoned, the earlier checkpoints are untouched: {e}"
+        );
+        if rank == 0 {
+            // Best effort: the error that matters is the one being returned.
+            let _ = std::fs::remove_dir_all(&tmp);
+        }
+    }
+    written
+}
 
+/// Name prefix of a checkpoint being written (`.tmp-step_<N>`), renamed when complete.
+const TMP_PREFIX: &str = ".tmp-step_";
+
+/// Removes the unfinished checkpoints under `dir`: those a failed save did not clean up (a
+/// process killed while writing).
+fn remove_unfinished(dir: &Path) -> Result<(), TrainError> {
+    for entry in std::fs::read_dir(dir).map_err(io(dir))? {
+        let entry = entry.map_err(io(dir))?;
+        if entry.file_name().to_string_lossy().starts_with(TMP_PREFIX) {
+            let path = entry.path();
+            std::fs::remove_dir_all(&path).map_err(io(&path))?;
+        }
+    }
+    Ok(())
+}
+
+/// The collective write of the state into `tmp`, then rank 0's commit: the trainer state, the
+/// rename to `step_<N>` and the rotation.
+fn write_and_commit(
+    trainer: &Trainer,
+    run_dir: &Path,
+    tmp: &Path,
+    keep_last: usize,
+) -> Result<PathBuf, TrainError> {
+    let step = trainer.step;
+    let (rank, _) = trainer.rank_world();
+    let target = checkpoints_dir(run_dir).join(format!("step_{step}"));
     // Gathering (full checkpoints of sharded weights) is collective: every rank takes part.
     match trainer.weights().sharded_state() {
         Some(shard) => on_all_ranks(trainer, "write", || {

@@ -20,7 +20,11 @@
 //! - memory accounting: in-process ranks over a `MemoryStore`, FULL_SHARD's bytes for
 //!   parameters, gradients and AdamW state within 5% of 1/W of DDP's (printed with the
 //!   `params × 4 B × (1 + 1 + 2) / W` formula);
-//! - a rank SIGKILLed mid-run: the survivor exits non-zero within 60 s naming the lost rank.
+//! - a rank SIGKILLed mid-run: the survivor exits non-zero within 60 s naming the lost rank;
+//!   SIGKILLed while rank 0 streams a full checkpoint (either rank): the previous checkpoint
+//!   is untouched, nothing unfinished outlives the next checkpoint, and the same command
+//!   resumes from the latest complete one exactly;
+//! - DDP with a bucket per unit gives the rows of one 25 MB bucket bit for bit.
 //!
 //! The single-process baseline and the two FULL_SHARD runs that the resume tests start from
 //! are run once per test binary and shared. Every world has a deadline; a hang kills its
@@ -990,6 +994,210 @@ fn a_killed_rank_fails_every_surviving_rank_quickly() {
         );
         assert!(log.contains("error"), "`{case}`: no error message:\n{log}");
         drop(world);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
+
+/// The files of a checkpoint directory with their sizes and modification times.
+fn file_stamps(dir: &Path) -> BTreeMap<String, (u64, std::time::SystemTime)> {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| {
+            let e = e.unwrap();
+            let m = e.metadata().unwrap();
+            (
+                e.file_name().to_string_lossy().into_owned(),
+                (m.len(), m.modified().unwrap()),
+            )
+        })
+        .collect()
+}
+
+/// `checkpoints/`: the complete checkpoints' steps, and the unfinished (`.tmp-step_<N>`) ones.
+fn checkpoint_entries(run_dir: &Path) -> (Vec<u64>, Vec<PathBuf>) {
+    let (mut complete, mut unfinished) = (vec![], vec![]);
+    let Ok(entries) = std::fs::read_dir(run_dir.join("checkpoints")) else {
+        return (complete, unfinished);
+    };
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if name.starts_with(".tmp-step_") {
+            unfinished.push(e.path());
+        } else if let Some(step) = name.strip_prefix("step_").and_then(|s| s.parse().ok()) {
+            if e.path().join("trainer_state.json").is_file() {
+                complete.push(step);
+            }
+        }
+    }
+    complete.sort();
+    (complete, unfinished)
+}
+
+/// Whether an unfinished checkpoint has a state file being streamed into it.
+fn streaming(unfinished: &Path) -> bool {
+    std::fs::read_dir(unfinished).is_ok_and(|entries| {
+        entries.flatten().any(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            name.starts_with(".model.safetensors.tmp")
+                || name.starts_with(".optimizer.safetensors.tmp")
+        })
+    })
+}
+
+/// A rank SIGKILLed while rank 0 streams a full FSDP checkpoint: both ranks are frozen
+/// (SIGSTOP) at a moment a state file is half written, the victim is killed and the other rank
+/// resumed. The survivor fails naming the lost rank; the previous checkpoint is untouched; no
+/// unfinished checkpoint survives rank 0 (when it survives) or the next run's first checkpoint
+/// (when it was the victim); and the next run resumes from the latest complete checkpoint and
+/// reproduces the interrupted run's rows exactly. The embedding is widened (vocabulary 131072)
+/// so that streaming the checkpoint takes long enough to be caught.
+#[test]
+fn a_rank_killed_while_a_full_checkpoint_streams_leaves_the_previous_one_intact() {
+    for victim in [1, 0] {
+        let survivor = 1 - victim;
+        let case = format!("kill_rank{victim}_in_checkpoint");
+        let dir = root().join(&case);
+        if dir.exists() {
+            std::fs::remove_dir_all(&dir).unwrap();
+        }
+        let args = |max_steps: u64| -> Vec<String> {
+            let mut a: Vec<String> = vec![
+                "--config-dir".into(),
+                conf_dir().display().to_string(),
+                "model=tiny".into(),
+                "model.vocab_size=131072".into(),
+                "data.shuffle=false".into(),
+                "trainer.device=cpu".into(),
+                "trainer/dist=fsdp".into(),
+                "trainer.global_batch_size=4".into(),
+                "trainer.micro_batch_size=2".into(),
+                "trainer.eval_every=0".into(),
+                "trainer.log_every=1".into(),
+                "trainer.checkpoint_every=2".into(),
+                "trainer.keep_last_checkpoints=0".into(),
+                "compute.tasks_per_node=2".into(),
+            ];
+            a.push(format!("trainer.max_steps={max_steps}"));
+            a
+        };
+        let mut world = world::train(
+            exe(),
+            &case,
+            Shape::single_node(2),
+            &dir,
+            &root().join("logs"),
+            &args(1_000_000),
+        );
+        // Catch both ranks inside a checkpoint's streamed write, after a complete one.
+        let start = Instant::now();
+        let (previous, caught) = loop {
+            assert!(
+                !world.poll(),
+                "`{case}`: a rank exited\n{}",
+                world.all_logs()
+            );
+            assert!(
+                start.elapsed() < Duration::from_secs(240),
+                "`{case}`: no checkpoint caught while streaming in 240 s\n{}",
+                world.all_logs()
+            );
+            let (complete, unfinished) = checkpoint_entries(&dir);
+            if let (Some(&previous), Some(tmp)) = (complete.last(), unfinished.first()) {
+                if streaming(tmp) {
+                    world.signal_rank(victim, "STOP");
+                    world.signal_rank(survivor, "STOP");
+                    let name = tmp.file_name().unwrap().to_string_lossy().into_owned();
+                    let step: u64 = name.strip_prefix(".tmp-step_").unwrap().parse().unwrap();
+                    let committed = checkpoint_entries(&dir).0.contains(&step);
+                    if tmp.is_dir() && !committed && step > previous {
+                        break (previous, step);
+                    }
+                    world.signal_rank(survivor, "CONT");
+                    world.signal_rank(victim, "CONT");
+                }
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        };
+        let previous_dir = dir.join(format!("checkpoints/step_{previous}"));
+        let before = file_stamps(&previous_dir);
+        let rows_before = read_rows(&dir.join("metrics.csv"));
+        world.kill_rank(victim);
+        world.signal_rank(survivor, "CONT");
+        let status = world.wait_rank(survivor, Duration::from_secs(60));
+        let log = world.log(survivor);
+        let Some(status) = status else {
+            panic!("`{case}`: rank {survivor} still running 60 s after rank {victim} was killed\n{log}");
+        };
+        eprintln!(
+            "[{case}] rank {victim} SIGKILLed while step {caught}'s checkpoint streamed; rank \
+             {survivor} exited with {status}: {}",
+            log.lines()
+                .rev()
+                .find(|l| l.contains("error"))
+                .unwrap_or("")
+        );
+        assert!(
+            !status.success(),
+            "`{case}`: rank {survivor} exited 0\n{log}"
+        );
+        assert!(
+            log.contains(&format!("rank {victim}")),
+            "`{case}`: rank {survivor}'s error does not name rank {victim}:\n{log}"
+        );
+        assert!(
+            log.contains(&format!("checkpoint of step {caught} abandoned")),
+            "`{case}`: rank {survivor} does not say the checkpoint was abandoned:\n{log}"
+        );
+        drop(world);
+        assert_eq!(
+            file_stamps(&previous_dir),
+            before,
+            "`{case}`: step {previous}'s checkpoint changed"
+        );
+        let (complete, unfinished) = checkpoint_entries(&dir);
+        if victim == 1 {
+            assert!(
+                unfinished.is_empty(),
+                "`{case}`: rank 0 left {unfinished:?} behind"
+            );
+        }
+        // The same command resumes from the latest complete checkpoint, exactly.
+        let latest = *complete.last().unwrap();
+        let resumed = world::train(
+            exe(),
+            &format!("{case}_resume"),
+            Shape::single_node(2),
+            &dir,
+            &root().join("logs"),
+            &args(latest + 2),
+        )
+        .wait(WORLD_LIMIT);
+        resumed.assert_success();
+        assert!(
+            resumed.logs[0].contains(&format!("(step {latest})")),
+            "`{case}`: did not resume from step {latest}:\n{}",
+            resumed.logs[0]
+        );
+        assert!(
+            checkpoint_entries(&dir).1.is_empty(),
+            "`{case}`: an unfinished checkpoint survived the next one"
+        );
+        let rows_after = read_rows(&dir.join("metrics.csv"));
+        let mut compared = 0;
+        for r in rows_after.iter().filter(|r| r.step >= latest) {
+            if let Some(b) = rows_before.iter().find(|b| b.step == r.step) {
+                assert_eq!(
+                    (r.loss.to_bits(), r.grad_norm.to_bits()),
+                    (b.loss.to_bits(), b.grad_norm.to_bits()),
+                    "`{case}`: step {} after resuming from step {latest}",
+                    r.step
+                );
+                compared += 1;
+            }
+        }
+        if latest == previous {
+            assert_eq!(compared, 2, "`{case}`: rows {rows_before:?}");
+        }
         let _ = std::fs::remove_dir_all(&dir);
     }
 }
