@@ -279,7 +279,7 @@ fn write_and_commit(
         if target.exists() {
             std::fs::remove_dir_all(&target).map_err(io(&target))?;
         }
-        std::fs::rename(&tmp, &target).map_err(io(&target))?;
+        std::fs::rename(tmp, &target).map_err(io(&target))?;
 
         if keep_last > 0 {
             let all = list(run_dir)?;
