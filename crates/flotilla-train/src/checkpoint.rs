@@ -131,7 +131,7 @@ fn agree(trainer: &Trainer, ok: bool) -> Result<bool, TrainError> {
 
 /// Runs `f` on every rank, then agrees: a local error is returned as is; a failure on another
 /// rank becomes an error naming the phase.
-fn on_all_ranks(
+pub(crate) fn on_all_ranks(
     trainer: &Trainer,
     phase: &str,
     f: impl FnOnce() -> Result<(), TrainError>,
@@ -300,6 +300,9 @@ pub enum StateFile {
     Model(Option<tch::Kind>),
     /// `optimizer.safetensors`: `step`, then every first moment, then every second.
     Optimizer,
+    /// A LoRA job's `adapter_model.safetensors`: the trained parameters in fp32 under PEFT's
+    /// names (`base_model.model.` before the Hugging Face name).
+    Adapter,
 }
 
 /// Streams one file of a full checkpoint (or `final/`) from `weights` to `path`. Collective; only `is_root` writes. A
@@ -313,7 +316,12 @@ pub fn write_state_file(
 ) -> Result<(), TrainError> {
     let (parts, kind): (&[StatePart], _) = match file {
         StateFile::Model(kind) => (&[StatePart::Params], kind),
+        StateFile::Adapter => (&[StatePart::Params], Some(tch::Kind::Float)),
         StateFile::Optimizer => (&[StatePart::ExpAvg, StatePart::ExpAvgSq], None),
+    };
+    let prefix = match file {
+        StateFile::Adapter => crate::lora::PEFT_PREFIX,
+        _ => "",
     };
     let optimizer = file == StateFile::Optimizer;
     let mut failure: Option<TrainError> = None;
@@ -325,7 +333,11 @@ pub fn write_state_file(
         }
         for &part in parts {
             for (name, shape, k) in weights.full_layout(part) {
-                order.push((format!("{name}{}", part.suffix()), kind.unwrap_or(k), shape));
+                order.push((
+                    format!("{prefix}{name}{}", part.suffix()),
+                    kind.unwrap_or(k),
+                    shape,
+                ));
             }
         }
         match SafetensorsWriter::create(path, order) {
@@ -344,7 +356,7 @@ pub fn write_state_file(
     for &part in parts {
         let mut visit = |name: &str, t: &Tensor| -> Result<(), TrainError> {
             if let (None, Some(w)) = (&failure, writer.as_mut()) {
-                if let Err(e) = w.write(&format!("{name}{}", part.suffix()), t) {
+                if let Err(e) = w.write(&format!("{prefix}{name}{}", part.suffix()), t) {
                     failure = Some(e.into());
                 }
             }

@@ -107,6 +107,9 @@ pub struct EngineOptions {
     /// Multiplies the loss before backward (fp16 dynamic loss scaling); 1 otherwise. The
     /// returned loss is unscaled; the gradients are scaled.
     pub loss_scale: f64,
+    /// The step's dropout seed (LoRA dropout); each micro-batch derives its own from it.
+    /// `None`: no dropout.
+    pub dropout_seed: Option<u64>,
 }
 
 impl Default for EngineOptions {
@@ -114,6 +117,7 @@ impl Default for EngineOptions {
         Self {
             activation_checkpointing: false,
             loss_scale: 1.0,
+            dropout_seed: None,
         }
     }
 }
@@ -133,10 +137,24 @@ struct Saved {
     graph: Option<(Vec<Tensor>, Tensor)>,
 }
 
-fn leaves(params: Vec<Tensor>) -> Vec<Tensor> {
+/// The unit's parameters as the graph's leaves: a trainable one becomes a fresh leaf that
+/// requires grad (sharing storage), a frozen one (a LoRA job's base) stays as it is, so no
+/// gradient is computed for it.
+fn leaves(model: &Llama, unit: usize, params: Vec<Tensor>) -> Vec<Tensor> {
+    let trainable = trainable_mask(model, unit);
     params
         .into_iter()
-        .map(|p| p.detach().set_requires_grad(true))
+        .zip(trainable)
+        .map(|(p, t)| if t { p.detach().set_requires_grad(true) } else { p })
+        .collect()
+}
+
+/// For each parameter unit `unit` reads, whether it is trained.
+fn trainable_mask(model: &Llama, unit: usize) -> Vec<bool> {
+    model.units()[unit]
+        .param_names()
+        .iter()
+        .map(|n| model.param_spec(n).is_some_and(|s| s.trainable))
         .collect()
 }
 
@@ -159,14 +177,19 @@ impl<'m> Engine<'m> {
         let mut loss = 0.0;
         for (k, batch) in batches.iter().enumerate() {
             let last = k + 1 == batches.len();
-            loss += self.micro_step(strategy, batch, global_loss_tokens, &mut grads, last)?;
+            let seed = self
+                .options
+                .dropout_seed
+                .map(|s| s.wrapping_mul(0x100_0000_01B3).wrapping_add(k as u64));
+            loss += self.micro_step(strategy, batch, global_loss_tokens, &mut grads, last, seed)?;
         }
         Ok((loss, grads))
     }
 
     /// Forward and backward of one micro-batch, adding its parameter gradients into `grads`
     /// (created on first use). With `last`, calls [`Strategy::gradients_ready`] for each unit
-    /// as its gradients become final. Returns `loss_sum / global_loss_tokens`.
+    /// as its gradients become final; `dropout_seed` seeds its dropout masks (`None`: no
+    /// dropout). Returns `loss_sum / global_loss_tokens`.
     pub fn micro_step(
         &self,
         strategy: &mut dyn Strategy,
@@ -174,11 +197,13 @@ impl<'m> Engine<'m> {
         global_loss_tokens: u64,
         grads: &mut Params,
         last: bool,
+        dropout_seed: Option<u64>,
     ) -> Result<f64, TrainError> {
         let model = self.model;
         let units = model.units();
         let n = units.len();
-        let ctx = model.ctx(batch.input_ids.size()[1], batch.input_ids.device());
+        let mut ctx = model.ctx(batch.input_ids.size()[1], batch.input_ids.device());
+        ctx.dropout_seed = dropout_seed;
         let checkpoint = |i: usize| self.options.activation_checkpointing && i + 1 < n;
 
         // Forward.
@@ -196,7 +221,7 @@ impl<'m> Engine<'m> {
                 x = tch::no_grad(|| unit.forward(&params, &input, &ctx));
                 saved.push(Saved { input, graph: None });
             } else {
-                let params = leaves(params);
+                let params = leaves(model, i, params);
                 x = unit.forward(&params, &input, &ctx);
                 saved.push(Saved {
                     input,
@@ -227,7 +252,7 @@ impl<'m> Engine<'m> {
                     g
                 }
                 None => {
-                    let params = leaves(strategy.params_for(model, i)?);
+                    let params = leaves(model, i, strategy.params_for(model, i)?);
                     let out = units[i].forward(&params, &input, &ctx);
                     (params, out)
                 }
@@ -237,14 +262,26 @@ impl<'m> Engine<'m> {
             } else {
                 (output, grad_out.as_ref())
             };
+            let trainable = trainable_mask(model, i);
             let mut wrt: Vec<&Tensor> = Vec::with_capacity(params.len() + 1);
             if i > 0 {
                 wrt.push(&input);
             }
-            wrt.extend(params.iter());
-            let mut g = vjp(&output, grad_out_ref, &wrt)?.into_iter();
+            wrt.extend(params.iter().zip(&trainable).filter(|(_, t)| **t).map(|(p, _)| p));
+            let mut g = if wrt.is_empty() {
+                // A frozen first unit: nothing to differentiate.
+                vec![].into_iter()
+            } else {
+                vjp(&output, grad_out_ref, &wrt)?.into_iter()
+            };
             grad_out = if i > 0 { g.next().flatten() } else { None };
-            for (name, pg) in units[i].param_names().iter().zip(g) {
+            let trained_names = units[i]
+                .param_names()
+                .iter()
+                .zip(&trainable)
+                .filter(|(_, t)| **t)
+                .map(|(n, _)| n);
+            for (name, pg) in trained_names.zip(g) {
                 let Some(pg) = pg else { continue };
                 // Gradients accumulate in fp32 whatever the compute dtype.
                 let pg = if pg.kind() == Kind::Float {

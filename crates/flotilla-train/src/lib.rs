@@ -19,6 +19,7 @@ pub mod fit;
 pub mod fsdp;
 pub mod fsdp_layout;
 pub mod host_memory;
+pub mod lora;
 pub mod loss_scale;
 pub mod model;
 pub mod optim;

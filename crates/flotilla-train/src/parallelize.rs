@@ -76,9 +76,11 @@ pub fn parallelize(
     let mut activation_checkpointing = config.activation_checkpointing;
     let weights: Box<dyn ParallelWeights> = match &config.dist {
         DistConfig::None | DistConfig::Ddp(_) => {
-            let params = materialize(model, source, master_kind, device)?;
+            // A LoRA job's frozen base is held in the compute dtype: it is only ever read as
+            // that (bf16 under bf16-mixed, where the masters of trained weights stay fp32).
+            let params = materialize(model, source, master_kind, compute_kind, device)?;
             let compute = (compute_kind != master_kind).then_some(compute_kind);
-            let mut w = Replicated::new(params, adam, compute);
+            let mut w = Replicated::new(model, params, adam, compute);
             if let (DistConfig::Ddp(ddp), Some(comm)) = (&config.dist, &comm) {
                 if comm.world_size() > 1 {
                     broadcast_params(comm.as_ref(), &w.params)?;
@@ -91,6 +93,13 @@ pub fn parallelize(
                 }
             }
             Box::new(w)
+        }
+        DistConfig::Fsdp(_) if model.param_specs().iter().any(|s| !s.trainable) => {
+            return Err(TrainError::Unsupported(
+                "peft=lora with trainer/dist=fsdp: FSDP does not shard a frozen base yet; \
+                 use trainer/dist=ddp (the adapters are small) or trainer/dist=none"
+                    .into(),
+            ));
         }
         DistConfig::Fsdp(f) => {
             activation_checkpointing |= f.activation_checkpointing;
@@ -126,6 +135,8 @@ pub fn parallelize(
         engine: EngineOptions {
             activation_checkpointing,
             loss_scale: 1.0,
+            // The trainer derives each step's seed from it (units without dropout ignore it).
+            dropout_seed: Some(config.seed as u64),
         },
     })
 }

@@ -82,17 +82,28 @@ impl TensorSource for Params {
     }
 }
 
-/// Tensors in safetensors files, found by parameter name with a suffix (`""` for parameters,
-/// `".exp_avg"` for a moment of the optimizer file).
+/// Tensors in safetensors files, found by parameter name with a prefix (`""`, or PEFT's
+/// `"base_model.model."` in an adapter file) and a suffix (`""` for parameters, `".exp_avg"`
+/// for a moment of the optimizer file).
 pub struct FileSource {
     files: Vec<SafetensorsFile>,
     by_name: HashMap<String, usize>,
+    prefix: String,
     suffix: String,
 }
 
 impl FileSource {
     /// The tensors of `files` (a name in several files: the first).
     pub fn open(files: &[PathBuf], suffix: &str) -> Result<Self, SafetensorsError> {
+        Self::open_with_prefix(files, "", suffix)
+    }
+
+    /// [`FileSource::open`] for files whose keys put `prefix` before the parameter names.
+    pub fn open_with_prefix(
+        files: &[PathBuf],
+        prefix: &str,
+        suffix: &str,
+    ) -> Result<Self, SafetensorsError> {
         let mut opened = vec![];
         let mut by_name = HashMap::new();
         for (i, path) in files.iter().enumerate() {
@@ -105,8 +116,14 @@ impl FileSource {
         Ok(Self {
             files: opened,
             by_name,
+            prefix: prefix.to_string(),
             suffix: suffix.to_string(),
         })
+    }
+
+    /// The file key of parameter `name`.
+    pub fn key(&self, name: &str) -> String {
+        format!("{}{name}{}", self.prefix, self.suffix)
     }
 
     /// The files, in the order given.
@@ -126,11 +143,20 @@ impl FileSource {
             .map(|(n, &i)| (n.as_str(), &self.files[i]))
     }
 
-    /// Checks that every parameter of `model` is there (with this source's suffix) with its
-    /// shape and a floating dtype.
+    /// Checks that every trainable parameter of `model` (every parameter, but for a LoRA
+    /// job's frozen base) is there, under this source's key, with its shape and a floating
+    /// dtype.
     pub fn check_all(&self, model: &Llama) -> Result<(), ModelError> {
-        for s in model.param_specs() {
-            let key = format!("{}{}", s.name, self.suffix);
+        self.check_specs(model.param_specs().iter().filter(|s| s.trainable))
+    }
+
+    /// [`FileSource::check_all`] over the given parameters.
+    pub fn check_specs<'a>(
+        &self,
+        specs: impl IntoIterator<Item = &'a crate::model::ParamSpec>,
+    ) -> Result<(), ModelError> {
+        for s in specs {
+            let key = self.key(&s.name);
             let Some(file) = self.find(&key) else {
                 return Err(ModelError::MissingTensor {
                     name: key,
@@ -169,7 +195,7 @@ impl TensorSource for FileSource {
     }
 
     fn read_range(&self, name: &str, lo: i64, hi: i64) -> Result<Tensor, TrainError> {
-        let key = format!("{name}{}", self.suffix);
+        let key = self.key(name);
         let file = self
             .find(&key)
             .ok_or_else(|| ModelError::MissingParam { name: key.clone() })?;
@@ -236,12 +262,31 @@ impl TensorSource for ShardedSource<'_> {
     }
 }
 
-/// Every parameter of `model` whole, from `source`, in `kind` on `device` (one parameter on
-/// the host at a time).
+/// Parameters from one source, the rest from another: a LoRA job's adapters (from a PEFT
+/// adapter directory, or seeded) over its base (a Hugging Face directory, or seeded).
+pub struct Overlay<'a> {
+    /// The parameters `over` gives.
+    pub names: std::collections::HashSet<String>,
+    pub over: &'a dyn TensorSource,
+    pub base: &'a dyn TensorSource,
+}
+
+impl TensorSource for Overlay<'_> {
+    fn read_range(&self, name: &str, lo: i64, hi: i64) -> Result<Tensor, TrainError> {
+        match self.names.contains(name) {
+            true => self.over.read_range(name, lo, hi),
+            false => self.base.read_range(name, lo, hi),
+        }
+    }
+}
+
+/// Every parameter of `model` whole, from `source`, on `device` (one parameter on the host at
+/// a time): trainable ones in `kind`, a LoRA job's frozen base in `frozen_kind`.
 pub fn materialize(
     model: &Llama,
     source: &dyn TensorSource,
     kind: Kind,
+    frozen_kind: Kind,
     device: Device,
 ) -> Result<Params, TrainError> {
     let _guard = tch::no_grad_guard();
@@ -249,7 +294,7 @@ pub fn materialize(
     for s in model.param_specs() {
         let t = source
             .read_range(&s.name, 0, s.numel() as i64)?
-            .f_to_kind(kind)?
+            .f_to_kind(if s.trainable { kind } else { frozen_kind })?
             .f_to_device(device)?
             .f_reshape(s.shape.as_slice())?;
         out.insert(s.name.clone(), t);

@@ -9,7 +9,7 @@
 //! Reductions are sums: every rank normalises its loss by the token count of the whole global
 //! batch, so the sum over ranks is the gradient of the global mean loss.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use tch::{Device, Kind, Tensor};
@@ -40,16 +40,31 @@ pub struct Replicated {
     pub reducer: Option<GradReducer>,
     /// This step's gradients (reduced, under DDP), from backward to the optimizer step.
     grads: Params,
+    /// Parameters not trained (a LoRA job's base): no gradient, no optimizer state, not in
+    /// checkpoints.
+    frozen: HashSet<String>,
 }
 
 impl Replicated {
-    pub fn new(params: Params, config: AdamWConfig, compute_kind: Option<Kind>) -> Self {
+    /// Weights over `params`, of which `model`'s frozen ones are not trained.
+    pub fn new(
+        model: &Llama,
+        params: Params,
+        config: AdamWConfig,
+        compute_kind: Option<Kind>,
+    ) -> Self {
         Self {
             params,
             optimizer: AdamW::new(config),
             compute_kind,
             reducer: None,
             grads: Params::new(),
+            frozen: model
+                .param_specs()
+                .iter()
+                .filter(|s| !s.trainable)
+                .map(|s| s.name.clone())
+                .collect(),
         }
     }
 
@@ -153,12 +168,16 @@ impl ParallelWeights for Replicated {
         }
     }
 
-    /// Parameters in model order; moments of the parameters that have them.
+    /// Trained parameters in model order (a LoRA job's frozen base is not state: it comes
+    /// from the base model); moments of the parameters that have them.
     fn full_layout(&self, part: StatePart) -> Vec<(String, Vec<i64>, Kind)> {
         let state = self.optimizer.state();
         self.params
             .iter()
-            .filter(|(n, _)| part == StatePart::Params || state.contains_key(*n))
+            .filter(|(n, _)| match part {
+                StatePart::Params => !self.frozen.contains(*n),
+                _ => state.contains_key(*n),
+            })
             .map(|(n, t)| (n.to_string(), t.size(), t.kind()))
             .collect()
     }
@@ -173,6 +192,7 @@ impl ParallelWeights for Replicated {
         let state = self.optimizer.state();
         for (name, p) in self.params.iter() {
             match (part, state.get(name)) {
+                (StatePart::Params, _) if self.frozen.contains(name) => {}
                 (StatePart::Params, _) => visit(name, p)?,
                 (StatePart::ExpAvg, Some(s)) => visit(name, &s.exp_avg)?,
                 (StatePart::ExpAvgSq, Some(s)) => visit(name, &s.exp_avg_sq)?,
@@ -186,8 +206,8 @@ impl ParallelWeights for Replicated {
         self.optimizer.steps()
     }
 
-    /// Copies each parameter in place, one read from the source at a time; the moments are
-    /// read in the parameters' device and dtype.
+    /// Copies each trained parameter in place, one read from the source at a time; the
+    /// moments are read in the parameters' device and dtype.
     fn load_state(
         &mut self,
         params: &dyn TensorSource,
@@ -195,6 +215,9 @@ impl ParallelWeights for Replicated {
     ) -> Result<(), TrainError> {
         tch::no_grad(|| -> Result<(), TrainError> {
             for (name, p) in self.params.iter() {
+                if self.frozen.contains(name) {
+                    continue;
+                }
                 let src = params.read_range(name, 0, p.numel() as i64)?;
                 p.shallow_clone()
                     .f_copy_(&src.f_view(p.size().as_slice())?)?;
@@ -317,7 +340,7 @@ impl std::fmt::Debug for GradReducer {
 }
 
 impl GradReducer {
-    /// Buckets over the gradients of `params` (the trained parameters of `model`), in the order
+    /// Buckets over the gradients of the trained parameters of `model` in `params`, in the order
     /// they become final: units in reverse, each unit's owned parameters in model order. A
     /// bucket closes at the first unit boundary where it holds `bucket_cap_mb` or more, so a
     /// unit's gradients never straddle two buckets.
@@ -337,7 +360,7 @@ impl GradReducer {
         let mut numel = 0;
         for unit in (0..model.units().len()).rev() {
             for spec in model.owned_params(unit) {
-                if params.get(&spec.name).is_none() {
+                if !spec.trainable || params.get(&spec.name).is_none() {
                     continue;
                 }
                 let slot = Slot {

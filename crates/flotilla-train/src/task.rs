@@ -19,7 +19,8 @@ use super::trainer::Trainer;
 use super::TrainError;
 use crate::data::{self, BatchLayout, DataLoader, DataOptions};
 use crate::model::{HfWeights, Llama};
-use crate::param_source::{Seeded, TensorSource};
+use crate::lora::{self, PeftAdapter};
+use crate::param_source::{Overlay, Seeded, TensorSource};
 use crate::task_error::TaskError;
 use flotilla_comm::comm::{Backend, Communicator};
 use flotilla_comm::connect::{self, CommOptions};
@@ -195,17 +196,43 @@ fn run_job_unguarded(
     let device = train_device(t.device, rank)?;
     let dist = join_group(rank, &t.dist, device)?;
     // Each rank reads only what it will hold (FSDP: its shards) from the starting weights.
-    let (model, hf) = match &job.model.init_from {
+    let (base, hf) = match &job.model.init_from {
         Some(dir) => {
             let (model, weights) = HfWeights::open(dir)?;
             (model, Some(weights))
         }
         None => (Llama::new(&job.model)?, None),
     };
+    let lora = job.peft.lora();
+    let model = match lora {
+        Some(l) => Llama::with_lora(base.config(), Some(l))?,
+        None => base,
+    };
     let seeded = Seeded::new(&model, t.seed as u64);
-    let params: &dyn TensorSource = match &hf {
+    let base_source: &dyn TensorSource = match &hf {
         Some(weights) => weights,
         None => &seeded,
+    };
+    // LoRA: the adapters (and modules to save) from a PEFT adapter directory, or seeded as
+    // PEFT initialises them, over the base.
+    let adapter = match lora.and_then(|l| l.init_from.as_deref().map(|d| (l, d))) {
+        Some((l, dir)) => Some(PeftAdapter::open(Path::new(dir), &model, l)?),
+        None => None,
+    };
+    let overlay = lora.map(|_| Overlay {
+        names: match &adapter {
+            Some(a) => a.names().clone(),
+            None => lora::factor_names(&model),
+        },
+        over: match &adapter {
+            Some(a) => a,
+            None => &seeded,
+        },
+        base: base_source,
+    });
+    let params: &dyn TensorSource = match &overlay {
+        Some(o) => o,
+        None => base_source,
     };
     let data = data::build(
         &job.data,
@@ -258,8 +285,28 @@ fn run_job_unguarded(
             rank.world_size
         ),
     };
+    let peft = match lora {
+        Some(l) => {
+            let specs = trainer.model.param_specs();
+            let count = |f: &dyn Fn(&&crate::model::ParamSpec) -> bool| -> usize {
+                specs.iter().filter(f).map(|s| s.numel()).sum()
+            };
+            let (trained, all) = (count(&|s| s.trainable), count(&|_| true));
+            format!(
+                ", LoRA r={} on {}: {trained} of {all} parameters trained ({:.2}%)",
+                l.r,
+                l.targets()
+                    .iter()
+                    .map(|m| m.as_str())
+                    .collect::<Vec<_>>()
+                    .join(","),
+                100.0 * trained as f64 / all.max(1) as f64
+            )
+        }
+        None => String::new(),
+    };
     let intro = format!(
-        "training {} on {device:?} ({mode}, {}): {} steps from step {}",
+        "training {} on {device:?} ({mode}, {}{peft}): {} steps from step {}",
         job.model.name,
         t.precision.as_str(),
         t.max_steps,
@@ -318,10 +365,20 @@ fn run_job_unguarded(
     }
     let rows = fitted?;
 
-    // The final model: gathered to rank 0 a group at a time and streamed to the file.
+    // The final model: gathered to rank 0 a group at a time and streamed to the file; a LoRA
+    // job's is a PEFT adapter directory.
     trainer.host_peaks_mut().begin();
     let final_dir = run_dir.join(flotilla_contract::layout::FINAL_DIR);
-    save_final(&trainer, &final_dir, data.tokenizer.as_ref())?;
+    match lora {
+        Some(l) => lora::save_adapter(
+            &trainer,
+            &final_dir,
+            l,
+            lora::base_path(job.model.init_from.as_deref()).as_deref(),
+            data.tokenizer.as_ref(),
+        )?,
+        None => save_final(&trainer, &final_dir, data.tokenizer.as_ref())?,
+    }
     trainer.host_peaks_mut().end(HostPhase::Final);
     let summary = JobSummary {
         steps: trainer.step_index(),

@@ -409,7 +409,7 @@ fn compute_copies_are_the_bf16_tensors_the_units_receive() {
         eps: job.trainer.eps,
         weight_decay: job.trainer.weight_decay,
     };
-    let mut w = Replicated::new(params, adam, Some(Kind::BFloat16));
+    let mut w = Replicated::new(&llama, params, adam, Some(Kind::BFloat16));
     let masters = w
         .params
         .iter()

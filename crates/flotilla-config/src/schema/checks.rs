@@ -4,10 +4,11 @@
 
 use super::from_node::{read, Cx, FromNode};
 use super::gpus::{gpu_model, gpu_names};
-use super::messages::{alternatives, set_note, show, suggest, typo_note};
+use super::messages::{alternatives, quote_list, set_note, show, suggest, typo_note};
 use super::types::{
     AutoWrapPolicy, Backend, ComputeConfig, DataConfig, Device, DistConfig, DistMode, JobConfig,
-    Launcher, ModelConfig, TaskConfig, TaskRanks, TokenizerSpec, TrainerConfig,
+    Launcher, LoraConfig, LoraModule, ModelConfig, PeftConfig, TaskConfig, TaskRanks,
+    TokenizerSpec, TrainerConfig,
 };
 use super::{ProblemKind, SchemaError};
 use crate::node::{python_float_repr, Dict, Node, Value};
@@ -53,6 +54,11 @@ pub fn validate(job: &Node) -> Result<JobConfig, SchemaError> {
         "select a preset in the defaults list (- model: tiny) or with model=tiny",
         &mut cx,
     );
+    // `peft` is optional: a config without the group trains every weight.
+    let peft = match root.get("peft") {
+        Some(node) => read::<PeftConfig>(node, "peft", Some("none"), &mut cx),
+        None => Some(PeftConfig::None),
+    };
     let trainer = top::<TrainerConfig>(
         job,
         root,
@@ -91,14 +97,29 @@ pub fn validate(job: &Node) -> Result<JobConfig, SchemaError> {
     if let Some(c) = &compute {
         ck.compute(c, trainer.as_ref());
     }
+    if let (Some(PeftConfig::Lora(l)), Some(m)) = (&peft, &model) {
+        ck.lora(l, m);
+    }
+    if let (Some(PeftConfig::Lora(_)), Some(t)) = (&peft, &trainer) {
+        if t.dist.mode() == DistMode::Fsdp {
+            ck.invalid(
+                "trainer.dist.mode",
+                "fsdp with peft=lora: FSDP does not shard a frozen base yet".into(),
+                "use trainer/dist=ddp (the adapters are small; the frozen base is held in the \
+                 compute dtype) or trainer/dist=none"
+                    .into(),
+            );
+        }
+    }
 
-    match (seed, model, trainer, data, compute) {
-        (Some(seed), Some(model), Some(trainer), Some(data), Some(compute))
+    match (seed, model, peft, trainer, data, compute) {
+        (Some(seed), Some(model), Some(peft), Some(trainer), Some(data), Some(compute))
             if cx.problems.is_empty() =>
         {
             Ok(JobConfig {
                 seed,
                 model,
+                peft,
                 trainer,
                 data,
                 compute,
@@ -279,6 +300,54 @@ impl Check<'_> {
             return false;
         }
         true
+    }
+
+    fn lora(&mut self, l: &LoraConfig, m: &ModelConfig) {
+        self.at_least("peft.r", l.r as u64, 1);
+        self.positive("peft.alpha", l.alpha);
+        if !(0.0..1.0).contains(&l.dropout) {
+            self.invalid(
+                "peft.dropout",
+                format!(
+                    "must be in [0, 1), got {}",
+                    python_float_repr(l.dropout)
+                ),
+                "set peft.dropout=0.0 (no dropout) or a probability below 1".into(),
+            );
+        }
+        if l.target_modules.is_empty() {
+            self.invalid(
+                "peft.target_modules",
+                "is empty: LoRA would adapt nothing".into(),
+                "list the layers to adapt, e.g. peft.target_modules=[q_proj,v_proj], or \
+                 peft.target_modules=all-linear"
+                    .into(),
+            );
+        } else if l.target_modules.len() > 1 && l.target_modules.contains(&LoraModule::AllLinear)
+        {
+            self.invalid(
+                "peft.target_modules",
+                "'all-linear' already names every linear layer and cannot be listed with others"
+                    .into(),
+                "write peft.target_modules=all-linear alone".into(),
+            );
+        }
+        if m.tie_word_embeddings && !l.modules_to_save.is_empty() {
+            self.invalid(
+                "peft.modules_to_save",
+                format!(
+                    "{} with tied embeddings (model.tie_word_embeddings=true): the head and \
+                     the embedding are one weight, and training a copy of it is not supported",
+                    quote_list(
+                        &l.modules_to_save
+                            .iter()
+                            .map(|m| m.as_str())
+                            .collect::<Vec<_>>()
+                    )
+                ),
+                "set peft.modules_to_save=[] or use a base with untied embeddings".into(),
+            );
+        }
     }
 
     fn model(&mut self, m: &ModelConfig) {

@@ -39,7 +39,8 @@ pub use gpus::{gpu_model, gpu_names, GpuModel, GPU_MODELS};
 pub use types::{
     ArithmeticData, AutoWrapPolicy, Backend, BackwardPrefetch, ComputeConfig, ConfigArg,
     DataConfig, DataKind, DdpConfig, Device, DistConfig, DistMode, Dtype, FsdpConfig, JobConfig,
-    JsonlData, Launcher, LrSchedule, ModelConfig, Precision, Resume, RopeScaling, RopeType,
+    JsonlData, Launcher, LoraConfig, LoraModule, LrSchedule, ModelConfig, PeftConfig, PeftMethod,
+    Precision, Resume, RopeScaling, RopeType, SavedModule,
     ShardingStrategy, StateDictType, TaskConfig, TaskRanks, TextData, TokenDtype, TokenizerSpec,
     TokensData, TrainerConfig,
 };

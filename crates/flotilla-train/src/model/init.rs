@@ -18,6 +18,11 @@ pub enum Init {
     Normal { std: f64 },
     /// RMSNorm weights: all ones.
     Ones,
+    /// LoRA's `B`: all zeros.
+    Zeros,
+    /// LoRA's `A`, as PEFT initialises it (`kaiming_uniform_(a=sqrt(5))`): U(−bound, bound)
+    /// with `bound = 1/sqrt(fan_in)`.
+    Uniform { bound: f64 },
 }
 
 impl Init {
@@ -26,7 +31,15 @@ impl Init {
     pub fn fill(&self, seed: u64, name: &str, start: usize, out: &mut [f32]) {
         match *self {
             Init::Ones => out.fill(1.0),
+            Init::Zeros => out.fill(0.0),
             Init::Normal { std } => fill_normal(stream_key(seed, name), std, start, out),
+            Init::Uniform { bound } => {
+                let key = stream_key(seed, name);
+                for (k, o) in out.iter_mut().enumerate() {
+                    let u = unit_open(word(key, (start + k) as u64));
+                    *o = ((2.0 * u - 1.0) * bound) as f32;
+                }
+            }
         }
     }
 
@@ -158,5 +171,11 @@ mod tests {
             "name changes the values"
         );
         assert_eq!(Init::Ones.values(3, "a", 4), vec![1.0; 4]);
+        assert_eq!(Init::Zeros.values(3, "a", 4), vec![0.0; 4]);
+        let u = Init::Uniform { bound: 0.25 }.values(3, "a", 100_000);
+        let (lo, hi) = u.iter().fold((1f32, -1f32), |(a, b), &x| (a.min(x), b.max(x)));
+        assert!(lo >= -0.25 && hi <= 0.25 && lo < -0.249 && hi > 0.249, "{lo} {hi}");
+        let mean = u.iter().map(|&x| f64::from(x)).sum::<f64>() / u.len() as f64;
+        assert!(mean.abs() < 0.003, "mean {mean}");
     }
 }

@@ -10,9 +10,9 @@
 
 use tch::{Device, Kind, Reduction, Tensor};
 
-use flotilla_config::schema::{ModelConfig, RopeScaling, RopeType};
+use flotilla_config::schema::{LoraConfig, LoraModule, ModelConfig, RopeScaling, RopeType, SavedModule};
 
-use super::names::{LayerWeight, ParamName};
+use super::names::{LayerWeight, LoraFactor, ParamName};
 use super::{ForwardCtx, Init, ModelError, ParamSpec, Params, Unit};
 
 /// The architecture: config, parameter table and units. Holds no tensors (it is `Send + Sync`);
@@ -39,6 +39,13 @@ impl std::fmt::Debug for Llama {
 impl Llama {
     /// The architecture `config` describes, after checking that it is one.
     pub fn new(config: &ModelConfig) -> Result<Self, ModelError> {
+        Self::with_lora(config, None)
+    }
+
+    /// The architecture with LoRA adapters on `lora.targets()` of every block (their factors
+    /// after the block's weights in its parameter list): only the adapters and
+    /// `lora.modules_to_save` are trainable. `None`: [`Llama::new`], every parameter trainable.
+    pub fn with_lora(config: &ModelConfig, lora: Option<&LoraConfig>) -> Result<Self, ModelError> {
         validate(config)?;
         let c = config;
         let (h, hd) = (c.hidden_size as i64, c.head_dim() as i64);
@@ -53,13 +60,21 @@ impl Llama {
 
         let mut specs: Vec<ParamSpec> = Vec::new();
         let mut units: Vec<Box<dyn Unit>> = Vec::new();
+        let saved = |m: SavedModule| lora.is_none_or(|l| l.modules_to_save.contains(&m));
         let add = |specs: &mut Vec<ParamSpec>, p: ParamName, shape: Vec<i64>, init, unit| {
+            let trainable = match p {
+                ParamName::Lora(..) => true,
+                ParamName::Embed => saved(SavedModule::EmbedTokens),
+                ParamName::LmHead => saved(SavedModule::LmHead),
+                _ => lora.is_none(),
+            };
             specs.push(ParamSpec {
                 name: p.hf_name(),
                 shape,
                 init,
                 owner: unit,
                 readers: vec![unit],
+                trainable,
             });
             p.hf_name()
         };
@@ -70,9 +85,11 @@ impl Llama {
             params: vec![embed.clone()],
         }));
 
+        let targets = lora.map(LoraConfig::targets).unwrap_or_default();
         for i in 0..c.num_hidden_layers {
             let u = i + 1;
             let mut names = Vec::new();
+            let mut shapes = Vec::new();
             for w in LayerWeight::ALL {
                 let (shape, init) = match w {
                     LayerWeight::InputNorm | LayerWeight::PostAttentionNorm => {
@@ -84,15 +101,38 @@ impl Llama {
                     LayerWeight::Gate | LayerWeight::Up => (vec![inter, h], normal),
                     LayerWeight::Down => (vec![h, inter], normal),
                 };
+                shapes.push(shape.clone());
                 names.push(add(&mut specs, ParamName::Layer(i, w), shape, init, u));
+            }
+            let mut adapters = [None; 9];
+            if let Some(l) = lora {
+                let r = l.r as i64;
+                for (k, w) in LayerWeight::ALL.into_iter().enumerate() {
+                    if !lora_module(w).is_some_and(|m| targets.contains(&m)) {
+                        continue;
+                    }
+                    let (out, inp) = (shapes[k][0], shapes[k][1]);
+                    adapters[k] = Some(names.len());
+                    let a = Init::Uniform {
+                        bound: 1.0 / (inp as f64).sqrt(),
+                    };
+                    let a_name = ParamName::Lora(i, w, LoraFactor::A);
+                    names.push(add(&mut specs, a_name, vec![r, inp], a, u));
+                    let b_name = ParamName::Lora(i, w, LoraFactor::B);
+                    names.push(add(&mut specs, b_name, vec![out, r], Init::Zeros, u));
+                }
             }
             units.push(Box::new(Block {
                 name: format!("layers.{i}"),
+                index: i,
                 params: names,
                 num_heads: c.num_attention_heads as i64,
                 num_kv_heads: c.num_key_value_heads as i64,
                 head_dim: hd,
                 eps: c.rms_norm_eps,
+                adapters,
+                lora_scale: lora.map_or(0.0, LoraConfig::scale),
+                lora_dropout: lora.map_or(0.0, |l| l.dropout),
             }));
         }
 
@@ -210,6 +250,7 @@ impl Llama {
         ForwardCtx {
             cos: emb.cos(),
             sin: emb.sin(),
+            dropout_seed: None,
         }
     }
 
@@ -391,15 +432,54 @@ impl Unit for Embedding {
     }
 }
 
+/// The LoRA target name of a block weight (`None` for the norms).
+fn lora_module(w: LayerWeight) -> Option<LoraModule> {
+    Some(match w {
+        LayerWeight::Q => LoraModule::QProj,
+        LayerWeight::K => LoraModule::KProj,
+        LayerWeight::V => LoraModule::VProj,
+        LayerWeight::O => LoraModule::OProj,
+        LayerWeight::Gate => LoraModule::GateProj,
+        LayerWeight::Up => LoraModule::UpProj,
+        LayerWeight::Down => LoraModule::DownProj,
+        LayerWeight::InputNorm | LayerWeight::PostAttentionNorm => return None,
+    })
+}
+
 /// `model.layers.{i}`: pre-norm attention and SwiGLU MLP, each with a residual connection.
-/// Parameters in [`LayerWeight::ALL`] order.
+/// Parameters in [`LayerWeight::ALL`] order, then the LoRA factors `A, B` of each adapted
+/// layer (in the same order).
 struct Block {
     name: String,
+    index: usize,
     params: Vec<String>,
     num_heads: i64,
     num_kv_heads: i64,
     head_dim: i64,
     eps: f64,
+    /// For each weight of [`LayerWeight::ALL`], where its LoRA `A` sits in the parameter list
+    /// (`B` follows it).
+    adapters: [Option<usize>; 9],
+    lora_scale: f64,
+    lora_dropout: f64,
+}
+
+impl Block {
+    /// `x @ W.T`, plus PEFT's LoRA update `lora_B(lora_A(dropout(x))) * scale` when weight
+    /// `k` is adapted. Dropout is applied only in training (a context with a dropout seed),
+    /// seeded per block so that a recomputed block draws the same mask.
+    fn project(&self, params: &[Tensor], k: usize, x: &Tensor, ctx: &ForwardCtx) -> Tensor {
+        let y = linear(x, &params[k]);
+        let Some(a) = self.adapters[k] else { return y };
+        let dropped = match ctx.dropout_seed {
+            Some(seed) if self.lora_dropout > 0.0 => {
+                tch::manual_seed(seed.wrapping_add((self.index * 9 + k) as u64 * 0x9E37_79B9) as i64);
+                x.dropout(self.lora_dropout, true)
+            }
+            _ => x.shallow_clone(),
+        };
+        y + linear(&linear(&dropped, &params[a]), &params[a + 1]) * self.lora_scale
+    }
 }
 
 impl Unit for Block {
@@ -410,17 +490,24 @@ impl Unit for Block {
         &self.params
     }
     fn forward(&self, params: &[Tensor], x: &Tensor, ctx: &ForwardCtx) -> Tensor {
-        let [input_norm, wq, wk, wv, wo, post_norm, wg, wu, wd] = params else {
-            panic!("{}: expected 9 parameters, got {}", self.name, params.len());
-        };
+        assert_eq!(
+            params.len(),
+            self.params.len(),
+            "{}: parameter count",
+            self.name
+        );
+        let (input_norm, post_norm) = (&params[0], &params[5]);
         let (b, t) = (x.size()[0], x.size()[1]);
 
         let h = rms_norm(x, input_norm, self.eps);
-        let heads =
-            |w: &Tensor, n: i64| linear(&h, w).view([b, t, n, self.head_dim]).transpose(1, 2);
-        let q = heads(wq, self.num_heads);
-        let k = heads(wk, self.num_kv_heads);
-        let v = heads(wv, self.num_kv_heads);
+        let heads = |k: usize, n: i64| {
+            self.project(params, k, &h, ctx)
+                .view([b, t, n, self.head_dim])
+                .transpose(1, 2)
+        };
+        let q = heads(1, self.num_heads);
+        let k = heads(2, self.num_kv_heads);
+        let v = heads(3, self.num_kv_heads);
         let (cos, sin) = rope_tables(ctx, q.kind());
         let q = &q * &cos + rotate_half(&q) * &sin;
         let k = &k * &cos + rotate_half(&k) * &sin;
@@ -430,10 +517,11 @@ impl Unit for Block {
         let attn = attn
             .transpose(1, 2)
             .reshape([b, t, self.num_heads * self.head_dim]);
-        let x = x + linear(&attn, wo);
+        let x = x + self.project(params, 4, &attn, ctx);
 
         let h = rms_norm(&x, post_norm, self.eps);
-        let mlp = linear(&(linear(&h, wg).silu() * linear(&h, wu)), wd);
+        let gated = self.project(params, 6, &h, ctx).silu() * self.project(params, 7, &h, ctx);
+        let mlp = self.project(params, 8, &gated, ctx);
         x + mlp
     }
 }

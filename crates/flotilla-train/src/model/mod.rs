@@ -137,6 +137,8 @@ pub struct ParamSpec {
     pub owner: usize,
     /// Indices of every unit that reads it, ascending. More than one only for tied weights.
     pub readers: Vec<usize>,
+    /// Whether training updates it (false for a LoRA job's frozen base).
+    pub trainable: bool,
 }
 
 impl ParamSpec {
@@ -158,6 +160,9 @@ pub struct ForwardCtx {
     /// `[T, head_dim]` (positions shared by the batch) or `[B, T, head_dim]`.
     pub cos: Tensor,
     pub sin: Tensor,
+    /// Training with dropout: the seed of this micro-batch's masks. `None`: no dropout
+    /// (evaluation, generation).
+    pub dropout_seed: Option<u64>,
 }
 
 /// A unit of the model: a pure function of its input and an explicit parameter list.

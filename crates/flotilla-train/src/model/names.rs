@@ -59,6 +59,25 @@ pub enum ParamName {
     Norm,
     /// `lm_head.weight`, `[vocab, hidden]`; absent with tied embeddings.
     LmHead,
+    /// A LoRA factor of a block's linear layer: `model.layers.{i}.self_attn.q_proj.lora_A.weight`
+    /// (`[r, in]`) or `…lora_B.weight` (`[out, r]`), PEFT's names under `base_model.model.`.
+    Lora(usize, LayerWeight, LoraFactor),
+}
+
+/// The two factors of a LoRA update `B·A`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum LoraFactor {
+    A,
+    B,
+}
+
+impl LoraFactor {
+    fn tag(self) -> &'static str {
+        match self {
+            LoraFactor::A => "lora_A",
+            LoraFactor::B => "lora_B",
+        }
+    }
 }
 
 impl ParamName {
@@ -68,6 +87,10 @@ impl ParamName {
             ParamName::Layer(i, w) => format!("model.layers.{i}.{}", w.suffix()),
             ParamName::Norm => "model.norm.weight".into(),
             ParamName::LmHead => "lm_head.weight".into(),
+            ParamName::Lora(i, w, f) => {
+                let module = w.suffix().strip_suffix(".weight").unwrap_or(w.suffix());
+                format!("model.layers.{i}.{module}.{}.weight", f.tag())
+            }
         }
     }
 
@@ -82,6 +105,15 @@ impl ParamName {
         let rest = name.strip_prefix("model.layers.")?;
         let (index, suffix) = rest.split_once('.')?;
         let i = index.parse().ok()?;
+        for f in [LoraFactor::A, LoraFactor::B] {
+            let tail = format!(".{}.weight", f.tag());
+            if let Some(module) = suffix.strip_suffix(&tail) {
+                return LayerWeight::ALL
+                    .into_iter()
+                    .find(|w| w.suffix().strip_suffix(".weight") == Some(module))
+                    .map(|w| ParamName::Lora(i, w, f));
+            }
+        }
         LayerWeight::ALL
             .into_iter()
             .find(|w| w.suffix() == suffix)
@@ -98,6 +130,8 @@ mod tests {
         let mut all = vec![ParamName::Embed, ParamName::Norm, ParamName::LmHead];
         for w in LayerWeight::ALL {
             all.push(ParamName::Layer(13, w));
+            all.push(ParamName::Lora(2, w, LoraFactor::A));
+            all.push(ParamName::Lora(2, w, LoraFactor::B));
         }
         for p in all {
             assert_eq!(ParamName::parse(&p.hf_name()), Some(p), "{}", p.hf_name());
@@ -105,6 +139,10 @@ mod tests {
         assert_eq!(
             ParamName::Layer(2, LayerWeight::Gate).hf_name(),
             "model.layers.2.mlp.gate_proj.weight"
+        );
+        assert_eq!(
+            ParamName::Lora(0, LayerWeight::V, LoraFactor::B).hf_name(),
+            "model.layers.0.self_attn.v_proj.lora_B.weight"
         );
         assert_eq!(ParamName::parse("model.layers.x.mlp.up_proj.weight"), None);
         assert_eq!(ParamName::parse("model.layers.0.mlp.up_proj.bias"), None);

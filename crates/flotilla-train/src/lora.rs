@@ -1,0 +1,295 @@
+//! LoRA's files in PEFT's format: reading an adapter directory to start from
+//! ([`PeftAdapter`]), and writing a LoRA job's `final/` as one ([`save_adapter`]:
+//! `adapter_config.json`, `adapter_model.safetensors` with PEFT's key names, the tokenizer)
+//! with, on request, `final/merged/`, the base with `W + scale·B·A` folded in
+//! ([`MergedWeights`]). The adapters themselves are parameters of the model
+//! (`model::llama`, `Llama::with_lora`); the trainer trains them like any other.
+
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+
+use serde_json::{json, Value};
+use tch::{Kind, Tensor};
+
+use super::checkpoint::{write_state_file, StateFile};
+use super::param_source::{FileSource, TensorSource};
+use super::trainer::Trainer;
+use super::TrainError;
+use crate::model::names::{LoraFactor, ParamName};
+use crate::model::{save_hf_from, Llama, ModelError, Params};
+use flotilla_config::schema::{LoraConfig, LoraModule};
+
+/// PEFT's adapter settings file.
+pub const ADAPTER_CONFIG: &str = "adapter_config.json";
+/// PEFT's adapter weights file.
+pub const ADAPTER_WEIGHTS: &str = "adapter_model.safetensors";
+/// What PEFT puts before a parameter's Hugging Face name in an adapter file.
+pub const PEFT_PREFIX: &str = "base_model.model.";
+/// `final/merged/`: the merged model of a job with `peft.merge: true`.
+pub const MERGED_DIR: &str = "merged";
+
+fn io(path: &Path) -> impl FnOnce(std::io::Error) -> TrainError + '_ {
+    move |source| TrainError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// An adapter problem that is the input's fault, naming the file and the fix.
+fn bad_adapter(path: &Path, message: String) -> TrainError {
+    TrainError::Model(ModelError::InvalidConfig {
+        field: format!("peft.init_from ({})", path.display()),
+        message,
+    })
+}
+
+/// A PEFT LoRA adapter directory, checked against the job's model and LoRA settings from its
+/// headers alone, read by ranges.
+pub struct PeftAdapter {
+    source: FileSource,
+    names: HashSet<String>,
+}
+
+impl PeftAdapter {
+    /// Opens `dir` (`adapter_config.json` and `adapter_model.safetensors`) for `model` (built
+    /// with `lora`): the rank, the adapted layers and every tensor's name and shape must be
+    /// the job's.
+    pub fn open(dir: &Path, model: &Llama, lora: &LoraConfig) -> Result<Self, TrainError> {
+        let config_path = dir.join(ADAPTER_CONFIG);
+        let text = std::fs::read_to_string(&config_path).map_err(io(&config_path))?;
+        let config: Value = serde_json::from_str(&text)
+            .map_err(|e| bad_adapter(&config_path, format!("not JSON: {e}")))?;
+        if config["peft_type"] != "LORA" {
+            return Err(bad_adapter(
+                &config_path,
+                format!(
+                    "peft_type is {}, not \"LORA\": only LoRA adapters can be loaded",
+                    config["peft_type"]
+                ),
+            ));
+        }
+        if config["r"].as_u64() != Some(lora.r as u64) {
+            return Err(bad_adapter(
+                &config_path,
+                format!(
+                    "the adapter has r={}, the job peft.r={}; set peft.r={}",
+                    config["r"], lora.r, config["r"]
+                ),
+            ));
+        }
+        let theirs: HashSet<String> = match &config["target_modules"] {
+            Value::Array(a) => a.iter().filter_map(|v| v.as_str().map(String::from)).collect(),
+            Value::String(s) => HashSet::from([s.clone()]),
+            _ => HashSet::new(),
+        };
+        let ours: HashSet<String> = lora.targets().iter().map(|m| m.as_str().to_string()).collect();
+        let all_linear = theirs.contains(LoraModule::AllLinear.as_str())
+            && ours.len() == LoraModule::LINEAR.len();
+        if theirs != ours && !all_linear {
+            let mut list: Vec<&String> = theirs.iter().collect();
+            list.sort();
+            return Err(bad_adapter(
+                &config_path,
+                format!(
+                    "the adapter adapts {list:?}, the job peft.target_modules={:?}; set \
+                     peft.target_modules to the adapter's",
+                    lora.target_modules
+                        .iter()
+                        .map(|m| m.as_str())
+                        .collect::<Vec<_>>()
+                ),
+            ));
+        }
+        let weights = dir.join(ADAPTER_WEIGHTS);
+        let source = FileSource::open_with_prefix(std::slice::from_ref(&weights), PEFT_PREFIX, "")?;
+        let mut names = HashSet::new();
+        for (key, _) in source.entries() {
+            let name = key.strip_prefix(PEFT_PREFIX).unwrap_or(key);
+            match model.param_spec(name) {
+                Some(s) if s.trainable => {
+                    names.insert(name.to_string());
+                }
+                _ => {
+                    return Err(ModelError::UnexpectedTensor {
+                        name: key.to_string(),
+                        file: weights.clone(),
+                    }
+                    .into())
+                }
+            }
+        }
+        // Every adapter factor must be there with its shape (a base of another size has
+        // other shapes); modules_to_save the adapter lacks start from the base.
+        let factors = model
+            .param_specs()
+            .iter()
+            .filter(|s| matches!(ParamName::parse(&s.name), Some(ParamName::Lora(..))));
+        source.check_specs(factors)?;
+        Ok(Self { source, names })
+    }
+
+    /// The parameters the adapter gives (its factors, and the modules to save it holds).
+    pub fn names(&self) -> &HashSet<String> {
+        &self.names
+    }
+}
+
+impl TensorSource for PeftAdapter {
+    fn read_range(&self, name: &str, lo: i64, hi: i64) -> Result<Tensor, TrainError> {
+        self.source.read_range(name, lo, hi)
+    }
+}
+
+/// The LoRA factor parameters of `model`.
+pub fn factor_names(model: &Llama) -> HashSet<String> {
+    model
+        .param_specs()
+        .iter()
+        .filter(|s| matches!(ParamName::parse(&s.name), Some(ParamName::Lora(..))))
+        .map(|s| s.name.clone())
+        .collect()
+}
+
+/// `adapter_config.json` for `lora`, as PEFT writes it for a causal LM (`target_modules`
+/// expanded, `base_model_name_or_path` the base directory when there is one).
+pub fn adapter_config(lora: &LoraConfig, base: Option<&str>) -> Value {
+    let alpha = if lora.alpha.fract() == 0.0 {
+        json!(lora.alpha as i64)
+    } else {
+        json!(lora.alpha)
+    };
+    let modules_to_save: Option<Vec<&str>> = (!lora.modules_to_save.is_empty())
+        .then(|| lora.modules_to_save.iter().map(|m| m.as_str()).collect());
+    json!({
+        "peft_type": "LORA",
+        "task_type": "CAUSAL_LM",
+        "base_model_name_or_path": base,
+        "r": lora.r,
+        "lora_alpha": alpha,
+        "lora_dropout": lora.dropout,
+        "target_modules": lora.targets().iter().map(|m| m.as_str()).collect::<Vec<_>>(),
+        "use_rslora": lora.use_rslora,
+        "modules_to_save": modules_to_save,
+        "bias": "none",
+        "fan_in_fan_out": false,
+        "init_lora_weights": true,
+        "inference_mode": true,
+        "use_dora": false,
+        "layers_to_transform": null,
+        "layers_pattern": null,
+        "rank_pattern": {},
+        "alpha_pattern": {},
+        "revision": null,
+    })
+}
+
+/// Writes a LoRA job's `final/` as a PEFT adapter directory: the trained parameters (the
+/// factors and modules to save, fp32) under PEFT's names, `adapter_config.json`, and the
+/// tokenizer; with `lora.merge`, also `final/merged/`. Collective (the trained parameters are
+/// gathered to rank 0); a failure on any rank fails it on every rank.
+pub fn save_adapter(
+    trainer: &Trainer,
+    dir: &Path,
+    lora: &LoraConfig,
+    base: Option<&str>,
+    tokenizer: Option<&crate::data::Tokenizer>,
+) -> Result<(), TrainError> {
+    let root = trainer.rank_world().0 == 0;
+    super::checkpoint::on_all_ranks(trainer, "set-up of final/", || {
+        if root {
+            std::fs::create_dir_all(dir).map_err(io(dir))?;
+        }
+        Ok(())
+    })?;
+    super::checkpoint::on_all_ranks(trainer, "write of final/", || {
+        let weights = dir.join(ADAPTER_WEIGHTS);
+        write_state_file(trainer.weights(), &weights, StateFile::Adapter, root)?;
+        if root {
+            let path = dir.join(ADAPTER_CONFIG);
+            let mut text =
+                serde_json::to_string_pretty(&adapter_config(lora, base)).expect("serialises");
+            text.push('\n');
+            std::fs::write(&path, text).map_err(io(&path))?;
+            if let Some(tok) = tokenizer {
+                tok.save(dir.join("tokenizer.json"))?;
+            }
+        }
+        Ok(())
+    })?;
+    if lora.merge {
+        super::checkpoint::on_all_ranks(trainer, "write of final/merged/", || {
+            let params = trainer.weights().full_params()?;
+            if root {
+                let merged_dir = dir.join(MERGED_DIR);
+                let base_model = Llama::new(trainer.model.config())?;
+                let merged = MergedWeights::new(&params, lora);
+                save_hf_from(&merged_dir, &base_model, &merged, Kind::Float)?;
+                if let Some(tok) = tokenizer {
+                    tok.save(merged_dir.join("tokenizer.json"))?;
+                }
+            }
+            Ok(())
+        })?;
+    }
+    Ok(())
+}
+
+/// The base parameters with each adapted weight merged: `W + scale · B @ A` (in fp32), the
+/// rest as they are.
+pub struct MergedWeights<'a> {
+    params: &'a Params,
+    scale: f64,
+}
+
+impl<'a> MergedWeights<'a> {
+    /// Over a LoRA model's parameters (base and factors).
+    pub fn new(params: &'a Params, lora: &LoraConfig) -> Self {
+        Self {
+            params,
+            scale: lora.scale(),
+        }
+    }
+
+    /// The whole merged tensor of base parameter `name`.
+    pub fn merged(&self, name: &str) -> Result<Tensor, TrainError> {
+        let _guard = tch::no_grad_guard();
+        let w = self.params.require(name)?.f_to_kind(Kind::Float)?;
+        let Some(ParamName::Layer(i, layer)) = ParamName::parse(name) else {
+            return Ok(w);
+        };
+        let factor = |f| ParamName::Lora(i, layer, f).hf_name();
+        match (
+            self.params.get(&factor(LoraFactor::A)),
+            self.params.get(&factor(LoraFactor::B)),
+        ) {
+            (Some(a), Some(b)) => {
+                let delta = b
+                    .f_to_kind(Kind::Float)?
+                    .f_matmul(&a.f_to_kind(Kind::Float)?)?;
+                Ok(w.f_add(&(delta * self.scale))?)
+            }
+            _ => Ok(w),
+        }
+    }
+}
+
+impl TensorSource for MergedWeights<'_> {
+    fn read_range(&self, name: &str, lo: i64, hi: i64) -> Result<Tensor, TrainError> {
+        Ok(self
+            .merged(name)?
+            .f_reshape([-1])?
+            .f_narrow(0, lo, hi - lo)?
+            .f_to_device(tch::Device::Cpu)?)
+    }
+}
+
+/// The base directory an adapter was trained on, for `adapter_config.json`: the job's
+/// `model.init_from`, made absolute.
+pub fn base_path(init_from: Option<&str>) -> Option<String> {
+    init_from.map(|p| {
+        std::path::absolute(PathBuf::from(p))
+            .unwrap_or_else(|_| PathBuf::from(p))
+            .display()
+            .to_string()
+    })
+}
