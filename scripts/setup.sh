@@ -2,7 +2,8 @@
 # Idempotent set-up: a Python virtual environment in .venv with the torch wheel whose libtorch
 # flotilla links against (torch 2.11.0 <-> tch 0.24.0), hydra-core, the oracle the config
 # tests compare against, and transformers + safetensors, the oracle the model tests compare
-# against, and tensorboard, the oracle that reads the event files back; then .venv/libtorch pointing at the wheel's torch/ folder;
+# against, peft, the oracle of the LoRA tests, and tensorboard, the oracle that reads the event
+# files back; then .venv/libtorch pointing at the wheel's torch/ folder;
 # on Debian (as root) also fonts-dejavu-core, the font of `flotilla report --plot`'s PNG figures.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -12,6 +13,7 @@ HYDRA_VERSION=1.3.8
 TRANSFORMERS_VERSION=5.23.0
 SAFETENSORS_VERSION=0.8.0
 TENSORBOARD_VERSION=2.21.0
+PEFT_VERSION=0.21.2
 PYTHON=${PYTHON:-python3}
 
 if ! command -v cargo >/dev/null 2>&1; then
@@ -30,6 +32,7 @@ installed hydra-core "$HYDRA_VERSION" || want+=("hydra-core==$HYDRA_VERSION")
 installed transformers "$TRANSFORMERS_VERSION" || want+=("transformers==$TRANSFORMERS_VERSION")
 installed safetensors "$SAFETENSORS_VERSION" || want+=("safetensors==$SAFETENSORS_VERSION")
 installed tensorboard "$TENSORBOARD_VERSION" || want+=("tensorboard==$TENSORBOARD_VERSION")
+installed peft "$PEFT_VERSION" || want+=("peft==$PEFT_VERSION")
 if [ ${#want[@]} -gt 0 ]; then
     echo "setup: installing ${want[*]} into .venv"
     .venv/bin/python -m pip install --quiet --disable-pip-version-check "${want[@]}"
@@ -52,4 +55,4 @@ if [ ! -f "$torch_dir/lib/libtorch_cpu.so" ]; then
     exit 1
 fi
 ln -sfn "$torch_dir" .venv/libtorch
-echo "setup: ready (torch $TORCH_VERSION at .venv/libtorch, hydra-core $HYDRA_VERSION, transformers $TRANSFORMERS_VERSION, tensorboard $TENSORBOARD_VERSION)"
+echo "setup: ready (torch $TORCH_VERSION at .venv/libtorch, hydra-core $HYDRA_VERSION, transformers $TRANSFORMERS_VERSION, peft $PEFT_VERSION, tensorboard $TENSORBOARD_VERSION)"

@@ -145,7 +145,13 @@ fn leaves(model: &Llama, unit: usize, params: Vec<Tensor>) -> Vec<Tensor> {
     params
         .into_iter()
         .zip(trainable)
-        .map(|(p, t)| if t { p.detach().set_requires_grad(true) } else { p })
+        .map(|(p, t)| {
+            if t {
+                p.detach().set_requires_grad(true)
+            } else {
+                p
+            }
+        })
         .collect()
 }
 
@@ -267,7 +273,13 @@ impl<'m> Engine<'m> {
             if i > 0 {
                 wrt.push(&input);
             }
-            wrt.extend(params.iter().zip(&trainable).filter(|(_, t)| **t).map(|(p, _)| p));
+            wrt.extend(
+                params
+                    .iter()
+                    .zip(&trainable)
+                    .filter(|(_, t)| **t)
+                    .map(|(p, _)| p),
+            );
             let mut g = if wrt.is_empty() {
                 // A frozen first unit: nothing to differentiate.
                 vec![].into_iter()

@@ -17,7 +17,7 @@ use super::trainer::Trainer;
 use super::TrainError;
 use crate::model::names::{LoraFactor, ParamName};
 use crate::model::{save_hf_from, Llama, ModelError, Params};
-use flotilla_config::schema::{LoraConfig, LoraModule};
+use flotilla_config::schema::LoraConfig;
 
 /// PEFT's adapter settings file.
 pub const ADAPTER_CONFIG: &str = "adapter_config.json";
@@ -77,31 +77,38 @@ impl PeftAdapter {
                 ),
             ));
         }
-        let theirs: HashSet<String> = match &config["target_modules"] {
-            Value::Array(a) => a.iter().filter_map(|v| v.as_str().map(String::from)).collect(),
-            Value::String(s) => HashSet::from([s.clone()]),
-            _ => HashSet::new(),
+        let weights = dir.join(ADAPTER_WEIGHTS);
+        let source = FileSource::open_with_prefix(std::slice::from_ref(&weights), PEFT_PREFIX, "")?;
+        // The adapted layers are those the file has factors of (adapter_config.json may list
+        // them as names, full module paths or a pattern).
+        let adapted = |names: &mut dyn Iterator<Item = &str>| -> Vec<&'static str> {
+            let mut found: Vec<&'static str> = names
+                .filter_map(|n| match ParamName::parse(n) {
+                    Some(ParamName::Lora(_, w, _)) => super::model::llama::lora_module(w),
+                    _ => None,
+                })
+                .map(|m| m.as_str())
+                .collect();
+            found.sort_unstable();
+            found.dedup();
+            found
         };
-        let ours: HashSet<String> = lora.targets().iter().map(|m| m.as_str().to_string()).collect();
-        let all_linear = theirs.contains(LoraModule::AllLinear.as_str())
-            && ours.len() == LoraModule::LINEAR.len();
-        if theirs != ours && !all_linear {
-            let mut list: Vec<&String> = theirs.iter().collect();
-            list.sort();
+        let theirs = adapted(
+            &mut source
+                .entries()
+                .map(|(k, _)| k.strip_prefix(PEFT_PREFIX).unwrap_or(k)),
+        );
+        let ours = adapted(&mut model.param_specs().iter().map(|s| s.name.as_str()));
+        if theirs != ours {
             return Err(bad_adapter(
-                &config_path,
+                &weights,
                 format!(
-                    "the adapter adapts {list:?}, the job peft.target_modules={:?}; set \
-                     peft.target_modules to the adapter's",
-                    lora.target_modules
-                        .iter()
-                        .map(|m| m.as_str())
-                        .collect::<Vec<_>>()
+                    "the adapter adapts {theirs:?}, the job {ours:?}; set \
+                     peft.target_modules=[{}]",
+                    theirs.join(",")
                 ),
             ));
         }
-        let weights = dir.join(ADAPTER_WEIGHTS);
-        let source = FileSource::open_with_prefix(std::slice::from_ref(&weights), PEFT_PREFIX, "")?;
         let mut names = HashSet::new();
         for (key, _) in source.entries() {
             let name = key.strip_prefix(PEFT_PREFIX).unwrap_or(key);

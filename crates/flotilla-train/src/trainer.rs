@@ -193,7 +193,7 @@ impl Trainer {
         // Dropout masks depend on the step, so a resumed run draws the same ones.
         options.dropout_seed = options
             .dropout_seed
-            .map(|s| s ^ (self.step as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15));
+            .map(|s| s ^ self.step.wrapping_mul(0x9E37_79B9_7F4A_7C15));
         let engine = Engine::new(&self.model, options);
         let lr = self.schedule.lr_at(self.step);
         let inv_scale = 1.0 / options.loss_scale;

@@ -308,10 +308,7 @@ impl Check<'_> {
         if !(0.0..1.0).contains(&l.dropout) {
             self.invalid(
                 "peft.dropout",
-                format!(
-                    "must be in [0, 1), got {}",
-                    python_float_repr(l.dropout)
-                ),
+                format!("must be in [0, 1), got {}", python_float_repr(l.dropout)),
                 "set peft.dropout=0.0 (no dropout) or a probability below 1".into(),
             );
         }
@@ -323,8 +320,7 @@ impl Check<'_> {
                  peft.target_modules=all-linear"
                     .into(),
             );
-        } else if l.target_modules.len() > 1 && l.target_modules.contains(&LoraModule::AllLinear)
-        {
+        } else if l.target_modules.len() > 1 && l.target_modules.contains(&LoraModule::AllLinear) {
             self.invalid(
                 "peft.target_modules",
                 "'all-linear' already names every linear layer and cannot be listed with others"

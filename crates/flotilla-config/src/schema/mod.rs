@@ -40,9 +40,8 @@ pub use types::{
     ArithmeticData, AutoWrapPolicy, Backend, BackwardPrefetch, ComputeConfig, ConfigArg,
     DataConfig, DataKind, DdpConfig, Device, DistConfig, DistMode, Dtype, FsdpConfig, JobConfig,
     JsonlData, Launcher, LoraConfig, LoraModule, LrSchedule, ModelConfig, PeftConfig, PeftMethod,
-    Precision, Resume, RopeScaling, RopeType, SavedModule,
-    ShardingStrategy, StateDictType, TaskConfig, TaskRanks, TextData, TokenDtype, TokenizerSpec,
-    TokensData, TrainerConfig,
+    Precision, Resume, RopeScaling, RopeType, SavedModule, ShardingStrategy, StateDictType,
+    TaskConfig, TaskRanks, TextData, TokenDtype, TokenizerSpec, TokensData, TrainerConfig,
 };
 
 /// What kind of problem a [`Problem`] is.

@@ -173,8 +173,13 @@ mod tests {
         assert_eq!(Init::Ones.values(3, "a", 4), vec![1.0; 4]);
         assert_eq!(Init::Zeros.values(3, "a", 4), vec![0.0; 4]);
         let u = Init::Uniform { bound: 0.25 }.values(3, "a", 100_000);
-        let (lo, hi) = u.iter().fold((1f32, -1f32), |(a, b), &x| (a.min(x), b.max(x)));
-        assert!(lo >= -0.25 && hi <= 0.25 && lo < -0.249 && hi > 0.249, "{lo} {hi}");
+        let (lo, hi) = u
+            .iter()
+            .fold((1f32, -1f32), |(a, b), &x| (a.min(x), b.max(x)));
+        assert!(
+            lo >= -0.25 && hi <= 0.25 && lo < -0.249 && hi > 0.249,
+            "{lo} {hi}"
+        );
         let mean = u.iter().map(|&x| f64::from(x)).sum::<f64>() / u.len() as f64;
         assert!(mean.abs() < 0.003, "mean {mean}");
     }

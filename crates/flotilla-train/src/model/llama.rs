@@ -10,7 +10,9 @@
 
 use tch::{Device, Kind, Reduction, Tensor};
 
-use flotilla_config::schema::{LoraConfig, LoraModule, ModelConfig, RopeScaling, RopeType, SavedModule};
+use flotilla_config::schema::{
+    LoraConfig, LoraModule, ModelConfig, RopeScaling, RopeType, SavedModule,
+};
 
 use super::names::{LayerWeight, LoraFactor, ParamName};
 use super::{ForwardCtx, Init, ModelError, ParamSpec, Params, Unit};
@@ -433,7 +435,7 @@ impl Unit for Embedding {
 }
 
 /// The LoRA target name of a block weight (`None` for the norms).
-fn lora_module(w: LayerWeight) -> Option<LoraModule> {
+pub fn lora_module(w: LayerWeight) -> Option<LoraModule> {
     Some(match w {
         LayerWeight::Q => LoraModule::QProj,
         LayerWeight::K => LoraModule::KProj,
@@ -473,7 +475,9 @@ impl Block {
         let Some(a) = self.adapters[k] else { return y };
         let dropped = match ctx.dropout_seed {
             Some(seed) if self.lora_dropout > 0.0 => {
-                tch::manual_seed(seed.wrapping_add((self.index * 9 + k) as u64 * 0x9E37_79B9) as i64);
+                tch::manual_seed(
+                    seed.wrapping_add((self.index * 9 + k) as u64 * 0x9E37_79B9) as i64
+                );
                 x.dropout(self.lora_dropout, true)
             }
             _ => x.shallow_clone(),
@@ -598,6 +602,65 @@ mod tests {
     }
 
     #[test]
+    fn lora_factors_follow_the_block_weights_and_start_as_a_no_op() {
+        let c = tiny(false, 2);
+        let lora: LoraConfig = serde_yaml::from_str(
+            "{r: 4, alpha: 8, dropout: 0.0, target_modules: [q_proj, down_proj], \
+             use_rslora: false, modules_to_save: [lm_head], init_from: null, merge: false}",
+        )
+        .unwrap();
+        let base = Llama::new(&c).unwrap();
+        let m = Llama::with_lora(&c, Some(&lora)).unwrap();
+        assert_eq!(m.param_specs().len(), base.param_specs().len() + 2 * 2 * 2);
+        let a = m
+            .param_spec("model.layers.1.self_attn.q_proj.lora_A.weight")
+            .unwrap();
+        let b = m
+            .param_spec("model.layers.1.mlp.down_proj.lora_B.weight")
+            .unwrap();
+        assert_eq!(
+            (a.shape.clone(), a.owner, a.trainable),
+            (vec![4, 32], 2, true)
+        );
+        assert_eq!(
+            (b.shape.clone(), b.owner, b.trainable),
+            (vec![32, 4], 2, true)
+        );
+        assert!(
+            matches!(a.init, Init::Uniform { bound } if (bound - 32f64.powf(-0.5)).abs() < 1e-12)
+        );
+        assert!(matches!(b.init, Init::Zeros));
+        let trainable: Vec<&str> = m
+            .param_specs()
+            .iter()
+            .filter(|s| s.trainable && !s.name.contains("lora_"))
+            .map(|s| s.name.as_str())
+            .collect();
+        assert_eq!(trainable, ["lm_head.weight"], "only the module to save");
+        assert_eq!(
+            m.units()[1].param_names()[9..],
+            [
+                "model.layers.0.self_attn.q_proj.lora_A.weight",
+                "model.layers.0.self_attn.q_proj.lora_B.weight",
+                "model.layers.0.mlp.down_proj.lora_A.weight",
+                "model.layers.0.mlp.down_proj.lora_B.weight",
+            ]
+        );
+        // B = 0: the base's logits; B ≠ 0: others.
+        let mut p = m.init_params(5, Device::Cpu, Kind::Float);
+        let tokens = Tensor::from_slice2(&[[1i64, 2, 3, 4, 5, 6]]);
+        let no_op = m.forward(&p, &tokens).unwrap();
+        let plain = base.forward(&p, &tokens).unwrap();
+        assert!(no_op.equal(&plain));
+        p.insert(
+            "model.layers.0.mlp.down_proj.lora_B.weight",
+            Tensor::ones([32, 4], (Kind::Float, Device::Cpu)),
+        );
+        let moved = m.forward(&p, &tokens).unwrap();
+        assert!((moved - plain).abs().max().double_value(&[]) > 1e-3);
+    }
+
+    #[test]
     fn units_and_parameter_table() {
         let m = Llama::new(&tiny(true, 2)).unwrap();
         let names: Vec<_> = m.units().iter().map(|u| u.name().to_string()).collect();
@@ -666,6 +729,7 @@ mod tests {
                     assert!((std / 0.05 - 1.0).abs() < 0.03, "{}: std {std}", s.name);
                     assert!(mean.abs() < 0.05 * 0.03, "{}: mean {mean}", s.name);
                 }
+                Init::Zeros | Init::Uniform { .. } => panic!("{}: a LoRA init", s.name),
             }
         }
         // Same seed, same values (also in another dtype); another seed, other values.

@@ -1,0 +1,351 @@
+//! LoRA against PyPI peft (tests/oracle/peft_oracle.py): a tiny untied Llama base made by
+//! transformers and an initial adapter made and saved by PEFT; flotilla starts from them
+//! (`model.init_from`, `peft.init_from`).
+//!
+//! - Training: 30 steps of flotilla's single-process trainer and of a PyTorch + PEFT loop on
+//!   the same batches give the same loss, grad_norm and lr (relative 1e-4) and the same trained
+//!   adapter, for `[q_proj, v_proj]`, `all-linear`, and `[q_proj, v_proj]` with
+//!   `modules_to_save: [lm_head]`.
+//! - Files: flotilla's `final/` loads with `PeftModel.from_pretrained` without a missing- or
+//!   unexpected-key warning and gives flotilla's logits; `final/merged/` loads in
+//!   transformers with the same logits.
+//! - Bad input: an adapter made for a base of another size is refused naming the tensor.
+//!
+//! DDP and resume are proven through the training binary in train_dist.rs.
+
+#[path = "../../../tests/common/mod.rs"]
+mod common;
+#[path = "../../../tests/common/compose.rs"]
+mod compose;
+
+use std::path::Path;
+use std::process::Command;
+
+use flotilla_config::schema::{DataConfig, LoraConfig, TrainerConfig};
+use flotilla_train::data::{self, BatchLayout, DataLoader, DataOptions};
+use flotilla_train::lora::{self, PeftAdapter, MERGED_DIR};
+use flotilla_train::model::{read_model_config, save_hf, HfWeights, Llama};
+use flotilla_train::param_source::Overlay;
+use flotilla_train::{MetricsRow, Trainer};
+use tch::{Device, Kind, Tensor};
+
+const STEPS: u64 = 30;
+
+/// The venv python with peft, or a skip/fail as the oracle policy says.
+fn peft_python() -> bool {
+    if common::venv_imports("peft, transformers, safetensors") {
+        return true;
+    }
+    common::skip_or_fail("peft is not importable from .venv; run scripts/setup.sh");
+    false
+}
+
+/// A base and an initial adapter made by transformers and PEFT in `dir` (`base/`,
+/// `adapter/`); returns the adapter's keys.
+fn make_fixture(dir: &Path, targets: &str, save: &str, random_b: bool) -> Vec<String> {
+    common::run_oracle(
+        Command::new(common::venv_python())
+            .arg(common::oracle_file("peft_oracle.py"))
+            .arg("make")
+            .arg(dir)
+            .args([
+                targets,
+                save,
+                "4",
+                "8",
+                "0",
+                if random_b { "1" } else { "0" },
+            ]),
+    )
+}
+
+fn lora_config(targets: &str, save: &str, init_from: &Path, merge: bool) -> LoraConfig {
+    let targets = format!("[{targets}]");
+    let save = if save == "-" {
+        "[]".into()
+    } else {
+        format!("[{save}]")
+    };
+    serde_yaml::from_str(&format!(
+        "{{r: 4, alpha: 8, dropout: 0.0, target_modules: {targets}, use_rslora: false, \
+         modules_to_save: {save}, init_from: '{}', merge: {merge}}}",
+        init_from.display()
+    ))
+    .unwrap()
+}
+
+fn trainer_config() -> TrainerConfig {
+    compose::trainer_config(&format!(
+        "{{max_steps: {STEPS}, lr: 3.0e-3, min_lr: 3.0e-4, warmup_steps: 5, schedule: cosine}}"
+    ))
+}
+
+fn loader(t: &TrainerConfig) -> DataLoader {
+    let cfg: DataConfig = serde_yaml::from_str(
+        "{kind: arithmetic, digits: 2, num_train: 200, num_eval: 0, seed: 0, seq_len: 16, \
+         shuffle: true, num_workers: 0}",
+    )
+    .unwrap();
+    let d = data::build(
+        &cfg,
+        &DataOptions {
+            model_vocab_size: 32,
+            run_dir: None,
+        },
+    )
+    .unwrap();
+    let layout = BatchLayout {
+        global_batch_size: t.global_batch_size,
+        micro_batch_size: t.micro_batch_size,
+        rank: 0,
+        world_size: 1,
+    };
+    DataLoader::new(d.train, true, t.seed as u64, layout, Device::Cpu).unwrap()
+}
+
+/// flotilla's trainer over the fixture's base with the fixture's adapter.
+fn trainer(dir: &Path, lora: &LoraConfig, t: &TrainerConfig) -> Trainer {
+    let base_cfg = read_model_config(dir.join("base")).unwrap();
+    let model = Llama::with_lora(&base_cfg, Some(lora)).unwrap();
+    let (_, hf) = HfWeights::open(dir.join("base")).unwrap();
+    let adapter = PeftAdapter::open(&dir.join("adapter"), &model, lora).unwrap();
+    let source = Overlay {
+        names: adapter.names().clone(),
+        over: &adapter,
+        base: &hf,
+    };
+    Trainer::new(model, &source, t, loader(t), Device::Cpu).unwrap()
+}
+
+/// The oracle's rows on the batches flotilla's loader gives; its trained adapter in `out`.
+fn peft_rows(dir: &Path, t: &TrainerConfig, out: &Path) -> Vec<[f64; 3]> {
+    let mut l = loader(t);
+    let mut tensors: Vec<(String, Tensor)> = Vec::new();
+    for s in 0..STEPS {
+        let step = l.next_step().unwrap();
+        tensors.push((
+            format!("tok.{s}"),
+            Tensor::from(step.global_loss_tokens as i64),
+        ));
+        for (k, b) in step.micro_batches.iter().enumerate() {
+            tensors.push((format!("x.{s}.{k}"), b.input_ids.copy()));
+            tensors.push((format!("y.{s}.{k}"), b.labels.copy()));
+        }
+    }
+    let batches = dir.join("batches.safetensors");
+    Tensor::write_safetensors(&tensors, &batches).unwrap();
+    common::run_oracle(
+        Command::new(common::venv_python())
+            .arg(common::oracle_file("peft_oracle.py"))
+            .arg("train")
+            .arg(dir.join("base"))
+            .arg(dir.join("adapter"))
+            .arg(&batches)
+            .arg(STEPS.to_string())
+            .arg(out)
+            .args([
+                t.lr.to_string(),
+                t.min_lr.to_string(),
+                t.warmup_steps.to_string(),
+                "cosine".into(),
+                t.weight_decay.to_string(),
+                t.betas[0].to_string(),
+                t.betas[1].to_string(),
+                t.eps.to_string(),
+                t.grad_clip.to_string(),
+            ]),
+    )
+}
+
+fn rel(a: f64, b: f64) -> f64 {
+    (a - b).abs() / b.abs().max(1e-12)
+}
+
+/// Max |a − b| over max |b|.
+fn tensor_err(a: &Tensor, b: &Tensor) -> f64 {
+    let scale = b.abs().max().double_value(&[]).max(1e-12);
+    (a - b).abs().max().double_value(&[]) / scale
+}
+
+#[test]
+fn lora_training_matches_pytorch_and_peft() {
+    if !peft_python() {
+        return;
+    }
+    for (targets, save) in [
+        ("q_proj,v_proj", "-"),
+        ("all-linear", "-"),
+        ("q_proj,v_proj", "lm_head"),
+    ] {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path();
+        let keys = make_fixture(dir, targets, save, false);
+        let lora = lora_config(targets, save, &dir.join("adapter"), false);
+        let t = trainer_config();
+        let out = dir.join("peft_trained");
+        let want = peft_rows(dir, &t, &out);
+        let mut tr = trainer(dir, &lora, &t);
+        let rows: Vec<MetricsRow> = tr.run(STEPS, None).unwrap();
+        assert_eq!(rows.len(), want.len());
+        let (mut dl, mut dn, mut dlr) = (0f64, 0f64, 0f64);
+        for (r, w) in rows.iter().zip(&want) {
+            dl = dl.max(rel(r.loss, w[0]));
+            dn = dn.max(rel(r.grad_norm, w[1]));
+            dlr = dlr.max(rel(r.lr, w[2]));
+        }
+        // The trained adapter, tensor by tensor, against PEFT's.
+        let theirs: Vec<(String, Tensor)> =
+            Tensor::read_safetensors(out.join(lora::ADAPTER_WEIGHTS)).unwrap();
+        let ours = tr.weights().full_params().unwrap();
+        let mut dw = 0f64;
+        for (key, t) in &theirs {
+            let name = key.strip_prefix(lora::PEFT_PREFIX).unwrap();
+            dw = dw.max(tensor_err(ours.get(name).unwrap(), t));
+        }
+        eprintln!(
+            "{targets} (modules_to_save {save}), {} adapter tensors: loss {:.4} -> {:.4}; max rel \
+             diff vs peft: loss {dl:e}, grad_norm {dn:e}, lr {dlr:e}, trained adapter {dw:e}",
+            keys.len(),
+            rows[0].loss,
+            rows.last().unwrap().loss
+        );
+        assert_eq!(theirs.len(), keys.len());
+        assert!(
+            dl < 1e-4 && dn < 1e-4 && dlr < 1e-4 && dw < 1e-4,
+            "{targets} / {save}"
+        );
+        assert!(rows.last().unwrap().loss < 0.95 * rows[0].loss, "{rows:?}");
+        // Only the adapter (and the module to save) trained: the base is untouched.
+        let (_, hf) = HfWeights::open(dir.join("base")).unwrap();
+        for s in tr.model().param_specs().iter().filter(|s| !s.trainable) {
+            let base = hf.read_range(&s.name, 0, s.numel() as i64).unwrap();
+            let now = ours.get(&s.name).unwrap().reshape([-1]);
+            assert!(now.equal(&base), "{} changed", s.name);
+        }
+    }
+}
+
+fn logits(model: &Llama, params: &flotilla_train::model::Params, tokens: &Tensor) -> Tensor {
+    tch::no_grad(|| model.forward(params, tokens).unwrap())
+}
+
+fn oracle_logits(args: &[&std::ffi::OsStr]) -> (Tensor, Vec<String>) {
+    #[derive(serde::Deserialize)]
+    struct Out {
+        logits: Vec<Vec<Vec<f32>>>,
+        warnings: Vec<String>,
+    }
+    let out: Out = common::run_oracle(
+        Command::new(common::venv_python())
+            .arg(common::oracle_file("peft_oracle.py"))
+            .args(args),
+    );
+    let flat: Vec<f32> = out.logits.iter().flatten().flatten().copied().collect();
+    let (b, t) = (out.logits.len() as i64, out.logits[0].len() as i64);
+    (Tensor::from_slice(&flat).reshape([b, t, -1]), out.warnings)
+}
+
+#[test]
+fn final_adapter_loads_in_peft_and_merged_model_in_transformers_with_equal_logits() {
+    if !peft_python() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    // A non-zero B from the start, so that the adapter changes the logits.
+    make_fixture(dir, "q_proj,v_proj", "lm_head", true);
+    let lora = lora_config("q_proj,v_proj", "lm_head", &dir.join("adapter"), true);
+    let t = trainer_config();
+    let mut tr = trainer(dir, &lora, &t);
+    tr.run(3, None).unwrap();
+    let fin = dir.join("final");
+    let base = dir.join("base").display().to_string();
+    lora::save_adapter(&tr, &fin, &lora, Some(&base), None).unwrap();
+
+    let config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(fin.join(lora::ADAPTER_CONFIG)).unwrap())
+            .unwrap();
+    assert_eq!(config["peft_type"], "LORA");
+    assert_eq!(config["r"], 4);
+    assert_eq!(config["lora_alpha"], 8);
+    assert_eq!(config["base_model_name_or_path"], base.as_str());
+    assert_eq!(config["modules_to_save"], serde_json::json!(["lm_head"]));
+
+    let tokens = vec![
+        vec![1i64, 5, 9, 3, 17, 2, 30, 4],
+        vec![7, 7, 1, 0, 12, 25, 6, 8],
+    ];
+    let x = Tensor::from_slice2(&tokens);
+    let ours = logits(tr.model(), &tr.weights().full_params().unwrap(), &x);
+    let json = serde_json::to_string(&tokens).unwrap();
+    let (theirs, warnings) = oracle_logits(&[
+        "logits".as_ref(),
+        dir.join("base").as_os_str(),
+        fin.as_os_str(),
+        json.as_ref(),
+    ]);
+    let keyed: Vec<&String> = warnings
+        .iter()
+        .filter(|w| w.contains("missing") || w.contains("unexpected") || w.contains("Missing"))
+        .collect();
+    assert!(keyed.is_empty(), "PEFT warned: {keyed:?}");
+    let err = tensor_err(&ours, &theirs);
+    // The adapter matters: the base alone gives other logits.
+    let base_cfg = read_model_config(dir.join("base")).unwrap();
+    let base_model = Llama::new(&base_cfg).unwrap();
+    let base_params =
+        flotilla_train::model::load_hf(dir.join("base"), Device::Cpu, Some(Kind::Float))
+            .unwrap()
+            .1;
+    let plain = logits(&base_model, &base_params, &x);
+    let moved = tensor_err(&plain, &ours);
+    eprintln!("PeftModel vs flotilla logits: {err:e} (base alone differs by {moved:e})");
+    assert!(err < 1e-5, "{err}");
+    assert!(moved > 1e-3, "{moved}");
+
+    let (merged, warnings) = oracle_logits(&[
+        "hf_logits".as_ref(),
+        fin.join(MERGED_DIR).as_os_str(),
+        json.as_ref(),
+    ]);
+    let merr = tensor_err(&ours, &merged);
+    eprintln!("merged model in transformers vs flotilla logits: {merr:e}");
+    assert!(merr < 1e-5, "{merr}; warnings {warnings:?}");
+}
+
+#[test]
+fn an_adapter_for_another_base_is_refused_naming_the_tensor() {
+    if !peft_python() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    make_fixture(dir, "q_proj,v_proj", "-", false);
+    // A base of another width (hidden 32, the fixture's 64).
+    let other = Llama::new(&compose::tiny_model_config(false)).unwrap();
+    let params = other.init_params(1, Device::Cpu, Kind::Float);
+    save_hf(dir.join("other"), &other, &params, Kind::Float).unwrap();
+    let lora = lora_config("q_proj,v_proj", "-", &dir.join("adapter"), false);
+    let model = Llama::with_lora(other.config(), Some(&lora)).unwrap();
+    let err = match PeftAdapter::open(&dir.join("adapter"), &model, &lora) {
+        Ok(_) => panic!("an adapter for a 64-wide base accepted on a 32-wide one"),
+        Err(e) => e.to_string(),
+    };
+    eprintln!("{err}");
+    assert!(
+        err.contains("base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight"),
+        "{err}"
+    );
+    assert!(err.contains("[4, 64]") && err.contains("[4, 32]"), "{err}");
+    // And a rank that is not the adapter's names the fix.
+    let r8 = LoraConfig {
+        r: 8,
+        ..lora.clone()
+    };
+    let model = Llama::with_lora(other.config(), Some(&r8)).unwrap();
+    let err = PeftAdapter::open(&dir.join("adapter"), &model, &r8)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(err.contains("set peft.r=4"), "{err}");
+}
