@@ -24,7 +24,9 @@
 //!   SIGKILLed while rank 0 streams a full checkpoint (either rank): the previous checkpoint
 //!   is untouched, nothing unfinished outlives the next checkpoint, and the same command
 //!   resumes from the latest complete one exactly;
-//! - DDP with a bucket per unit gives the rows of one 25 MB bucket bit for bit.
+//! - DDP with a bucket per unit gives the rows of one 25 MB bucket bit for bit;
+//! - LoRA (a PEFT adapter over a transformers base): DDP equals one process, checkpoints hold
+//!   only the adapter, a resume is exact, `final/` is a PEFT adapter directory.
 //!
 //! The single-process baseline and the two FULL_SHARD runs that the resume tests start from
 //! are run once per test binary and shared. Every world has a deadline; a hang kills its
@@ -1200,4 +1202,98 @@ fn a_rank_killed_while_a_full_checkpoint_streams_leaves_the_previous_one_intact(
         }
         let _ = std::fs::remove_dir_all(&dir);
     }
+}
+
+/// LoRA from a PEFT-made adapter over a transformers-made base (tests/oracle/peft_oracle.py):
+/// 2-rank DDP gives the one-process rows, a checkpoint holds only the adapter and its AdamW
+/// moments, resuming from step 10 reproduces the rows bit for bit, and `final/` is a PEFT
+/// adapter directory.
+#[test]
+fn lora_ddp_matches_one_process_and_resumes_exactly() {
+    if !common::venv_imports("peft, transformers, safetensors") {
+        common::skip_or_fail("peft is not importable from .venv; run scripts/setup.sh");
+        return;
+    }
+    let fixture = root().join("lora_fixture");
+    let keys: Vec<String> = common::run_oracle(
+        Command::new(common::venv_python())
+            .arg(common::oracle_file("peft_oracle.py"))
+            .arg("make")
+            .arg(&fixture)
+            .args(["q_proj,v_proj", "-", "4", "8", "0", "0"]),
+    );
+    let lora = |dist: &str| -> Vec<String> {
+        vec![
+            format!("trainer/dist={dist}"),
+            format!("model.init_from={}", fixture.join("base").display()),
+            "peft=lora".into(),
+            "peft.r=4".into(),
+            "peft.alpha=8".into(),
+            format!("peft.init_from={}", fixture.join("adapter").display()),
+            "trainer.checkpoint_every=10".into(),
+        ]
+    };
+    let one_args = lora("none");
+    let one_args: Vec<&str> = one_args.iter().map(String::as_str).collect();
+    let one = train("lora_one", Shape::single_node(1), 2, "LoRA r=4", &one_args);
+    let ddp_args = lora("ddp");
+    let ddp_args: Vec<&str> = ddp_args.iter().map(String::as_str).collect();
+    let ddp = train(
+        "lora_ddp",
+        Shape::single_node(2),
+        2,
+        "DDP, 2 ranks",
+        &ddp_args,
+    );
+    assert_eq!(ddp.rows.len(), STEPS);
+    let (mut dl, mut dn) = (0f64, 0f64);
+    for (a, b) in ddp.rows.iter().zip(&one.rows) {
+        dl = dl.max(rel(a.loss, b.loss));
+        dn = dn.max(rel(a.grad_norm, b.grad_norm));
+    }
+    eprintln!("LoRA DDP x2 vs one process: max rel diff loss {dl:e}, grad_norm {dn:e}");
+    assert!(dl < TOL && dn < TOL, "loss {dl:e}, grad_norm {dn:e}");
+    assert!(one.rows[STEPS - 1].loss < one.rows[0].loss);
+
+    // Only what is trained is checkpointed.
+    let step10 = one.dir.join("checkpoints/step_10");
+    let model = read_tensors(&step10.join("model.safetensors"));
+    let want: Vec<String> = keys
+        .iter()
+        .map(|k| k.strip_prefix("base_model.model.").unwrap().to_string())
+        .collect();
+    assert_eq!(model.keys().cloned().collect::<Vec<_>>(), {
+        let mut w = want.clone();
+        w.sort();
+        w
+    });
+    let optimizer = read_tensors(&step10.join("optimizer.safetensors"));
+    assert_eq!(
+        optimizer.len(),
+        1 + 2 * want.len(),
+        "step and two moments each"
+    );
+
+    let resume_args = [lora("none"), vec![resume_arg(&step10)]].concat();
+    let resume_args: Vec<&str> = resume_args.iter().map(String::as_str).collect();
+    let resumed = train(
+        "lora_resume",
+        Shape::single_node(1),
+        2,
+        "LoRA r=4",
+        &resume_args,
+    );
+    assert_eq!(resumed.rows.first().map(|r| r.step), Some(10));
+    assert_rows_identical(&resumed, &one);
+
+    let fin = one.dir.join("final");
+    let config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(fin.join("adapter_config.json")).unwrap())
+            .unwrap();
+    assert_eq!(config["peft_type"], "LORA");
+    assert_eq!(
+        read_tensors(&fin.join("adapter_model.safetensors")).len(),
+        keys.len()
+    );
+    let _ = std::fs::remove_dir_all(&fixture);
 }
