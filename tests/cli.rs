@@ -42,7 +42,10 @@ fn compose_default_config_as_json() {
         .keys()
         .map(|k| k.as_str())
         .collect();
-    assert_eq!(keys, ["model", "peft", "trainer", "data", "compute", "seed"]);
+    assert_eq!(
+        keys,
+        ["model", "peft", "trainer", "data", "compute", "seed"]
+    );
     assert!(cfg.get("flotilla").is_none() && cfg.get("hydra").is_none());
     assert_eq!(cfg["trainer"]["dist"]["mode"], "ddp");
     assert_eq!(cfg["compute"]["tasks_per_node"], 2);

@@ -104,7 +104,7 @@ struct Held {
 fn run_rank(job: &JobConfig, comm: Option<Arc<dyn Communicator>>) -> Held {
     tch::set_num_threads(1);
     let (rank, world) = comm.as_ref().map_or((0, 1), |c| (c.rank(), c.world_size()));
-    let llama = Llama::new(&job.model).unwrap();
+    let llama = Llama::with_lora(&job.model, job.peft.lora()).unwrap();
     let params = llama.init_params(7, Device::Cpu, Kind::Float);
     let dist = comm.map(|comm| DistContext {
         comm,
@@ -285,6 +285,13 @@ fn model_state_terms_equal_the_bytes_the_trainer_holds() {
     for (dist, ranks, extra) in [
         ("none", 1, &[][..]),
         ("ddp", 2, &[][..]),
+        // LoRA: a frozen base in the compute dtype, trained adapters (and a module to save).
+        (
+            "none",
+            1,
+            &["peft=lora", "peft.target_modules=all-linear"][..],
+        ),
+        ("ddp", 2, &["peft=lora", "peft.r=4"][..]),
         (
             "fsdp",
             2,
@@ -304,7 +311,12 @@ fn model_state_terms_equal_the_bytes_the_trainer_holds() {
     ] {
         for precision in ["32-true", "bf16-mixed", "bf16-true"] {
             let job = tiny(ranks, dist, precision, extra);
-            let name = format!("{} {precision}", memory::strategy_name(&job));
+            let lora = if extra.contains(&"peft=lora") {
+                " LoRA"
+            } else {
+                ""
+            };
+            let name = format!("{}{lora} {precision}", memory::strategy_name(&job));
             let step = Step::new(&job);
             let startup = step
                 .moments()

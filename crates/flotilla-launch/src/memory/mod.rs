@@ -217,13 +217,23 @@ fn label(job: &JobConfig, step: &Step<'_>, t: TermKind) -> String {
     let act_dtype = if fsdp.is_some() { param } else { compute };
     let layers = job.model.num_hidden_layers;
     match t {
+        TermKind::Params if job.peft.lora().is_some() => {
+            format!("parameters ({compute} frozen base, {master} LoRA adapters)")
+        }
         TermKind::Params => format!("parameters ({master}{shard_note})"),
+        TermKind::ComputeCopies if job.peft.lora().is_some() => {
+            format!("{compute} compute copies of the adapters")
+        }
         TermKind::ComputeCopies => format!("{compute} compute copies of the parameters"),
         TermKind::Grads => match fsdp {
             Some(_) => format!("gradients ({master}{shard_note})"),
+            None if job.peft.lora().is_some() => "gradients (fp32, adapters only)".into(),
             None => "gradients (fp32 accumulators)".into(),
         },
         TermKind::GradAccumulators => "fp32 gradients of the unit in backward".into(),
+        TermKind::Optimizer if job.peft.lora().is_some() => {
+            format!("AdamW moments ({master}, adapters only)")
+        }
         TermKind::Optimizer => format!("AdamW moments ({master}{shard_note})"),
         TermKind::Gathered => format!("FSDP all-gather buffers ({param})"),
         TermKind::UnshardedGrads => {

@@ -14,8 +14,8 @@
 use std::ops::Range;
 
 use flotilla_config::schema::{
-    DataConfig, Device, DistConfig, Dtype, FsdpConfig, JobConfig, Precision, Resume,
-    ShardingStrategy, StateDictType,
+    DataConfig, Device, DistConfig, Dtype, FsdpConfig, JobConfig, LoraModule, Precision, Resume,
+    SavedModule, ShardingStrategy, StateDictType,
 };
 
 /// The CUDA context, cuBLAS workspaces and NCCL buffers of one rank: a fixed figure (a CUDA
@@ -287,6 +287,11 @@ pub struct Units {
     pub owned: Vec<u64>,
     pub reads: Vec<u64>,
     pub largest: Vec<u64>,
+    /// What each unit owns that is trained: everything, or for a LoRA job its adapters and
+    /// modules to save (the rest is the frozen base).
+    pub trained: Vec<u64>,
+    /// The largest trained tensor.
+    pub largest_trained: u64,
 }
 
 impl Units {
@@ -313,15 +318,67 @@ impl Units {
         let mut largest = vec![embed];
         largest.extend(std::iter::repeat_n((q * h).max(inter * h), layers));
         largest.push(if m.tie_word_embeddings { h } else { embed });
+        let Some(lora) = job.peft.lora() else {
+            let largest_trained = *largest.iter().max().unwrap_or(&0);
+            return Self {
+                trained: owned.clone(),
+                owned,
+                reads,
+                largest,
+                largest_trained,
+            };
+        };
+        // LoRA (`Llama::with_lora`): A [r, in] and B [out, r] per adapted layer of a block.
+        let r = lora.r as u64;
+        let (mut adapter, mut largest_factor) = (0, 0);
+        for t in lora.targets() {
+            let (inp, out) = match t {
+                LoraModule::QProj => (h, q),
+                LoraModule::KProj | LoraModule::VProj => (h, kv),
+                LoraModule::OProj => (q, h),
+                LoraModule::GateProj | LoraModule::UpProj => (h, inter),
+                LoraModule::DownProj | LoraModule::AllLinear => (inter, h),
+            };
+            adapter += r * (inp + out);
+            largest_factor = largest_factor.max(r * inp.max(out));
+        }
+        let saved = |s: SavedModule| lora.modules_to_save.contains(&s);
+        let mut trained = vec![if saved(SavedModule::EmbedTokens) {
+            embed
+        } else {
+            0
+        }];
+        trained.extend(std::iter::repeat_n(adapter, layers));
+        trained.push(if saved(SavedModule::LmHead) && !m.tie_word_embeddings {
+            embed
+        } else {
+            0
+        });
+        for u in 1..=layers {
+            owned[u] += adapter;
+            reads[u] += adapter;
+        }
+        let largest_trained = if trained[0] + trained[layers + 1] > 0 {
+            embed.max(largest_factor)
+        } else {
+            largest_factor
+        };
         Self {
             owned,
             reads,
             largest,
+            trained,
+            largest_trained,
         }
     }
 
     pub fn total(&self) -> u64 {
         self.owned.iter().sum()
+    }
+
+    /// Trained elements of the whole model.
+    pub fn trained_total(&self) -> u64 {
+        self.trained.iter().sum()
     }
 
     /// Units in forward order: the embedding, the blocks, the head.
@@ -671,7 +728,7 @@ impl<'a> Step<'a> {
                     copies: c != m,
                     buckets: match &t.dist {
                         DistConfig::Ddp(d) if world > 1 => {
-                            Some(DdpBuckets::new(&units.owned, d.bucket_cap_mb))
+                            Some(DdpBuckets::new(&units.trained, d.bucket_cap_mb))
                         }
                         _ => None,
                     },
@@ -689,7 +746,7 @@ impl<'a> Step<'a> {
                 )
             }
         };
-        let block_params = units.owned.get(1).copied().unwrap_or(0);
+        let block_params = units.trained.get(1).copied().unwrap_or(0);
         let act = Activations::of(job, t.micro_batch_size as u64, a, block_params);
         Self {
             job,
@@ -751,8 +808,6 @@ impl<'a> Step<'a> {
         let n = self.n();
         let (m, big) = (self.m, self.units.total());
         let act = self.act;
-        let owned = |u: usize| self.units.owned[u];
-        let owned_after = |u: usize| -> u64 { (u + 1..n).map(owned).sum() };
         let kept_upto = |u: usize| -> u64 { (0..=u).map(|v| self.kept(v)).sum() };
         let kept_all = kept_upto(n - 1) + act.rotary;
         let recompute = if self.checkpointing {
@@ -760,7 +815,13 @@ impl<'a> Step<'a> {
         } else {
             0
         };
-        let largest = *self.units.largest.iter().max().unwrap_or(&0);
+        let owned = |u: usize| self.units.owned[u];
+        // Replicated weights: the trained parameters (all, but for LoRA's frozen base, held
+        // in the compute dtype, without gradients or moments).
+        let trained = |u: usize| self.units.trained[u];
+        let trained_after = |u: usize| -> u64 { (u + 1..n).map(trained).sum() };
+        let all_trained = self.units.trained_total();
+        let replica = all_trained * m + (big - all_trained) * self.c;
         let mut out = vec![];
 
         // States present all step long, and the phases' own terms.
@@ -768,8 +829,8 @@ impl<'a> Step<'a> {
             let mut mo = Moment::new(phase);
             match &self.weights {
                 Weights::Replicated { .. } => {
-                    mo.add(TermKind::Params, big * m);
-                    mo.add(TermKind::Optimizer, 2 * big * m);
+                    mo.add(TermKind::Params, replica);
+                    mo.add(TermKind::Optimizer, 2 * all_trained * m);
                 }
                 Weights::Fsdp(f) if !f.offload => {
                     let shards = f.sum(|g| g.shard);
@@ -783,14 +844,18 @@ impl<'a> Step<'a> {
 
         match &self.weights {
             Weights::Replicated { copies, buckets } => {
+                // Casts of the trained parameters a unit reads (a frozen base is already in
+                // the compute dtype).
                 let copy = |u: usize| {
-                    if *copies {
+                    if !*copies {
+                        0
+                    } else if all_trained == big {
                         self.units.reads[u] * self.c
                     } else {
-                        0
+                        trained(u) * self.c
                     }
                 };
-                let tied_embed = if self.tied() { owned(0) } else { 0 };
+                let tied_embed = if self.tied() { trained(0) } else { 0 };
                 // Loss backward: no gradient yet unless accumulating.
                 let mut mo = base(Phase::LossBackward);
                 let copies_at_loss: u64 = if self.checkpointing {
@@ -800,7 +865,7 @@ impl<'a> Step<'a> {
                 };
                 mo.add(TermKind::ComputeCopies, copies_at_loss);
                 if self.accum > 1 {
-                    mo.add(TermKind::Grads, big * 4);
+                    mo.add(TermKind::Grads, all_trained * 4);
                 }
                 mo.add(TermKind::Activations, kept_all);
                 mo.add(TermKind::Logits, act.logits);
@@ -820,16 +885,16 @@ impl<'a> Step<'a> {
                         },
                     );
                     let grads = match buckets {
-                        _ if self.accum > 1 => big,
+                        _ if self.accum > 1 => all_trained,
                         Some(b) => b.allocated_at(u, self.tied()),
-                        None => owned_after(u) + owned(u) + tied_embed,
+                        None => trained_after(u) + trained(u) + tied_embed,
                     };
                     mo.add(TermKind::Grads, grads * 4);
                     mo.add(TermKind::Activations, kept_upto(u) + act.rotary);
                     mo.add(TermKind::Recompute, recompute);
                     // In fp32 the block's weight gradients are copied into their buckets.
                     let copied = match buckets {
-                        Some(_) if self.c == 4 => owned(u) * 4,
+                        Some(_) if self.c == 4 => trained(u) * 4,
                         _ => 0,
                     };
                     mo.add(TermKind::BackwardWorkspace, act.block_backward + copied);
@@ -839,12 +904,13 @@ impl<'a> Step<'a> {
                 }
                 out.extend(worst);
                 let mut mo = base(Phase::EndOfBackward);
-                mo.add(TermKind::Grads, big * 4);
+                mo.add(TermKind::Grads, all_trained * 4);
                 out.push(mo);
                 let mut mo = base(Phase::OptimizerStep);
-                mo.add(TermKind::Grads, big * 4);
-                // Three temporaries of the largest tensor, and its gradient cast to a
+                mo.add(TermKind::Grads, all_trained * 4);
+                // Three temporaries of the largest trained tensor, and its gradient cast to a
                 // bf16 master.
+                let largest = self.units.largest_trained;
                 let cast = if m == 4 { 0 } else { largest * m };
                 mo.add(TermKind::OptimizerWorkspace, 3 * largest * m + cast);
                 out.push(mo);
@@ -973,7 +1039,7 @@ impl<'a> Step<'a> {
         let mut mo = Moment::new(Phase::Startup);
         match &self.weights {
             Weights::Replicated { .. } => {
-                mo.add(TermKind::Params, big * m);
+                mo.add(TermKind::Params, replica);
             }
             Weights::Fsdp(f) => {
                 if f.sync {
@@ -1014,9 +1080,9 @@ impl<'a> Step<'a> {
         // Input ids and labels of one step's micro-batches.
         let batches = 2 * self.accum * self.act.tokens;
         terms.push((TermKind::Data, ranks * (data + batches)));
-        // The most elements of one parameter a rank reads at a time on resume (FSDP: a piece
-        // within its shard).
-        let largest = *self.units.largest.iter().max().unwrap_or(&0);
+        // The most elements of one trained parameter a rank reads at a time on resume (FSDP: a
+        // piece within its shard); checkpoints hold only trained parameters.
+        let largest = self.units.largest_trained;
         // Rank 0 streams a full checkpoint (and the final model) a chunk at a time: the chunk
         // on the host, its cast to the file's dtype (fp32 for the final model) and its bytes.
         let streamed = WRITE_CHUNK_ELEMENTS.min(largest) * (m + 8);

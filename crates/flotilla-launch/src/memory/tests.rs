@@ -449,3 +449,55 @@ fn start_up_holds_only_what_each_rank_keeps() {
         4 * 184_578
     );
 }
+
+#[test]
+fn llama8b_lora_fits_one_80gb_gpu_where_a_full_fine_tune_does_not() {
+    let one_gpu = |lora: bool| {
+        let mut j = llama8b(DDP);
+        j.trainer.dist = flotilla_config::schema::DistConfig::None;
+        j.trainer.global_batch_size = 1;
+        j.compute.tasks_per_node = 1;
+        j.compute.gpus_per_node = 1;
+        j.compute.gpu_type = Some("h100".into());
+        j.trainer.activation_checkpointing = true;
+        if lora {
+            j.peft = serde_json::from_value(serde_json::json!({
+                "method": "lora", "r": 16, "alpha": 32.0, "dropout": 0.0,
+                "target_modules": ["all-linear"], "use_rslora": false, "modules_to_save": [],
+                "init_from": null, "merge": false
+            }))
+            .unwrap();
+        }
+        j
+    };
+    let (full, lora) = (one_gpu(false), one_gpu(true));
+    let gpu = 80u64 << 30;
+    let full_est = estimate(&full);
+    let lora_est = estimate(&lora);
+    assert!(
+        full_est.peak_bytes > gpu,
+        "{}",
+        render::table(&full_est, &[])
+    );
+    assert!(
+        lora_est.peak_bytes < 40 << 30,
+        "{}",
+        render::table(&lora_est, &[])
+    );
+    // The frozen base in bf16; the adapters (r 16 on every linear layer: 42M) in fp32, with
+    // fp32 gradients and two fp32 moments; no base gradient or moment.
+    let units = Units::of(&lora);
+    let adapters = units.trained_total();
+    assert_eq!(
+        adapters,
+        32 * 16 * (2 * (4096 + 4096) + 2 * (4096 + 1024) + 3 * (4096 + 14336))
+    );
+    let opt = moment(&lora, Phase::OptimizerStep);
+    assert_eq!(
+        opt.get(TermKind::Params),
+        adapters * 4 + (units.total() - adapters) * 2
+    );
+    assert_eq!(opt.get(TermKind::Grads), adapters * 4);
+    assert_eq!(opt.get(TermKind::Optimizer), adapters * 8);
+    eprintln!("{}", render::table(&lora_est, &[]));
+}
