@@ -55,3 +55,36 @@ def read_flotilla_metrics(run_dir, steps, warmup):
         rows = list(csv.DictReader(f))
     assert len(rows) == steps, (len(rows), steps)
     return [float(r["tokens_per_s"]) for r in rows[warmup:]], [float(r["loss"]) for r in rows]
+
+
+def torch_train_steps(model, params, stream, seq, micro, steps, warmup):
+    """PyTorch eager steps on consecutive windows of STREAM (forward, cross-entropy, backward,
+    clip_grad_norm_, AdamW over PARAMS with decay on tensors of dim >= 2): (tokens/s of the
+    steps after WARMUP, loss of every step)."""
+    import time
+
+    import torch
+
+    opt = torch.optim.AdamW(
+        [{"params": [p for p in params if p.dim() >= 2], "weight_decay": WD},
+         {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}],
+        lr=LR, betas=BETAS, eps=EPS,
+    )
+    t, m = seq, micro
+    rates, losses = [], []
+    for s in range(steps):
+        t0 = time.perf_counter()
+        first = s * m
+        x = torch.stack([stream[k * t: k * t + t] for k in range(first, first + m)])
+        y = torch.stack([stream[k * t + 1: k * t + t + 1] for k in range(first, first + m)])
+        logits = model(input_ids=x).logits
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
+                                                 y.reshape(-1))
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, CLIP)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        losses.append(loss.item())
+        if s >= warmup:
+            rates.append(m * t / (time.perf_counter() - t0))
+    return rates, losses

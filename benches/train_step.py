@@ -21,7 +21,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
@@ -31,8 +30,8 @@ import torch  # noqa: E402
 from transformers import LlamaForCausalLM  # noqa: E402
 
 from bench_train import (  # noqa: E402
-    BETAS, CLIP, EPS, LR, ROOT, WD, build_flotilla, flotilla_train_cmd, load_preset,
-    read_flotilla_metrics,
+    ROOT, build_flotilla, flotilla_train_cmd, load_preset, read_flotilla_metrics,
+    torch_train_steps,
 )
 
 
@@ -52,30 +51,8 @@ def run_flotilla(args, tokens_path, run_dir):
 def run_torch(args, config, stream):
     torch.manual_seed(0)
     model = LlamaForCausalLM(config).float().train()
-    params = list(model.parameters())
-    opt = torch.optim.AdamW(
-        [{"params": [p for p in params if p.dim() >= 2], "weight_decay": WD},
-         {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}],
-        lr=LR, betas=BETAS, eps=EPS,
-    )
-    t, m = args.seq, args.micro
-    rates, losses = [], []
-    for s in range(args.warmup + args.steps):
-        t0 = time.perf_counter()
-        first = s * m
-        x = torch.stack([stream[k * t: k * t + t] for k in range(first, first + m)])
-        y = torch.stack([stream[k * t + 1: k * t + t + 1] for k in range(first, first + m)])
-        logits = model(input_ids=x).logits
-        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, CLIP)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        losses.append(loss.item())
-        dt = time.perf_counter() - t0
-        if s >= args.warmup:
-            rates.append(m * t / dt)
-    return rates, losses
+    return torch_train_steps(model, list(model.parameters()), stream, args.seq, args.micro,
+                             args.warmup + args.steps, args.warmup)
 
 
 def main():
