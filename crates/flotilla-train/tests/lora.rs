@@ -10,6 +10,8 @@
 //!   unexpected-key warning and gives flotilla's logits; `final/merged/` loads in
 //!   transformers with the same logits.
 //! - Bad input: an adapter made for a base of another size is refused naming the tensor.
+//! - Dropout: changes the run, draws the same masks for the same seed, and the same masks in
+//!   a block recomputed under activation checkpointing (bit-identical rows).
 //!
 //! DDP and resume are proven through the training binary in train_dist.rs.
 
@@ -348,4 +350,40 @@ fn an_adapter_for_another_base_is_refused_naming_the_tensor() {
         .unwrap()
         .to_string();
     assert!(err.contains("set peft.r=4"), "{err}");
+}
+
+#[test]
+fn lora_dropout_is_reproducible_and_recomputed_blocks_draw_the_same_masks() {
+    if !peft_python() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    make_fixture(dir, "q_proj,v_proj", "-", true);
+    let mut lora = lora_config("q_proj,v_proj", "-", &dir.join("adapter"), false);
+    let run = |lora: &LoraConfig, checkpointing: bool| -> Vec<(u64, u64)> {
+        let mut t = trainer_config();
+        t.activation_checkpointing = checkpointing;
+        let mut tr = trainer(dir, lora, &t);
+        tr.run(5, None)
+            .unwrap()
+            .iter()
+            .map(|r| (r.loss.to_bits(), r.grad_norm.to_bits()))
+            .collect()
+    };
+    let without = run(&lora, false);
+    lora.dropout = 0.3;
+    let with = run(&lora, false);
+    assert_ne!(with, without, "dropout changes the run");
+    assert_eq!(
+        run(&lora, false),
+        with,
+        "the same seed draws the same masks"
+    );
+    // A checkpointed block is recomputed in backward: it must draw the masks of its forward.
+    assert_eq!(
+        run(&lora, true),
+        with,
+        "recompute under activation checkpointing"
+    );
 }
