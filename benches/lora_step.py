@@ -138,7 +138,7 @@ def main():
         ms = args.micro * args.seq / r * 1e3
         print(f"{name:20}{r:10.0f}{ms:10.1f}{losses[0]:12.4f}{losses[-1]:11.4f}{peak:15.0f}")
     print(f"LoRA step: flotilla / pytorch+peft {rows[0][1] / rows[1][1]:.2f}x; "
-          f"flotilla LoRA / full step time {rows[2][1] / rows[0][1]:.2f}x")
+          f"flotilla step time LoRA / full {rows[2][1] / rows[0][1]:.2f}x")
 
 
 if __name__ == "__main__":
