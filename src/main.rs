@@ -55,7 +55,8 @@ enum Command {
     /// Train in a run directory (runs `flotilla-train train`; see `flotilla train --help`).
     #[command(disable_help_flag = true)]
     Train(ForwardArgs),
-    /// Write a checkpoint as a Hugging Face directory (runs `flotilla-train consolidate`).
+    /// Write a checkpoint as a Hugging Face directory, or merge a LoRA adapter into its base
+    /// (runs `flotilla-train consolidate`).
     #[command(disable_help_flag = true)]
     Consolidate(ForwardArgs),
     /// Benchmarks (runs `flotilla-train bench`; see `flotilla bench --help`).

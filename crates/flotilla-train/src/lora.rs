@@ -2,7 +2,8 @@
 //! ([`PeftAdapter`]), and writing a LoRA job's `final/` as one ([`save_adapter`]:
 //! `adapter_config.json`, `adapter_model.safetensors` with PEFT's key names, the tokenizer)
 //! with, on request, `final/merged/`, the base with `W + scale·B·A` folded in
-//! ([`MergedWeights`]). The adapters themselves are parameters of the model
+//! ([`MergedWeights`]); and merging an adapter directory into its base after the fact
+//! ([`merge_into_base`], `flotilla consolidate ADAPTER --base BASE`). The adapters themselves are parameters of the model
 //! (`model::llama`, `Llama::with_lora`); the trainer trains them like any other.
 
 use std::collections::HashSet;
@@ -16,7 +17,7 @@ use super::param_source::{FileSource, TensorSource};
 use super::trainer::Trainer;
 use super::TrainError;
 use crate::model::names::{LoraFactor, ParamName};
-use crate::model::{save_hf_from, Llama, ModelError, Params};
+use crate::model::{save_hf_from, Llama, ModelError};
 use flotilla_config::schema::LoraConfig;
 
 /// PEFT's adapter settings file.
@@ -229,7 +230,7 @@ pub fn save_adapter(
             if root {
                 let merged_dir = dir.join(MERGED_DIR);
                 let base_model = Llama::new(trainer.model.config())?;
-                let merged = MergedWeights::new(&params, lora);
+                let merged = MergedWeights::new(&params, &trainer.model, lora);
                 save_hf_from(&merged_dir, &base_model, &merged, Kind::Float)?;
                 if let Some(tok) = tokenizer {
                     tok.save(merged_dir.join("tokenizer.json"))?;
@@ -242,39 +243,50 @@ pub fn save_adapter(
 }
 
 /// The base parameters with each adapted weight merged: `W + scale · B @ A` (in fp32), the
-/// rest as they are.
+/// rest as they are; read from a LoRA model's parameters (base and factors), one parameter at
+/// a time.
 pub struct MergedWeights<'a> {
-    params: &'a Params,
+    source: &'a dyn TensorSource,
+    model: &'a Llama,
     scale: f64,
 }
 
 impl<'a> MergedWeights<'a> {
-    /// Over a LoRA model's parameters (base and factors).
-    pub fn new(params: &'a Params, lora: &LoraConfig) -> Self {
+    /// Over `source`, which gives the parameters of `model` (built with `lora`).
+    pub fn new(source: &'a dyn TensorSource, model: &'a Llama, lora: &LoraConfig) -> Self {
         Self {
-            params,
+            source,
+            model,
             scale: lora.scale(),
         }
+    }
+
+    /// Parameter `name` of the model, whole, in fp32.
+    fn whole(&self, name: &str) -> Result<Option<Tensor>, TrainError> {
+        let Some(spec) = self.model.param_spec(name) else {
+            return Ok(None);
+        };
+        let t = self.source.read_range(name, 0, spec.numel() as i64)?;
+        Ok(Some(
+            t.f_to_kind(Kind::Float)?.f_reshape(spec.shape.as_slice())?,
+        ))
     }
 
     /// The whole merged tensor of base parameter `name`.
     pub fn merged(&self, name: &str) -> Result<Tensor, TrainError> {
         let _guard = tch::no_grad_guard();
-        let w = self.params.require(name)?.f_to_kind(Kind::Float)?;
+        let w = self
+            .whole(name)?
+            .ok_or_else(|| ModelError::MissingParam { name: name.into() })?;
         let Some(ParamName::Layer(i, layer)) = ParamName::parse(name) else {
             return Ok(w);
         };
         let factor = |f| ParamName::Lora(i, layer, f).hf_name();
         match (
-            self.params.get(&factor(LoraFactor::A)),
-            self.params.get(&factor(LoraFactor::B)),
+            self.whole(&factor(LoraFactor::A))?,
+            self.whole(&factor(LoraFactor::B))?,
         ) {
-            (Some(a), Some(b)) => {
-                let delta = b
-                    .f_to_kind(Kind::Float)?
-                    .f_matmul(&a.f_to_kind(Kind::Float)?)?;
-                Ok(w.f_add(&(delta * self.scale))?)
-            }
+            (Some(a), Some(b)) => Ok(w.f_add(&(b.f_matmul(&a)? * self.scale))?),
             _ => Ok(w),
         }
     }
@@ -288,6 +300,75 @@ impl TensorSource for MergedWeights<'_> {
             .f_narrow(0, lo, hi - lo)?
             .f_to_device(tch::Device::Cpu)?)
     }
+}
+
+/// The LoRA settings of a PEFT adapter directory: `r`, `lora_alpha`, `use_rslora` and
+/// `modules_to_save` from its `adapter_config.json`, the adapted layers from its tensors.
+pub fn adapter_settings(dir: &Path) -> Result<LoraConfig, TrainError> {
+    let config_path = dir.join(ADAPTER_CONFIG);
+    let text = std::fs::read_to_string(&config_path).map_err(io(&config_path))?;
+    let config: Value = serde_json::from_str(&text)
+        .map_err(|e| bad_adapter(&config_path, format!("not JSON: {e}")))?;
+    let weights = dir.join(ADAPTER_WEIGHTS);
+    let source = FileSource::open_with_prefix(std::slice::from_ref(&weights), PEFT_PREFIX, "")?;
+    let mut targets: Vec<&str> = source
+        .entries()
+        .filter_map(
+            |(k, _)| match ParamName::parse(k.strip_prefix(PEFT_PREFIX).unwrap_or(k)) {
+                Some(ParamName::Lora(_, w, _)) => super::model::llama::lora_module(w),
+                _ => None,
+            },
+        )
+        .map(|m| m.as_str())
+        .collect();
+    targets.sort_unstable();
+    targets.dedup();
+    let saved: Vec<&str> = match &config["modules_to_save"] {
+        Value::Array(a) => a.iter().filter_map(Value::as_str).collect(),
+        _ => vec![],
+    };
+    let settings = json!({
+        "r": config["r"],
+        "alpha": config["lora_alpha"].as_f64(),
+        "dropout": 0.0,
+        "target_modules": targets,
+        "use_rslora": config["use_rslora"].as_bool().unwrap_or(false),
+        "modules_to_save": saved,
+        "init_from": dir.display().to_string(),
+        "merge": true,
+    });
+    serde_json::from_value(settings).map_err(|e| {
+        bad_adapter(
+            &config_path,
+            format!("not a LoRA adapter flotilla can merge: {e}"),
+        )
+    })
+}
+
+/// Merges the PEFT adapter directory `adapter` into the Hugging Face model `base` and writes
+/// the result to `out` as a Hugging Face directory (fp32, one parameter in memory at a time;
+/// `tokenizer.json` copied from the adapter or the base when there is one).
+pub fn merge_into_base(adapter: &Path, base: &Path, out: &Path) -> Result<(), TrainError> {
+    let lora = adapter_settings(adapter)?;
+    let (base_model, hf) = crate::model::HfWeights::open(base)?;
+    let model = Llama::with_lora(base_model.config(), Some(&lora))?;
+    let peft = PeftAdapter::open(adapter, &model, &lora)?;
+    let source = super::param_source::Overlay {
+        names: peft.names().clone(),
+        over: &peft,
+        base: &hf,
+    };
+    let merged = MergedWeights::new(&source, &model, &lora);
+    save_hf_from(out, &base_model, &merged, Kind::Float)?;
+    for dir in [adapter, base] {
+        let tok = dir.join("tokenizer.json");
+        if tok.is_file() {
+            let to = out.join("tokenizer.json");
+            std::fs::copy(&tok, &to).map_err(io(&to))?;
+            break;
+        }
+    }
+    Ok(())
 }
 
 /// The base directory an adapter was trained on, for `adapter_config.json`: the job's

@@ -34,11 +34,15 @@ enum Command {
     /// Write a checkpoint (full or FSDP-sharded, from any world size) as a Hugging Face
     /// directory (config.json + model.safetensors).
     Consolidate {
-        /// A checkpoint directory, e.g. outputs/run/checkpoints/step_200.
+        /// A checkpoint directory, e.g. outputs/run/checkpoints/step_200; with --base, a PEFT
+        /// LoRA adapter directory (a LoRA job's final/).
         checkpoint: PathBuf,
         /// Output directory.
         #[arg(long)]
         out: PathBuf,
+        /// Merge the adapter into this Hugging Face base model (W + scale·B·A).
+        #[arg(long)]
+        base: Option<PathBuf>,
     },
     /// Benchmarks that other tools rely on.
     Bench {
@@ -90,9 +94,11 @@ fn main() -> ExitCode {
     }
     let result = match Cli::parse().command {
         Command::Train(args) => train(args),
-        Command::Consolidate { checkpoint, out } => {
-            consolidate(&checkpoint, &out).map_err(TaskError::from)
-        }
+        Command::Consolidate {
+            checkpoint,
+            out,
+            base,
+        } => consolidate(&checkpoint, &out, base.as_deref()).map_err(TaskError::from),
         Command::Bench {
             what: BenchCommand::Comm(args),
         } => comm_bench::run(&args).map_err(TaskError::from),
@@ -140,14 +146,30 @@ fn train(args: TrainArgs) -> Result<(), TaskError> {
     flotilla_train::task::train_in_run_dir(&composed, &args.run_dir, args.prepared)
 }
 
-fn consolidate(checkpoint: &std::path::Path, out: &std::path::Path) -> anyhow::Result<()> {
-    flotilla_train::checkpoint::consolidate(checkpoint, out).with_context(|| {
-        format!(
-            "consolidating {} into {}",
-            checkpoint.display(),
-            out.display()
-        )
-    })?;
+fn consolidate(
+    checkpoint: &std::path::Path,
+    out: &std::path::Path,
+    base: Option<&std::path::Path>,
+) -> anyhow::Result<()> {
+    match base {
+        Some(base) => {
+            flotilla_train::lora::merge_into_base(checkpoint, base, out).with_context(|| {
+                format!(
+                    "merging the adapter {} into {} as {}",
+                    checkpoint.display(),
+                    base.display(),
+                    out.display()
+                )
+            })?
+        }
+        None => flotilla_train::checkpoint::consolidate(checkpoint, out).with_context(|| {
+            format!(
+                "consolidating {} into {}",
+                checkpoint.display(),
+                out.display()
+            )
+        })?,
+    }
     eprintln!("wrote {}", out.display());
     Ok(())
 }

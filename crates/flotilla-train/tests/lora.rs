@@ -8,7 +8,8 @@
 //!   `modules_to_save: [lm_head]`.
 //! - Files: flotilla's `final/` loads with `PeftModel.from_pretrained` without a missing- or
 //!   unexpected-key warning and gives flotilla's logits; `final/merged/` loads in
-//!   transformers with the same logits.
+//!   transformers with the same logits, and merging `final/` into the base after the fact
+//!   (`lora::merge_into_base`, `flotilla consolidate --base`) writes the same tensors.
 //! - Bad input: an adapter made for a base of another size is refused naming the tensor.
 //! - Dropout: changes the run, draws the same masks for the same seed, and the same masks in
 //!   a block recomputed under activation checkpointing (bit-identical rows).
@@ -313,6 +314,22 @@ fn final_adapter_loads_in_peft_and_merged_model_in_transformers_with_equal_logit
     let merr = tensor_err(&ours, &merged);
     eprintln!("merged model in transformers vs flotilla logits: {merr:e}");
     assert!(merr < 1e-5, "{merr}; warnings {warnings:?}");
+
+    // Merging after the fact (`flotilla consolidate final --base base --out ...`) gives the
+    // same model as final/merged/.
+    let after = dir.join("merged_after");
+    lora::merge_into_base(&fin, &dir.join("base"), &after).unwrap();
+    let read = |d: &Path| -> Vec<(String, Tensor)> {
+        let mut v = Tensor::read_safetensors(d.join("model.safetensors")).unwrap();
+        v.sort_by(|a, b| a.0.cmp(&b.0));
+        v
+    };
+    let (a, b) = (read(&after), read(&fin.join(MERGED_DIR)));
+    assert_eq!(a.len(), b.len());
+    for ((na, ta), (nb, tb)) in a.iter().zip(&b) {
+        assert_eq!(na, nb);
+        assert!(ta.equal(tb), "{na} differs between the two merges");
+    }
 }
 
 #[test]
