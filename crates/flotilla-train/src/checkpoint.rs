@@ -468,7 +468,8 @@ impl CheckpointFiles {
                 meta.format
             )));
         }
-        for spec in model.param_specs() {
+        // The trained parameters (all, but a LoRA job's frozen base, which comes from the base).
+        for spec in model.param_specs().iter().filter(|s| s.trainable) {
             let entry = meta
                 .groups
                 .iter()
@@ -554,7 +555,12 @@ impl CheckpointFiles {
                         exp_avg: &exp_avg,
                         exp_avg_sq: &exp_avg_sq,
                         step: meta.optimizer_step,
-                        with_moments: model.param_specs().iter().map(|s| s.name.clone()).collect(),
+                        with_moments: model
+                            .param_specs()
+                            .iter()
+                            .filter(|s| s.trainable)
+                            .map(|s| s.name.clone())
+                            .collect(),
                     }),
                 )
             }

@@ -8,7 +8,9 @@
 //! until `min_num_params` with `size`) owns one flat parameter: the parameters its units own,
 //! concatenated in model order and padded to a multiple of the shard-group size `S`. Rank `r`
 //! of the shard group keeps elements `r*k .. (r+1)*k` (`k = padded / S`) as an fp32 master
-//! shard with its gradient and AdamW moments.
+//! shard with its gradient and AdamW moments. A LoRA job's range of units has two groups, its
+//! frozen base (a shard in the param dtype, gathered like any other, with no gradient, moments
+//! or checkpoint entry) and its trained adapters, so that one flat parameter never mixes them.
 //!
 //! Sharding strategies map onto two process groups: the shard group (parameters gathered and
 //! gradients reduce-scattered within it) and the replica group (gradient shards all-reduced
@@ -114,8 +116,9 @@ struct Group {
 pub struct Fsdp {
     options: FsdpOptions,
     groups: Vec<Group>,
-    /// Group of each engine unit.
-    unit_group: Vec<usize>,
+    /// Groups owning each engine unit's parameters: one, or for a LoRA job's units a frozen
+    /// and a trained one (the same units, [`layouts`] order).
+    unit_groups: Vec<Vec<usize>>,
     /// Groups each engine unit reads (its own and the owners of tied parameters).
     unit_reads: Vec<Vec<usize>>,
     /// Every rank of the job, when distributed.
@@ -221,21 +224,23 @@ impl Fsdp {
         let ranges = wrap_units(model, options.wrap, options.min_num_params);
         let layouts = layouts(model, &ranges, shard_world);
         let n = model.units().len();
-        let mut unit_group = vec![0; n];
+        let mut unit_groups = vec![vec![]; n];
+        let mut group_of = std::collections::HashMap::new();
         for (g, l) in layouts.iter().enumerate() {
             for u in l.units.clone() {
-                unit_group[u] = g;
+                unit_groups[u].push(g);
+            }
+            for e in &l.entries {
+                group_of.insert(e.name.as_str(), g);
             }
         }
         let mut unit_reads = vec![vec![]; n];
         for (u, reads) in unit_reads.iter_mut().enumerate() {
-            reads.push(unit_group[u]);
+            reads.extend(unit_groups[u].iter().copied());
             for name in model.units()[u].param_names() {
-                let owner = model
-                    .param_spec(name)
-                    .map(|s| s.owner)
+                let g = *group_of
+                    .get(name.as_str())
                     .ok_or_else(|| TrainError::BadState(format!("unknown parameter `{name}`")))?;
-                let g = unit_group[owner];
                 if !reads.contains(&g) {
                     reads.push(g);
                 }
@@ -251,12 +256,18 @@ impl Fsdp {
             .filter(|w| sync_from_rank0 && w.world_size() > 1);
         let mut groups = vec![];
         for layout in layouts {
+            // A frozen group is only ever gathered: it is held in the param dtype.
+            let kind = if layout.trainable {
+                options.master_kind
+            } else {
+                options.param_kind
+            };
             let shard = match sync {
                 Some(world) => {
                     let full = if world.rank() == 0 {
-                        layout.slice_from(source, 0, layout.padded, options.master_kind, device)?
+                        layout.slice_from(source, 0, layout.padded, kind, device)?
                     } else {
-                        Tensor::f_empty([layout.padded], (options.master_kind, device))?
+                        Tensor::f_empty([layout.padded], (kind, device))?
                     };
                     world.broadcast_tensor(&full, 0)?.wait()?;
                     layout
@@ -264,17 +275,26 @@ impl Fsdp {
                         .f_to_device(store_device)?
                         .f_detach_copy()?
                 }
-                None => layout.shard_from(source, shard_rank, options.master_kind, store_device)?,
+                None => layout.shard_from(source, shard_rank, kind, store_device)?,
             };
-            let decay = Tensor::f_zeros([layout.shard_len], (Kind::Bool, store_device))?;
-            for (start, len, e) in layout.local_pieces(shard_rank) {
-                if e.shape.len() >= 2 {
-                    let _ = decay.f_narrow(0, start, len)?.f_fill_(1)?;
+            // Moments and the decay mask of trained groups only.
+            let trained_len = if layout.trainable {
+                layout.shard_len
+            } else {
+                0
+            };
+            let decay = Tensor::f_zeros([trained_len], (Kind::Bool, store_device))?;
+            if layout.trainable {
+                for (start, len, e) in layout.local_pieces(shard_rank) {
+                    if e.shape.len() >= 2 {
+                        let _ = decay.f_narrow(0, start, len)?.f_fill_(1)?;
+                    }
                 }
             }
+            let moment = || Tensor::f_zeros([trained_len], (options.master_kind, store_device));
             groups.push(Group {
-                exp_avg: shard.f_zeros_like()?,
-                exp_avg_sq: shard.f_zeros_like()?,
+                exp_avg: moment()?,
+                exp_avg_sq: moment()?,
                 shard,
                 grad: None,
                 decay,
@@ -289,7 +309,7 @@ impl Fsdp {
         Ok(Self {
             options,
             groups,
-            unit_group,
+            unit_groups,
             unit_reads,
             world_comm,
             shard_comm,
@@ -306,8 +326,14 @@ impl Fsdp {
         })
     }
 
+    /// The layouts of the trained groups (what a sharded checkpoint holds), in group order.
     pub fn layouts(&self) -> Vec<GroupLayout> {
-        self.groups.iter().map(|g| g.layout.clone()).collect()
+        self.trained_groups().map(|g| g.layout.clone()).collect()
+    }
+
+    /// The groups whose parameters are trained (all, but for a LoRA job).
+    fn trained_groups(&self) -> impl Iterator<Item = &Group> {
+        self.groups.iter().filter(|g| g.layout.trainable)
     }
 
     /// This rank's place in the shard group: `(rank, size)`.
@@ -437,12 +463,18 @@ impl Fsdp {
         for &g in &reads {
             flats.push((g, self.gathered(g)?));
         }
-        let own = self.unit_group[unit];
-        if !self.backward && self.options.forward_prefetch && own + 1 < self.groups.len() {
-            self.issue_gather(own + 1)?;
-        }
-        if self.backward && self.options.backward_prefetch && own > 0 {
-            self.issue_gather(own - 1)?;
+        // Prefetch the groups of the next range of units in the pass's direction.
+        let range = self.groups[self.unit_groups[unit][0]].layout.units.clone();
+        let next = if self.backward {
+            (self.options.backward_prefetch && range.start > 0).then(|| range.start - 1)
+        } else {
+            (self.options.forward_prefetch && range.end < self.unit_groups.len())
+                .then_some(range.end)
+        };
+        if let Some(u) = next {
+            for g in self.unit_groups[u].clone() {
+                self.issue_gather(g)?;
+            }
         }
         Ok(flats)
     }
@@ -509,10 +541,11 @@ impl Fsdp {
         }
     }
 
-    /// The local shards for a sharded checkpoint: `group{g}.param|exp_avg|exp_avg_sq`.
+    /// The local shards for a sharded checkpoint: `group{g}.param|exp_avg|exp_avg_sq`, `g`
+    /// counting the trained groups ([`Fsdp::layouts`]).
     pub fn shard_tensors(&self) -> Vec<(String, Tensor)> {
         let mut out = vec![];
-        for (i, g) in self.groups.iter().enumerate() {
+        for (i, g) in self.trained_groups().enumerate() {
             out.push((format!("group{i}.param"), g.shard.shallow_clone()));
             out.push((format!("group{i}.exp_avg"), g.exp_avg.shallow_clone()));
             out.push((format!("group{i}.exp_avg_sq"), g.exp_avg_sq.shallow_clone()));
@@ -554,15 +587,15 @@ impl Strategy for Fsdp {
         if !self.frees_after_use() {
             return Ok(());
         }
-        let own = self.unit_group[unit];
-        let units = self.groups[own].layout.units.clone();
+        let own = self.unit_groups[unit].clone();
+        let units = self.groups[own[0]].layout.units.clone();
         let done_with_own = if self.backward {
             unit == units.start
         } else {
             unit + 1 == units.end
         };
         for g in self.unit_reads[unit].clone() {
-            if g != own || done_with_own {
+            if !own.contains(&g) || done_with_own {
                 self.drop_gathered(g)?;
             }
         }
@@ -570,7 +603,14 @@ impl Strategy for Fsdp {
     }
 
     fn gradients_ready(&mut self, unit: usize, grads: &Params) -> Result<(), TrainError> {
-        let gi = self.unit_group[unit];
+        // The unit's trained group; a range of frozen parameters only has nothing to reduce.
+        let Some(gi) = self.unit_groups[unit]
+            .iter()
+            .copied()
+            .find(|&g| self.groups[g].layout.trainable)
+        else {
+            return Ok(());
+        };
         let reduce_kind = self.options.reduce_kind;
         let device = self.device;
         let group = &mut self.groups[gi];
@@ -825,7 +865,9 @@ impl ParallelWeights for Fsdp {
         let mut m = MemoryReport::default();
         for g in &self.groups {
             m.params += nbytes(&g.shard);
-            m.grads += nbytes(&g.shard);
+            if g.layout.trainable {
+                m.grads += nbytes(&g.shard);
+            }
             m.optimizer += nbytes(&g.exp_avg) + nbytes(&g.exp_avg_sq);
         }
         m
@@ -847,8 +889,10 @@ impl ParallelWeights for Fsdp {
             held.params.push(g.shard.shallow_clone());
             held.grads
                 .extend(g.grad.as_ref().map(Tensor::shallow_clone));
-            held.optimizer.push(g.exp_avg.shallow_clone());
-            held.optimizer.push(g.exp_avg_sq.shallow_clone());
+            if g.layout.trainable {
+                held.optimizer.push(g.exp_avg.shallow_clone());
+                held.optimizer.push(g.exp_avg_sq.shallow_clone());
+            }
         }
         held
     }
@@ -864,9 +908,9 @@ impl ParallelWeights for Fsdp {
         })
     }
 
+    /// The trained groups' parameters (a LoRA job's frozen base is not state).
     fn full_layout(&self, _part: StatePart) -> Vec<(String, Vec<i64>, Kind)> {
-        self.groups
-            .iter()
+        self.trained_groups()
             .flat_map(|g| g.layout.entries.iter())
             .map(|e| (e.name.clone(), e.shape.clone(), self.options.master_kind))
             .collect()
@@ -883,7 +927,7 @@ impl ParallelWeights for Fsdp {
         if !self.is_first_replica() {
             return Ok(());
         }
-        for g in &self.groups {
+        for g in self.trained_groups() {
             let shard = match part {
                 StatePart::Params => &g.shard,
                 StatePart::ExpAvg => &g.exp_avg,
@@ -915,7 +959,7 @@ impl ParallelWeights for Fsdp {
     ) -> Result<(), TrainError> {
         let store = self.store_device();
         let (rank, kind) = (self.shard_rank, self.options.master_kind);
-        for g in &mut self.groups {
+        for g in self.groups.iter_mut().filter(|g| g.layout.trainable) {
             let l = &g.layout;
             g.shard = l.shard_from(params, rank, kind, store)?;
             if let Some(o) = &optimizer {
@@ -939,6 +983,7 @@ impl ParallelWeights for Fsdp {
         on_logits: &mut dyn FnMut(usize, Tensor) -> Result<(), TrainError>,
     ) -> Result<(), TrainError> {
         let this = &*self;
+        let mixed = this.groups.iter().any(|g| !g.layout.trainable);
         let mut held: Vec<(usize, Tensor)> = vec![];
         let mut params_for = |u: usize| -> Result<Vec<Tensor>, TrainError> {
             let reads = &this.unit_reads[u];
@@ -954,7 +999,15 @@ impl ParallelWeights for Fsdp {
             for (g, flat) in &held {
                 unflatten(&this.groups[*g].layout, flat, &mut named)?;
             }
-            Ok(model.unit_params(u, &named)?)
+            let params = model.unit_params(u, &named)?;
+            if !mixed {
+                return Ok(params);
+            }
+            // A LoRA job's frozen groups are held in the param dtype: evaluate in it.
+            params
+                .into_iter()
+                .map(|p| Ok(p.f_to_kind(this.options.param_kind)?))
+                .collect()
         };
         forward_by_unit(model, inputs, &mut params_for, &mut |_| Ok(()), on_logits)
     }

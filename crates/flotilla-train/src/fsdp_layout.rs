@@ -33,6 +33,14 @@ pub struct GroupLayout {
     /// Elements with padding (`shard_len × shard group size`).
     pub padded: i64,
     pub shard_len: i64,
+    /// Whether the group's parameters are trained (false: a LoRA job's frozen base, which has
+    /// no gradient, no optimizer state and no place in checkpoints).
+    #[serde(default = "trained")]
+    pub trainable: bool,
+}
+
+fn trained() -> bool {
+    true
 }
 
 /// Groups of engine units under an auto-wrap policy ([`AutoWrapPolicy::groups`] over the
@@ -44,15 +52,17 @@ pub fn wrap_units(model: &Llama, wrap: AutoWrapPolicy, min_num_params: u64) -> V
     wrap.groups(&owned, min_num_params)
 }
 
-/// Flat layouts of `groups` for a shard group of `shard_world` ranks.
+/// Flat layouts of `groups` for a shard group of `shard_world` ranks. A range whose units own
+/// both trained and frozen parameters (LoRA) becomes two groups, the frozen one first, so that
+/// one flat parameter never mixes the two.
 pub fn layouts(model: &Llama, groups: &[Range<usize>], shard_world: usize) -> Vec<GroupLayout> {
-    groups
-        .iter()
-        .map(|units| {
+    let mut out = vec![];
+    for units in groups {
+        for trainable in [false, true] {
             let mut entries = vec![];
             let mut offset = 0i64;
             for u in units.clone() {
-                for s in model.owned_params(u) {
+                for s in model.owned_params(u).filter(|s| s.trainable == trainable) {
                     let numel = s.numel() as i64;
                     entries.push(FlatEntry {
                         name: s.name.clone(),
@@ -63,17 +73,22 @@ pub fn layouts(model: &Llama, groups: &[Range<usize>], shard_world: usize) -> Ve
                     offset += numel;
                 }
             }
+            if entries.is_empty() {
+                continue;
+            }
             let w = shard_world as i64;
             let shard_len = (offset + w - 1) / w;
-            GroupLayout {
+            out.push(GroupLayout {
                 units: units.clone(),
                 entries,
                 numel: offset,
                 padded: shard_len * w,
                 shard_len,
-            }
-        })
-        .collect()
+                trainable,
+            });
+        }
+    }
+    out
 }
 
 impl GroupLayout {

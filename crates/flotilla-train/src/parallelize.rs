@@ -94,13 +94,6 @@ pub fn parallelize(
             }
             Box::new(w)
         }
-        DistConfig::Fsdp(_) if model.param_specs().iter().any(|s| !s.trainable) => {
-            return Err(TrainError::Unsupported(
-                "peft=lora with trainer/dist=fsdp: FSDP does not shard a frozen base yet; \
-                 use trainer/dist=ddp (the adapters are small) or trainer/dist=none"
-                    .into(),
-            ));
-        }
         DistConfig::Fsdp(f) => {
             activation_checkpointing |= f.activation_checkpointing;
             let local = dist.map_or(1, |d| d.local_world_size);

@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use tch::{Device, Kind, Tensor};
 
-use super::engine::{Engine, Strategy};
+use super::engine::{forward_by_unit, Engine, Strategy};
 use super::loss_scale::unscale;
 use super::optim::{clip_grad_norm, AdamW, AdamWConfig};
 use super::param_source::TensorSource;
@@ -242,7 +242,9 @@ impl ParallelWeights for Replicated {
         self.optimizer.load_state_tensors(tensors)
     }
 
-    /// The whole model on each input in turn (no communication).
+    /// The whole model on each input in turn (no communication), in the master dtype; a LoRA
+    /// job's (whose frozen base is held in the compute dtype) unit by unit in the compute
+    /// dtype, as it trains.
     fn forward_eval(
         &mut self,
         model: &Llama,
@@ -250,10 +252,25 @@ impl ParallelWeights for Replicated {
         on_logits: &mut dyn FnMut(usize, Tensor) -> Result<(), TrainError>,
     ) -> Result<(), TrainError> {
         let _guard = tch::no_grad_guard();
-        for (i, x) in inputs.iter().enumerate() {
-            on_logits(i, model.forward(&self.params, x)?)?;
+        match self.compute_kind {
+            Some(kind) if !self.frozen.is_empty() => {
+                let params = &self.params;
+                let mut params_for = |u: usize| -> Result<Vec<Tensor>, TrainError> {
+                    model
+                        .unit_params(u, params)?
+                        .into_iter()
+                        .map(|p| Ok(p.f_to_kind(kind)?))
+                        .collect()
+                };
+                forward_by_unit(model, inputs, &mut params_for, &mut |_| Ok(()), on_logits)
+            }
+            _ => {
+                for (i, x) in inputs.iter().enumerate() {
+                    on_logits(i, model.forward(&self.params, x)?)?;
+                }
+                Ok(())
+            }
         }
-        Ok(())
     }
 }
 

@@ -154,7 +154,8 @@ fn run_rank(job: &JobConfig, comm: Option<Arc<dyn Communicator>>) -> Held {
             .visit_full(StatePart::Params, (rank == 0).then_some(&mut count as _))
             .unwrap();
         if rank == 0 {
-            assert_eq!(seen, llama.param_specs().len(), "every parameter visited");
+            let trained = llama.param_specs().iter().filter(|s| s.trainable).count();
+            assert_eq!(seen, trained, "every trained parameter visited");
         }
         let p = weights.transient_peaks();
         held.transient = Some((p.unsharded_grads, p.eval_gathered, p.checkpoint_gathered));
@@ -292,6 +293,25 @@ fn model_state_terms_equal_the_bytes_the_trainer_holds() {
             &["peft=lora", "peft.target_modules=all-linear"][..],
         ),
         ("ddp", 2, &["peft=lora", "peft.r=4"][..]),
+        (
+            "fsdp",
+            2,
+            &[
+                "peft=lora",
+                "peft.target_modules=all-linear",
+                "trainer.dist.sharding_strategy=FULL_SHARD",
+                "trainer.eval_every=1",
+            ][..],
+        ),
+        (
+            "fsdp",
+            2,
+            &[
+                "peft=lora",
+                "trainer.dist.sharding_strategy=SHARD_GRAD_OP",
+                "trainer.eval_every=1",
+            ][..],
+        ),
         (
             "fsdp",
             2,

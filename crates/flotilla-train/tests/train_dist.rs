@@ -25,8 +25,9 @@
 //!   is untouched, nothing unfinished outlives the next checkpoint, and the same command
 //!   resumes from the latest complete one exactly;
 //! - DDP with a bucket per unit gives the rows of one 25 MB bucket bit for bit;
-//! - LoRA (a PEFT adapter over a transformers base): DDP equals one process, checkpoints hold
-//!   only the adapter, a resume is exact, `final/` is a PEFT adapter directory.
+//! - LoRA (a PEFT adapter over a transformers base): DDP and FSDP FULL_SHARD equal one process,
+//!   checkpoints hold only the adapter, a resume is exact (and across world sizes from FSDP's
+//!   sharded checkpoint), `final/` is a PEFT adapter directory.
 //!
 //! The single-process baseline and the two FULL_SHARD runs that the resume tests start from
 //! are run once per test binary and shared. Every world has a deadline; a hang kills its
@@ -1205,11 +1206,12 @@ fn a_rank_killed_while_a_full_checkpoint_streams_leaves_the_previous_one_intact(
 }
 
 /// LoRA from a PEFT-made adapter over a transformers-made base (tests/oracle/peft_oracle.py):
-/// 2-rank DDP gives the one-process rows, a checkpoint holds only the adapter and its AdamW
-/// moments, resuming from step 10 reproduces the rows bit for bit, and `final/` is a PEFT
-/// adapter directory.
+/// 2-rank DDP and FSDP FULL_SHARD give the one-process rows, a checkpoint holds only the
+/// adapter and its AdamW moments, resuming from step 10 reproduces the rows bit for bit (and
+/// FSDP's sharded checkpoint resumes on one process), and `final/` is a PEFT adapter
+/// directory.
 #[test]
-fn lora_ddp_matches_one_process_and_resumes_exactly() {
+fn lora_ddp_and_fsdp_match_one_process_and_resume_exactly() {
     if !common::venv_imports("peft, transformers, safetensors") {
         common::skip_or_fail("peft is not importable from .venv; run scripts/setup.sh");
         return;
@@ -1254,6 +1256,61 @@ fn lora_ddp_matches_one_process_and_resumes_exactly() {
     eprintln!("LoRA DDP x2 vs one process: max rel diff loss {dl:e}, grad_norm {dn:e}");
     assert!(dl < TOL && dn < TOL, "loss {dl:e}, grad_norm {dn:e}");
     assert!(one.rows[STEPS - 1].loss < one.rows[0].loss);
+
+    // FSDP FULL_SHARD: the frozen base and the adapters in separate flat groups; sharded
+    // checkpoints of the adapters only, resumed on one process.
+    let fsdp_args = [
+        lora("fsdp"),
+        vec!["trainer.dist.state_dict_type=sharded".into()],
+    ]
+    .concat();
+    let fsdp_args: Vec<&str> = fsdp_args.iter().map(String::as_str).collect();
+    let fsdp = train(
+        "lora_fsdp",
+        Shape::single_node(2),
+        2,
+        "FSDP FULL_SHARD, 2 ranks",
+        &fsdp_args,
+    );
+    let (mut fl, mut fnorm) = (0f64, 0f64);
+    for (a, b) in fsdp.rows.iter().zip(&one.rows) {
+        fl = fl.max(rel(a.loss, b.loss));
+        fnorm = fnorm.max(rel(a.grad_norm, b.grad_norm));
+    }
+    eprintln!("LoRA FSDP FULL_SHARD x2 vs one process: loss {fl:e}, grad_norm {fnorm:e}");
+    assert!(fl < TOL && fnorm < TOL, "loss {fl:e}, grad_norm {fnorm:e}");
+    let meta: ShardedMeta = serde_json::from_str(
+        &std::fs::read_to_string(fsdp.dir.join("checkpoints/step_10").join(SHARDED_META_FILE))
+            .unwrap(),
+    )
+    .unwrap();
+    assert!(meta.groups.iter().all(|g| g.trainable));
+    let sharded_names: usize = meta.groups.iter().map(|g| g.entries.len()).sum();
+    assert_eq!(
+        sharded_names,
+        keys.len(),
+        "only the adapters are checkpointed"
+    );
+    let across_args = [
+        lora("none"),
+        vec![resume_arg(&fsdp.dir.join("checkpoints/step_10"))],
+    ]
+    .concat();
+    let across_args: Vec<&str> = across_args.iter().map(String::as_str).collect();
+    let across = train(
+        "lora_fsdp_to_one",
+        Shape::single_node(1),
+        2,
+        "LoRA r=4",
+        &across_args,
+    );
+    let mut dr = 0f64;
+    for r in &across.rows {
+        let b = one.rows.iter().find(|b| b.step == r.step).unwrap();
+        dr = dr.max(rel(r.loss, b.loss));
+    }
+    eprintln!("LoRA FSDP x2 sharded checkpoint resumed on one process: loss {dr:e}");
+    assert!(dr < TOL, "{dr:e}");
 
     // Only what is trained is checkpointed.
     let step10 = one.dir.join("checkpoints/step_10");

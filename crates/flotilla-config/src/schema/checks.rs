@@ -100,17 +100,6 @@ pub fn validate(job: &Node) -> Result<JobConfig, SchemaError> {
     if let (Some(PeftConfig::Lora(l)), Some(m)) = (&peft, &model) {
         ck.lora(l, m);
     }
-    if let (Some(PeftConfig::Lora(_)), Some(t)) = (&peft, &trainer) {
-        if t.dist.mode() == DistMode::Fsdp {
-            ck.invalid(
-                "trainer.dist.mode",
-                "fsdp with peft=lora: FSDP does not shard a frozen base yet".into(),
-                "use trainer/dist=ddp (the adapters are small; the frozen base is held in the \
-                 compute dtype) or trainer/dist=none"
-                    .into(),
-            );
-        }
-    }
 
     match (seed, model, peft, trainer, data, compute) {
         (Some(seed), Some(model), Some(peft), Some(trainer), Some(data), Some(compute))

@@ -218,7 +218,8 @@ fn label(job: &JobConfig, step: &Step<'_>, t: TermKind) -> String {
     let layers = job.model.num_hidden_layers;
     match t {
         TermKind::Params if job.peft.lora().is_some() => {
-            format!("parameters ({compute} frozen base, {master} LoRA adapters)")
+            let frozen = if fsdp.is_some() { param } else { compute };
+            format!("parameters ({frozen} frozen base, {master} LoRA adapters{shard_note})")
         }
         TermKind::Params => format!("parameters ({master}{shard_note})"),
         TermKind::ComputeCopies if job.peft.lora().is_some() => {
@@ -232,7 +233,7 @@ fn label(job: &JobConfig, step: &Step<'_>, t: TermKind) -> String {
         },
         TermKind::GradAccumulators => "fp32 gradients of the unit in backward".into(),
         TermKind::Optimizer if job.peft.lora().is_some() => {
-            format!("AdamW moments ({master}, adapters only)")
+            format!("AdamW moments ({master}, adapters only{shard_note})")
         }
         TermKind::Optimizer => format!("AdamW moments ({master}{shard_note})"),
         TermKind::Gathered => format!("FSDP all-gather buffers ({param})"),

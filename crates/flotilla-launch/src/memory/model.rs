@@ -388,13 +388,18 @@ impl Units {
 }
 
 /// FSDP's flat groups for a shard group of `shard` ranks (`fsdp_layout.rs`: `wrap_units`,
-/// `layouts`): the units of each group, its elements, and its padded size.
+/// `layouts`): the units of each group, its elements, and its padded size. `numel`,
+/// `padded` and `shard` are the trained group's; a LoRA job's ranges also have a frozen group
+/// (`frozen_padded`, `frozen_shard`: sharded and gathered in the param dtype, no gradient, no
+/// moments), zero otherwise.
 #[derive(Clone, Debug, PartialEq)]
 pub struct FlatGroup {
     pub units: Range<usize>,
     pub numel: u64,
     pub padded: u64,
     pub shard: u64,
+    pub frozen_padded: u64,
+    pub frozen_shard: u64,
 }
 
 pub fn flat_groups(units: &Units, f: &FsdpConfig, shard: u64) -> Vec<FlatGroup> {
@@ -402,13 +407,17 @@ pub fn flat_groups(units: &Units, f: &FsdpConfig, shard: u64) -> Vec<FlatGroup> 
     ranges
         .into_iter()
         .map(|r| {
-            let numel: u64 = units.owned[r.clone()].iter().sum();
+            let numel: u64 = units.trained[r.clone()].iter().sum();
+            let frozen = units.owned[r.clone()].iter().sum::<u64>() - numel;
             let per = numel.div_ceil(shard);
+            let frozen_per = frozen.div_ceil(shard);
             FlatGroup {
                 units: r,
                 numel,
                 padded: per * shard,
                 shard: per,
+                frozen_padded: frozen_per * shard,
+                frozen_shard: frozen_per,
             }
         })
         .collect()
@@ -602,6 +611,25 @@ impl FsdpShape {
         self.groups.iter().map(f).sum()
     }
 
+    /// Bytes of a range's groups gathered: the trained group's a tensor of its own when
+    /// `gather_copies`; a frozen group's, held in the param dtype already, when it comes
+    /// from other ranks or the host.
+    fn gathered_bytes(&self, g: &FlatGroup) -> u64 {
+        let trained = if self.gather_copies { g.padded } else { 0 };
+        let frozen = if self.gathers_copy() {
+            g.frozen_padded
+        } else {
+            0
+        };
+        (trained + frozen) * self.p
+    }
+
+    /// Bytes of this rank's parameter shards: trained in the master dtype, frozen in the
+    /// param dtype.
+    fn shard_bytes(&self, m: u64) -> u64 {
+        self.sum(|g| g.shard * m + g.frozen_shard * self.p)
+    }
+
     /// Bytes of unsharded gradients alive when unit `u` hands its gradients over
     /// (`Fsdp::gradients_ready`): its group's, assembled, and the next group's, whose
     /// reduce-scatter is still in flight (the next one starts only when it lands).
@@ -633,13 +661,7 @@ impl FsdpShape {
     /// Bytes of gathered groups held while each unit computes, in forward and in backward
     /// (`Fsdp::materialize` and `release` replayed).
     fn gathered_timeline(&self, n: usize, tied: bool) -> (Vec<u64>, Vec<u64>) {
-        let bytes = |g: usize| {
-            if self.gather_copies {
-                self.groups[g].padded * self.p
-            } else {
-                0
-            }
-        };
+        let bytes = |g: usize| self.gathered_bytes(&self.groups[g]);
         let mut held = vec![false; self.groups.len()];
         let total = |held: &[bool]| -> u64 {
             held.iter()
@@ -815,7 +837,6 @@ impl<'a> Step<'a> {
         } else {
             0
         };
-        let owned = |u: usize| self.units.owned[u];
         // Replicated weights: the trained parameters (all, but for LoRA's frozen base, held
         // in the compute dtype, without gradients or moments).
         let trained = |u: usize| self.units.trained[u];
@@ -834,7 +855,7 @@ impl<'a> Step<'a> {
                 }
                 Weights::Fsdp(f) if !f.offload => {
                     let shards = f.sum(|g| g.shard);
-                    mo.add(TermKind::Params, shards * m);
+                    mo.add(TermKind::Params, f.shard_bytes(m));
                     mo.add(TermKind::Optimizer, 2 * shards * m);
                 }
                 Weights::Fsdp(_) => {}
@@ -917,7 +938,7 @@ impl<'a> Step<'a> {
             }
             Weights::Fsdp(f) => {
                 let (fwd_gathered, bwd_gathered) = f.gathered_timeline(n, self.tied());
-                let tied_embed = if self.tied() { owned(0) } else { 0 };
+                let tied_embed = if self.tied() { trained(0) } else { 0 };
                 let shards = f.sum(|g| g.shard);
                 // Under gradient accumulation the sharded gradients exist from the first
                 // micro-batch's reduction on.
@@ -943,7 +964,7 @@ impl<'a> Step<'a> {
                     let mut mo = base(Phase::Backward);
                     mo.add(TermKind::Gathered, bwd_gathered[u]);
                     mo.add(TermKind::Grads, accumulated);
-                    mo.add(TermKind::GradAccumulators, (owned(u) + tied_embed) * 4);
+                    mo.add(TermKind::GradAccumulators, (trained(u) + tied_embed) * 4);
                     mo.add(TermKind::UnshardedGrads, unsharded_at(u));
                     mo.add(TermKind::Activations, kept_upto(u) + act.rotary);
                     mo.add(TermKind::Recompute, recompute);
@@ -955,10 +976,10 @@ impl<'a> Step<'a> {
                 out.extend(worst);
                 // Gathered groups SHARD_GRAD_OP (and a group of one rank that casts) keeps
                 // until the step ends.
-                let kept_gathered = if f.frees_after_use || !f.gather_copies {
+                let kept_gathered = if f.frees_after_use {
                     0
                 } else {
-                    f.sum(|g| g.padded) * f.p
+                    f.sum(|g| f.gathered_bytes(g))
                 };
                 // The embedding's backward done: its fp32 gradients copied into group 0's
                 // unsharded gradient while group 1's reduction is still in flight, the other
@@ -968,7 +989,7 @@ impl<'a> Step<'a> {
                 if !f.offload {
                     mo.add(TermKind::Grads, shards * m);
                 }
-                mo.add(TermKind::GradAccumulators, owned(0) * 4);
+                mo.add(TermKind::GradAccumulators, trained(0) * 4);
                 mo.add(TermKind::UnshardedGrads, unsharded_at(0));
                 out.push(mo);
                 let mut mo = base(Phase::OptimizerStep);
@@ -997,12 +1018,15 @@ impl<'a> Step<'a> {
                             .map(|u| {
                                 f.reads(u, n, self.tied())
                                     .iter()
-                                    .map(|&g| f.groups[g].padded)
+                                    .map(|&g| {
+                                        let g = &f.groups[g];
+                                        g.padded * m + g.frozen_padded * f.p
+                                    })
                                     .sum::<u64>()
                             })
                             .max()
                             .unwrap_or(0);
-                        mo.add(TermKind::EvalGather, reads * m);
+                        mo.add(TermKind::EvalGather, reads);
                     }
                     let world = self.job.compute.world_size().max(1) as u64;
                     let rows = (t.eval_batches as u64 * micro).div_ceil(world);
@@ -1043,11 +1067,12 @@ impl<'a> Step<'a> {
             }
             Weights::Fsdp(f) => {
                 if f.sync {
-                    mo.add(TermKind::StartupParams, f.max(|g| g.padded) * m);
+                    let group = f.max(|g| (g.padded * m).max(g.frozen_padded * f.p));
+                    mo.add(TermKind::StartupParams, group);
                 }
                 if !f.offload {
                     let shards = f.sum(|g| g.shard);
-                    mo.add(TermKind::Params, shards * m);
+                    mo.add(TermKind::Params, f.shard_bytes(m));
                     mo.add(TermKind::Optimizer, 2 * shards * m);
                 }
             }
@@ -1090,7 +1115,10 @@ impl<'a> Step<'a> {
             Weights::Fsdp(f) => {
                 let shards = f.sum(|g| g.shard);
                 let offloaded = if f.offload {
-                    ranks * (4 * shards * m + 3 * f.max(|g| g.shard) * m)
+                    ranks
+                        * (4 * shards * m
+                            + 3 * f.max(|g| g.shard) * m
+                            + f.sum(|g| g.frozen_shard) * f.p)
                 } else {
                     0
                 };
