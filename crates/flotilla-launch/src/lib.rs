@@ -10,6 +10,7 @@
 
 pub mod local;
 pub mod memory;
+pub mod preflight;
 pub mod rundir;
 pub mod settings;
 pub mod slurm;

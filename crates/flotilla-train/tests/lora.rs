@@ -10,7 +10,8 @@
 //!   unexpected-key warning and gives flotilla's logits; `final/merged/` loads in
 //!   transformers with the same logits, and merging `final/` into the base after the fact
 //!   (`lora::merge_into_base`, `flotilla consolidate --base`) writes the same tensors.
-//! - Bad input: an adapter made for a base of another size is refused naming the tensor.
+//! - Bad input: an adapter made for a base of another size is refused naming the tensor, by
+//!   the task and by `flotilla run` before it creates anything (exit 2).
 //! - Dropout: changes the run, draws the same masks for the same seed, and the same masks in
 //!   a block recomputed under activation checkpointing (bit-identical rows).
 //!
@@ -332,6 +333,14 @@ fn final_adapter_loads_in_peft_and_merged_model_in_transformers_with_equal_logit
     }
 }
 
+/// A base of another width than the fixture's (hidden 32, not 64) in `dir/other`.
+fn other_base(dir: &Path) -> Llama {
+    let other = Llama::new(&compose::tiny_model_config(false)).unwrap();
+    let params = other.init_params(1, Device::Cpu, Kind::Float);
+    save_hf(dir.join("other"), &other, &params, Kind::Float).unwrap();
+    other
+}
+
 #[test]
 fn an_adapter_for_another_base_is_refused_naming_the_tensor() {
     if !peft_python() {
@@ -340,10 +349,7 @@ fn an_adapter_for_another_base_is_refused_naming_the_tensor() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();
     make_fixture(dir, "q_proj,v_proj", "-", false);
-    // A base of another width (hidden 32, the fixture's 64).
-    let other = Llama::new(&compose::tiny_model_config(false)).unwrap();
-    let params = other.init_params(1, Device::Cpu, Kind::Float);
-    save_hf(dir.join("other"), &other, &params, Kind::Float).unwrap();
+    let other = other_base(dir);
     let lora = lora_config("q_proj,v_proj", "-", &dir.join("adapter"), false);
     let model = Llama::with_lora(other.config(), Some(&lora)).unwrap();
     let err = match PeftAdapter::open(&dir.join("adapter"), &model, &lora) {
@@ -402,5 +408,54 @@ fn lora_dropout_is_reproducible_and_recomputed_blocks_draw_the_same_masks() {
         run(&lora, true),
         with,
         "recompute under activation checkpointing"
+    );
+}
+
+#[test]
+fn run_refuses_an_adapter_made_for_another_base_before_creating_anything() {
+    if !peft_python() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    make_fixture(dir, "q_proj,v_proj", "-", false);
+    other_base(dir);
+    let work = dir.join("work");
+    std::fs::create_dir(&work).unwrap();
+    let run = |base: &str| {
+        Command::new(common::flotilla_bin())
+            .args(["run", "--dry-run", "--config-dir"])
+            .arg(common::conf_dir())
+            .arg(format!("model.init_from={}", dir.join(base).display()))
+            .args(["peft=lora", "peft.r=4"])
+            .arg(format!("peft.init_from={}", dir.join("adapter").display()))
+            .current_dir(&work)
+            .env(
+                "FLOTILLA_TRAIN_BINARY",
+                env!("CARGO_BIN_EXE_flotilla-train"),
+            )
+            .output()
+            .unwrap()
+    };
+    let out = run("other");
+    let err = String::from_utf8_lossy(&out.stderr);
+    eprintln!("{err}");
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight")
+            && err.contains("set model.init_from to its base"),
+        "{err}"
+    );
+    assert_eq!(
+        std::fs::read_dir(&work).unwrap().count(),
+        0,
+        "nothing created"
+    );
+    // Its own base passes the check (a dry run prepares the directory).
+    let out = run("base");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
     );
 }

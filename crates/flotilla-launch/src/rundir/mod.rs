@@ -476,6 +476,8 @@ pub fn prepare(composer: &Composer, req: &RunRequest) -> Result<PreparedRun, Run
             if let Some(config) = &config {
                 crate::memory::check(config, &what)
                     .map_err(|e| ConfigError::Composition(e.to_string()))?;
+                // A LoRA adapter to start from must fit the job's base.
+                crate::preflight::check(config, &what).map_err(ConfigError::Composition)?;
             }
             match launcher {
                 None => launcher = Some(compute.launcher),

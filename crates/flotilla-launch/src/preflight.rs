@@ -1,0 +1,343 @@
+//! What `flotilla run` checks of a LoRA job's starting adapter before it creates anything
+//! (exit 2 on a mismatch, naming the tensor and the fix): `peft.init_from` must be a PEFT LoRA
+//! adapter directory of the job's rank whose every tensor has the shape the job's base gives
+//! it (the base's `config.json` with `model.init_from`, else the `model` config). Read from
+//! `adapter_config.json` and the safetensors header alone; no libtorch, no tensor data.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use flotilla_config::schema::{JobConfig, LoraConfig};
+
+/// PEFT's prefix before a parameter's Hugging Face name in an adapter file.
+const PEFT_PREFIX: &str = "base_model.model.";
+
+/// The sizes of the base that shape an adapter's tensors.
+#[derive(Debug, PartialEq)]
+struct BaseDims {
+    hidden: i64,
+    intermediate: i64,
+    q_out: i64,
+    kv_out: i64,
+    layers: usize,
+    vocab: i64,
+    /// Where they were read (for messages).
+    source: String,
+}
+
+impl BaseDims {
+    fn of_job(job: &JobConfig) -> Result<Self, String> {
+        let Some(dir) = &job.model.init_from else {
+            let m = &job.model;
+            let hd = m.head_dim() as i64;
+            return Ok(Self {
+                hidden: m.hidden_size as i64,
+                intermediate: m.intermediate_size as i64,
+                q_out: m.num_attention_heads as i64 * hd,
+                kv_out: m.num_key_value_heads as i64 * hd,
+                layers: m.num_hidden_layers,
+                vocab: m.vocab_size as i64,
+                source: "the model config".into(),
+            });
+        };
+        let path = Path::new(dir).join("config.json");
+        let text = std::fs::read_to_string(&path).map_err(|e| {
+            format!(
+                "model.init_from: cannot read {}: {e}; point it at a Hugging Face model \
+                 directory (config.json and *.safetensors)",
+                path.display()
+            )
+        })?;
+        let v: serde_json::Value = serde_json::from_str(&text)
+            .map_err(|e| format!("model.init_from: {} is not JSON: {e}", path.display()))?;
+        let get = |k: &str| v[k].as_i64();
+        let need = |k: &str| {
+            get(k).ok_or_else(|| format!("model.init_from: {} has no `{k}`", path.display()))
+        };
+        let hidden = need("hidden_size")?;
+        let heads = need("num_attention_heads")?;
+        let kv = get("num_key_value_heads").unwrap_or(heads);
+        let hd = get("head_dim").unwrap_or(hidden / heads.max(1));
+        Ok(Self {
+            hidden,
+            intermediate: need("intermediate_size")?,
+            q_out: heads * hd,
+            kv_out: kv * hd,
+            layers: need("num_hidden_layers")? as usize,
+            vocab: need("vocab_size")?,
+            source: path.display().to_string(),
+        })
+    }
+
+    /// `[out, in]` of a block's linear layer named by its PEFT module name.
+    fn linear(&self, module: &str) -> Option<(i64, i64)> {
+        Some(match module {
+            "self_attn.q_proj" => (self.q_out, self.hidden),
+            "self_attn.k_proj" | "self_attn.v_proj" => (self.kv_out, self.hidden),
+            "self_attn.o_proj" => (self.hidden, self.q_out),
+            "mlp.gate_proj" | "mlp.up_proj" => (self.intermediate, self.hidden),
+            "mlp.down_proj" => (self.hidden, self.intermediate),
+            _ => return None,
+        })
+    }
+}
+
+/// The `(name, shape)` of every tensor in a safetensors file's header.
+fn header_shapes(path: &Path) -> Result<BTreeMap<String, Vec<i64>>, String> {
+    use std::io::Read;
+    let bad = |e: String| format!("peft.init_from: {}: {e}", path.display());
+    let mut f = std::fs::File::open(path).map_err(|e| bad(e.to_string()))?;
+    let mut len = [0u8; 8];
+    f.read_exact(&mut len).map_err(|e| bad(e.to_string()))?;
+    let len = u64::from_le_bytes(len);
+    if len > 100 << 20 {
+        return Err(bad(format!("a header of {len} bytes is not safetensors")));
+    }
+    let mut header = vec![0u8; len as usize];
+    f.read_exact(&mut header).map_err(|e| bad(e.to_string()))?;
+    let v: serde_json::Value =
+        serde_json::from_slice(&header).map_err(|e| bad(format!("header: {e}")))?;
+    let mut out = BTreeMap::new();
+    for (name, info) in v.as_object().into_iter().flatten() {
+        if name == "__metadata__" {
+            continue;
+        }
+        let shape = info["shape"]
+            .as_array()
+            .map(|a| a.iter().filter_map(|d| d.as_i64()).collect())
+            .unwrap_or_default();
+        out.insert(name.clone(), shape);
+    }
+    Ok(out)
+}
+
+/// Checks `job`'s LoRA adapter to start from, if it names one (`what` names the job in a
+/// sweep). Nothing to check for jobs without `peft.init_from`.
+pub fn check(job: &JobConfig, what: &str) -> Result<(), String> {
+    let Some(lora) = job.peft.lora() else {
+        return Ok(());
+    };
+    let Some(dir) = &lora.init_from else {
+        return Ok(());
+    };
+    check_adapter(Path::new(dir), lora, &BaseDims::of_job(job)?).map_err(|e| format!("{what}: {e}"))
+}
+
+fn check_adapter(dir: &Path, lora: &LoraConfig, base: &BaseDims) -> Result<(), String> {
+    let config_path = dir.join("adapter_config.json");
+    let text = std::fs::read_to_string(&config_path).map_err(|e| {
+        format!(
+            "peft.init_from: cannot read {}: {e}; point it at a PEFT adapter directory \
+             (adapter_config.json, adapter_model.safetensors)",
+            config_path.display()
+        )
+    })?;
+    let config: serde_json::Value = serde_json::from_str(&text)
+        .map_err(|e| format!("peft.init_from: {} is not JSON: {e}", config_path.display()))?;
+    if config["peft_type"] != "LORA" {
+        return Err(format!(
+            "peft.init_from: {} has peft_type {}, not \"LORA\"",
+            config_path.display(),
+            config["peft_type"]
+        ));
+    }
+    if config["r"].as_u64() != Some(lora.r as u64) {
+        return Err(format!(
+            "peft.init_from: the adapter in {} has r={}, the job peft.r={}; set peft.r={}",
+            dir.display(),
+            config["r"],
+            lora.r,
+            config["r"]
+        ));
+    }
+    let weights = dir.join("adapter_model.safetensors");
+    let r = lora.r as i64;
+    let mut adapted = std::collections::BTreeSet::new();
+    for (key, shape) in header_shapes(&weights)? {
+        let name = key.strip_prefix(PEFT_PREFIX).unwrap_or(&key);
+        let expected = match name {
+            "lm_head.weight" | "model.embed_tokens.weight" => Some(vec![base.vocab, base.hidden]),
+            _ => lora_shape(name, r, base, &mut adapted),
+        };
+        let Some(expected) = expected else {
+            return Err(format!(
+                "peft.init_from: tensor `{key}` in {} is not a LoRA factor of a {}-layer base \
+                 ({}); the adapter was made for another base: set model.init_from to its base \
+                 ({})",
+                weights.display(),
+                base.layers,
+                base.source,
+                config["base_model_name_or_path"]
+            ));
+        };
+        if shape != expected {
+            return Err(format!(
+                "peft.init_from: tensor `{key}` in {} has shape {shape:?}, the job's base \
+                 ({}) gives it {expected:?}; the adapter was made for another base: set \
+                 model.init_from to its base ({})",
+                weights.display(),
+                base.source,
+                config["base_model_name_or_path"]
+            ));
+        }
+    }
+    let ours: std::collections::BTreeSet<&str> =
+        lora.targets().iter().map(|m| m.as_str()).collect();
+    if adapted
+        .iter()
+        .map(String::as_str)
+        .collect::<std::collections::BTreeSet<_>>()
+        != ours
+    {
+        let theirs: Vec<&String> = adapted.iter().collect();
+        return Err(format!(
+            "peft.init_from: the adapter in {} adapts {theirs:?}, the job {ours:?}; set \
+             peft.target_modules=[{}]",
+            dir.display(),
+            adapted.iter().cloned().collect::<Vec<_>>().join(",")
+        ));
+    }
+    Ok(())
+}
+
+/// The shape a LoRA factor `model.layers.{i}.{module}.lora_{A|B}.weight` has on `base`,
+/// noting its module; `None` for a name that is no factor of the base.
+fn lora_shape(
+    name: &str,
+    r: i64,
+    base: &BaseDims,
+    adapted: &mut std::collections::BTreeSet<String>,
+) -> Option<Vec<i64>> {
+    let rest = name.strip_prefix("model.layers.")?;
+    let (layer, rest) = rest.split_once('.')?;
+    if layer.parse::<usize>().ok()? >= base.layers {
+        return None;
+    }
+    let (module, factor) = rest
+        .strip_suffix(".lora_A.weight")
+        .map(|m| (m, 'A'))
+        .or_else(|| rest.strip_suffix(".lora_B.weight").map(|m| (m, 'B')))?;
+    let (out, inp) = base.linear(module)?;
+    adapted.insert(module.rsplit('.').next()?.to_string());
+    Some(match factor {
+        'A' => vec![r, inp],
+        _ => vec![out, r],
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A PEFT-style adapter directory with `tensors` (name, shape) in its header (no data
+    /// needed: the check reads the header alone).
+    fn adapter(dir: &Path, r: usize, tensors: &[(&str, [i64; 2])]) {
+        std::fs::create_dir_all(dir).unwrap();
+        std::fs::write(
+            dir.join("adapter_config.json"),
+            format!(r#"{{"peft_type": "LORA", "r": {r}, "base_model_name_or_path": "/bases/b"}}"#),
+        )
+        .unwrap();
+        let mut header = serde_json::Map::new();
+        let mut offset = 0;
+        for (name, shape) in tensors {
+            let bytes = shape[0] * shape[1] * 4;
+            header.insert(
+                format!("{PEFT_PREFIX}{name}"),
+                serde_json::json!({"dtype": "F32", "shape": shape, "data_offsets": [offset, offset + bytes]}),
+            );
+            offset += bytes;
+        }
+        let text = serde_json::Value::Object(header).to_string();
+        let mut file = (text.len() as u64).to_le_bytes().to_vec();
+        file.extend(text.as_bytes());
+        file.extend(vec![0u8; offset as usize]);
+        std::fs::write(dir.join("adapter_model.safetensors"), file).unwrap();
+    }
+
+    fn lora(r: usize, targets: &str) -> LoraConfig {
+        serde_json::from_value(serde_json::json!({
+            "r": r, "alpha": 16.0, "dropout": 0.0, "target_modules": targets.split(',').collect::<Vec<_>>(),
+            "use_rslora": false, "modules_to_save": [], "init_from": null, "merge": false
+        }))
+        .unwrap()
+    }
+
+    fn base() -> BaseDims {
+        BaseDims {
+            hidden: 64,
+            intermediate: 96,
+            q_out: 64,
+            kv_out: 32,
+            layers: 2,
+            vocab: 32,
+            source: "the model config".into(),
+        }
+    }
+
+    const Q0A: &str = "model.layers.0.self_attn.q_proj.lora_A.weight";
+    const Q0B: &str = "model.layers.0.self_attn.q_proj.lora_B.weight";
+    const V0A: &str = "model.layers.0.self_attn.v_proj.lora_A.weight";
+    const V0B: &str = "model.layers.0.self_attn.v_proj.lora_B.weight";
+
+    #[test]
+    fn a_matching_adapter_passes_and_each_mismatch_names_its_fix() {
+        let tmp = tempfile::tempdir().unwrap();
+        let good = tmp.path().join("good");
+        adapter(
+            &good,
+            4,
+            &[
+                (Q0A, [4, 64]),
+                (Q0B, [64, 4]),
+                (V0A, [4, 64]),
+                (V0B, [32, 4]),
+            ],
+        );
+        check_adapter(&good, &lora(4, "q_proj,v_proj"), &base()).unwrap();
+
+        let err = check_adapter(&good, &lora(8, "q_proj,v_proj"), &base()).unwrap_err();
+        assert!(
+            err.contains("has r=4, the job peft.r=8; set peft.r=4"),
+            "{err}"
+        );
+
+        let err = check_adapter(&good, &lora(4, "q_proj"), &base()).unwrap_err();
+        assert!(
+            err.contains("set peft.target_modules=[q_proj,v_proj]"),
+            "{err}"
+        );
+
+        // Made for a 32-wide base.
+        let narrow = tmp.path().join("narrow");
+        adapter(&narrow, 4, &[(Q0A, [4, 32]), (Q0B, [32, 4])]);
+        let err = check_adapter(&narrow, &lora(4, "q_proj"), &base()).unwrap_err();
+        assert!(
+            err.contains(&format!("tensor `{PEFT_PREFIX}{Q0A}`"))
+                && err.contains("shape [4, 32]")
+                && err.contains("gives it [4, 64]")
+                && err.contains("set model.init_from to its base (\"/bases/b\")"),
+            "{err}"
+        );
+
+        // Made for a deeper base.
+        let deep = tmp.path().join("deep");
+        adapter(
+            &deep,
+            4,
+            &[("model.layers.5.self_attn.q_proj.lora_A.weight", [4, 64])],
+        );
+        let err = check_adapter(&deep, &lora(4, "q_proj"), &base()).unwrap_err();
+        assert!(
+            err.contains("is not a LoRA factor of a 2-layer base"),
+            "{err}"
+        );
+
+        let err =
+            check_adapter(&tmp.path().join("missing"), &lora(4, "q_proj"), &base()).unwrap_err();
+        assert!(
+            err.contains("point it at a PEFT adapter directory"),
+            "{err}"
+        );
+    }
+}
