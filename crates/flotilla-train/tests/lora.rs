@@ -11,7 +11,9 @@
 //!   transformers with the same logits, and merging `final/` into the base after the fact
 //!   (`lora::merge_into_base`, `flotilla consolidate --base`) writes the same tensors.
 //! - Bad input: an adapter made for a base of another size is refused naming the tensor, by
-//!   the task and by `flotilla run` before it creates anything (exit 2).
+//!   the task and by `flotilla run` before it creates anything (exit 2); so are an unknown
+//!   target module, `r: 0`, a dropout of 1.5, `all-linear` with others and `modules_to_save`
+//!   on a tied base, each naming the fix.
 //! - Dropout: changes the run, draws the same masks for the same seed, and the same masks in
 //!   a block recomputed under activation checkpointing (bit-identical rows).
 //!
@@ -458,4 +460,50 @@ fn run_refuses_an_adapter_made_for_another_base_before_creating_anything() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+#[test]
+fn bad_lora_settings_are_refused_naming_the_fix() {
+    let tmp = tempfile::tempdir().unwrap();
+    for (overrides, needle) in [
+        (
+            &["peft.target_modules=[q_prj]"][..],
+            "peft.target_modules[0]: expected one of 'q_proj'",
+        ),
+        (
+            &["peft.target_modules=[q_prj]"][..],
+            "did you mean 'q_proj'?",
+        ),
+        (&["peft.r=0"][..], "peft.r: must be at least 1, got 0"),
+        (&["peft.dropout=1.5"][..], "set peft.dropout=0.0"),
+        (
+            &["peft.target_modules=[all-linear,q_proj]"][..],
+            "write peft.target_modules=all-linear alone",
+        ),
+        (
+            &["peft.modules_to_save=[lm_head]"][..],
+            "with tied embeddings (model.tie_word_embeddings=true)",
+        ),
+    ] {
+        let out = Command::new(common::flotilla_bin())
+            .args(["run", "--dry-run", "--config-dir"])
+            .arg(common::conf_dir())
+            .arg("peft=lora")
+            .args(overrides)
+            .current_dir(tmp.path())
+            .env(
+                "FLOTILLA_TRAIN_BINARY",
+                env!("CARGO_BIN_EXE_flotilla-train"),
+            )
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{overrides:?}: {err}");
+        assert!(err.contains(needle), "{overrides:?}: {err}");
+        assert_eq!(
+            std::fs::read_dir(tmp.path()).unwrap().count(),
+            0,
+            "{overrides:?}: nothing created"
+        );
+    }
 }
