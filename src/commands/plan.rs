@@ -164,9 +164,13 @@ fn memory_of(job: &PlannedJob) -> Result<(Estimate, Vec<Advice>), &'static str> 
     let Some(config) = &job.composed.typed else {
         return Err("not a validated flotilla job: no estimate");
     };
-    let est = memory::estimate(config);
+    // A job from a base directory is priced as that base (the job's own `model` when its
+    // config.json cannot be read here: `run` refuses such a job, naming the file).
+    let trained = flotilla_launch::base_model::trained_job(config)
+        .unwrap_or(std::borrow::Cow::Borrowed(config));
+    let est = memory::estimate(&trained);
     let advice = match (&est.gpu, est.fits) {
-        (Some(g), Some(false)) => memory::advise(config, g.bytes),
+        (Some(g), Some(false)) => memory::advise(&trained, g.bytes),
         _ => vec![],
     };
     Ok((est, advice))

@@ -8,6 +8,7 @@
 //! [`launcher_for`] (start/submit) and [`live_states`] (batched squeue/sacct query). Adaptive
 //! studies are driven by [`study`].
 
+pub mod base_model;
 pub mod local;
 pub mod memory;
 pub mod preflight;

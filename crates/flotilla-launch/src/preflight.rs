@@ -1,8 +1,9 @@
 //! What `flotilla run` checks of a LoRA job's starting adapter before it creates anything
 //! (exit 2 on a mismatch, naming the tensor and the fix): `peft.init_from` must be a PEFT LoRA
 //! adapter directory of the job's rank whose every tensor has the shape the job's base gives
-//! it (the base's `config.json` with `model.init_from`, else the `model` config). Read from
-//! `adapter_config.json` and the safetensors header alone; no libtorch, no tensor data.
+//! it (the base's `config.json` with `model.init_from`, read by `base_model.rs`, else the
+//! `model` config). Read from `adapter_config.json` and the safetensors header alone; no
+//! libtorch, no tensor data.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -26,47 +27,23 @@ struct BaseDims {
 }
 
 impl BaseDims {
-    fn of_job(job: &JobConfig) -> Result<Self, String> {
-        let Some(dir) = &job.model.init_from else {
-            let m = &job.model;
-            let hd = m.head_dim() as i64;
-            return Ok(Self {
-                hidden: m.hidden_size as i64,
-                intermediate: m.intermediate_size as i64,
-                q_out: m.num_attention_heads as i64 * hd,
-                kv_out: m.num_key_value_heads as i64 * hd,
-                layers: m.num_hidden_layers,
-                vocab: m.vocab_size as i64,
-                source: "the model config".into(),
-            });
-        };
-        let path = Path::new(dir).join("config.json");
-        let text = std::fs::read_to_string(&path).map_err(|e| {
-            format!(
-                "model.init_from: cannot read {}: {e}; point it at a Hugging Face model \
-                 directory (config.json and *.safetensors)",
-                path.display()
-            )
-        })?;
-        let v: serde_json::Value = serde_json::from_str(&text)
-            .map_err(|e| format!("model.init_from: {} is not JSON: {e}", path.display()))?;
-        let get = |k: &str| v[k].as_i64();
-        let need = |k: &str| {
-            get(k).ok_or_else(|| format!("model.init_from: {} has no `{k}`", path.display()))
-        };
-        let hidden = need("hidden_size")?;
-        let heads = need("num_attention_heads")?;
-        let kv = get("num_key_value_heads").unwrap_or(heads);
-        let hd = get("head_dim").unwrap_or(hidden / heads.max(1));
-        Ok(Self {
-            hidden,
-            intermediate: need("intermediate_size")?,
-            q_out: heads * hd,
-            kv_out: kv * hd,
-            layers: need("num_hidden_layers")? as usize,
-            vocab: need("vocab_size")?,
-            source: path.display().to_string(),
-        })
+    /// The sizes of `job`'s model (a job from a base directory: see
+    /// [`crate::base_model::trained_job`]).
+    fn of_job(job: &JobConfig) -> Self {
+        let m = &job.model;
+        let hd = m.head_dim() as i64;
+        Self {
+            hidden: m.hidden_size as i64,
+            intermediate: m.intermediate_size as i64,
+            q_out: m.num_attention_heads as i64 * hd,
+            kv_out: m.num_key_value_heads as i64 * hd,
+            layers: m.num_hidden_layers,
+            vocab: m.vocab_size as i64,
+            source: match &m.init_from {
+                Some(dir) => Path::new(dir).join("config.json").display().to_string(),
+                None => "the model config".into(),
+            },
+        }
     }
 
     /// `[out, in]` of a block's linear layer named by its PEFT module name.
@@ -112,7 +89,8 @@ fn header_shapes(path: &Path) -> Result<BTreeMap<String, Vec<i64>>, String> {
 }
 
 /// Checks `job`'s LoRA adapter to start from, if it names one (`what` names the job in a
-/// sweep). Nothing to check for jobs without `peft.init_from`.
+/// sweep); `job` is the job as trained ([`crate::base_model::trained_job`]). Nothing to check
+/// for jobs without `peft.init_from`.
 pub fn check(job: &JobConfig, what: &str) -> Result<(), String> {
     let Some(lora) = job.peft.lora() else {
         return Ok(());
@@ -120,7 +98,7 @@ pub fn check(job: &JobConfig, what: &str) -> Result<(), String> {
     let Some(dir) = &lora.init_from else {
         return Ok(());
     };
-    check_adapter(Path::new(dir), lora, &BaseDims::of_job(job)?).map_err(|e| format!("{what}: {e}"))
+    check_adapter(Path::new(dir), lora, &BaseDims::of_job(job)).map_err(|e| format!("{what}: {e}"))
 }
 
 fn check_adapter(dir: &Path, lora: &LoraConfig, base: &BaseDims) -> Result<(), String> {

@@ -19,7 +19,7 @@ mod model;
 pub mod render;
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 
 use flotilla_config::schema::{DistConfig, Dtype, JobConfig, Precision, ShardingStrategy};
 use serde::Serialize;

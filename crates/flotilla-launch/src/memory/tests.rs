@@ -7,7 +7,7 @@ use flotilla_config::schema::{validate, ModelConfig};
 /// A job: the tiny preset (vocabulary 32, hidden 128, MLP 352, 4 layers, 4 heads, 2 KV heads,
 /// tied), micro batch 4 of 32 tokens, fp32, one process on one H100, with `extra` (YAML lines
 /// `section: {key: value}` replacing whole sections) laid over it.
-fn job(extra: &str) -> JobConfig {
+pub(crate) fn job(extra: &str) -> JobConfig {
     let base = "
 seed: 1
 model: {name: tiny, vocab_size: 32, hidden_size: 128, intermediate_size: 352,

@@ -473,11 +473,14 @@ pub fn prepare(composer: &Composer, req: &RunRequest) -> Result<PreparedRun, Run
             })?;
             // Will it fit? A GPU job whose estimate exceeds its GPU is refused here, before
             // anything is created (arithmetic only; `compute.check_memory: false` skips it).
+            // A job from a base directory is priced and checked as that base.
             if let Some(config) = &config {
-                crate::memory::check(config, &what)
+                let trained = crate::base_model::trained_job(config)
+                    .map_err(|e| ConfigError::Composition(format!("{what}: {e}")))?;
+                crate::memory::check(&trained, &what)
                     .map_err(|e| ConfigError::Composition(e.to_string()))?;
                 // A LoRA adapter to start from must fit the job's base.
-                crate::preflight::check(config, &what).map_err(ConfigError::Composition)?;
+                crate::preflight::check(&trained, &what).map_err(ConfigError::Composition)?;
             }
             match launcher {
                 None => launcher = Some(compute.launcher),

@@ -1,0 +1,92 @@
+//! The architecture a job really trains: its `model` config, or with `model.init_from` the
+//! base directory's `config.json`, which the trainer takes the architecture from. The memory
+//! planner (`plan --memory`, `run`'s fit check) and `run`'s adapter pre-flight price and
+//! check a fine-tuning job against it, read without libtorch.
+
+use std::borrow::Cow;
+use std::path::Path;
+
+use flotilla_config::schema::{JobConfig, ModelConfig};
+
+/// `job` with its `model` replaced by the sizes of `model.init_from`'s `config.json` (the
+/// job itself when it starts from no directory). An unreadable or incomplete `config.json` is
+/// an error naming the file and the fix.
+pub fn trained_job(job: &JobConfig) -> Result<Cow<'_, JobConfig>, String> {
+    let Some(dir) = &job.model.init_from else {
+        return Ok(Cow::Borrowed(job));
+    };
+    let mut owned = job.clone();
+    owned.model = base_model(Path::new(dir), &job.model)?;
+    Ok(Cow::Owned(owned))
+}
+
+/// The sizes in `dir/config.json` (Hugging Face `LlamaConfig` names) over `fallback` (for the
+/// fields the planner does not need).
+fn base_model(dir: &Path, fallback: &ModelConfig) -> Result<ModelConfig, String> {
+    let path = dir.join("config.json");
+    let text = std::fs::read_to_string(&path).map_err(|e| {
+        format!(
+            "model.init_from: cannot read {}: {e}; point it at a Hugging Face model directory \
+             (config.json and *.safetensors)",
+            path.display()
+        )
+    })?;
+    let v: serde_json::Value = serde_json::from_str(&text)
+        .map_err(|e| format!("model.init_from: {} is not JSON: {e}", path.display()))?;
+    let size = |k: &str| -> Result<usize, String> {
+        v[k].as_u64()
+            .map(|n| n as usize)
+            .ok_or_else(|| format!("model.init_from: {} has no `{k}`", path.display()))
+    };
+    let heads = size("num_attention_heads")?;
+    Ok(ModelConfig {
+        vocab_size: size("vocab_size")?,
+        hidden_size: size("hidden_size")?,
+        intermediate_size: size("intermediate_size")?,
+        num_hidden_layers: size("num_hidden_layers")?,
+        num_attention_heads: heads,
+        num_key_value_heads: size("num_key_value_heads").unwrap_or(heads),
+        max_position_embeddings: size("max_position_embeddings")
+            .unwrap_or(fallback.max_position_embeddings),
+        // transformers' LlamaConfig default.
+        tie_word_embeddings: v["tie_word_embeddings"].as_bool().unwrap_or(false),
+        ..fallback.clone()
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::memory;
+
+    #[test]
+    fn a_job_from_a_base_directory_is_priced_as_that_base() {
+        let tmp = tempfile::tempdir().unwrap();
+        let mut job = memory::tests::job("");
+        assert!(matches!(trained_job(&job).unwrap(), Cow::Borrowed(_)));
+
+        // llama-8b's sizes in a base directory; the job's `model` still says tiny.
+        std::fs::write(
+            tmp.path().join("config.json"),
+            r#"{"vocab_size": 128256, "hidden_size": 4096, "intermediate_size": 14336,
+                "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+                "max_position_embeddings": 131072, "tie_word_embeddings": false}"#,
+        )
+        .unwrap();
+        job.model.init_from = Some(tmp.path().display().to_string());
+        let trained = trained_job(&job).unwrap();
+        assert_eq!(trained.model.hidden_size, 4096);
+        assert_eq!(trained.model.num_key_value_heads, 8);
+        assert!(!trained.model.tie_word_embeddings);
+        assert_eq!(
+            memory::Units::of(&trained).total(),
+            8_030_261_248,
+            "llama-8b's parameters"
+        );
+        assert!(memory::estimate(&trained).peak_bytes > 10 * memory::estimate(&job).peak_bytes);
+
+        job.model.init_from = Some(tmp.path().join("missing").display().to_string());
+        let err = trained_job(&job).unwrap_err();
+        assert!(err.contains("model.init_from: cannot read"), "{err}");
+    }
+}
