@@ -141,26 +141,16 @@ struct Saved {
 /// requires grad (sharing storage), a frozen one (a LoRA job's base) stays as it is, so no
 /// gradient is computed for it.
 fn leaves(model: &Llama, unit: usize, params: Vec<Tensor>) -> Vec<Tensor> {
-    let trainable = trainable_mask(model, unit);
     params
         .into_iter()
-        .zip(trainable)
-        .map(|(p, t)| {
+        .zip(model.trainable_mask(unit))
+        .map(|(p, &t)| {
             if t {
                 p.detach().set_requires_grad(true)
             } else {
                 p
             }
         })
-        .collect()
-}
-
-/// For each parameter unit `unit` reads, whether it is trained.
-fn trainable_mask(model: &Llama, unit: usize) -> Vec<bool> {
-    model.units()[unit]
-        .param_names()
-        .iter()
-        .map(|n| model.param_spec(n).is_some_and(|s| s.trainable))
         .collect()
 }
 
@@ -268,7 +258,7 @@ impl<'m> Engine<'m> {
             } else {
                 (output, grad_out.as_ref())
             };
-            let trainable = trainable_mask(model, i);
+            let trainable = model.trainable_mask(i);
             let mut wrt: Vec<&Tensor> = Vec::with_capacity(params.len() + 1);
             if i > 0 {
                 wrt.push(&input);
@@ -276,7 +266,7 @@ impl<'m> Engine<'m> {
             wrt.extend(
                 params
                     .iter()
-                    .zip(&trainable)
+                    .zip(trainable)
                     .filter(|(_, t)| **t)
                     .map(|(p, _)| p),
             );
@@ -290,7 +280,7 @@ impl<'m> Engine<'m> {
             let trained_names = units[i]
                 .param_names()
                 .iter()
-                .zip(&trainable)
+                .zip(trainable)
                 .filter(|(_, t)| **t)
                 .map(|(n, _)| n);
             for (name, pg) in trained_names.zip(g) {

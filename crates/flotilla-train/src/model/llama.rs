@@ -23,6 +23,8 @@ pub struct Llama {
     config: ModelConfig,
     specs: Vec<ParamSpec>,
     units: Vec<Box<dyn Unit>>,
+    /// For each unit, whether each parameter it reads is trained ([`Llama::trainable_mask`]).
+    unit_trainable: Vec<Vec<bool>>,
     inv_freq: Vec<f32>,
 }
 
@@ -158,12 +160,28 @@ impl Llama {
             eps: c.rms_norm_eps,
         }));
 
+        let unit_trainable = units
+            .iter()
+            .map(|u| {
+                u.param_names()
+                    .iter()
+                    .map(|n| specs.iter().any(|s| s.name == *n && s.trainable))
+                    .collect()
+            })
+            .collect();
         Ok(Llama {
             config: config.clone(),
             specs,
             units,
+            unit_trainable,
             inv_freq: inv_freq(config),
         })
+    }
+
+    /// For each parameter unit `unit` reads (in [`Unit::param_names`] order), whether it is
+    /// trained (false for a LoRA job's frozen base).
+    pub fn trainable_mask(&self, unit: usize) -> &[bool] {
+        &self.unit_trainable[unit]
     }
 
     pub fn config(&self) -> &ModelConfig {
