@@ -84,12 +84,7 @@ pub fn parallelize(
             if let (DistConfig::Ddp(ddp), Some(comm)) = (&config.dist, &comm) {
                 if comm.world_size() > 1 {
                     broadcast_params(comm.as_ref(), &w.params)?;
-                    w.reducer = Some(GradReducer::new(
-                        comm.clone(),
-                        ddp.bucket_cap_mb,
-                        model,
-                        &w.params,
-                    ));
+                    w.reducer = Some(GradReducer::new(comm.clone(), ddp, model, &w.params));
                 }
             }
             Box::new(w)

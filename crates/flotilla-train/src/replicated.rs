@@ -27,6 +27,7 @@ use crate::data::StepBatches;
 use crate::model::{Llama, Params};
 use crate::tensor_comm::TensorCollectives;
 use flotilla_comm::comm::{Communicator, ReduceOp, Work};
+use flotilla_config::schema::DdpConfig;
 
 /// Parameters replicated on this rank, with their optimizer.
 #[derive(Debug)]
@@ -357,46 +358,48 @@ impl std::fmt::Debug for GradReducer {
 }
 
 impl GradReducer {
-    /// Buckets over the gradients of the trained parameters of `model` in `params`, in the order
-    /// they become final: units in reverse, each unit's owned parameters in model order. A
-    /// bucket closes at the first unit boundary where it holds `bucket_cap_mb` or more, so a
-    /// unit's gradients never straddle two buckets.
+    /// Buckets over the gradients of the trained parameters of `model` in `params`, laid out
+    /// by [`DdpConfig::buckets`] (whole units, in the order their gradients become final), each
+    /// unit's owned parameters in model order.
     pub fn new(
         comm: Arc<dyn Communicator>,
-        bucket_cap_mb: f64,
+        ddp: &DdpConfig,
         model: &Llama,
         params: &Params,
     ) -> Self {
-        let cap_elements = ((bucket_cap_mb * 1024.0 * 1024.0 / 4.0) as i64).max(1);
         let device = params
             .iter()
             .next()
             .map_or(Device::Cpu, |(_, t)| t.device());
-        let mut buckets: Vec<Bucket> = vec![];
+        let trained = |unit: usize| {
+            model
+                .owned_params(unit)
+                .filter(|s| s.trainable && params.get(&s.name).is_some())
+        };
+        let per_unit: Vec<u64> = (0..model.units().len())
+            .map(|u| trained(u).map(|s| s.numel() as u64).sum())
+            .collect();
+        let mut buckets = vec![];
         let mut slots = HashMap::new();
-        let mut numel = 0;
-        for unit in (0..model.units().len()).rev() {
-            for spec in model.owned_params(unit) {
-                if !spec.trainable || params.get(&spec.name).is_none() {
-                    continue;
+        for range in ddp.buckets(&per_unit) {
+            let mut numel = 0;
+            for unit in range.clone().rev() {
+                for spec in trained(unit) {
+                    let slot = Slot {
+                        bucket: buckets.len(),
+                        offset: numel,
+                        shape: spec.shape.clone(),
+                    };
+                    numel += spec.numel() as i64;
+                    slots.insert(spec.name.clone(), slot);
                 }
-                let slot = Slot {
-                    bucket: buckets.len(),
-                    offset: numel,
-                    shape: spec.shape.clone(),
-                };
-                numel += spec.numel() as i64;
-                slots.insert(spec.name.clone(), slot);
             }
-            if numel >= cap_elements || (unit == 0 && numel > 0) {
-                buckets.push(Bucket {
-                    lowest_unit: unit,
-                    numel,
-                    flat: None,
-                    work: None,
-                });
-                numel = 0;
-            }
+            buckets.push(Bucket {
+                lowest_unit: range.start,
+                numel,
+                flat: None,
+                work: None,
+            });
         }
         Self {
             comm,

@@ -530,6 +530,28 @@ section! {
     }
 }
 
+impl DdpConfig {
+    /// DDP's gradient buckets over units whose trained parameters hold `elements_per_unit`
+    /// fp32 gradient elements (in forward order): units in reverse, the order their gradients
+    /// become final, a bucket closed at the first unit boundary where it holds
+    /// `bucket_cap_mb` or more, the last one at unit 0 when it holds anything. In backward
+    /// order. The one bucket layout that the trainer's DDP and the memory planner both follow.
+    pub fn buckets(&self, elements_per_unit: &[u64]) -> Vec<std::ops::Range<usize>> {
+        let cap = ((self.bucket_cap_mb * 1024.0 * 1024.0 / 4.0) as u64).max(1);
+        let mut out = vec![];
+        let (mut elements, mut top) = (0, None);
+        for u in (0..elements_per_unit.len()).rev() {
+            elements += elements_per_unit[u];
+            let highest = *top.get_or_insert(u);
+            if elements >= cap || (u == 0 && elements > 0) {
+                out.push(u..highest + 1);
+                (elements, top) = (0, None);
+            }
+        }
+        out
+    }
+}
+
 section! {
     /// `trainer.dist` with `mode: fsdp`; defaults follow `torch.distributed.fsdp`.
     pub struct FsdpConfig {

@@ -14,8 +14,8 @@
 use std::ops::Range;
 
 use flotilla_config::schema::{
-    DataConfig, Device, DistConfig, Dtype, FsdpConfig, JobConfig, LoraModule, Precision, Resume,
-    SavedModule, ShardingStrategy, StateDictType,
+    DataConfig, DdpConfig, Device, DistConfig, Dtype, FsdpConfig, JobConfig, LoraModule, Precision,
+    Resume, SavedModule, ShardingStrategy, StateDictType,
 };
 
 /// The CUDA context, cuBLAS workspaces and NCCL buffers of one rank: a fixed figure (a CUDA
@@ -502,10 +502,9 @@ enum Weights {
     Fsdp(FsdpShape),
 }
 
-/// DDP's gradient buckets (`replicated.rs` `GradReducer::new`): units in reverse order, a
-/// bucket closed at the first unit boundary where it holds `bucket_cap_mb` or more. The
-/// gradients are views of the buckets, and a bucket is allocated when the first gradient of
-/// the step lands in it.
+/// DDP's gradient buckets ([`DdpConfig::buckets`], as `replicated.rs` `GradReducer::new` lays
+/// them out). The gradients are views of the buckets, and a bucket is allocated when the
+/// first gradient of the step lands in it.
 struct DdpBuckets {
     /// Each unit's bucket.
     of_unit: Vec<usize>,
@@ -514,19 +513,15 @@ struct DdpBuckets {
 }
 
 impl DdpBuckets {
-    fn new(owned: &[u64], bucket_cap_mb: f64) -> Self {
-        let cap = ((bucket_cap_mb * 1024.0 * 1024.0 / 4.0) as u64).max(1);
-        let mut of_unit = vec![0; owned.len()];
+    fn new(trained: &[u64], ddp: &DdpConfig) -> Self {
+        let ranges = ddp.buckets(trained);
+        let mut of_unit = vec![ranges.len(); trained.len()];
         let mut buckets = vec![];
-        let (mut elements, mut highest) = (0, None);
-        for u in (0..owned.len()).rev() {
-            of_unit[u] = buckets.len();
-            elements += owned[u];
-            let top = *highest.get_or_insert(u);
-            if elements >= cap || (u == 0 && elements > 0) {
-                buckets.push((elements, top));
-                (elements, highest) = (0, None);
+        for (i, r) in ranges.iter().enumerate() {
+            for u in r.clone() {
+                of_unit[u] = i;
             }
+            buckets.push((trained[r.clone()].iter().sum(), r.end - 1));
         }
         Self { of_unit, buckets }
     }
@@ -749,9 +744,7 @@ impl<'a> Step<'a> {
                 Weights::Replicated {
                     copies: c != m,
                     buckets: match &t.dist {
-                        DistConfig::Ddp(d) if world > 1 => {
-                            Some(DdpBuckets::new(&units.trained, d.bucket_cap_mb))
-                        }
+                        DistConfig::Ddp(d) if world > 1 => Some(DdpBuckets::new(&units.trained, d)),
                         _ => None,
                     },
                 },
