@@ -23,6 +23,8 @@
 mod common;
 #[path = "../../../tests/common/compose.rs"]
 mod compose;
+#[path = "support/replay.rs"]
+mod replay;
 
 use std::path::Path;
 use std::process::Command;
@@ -126,20 +128,8 @@ fn trainer(dir: &Path, lora: &LoraConfig, t: &TrainerConfig) -> Trainer {
 /// The oracle's rows on the batches flotilla's loader gives; its trained adapter in `out`.
 fn peft_rows(dir: &Path, t: &TrainerConfig, out: &Path) -> Vec<[f64; 3]> {
     let mut l = loader(t);
-    let mut tensors: Vec<(String, Tensor)> = Vec::new();
-    for s in 0..STEPS {
-        let step = l.next_step().unwrap();
-        tensors.push((
-            format!("tok.{s}"),
-            Tensor::from(step.global_loss_tokens as i64),
-        ));
-        for (k, b) in step.micro_batches.iter().enumerate() {
-            tensors.push((format!("x.{s}.{k}"), b.input_ids.copy()));
-            tensors.push((format!("y.{s}.{k}"), b.labels.copy()));
-        }
-    }
     let batches = dir.join("batches.safetensors");
-    Tensor::write_safetensors(&tensors, &batches).unwrap();
+    replay::write_step_batches(&mut l, STEPS, &batches);
     common::run_oracle(
         Command::new(common::venv_python())
             .arg(common::oracle_file("peft_oracle.py"))
@@ -149,17 +139,7 @@ fn peft_rows(dir: &Path, t: &TrainerConfig, out: &Path) -> Vec<[f64; 3]> {
             .arg(&batches)
             .arg(STEPS.to_string())
             .arg(out)
-            .args([
-                t.lr.to_string(),
-                t.min_lr.to_string(),
-                t.warmup_steps.to_string(),
-                "cosine".into(),
-                t.weight_decay.to_string(),
-                t.betas[0].to_string(),
-                t.betas[1].to_string(),
-                t.eps.to_string(),
-                t.grad_clip.to_string(),
-            ]),
+            .args(replay::hyperparameters(t, "cosine")),
     )
 }
 

@@ -6,6 +6,8 @@
 mod common;
 #[path = "../../../tests/common/compose.rs"]
 mod compose;
+#[path = "support/replay.rs"]
+mod replay;
 
 use std::path::Path;
 use std::process::Command;
@@ -15,7 +17,7 @@ use flotilla_config::schema::{DataConfig, ModelConfig, TrainerConfig};
 use flotilla_train::data::{self, BatchLayout, DataLoader, DataOptions, Dataset};
 use flotilla_train::model::{save_hf, Llama};
 use flotilla_train::{MetricsWriter, Trainer};
-use tch::{Device, Kind, Tensor};
+use tch::{Device, Kind};
 
 const STEPS: u64 = 20;
 
@@ -62,37 +64,15 @@ fn loader(t: &TrainerConfig) -> DataLoader {
 fn run_oracle(dir: &Path, t: &TrainerConfig, schedule: &str) -> Vec<[f64; 3]> {
     // The batches the trainer will see, from an identical loader.
     let mut l = loader(t);
-    let mut tensors: Vec<(String, Tensor)> = Vec::new();
-    for s in 0..STEPS {
-        let step = l.next_step().unwrap();
-        tensors.push((
-            format!("tok.{s}"),
-            Tensor::from(step.global_loss_tokens as i64),
-        ));
-        for (k, b) in step.micro_batches.iter().enumerate() {
-            tensors.push((format!("x.{s}.{k}"), b.input_ids.copy()));
-            tensors.push((format!("y.{s}.{k}"), b.labels.copy()));
-        }
-    }
     let batches = dir.join("batches.safetensors");
-    Tensor::write_safetensors(&tensors, &batches).unwrap();
+    replay::write_step_batches(&mut l, STEPS, &batches);
     common::run_oracle(
         Command::new(common::venv_python())
             .arg(common::oracle_file("train_oracle.py"))
             .arg(dir.join("init"))
             .arg(&batches)
             .arg(STEPS.to_string())
-            .args([
-                t.lr.to_string(),
-                t.min_lr.to_string(),
-                t.warmup_steps.to_string(),
-                schedule.to_string(),
-                t.weight_decay.to_string(),
-                t.betas[0].to_string(),
-                t.betas[1].to_string(),
-                t.eps.to_string(),
-                t.grad_clip.to_string(),
-            ]),
+            .args(replay::hyperparameters(t, schedule)),
     )
 }
 
