@@ -56,10 +56,7 @@ impl PeftAdapter {
     /// with `lora`): the rank, the adapted layers and every tensor's name and shape must be
     /// the job's.
     pub fn open(dir: &Path, model: &Llama, lora: &LoraConfig) -> Result<Self, TrainError> {
-        let config_path = dir.join(ADAPTER_CONFIG);
-        let text = std::fs::read_to_string(&config_path).map_err(io(&config_path))?;
-        let config: Value = serde_json::from_str(&text)
-            .map_err(|e| bad_adapter(&config_path, format!("not JSON: {e}")))?;
+        let (config_path, config) = read_adapter_config(dir)?;
         if config["peft_type"] != "LORA" {
             return Err(bad_adapter(
                 &config_path,
@@ -78,28 +75,11 @@ impl PeftAdapter {
                 ),
             ));
         }
-        let weights = dir.join(ADAPTER_WEIGHTS);
-        let source = FileSource::open_with_prefix(std::slice::from_ref(&weights), PEFT_PREFIX, "")?;
+        let (weights, source) = open_adapter_weights(dir)?;
         // The adapted layers are those the file has factors of (adapter_config.json may list
         // them as names, full module paths or a pattern).
-        let adapted = |names: &mut dyn Iterator<Item = &str>| -> Vec<&'static str> {
-            let mut found: Vec<&'static str> = names
-                .filter_map(|n| match ParamName::parse(n) {
-                    Some(ParamName::Lora(_, w, _)) => super::model::llama::lora_module(w),
-                    _ => None,
-                })
-                .map(|m| m.as_str())
-                .collect();
-            found.sort_unstable();
-            found.dedup();
-            found
-        };
-        let theirs = adapted(
-            &mut source
-                .entries()
-                .map(|(k, _)| k.strip_prefix(PEFT_PREFIX).unwrap_or(k)),
-        );
-        let ours = adapted(&mut model.param_specs().iter().map(|s| s.name.as_str()));
+        let theirs = adapted_modules(adapter_names(&source));
+        let ours = adapted_modules(model.param_specs().iter().map(|s| s.name.as_str()));
         if theirs != ours {
             return Err(bad_adapter(
                 &weights,
@@ -128,11 +108,7 @@ impl PeftAdapter {
         }
         // Every adapter factor must be there with its shape (a base of another size has
         // other shapes); modules_to_save the adapter lacks start from the base.
-        let factors = model
-            .param_specs()
-            .iter()
-            .filter(|s| matches!(ParamName::parse(&s.name), Some(ParamName::Lora(..))));
-        source.check_specs(factors)?;
+        source.check_specs(model.param_specs().iter().filter(|s| is_factor(&s.name)))?;
         Ok(Self { source, names })
     }
 
@@ -153,9 +129,51 @@ pub fn factor_names(model: &Llama) -> HashSet<String> {
     model
         .param_specs()
         .iter()
-        .filter(|s| matches!(ParamName::parse(&s.name), Some(ParamName::Lora(..))))
+        .filter(|s| is_factor(&s.name))
         .map(|s| s.name.clone())
         .collect()
+}
+
+/// Whether parameter `name` is a LoRA factor.
+fn is_factor(name: &str) -> bool {
+    matches!(ParamName::parse(name), Some(ParamName::Lora(..)))
+}
+
+/// The PEFT module names (`q_proj`, ...) that the LoRA factors among `names` adapt, sorted.
+fn adapted_modules<'a>(names: impl Iterator<Item = &'a str>) -> Vec<&'static str> {
+    let mut found: Vec<&'static str> = names
+        .filter_map(|n| match ParamName::parse(n) {
+            Some(ParamName::Lora(_, w, _)) => super::model::llama::lora_module(w),
+            _ => None,
+        })
+        .map(|m| m.as_str())
+        .collect();
+    found.sort_unstable();
+    found.dedup();
+    found
+}
+
+/// `dir/adapter_config.json`, parsed, with its path.
+fn read_adapter_config(dir: &Path) -> Result<(PathBuf, Value), TrainError> {
+    let path = dir.join(ADAPTER_CONFIG);
+    let text = std::fs::read_to_string(&path).map_err(io(&path))?;
+    let config =
+        serde_json::from_str(&text).map_err(|e| bad_adapter(&path, format!("not JSON: {e}")))?;
+    Ok((path, config))
+}
+
+/// `dir/adapter_model.safetensors` (headers only), keyed by parameter name, with its path.
+fn open_adapter_weights(dir: &Path) -> Result<(PathBuf, FileSource), TrainError> {
+    let path = dir.join(ADAPTER_WEIGHTS);
+    let source = FileSource::open_with_prefix(std::slice::from_ref(&path), PEFT_PREFIX, "")?;
+    Ok((path, source))
+}
+
+/// The parameter names of an adapter file's tensors (PEFT's prefix removed).
+fn adapter_names(source: &FileSource) -> impl Iterator<Item = &str> {
+    source
+        .entries()
+        .map(|(k, _)| k.strip_prefix(PEFT_PREFIX).unwrap_or(k))
 }
 
 /// `adapter_config.json` for `lora`, as PEFT writes it for a causal LM (`target_modules`
@@ -305,24 +323,9 @@ impl TensorSource for MergedWeights<'_> {
 /// The LoRA settings of a PEFT adapter directory: `r`, `lora_alpha`, `use_rslora` and
 /// `modules_to_save` from its `adapter_config.json`, the adapted layers from its tensors.
 pub fn adapter_settings(dir: &Path) -> Result<LoraConfig, TrainError> {
-    let config_path = dir.join(ADAPTER_CONFIG);
-    let text = std::fs::read_to_string(&config_path).map_err(io(&config_path))?;
-    let config: Value = serde_json::from_str(&text)
-        .map_err(|e| bad_adapter(&config_path, format!("not JSON: {e}")))?;
-    let weights = dir.join(ADAPTER_WEIGHTS);
-    let source = FileSource::open_with_prefix(std::slice::from_ref(&weights), PEFT_PREFIX, "")?;
-    let mut targets: Vec<&str> = source
-        .entries()
-        .filter_map(
-            |(k, _)| match ParamName::parse(k.strip_prefix(PEFT_PREFIX).unwrap_or(k)) {
-                Some(ParamName::Lora(_, w, _)) => super::model::llama::lora_module(w),
-                _ => None,
-            },
-        )
-        .map(|m| m.as_str())
-        .collect();
-    targets.sort_unstable();
-    targets.dedup();
+    let (config_path, config) = read_adapter_config(dir)?;
+    let (_, source) = open_adapter_weights(dir)?;
+    let targets = adapted_modules(adapter_names(&source));
     let saved: Vec<&str> = match &config["modules_to_save"] {
         Value::Array(a) => a.iter().filter_map(Value::as_str).collect(),
         _ => vec![],
