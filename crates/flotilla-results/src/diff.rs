@@ -55,8 +55,9 @@ pub struct ConfigDiff {
     pub differences: Vec<Difference>,
 }
 
-/// The leaves of a config tree by dotted key (lists and empty dicts are leaves).
-fn leaves(node: &Node, prefix: &str, out: &mut IndexMap<String, Node>) {
+/// The leaves of a config tree by dotted key, in file order (lists and empty dicts are
+/// leaves). `report` reads a sweep's differing parameters from them too.
+pub(crate) fn leaves(node: &Node, prefix: &str, out: &mut IndexMap<String, Node>) {
     match &node.value {
         Value::Dict(d) if !d.is_empty() => {
             for (k, v) in d {

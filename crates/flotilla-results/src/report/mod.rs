@@ -12,7 +12,7 @@ pub mod png;
 pub mod render;
 
 use discover::FoundJob;
-use flotilla_config::node::{Node, Value};
+use flotilla_config::node::Node;
 use flotilla_contract::metrics::{read_job_metrics_named, JobMetrics};
 use flotilla_launch::rundir::status::{combine, has_final_model, Markers};
 use flotilla_launch::rundir::{
@@ -234,25 +234,6 @@ fn override_params(job: &FoundJob) -> IndexMap<String, serde_json::Value> {
         .collect()
 }
 
-/// The leaves of a config as dotted keys (list items as `key[0]`), in file order.
-fn flatten(node: &Node, prefix: &str, out: &mut IndexMap<String, serde_json::Value>) {
-    match &node.value {
-        Value::Dict(d) if !d.is_empty() => {
-            for (k, v) in d {
-                let key = if prefix.is_empty() {
-                    k.clone()
-                } else {
-                    format!("{prefix}.{k}")
-                };
-                flatten(v, &key, out);
-            }
-        }
-        _ => {
-            out.insert(prefix.to_string(), flotilla_config::node::to_json(node));
-        }
-    }
-}
-
 /// Per job: the parameters whose values are not the same in every job. A single job shows its
 /// task overrides.
 fn differing_params(
@@ -262,9 +243,12 @@ fn differing_params(
         .iter()
         .map(|(job, _, config)| match config {
             Some(c) => {
-                let mut out = IndexMap::new();
-                flatten(c, "", &mut out);
-                out
+                let mut leaves = IndexMap::new();
+                crate::diff::leaves(c, "", &mut leaves);
+                leaves
+                    .into_iter()
+                    .map(|(k, v)| (k, flotilla_config::node::to_json(&v)))
+                    .collect()
             }
             None => override_params(job),
         })
