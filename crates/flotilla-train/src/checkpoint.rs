@@ -395,7 +395,7 @@ pub fn save_final(
         if root {
             crate::model::finish_hf_dir(dir, &trainer.model, tch::Kind::Float)?;
             if let Some(tok) = tokenizer {
-                tok.save(dir.join("tokenizer.json"))?;
+                tok.save_into(dir)?;
             }
         }
         Ok(())

@@ -101,6 +101,7 @@ impl PeftAdapter {
                     return Err(ModelError::UnexpectedTensor {
                         name: key.to_string(),
                         file: weights.clone(),
+                        class: model.config().architecture().hf_class(),
                     }
                     .into())
                 }
@@ -237,7 +238,7 @@ pub fn save_adapter(
             text.push('\n');
             std::fs::write(&path, text).map_err(io(&path))?;
             if let Some(tok) = tokenizer {
-                tok.save(dir.join("tokenizer.json"))?;
+                tok.save_into(dir)?;
             }
         }
         Ok(())
@@ -251,7 +252,7 @@ pub fn save_adapter(
                 let merged = MergedWeights::new(&params, &trainer.model, lora);
                 save_hf_from(&merged_dir, &base_model, &merged, Kind::Float)?;
                 if let Some(tok) = tokenizer {
-                    tok.save(merged_dir.join("tokenizer.json"))?;
+                    tok.save_into(&merged_dir)?;
                 }
             }
             Ok(())

@@ -203,6 +203,8 @@ fn run_job_unguarded(
         }
         None => (Llama::new(&job.model)?, None),
     };
+    // Sequences beyond a sliding window would train full attention the model does not have.
+    base.check_window("data.seq_len", job.data.seq_len())?;
     let lora = job.peft.lora();
     let model = match lora {
         Some(l) => Llama::with_lora(base.config(), Some(l))?,
@@ -239,6 +241,7 @@ fn run_job_unguarded(
         &DataOptions {
             model_vocab_size: model.config().vocab_size,
             run_dir: Some(run_dir),
+            init_from: job.model.init_from.as_deref().map(Path::new),
         },
     )?;
     let layout = BatchLayout {

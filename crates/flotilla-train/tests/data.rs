@@ -57,6 +57,7 @@ fn opts(vocab: usize, run_dir: Option<&Path>) -> DataOptions<'_> {
     DataOptions {
         model_vocab_size: vocab,
         run_dir,
+        init_from: None,
     }
 }
 

@@ -99,6 +99,7 @@ fn loader(t: &TrainerConfig) -> DataLoader {
         &DataOptions {
             model_vocab_size: 32,
             run_dir: None,
+            init_from: None,
         },
     )
     .unwrap();

@@ -169,6 +169,7 @@ fn loader(job: &JobConfig, rank: usize, world: usize) -> DataLoader {
         &DataOptions {
             model_vocab_size: job.model.vocab_size,
             run_dir: None,
+            init_from: None,
         },
     )
     .unwrap()

@@ -42,6 +42,7 @@ fn data() -> Data {
         &DataOptions {
             model_vocab_size: 16,
             run_dir: None,
+            init_from: None,
         },
     )
     .unwrap()

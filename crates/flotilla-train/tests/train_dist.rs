@@ -767,6 +767,7 @@ fn memory_and_peak_gathered(
         &DataOptions {
             model_vocab_size: model.vocab_size,
             run_dir: None,
+            init_from: None,
         },
     )
     .unwrap()

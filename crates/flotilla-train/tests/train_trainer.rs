@@ -45,6 +45,7 @@ fn dataset() -> Arc<dyn Dataset> {
         &DataOptions {
             model_vocab_size: 32,
             run_dir: None,
+            init_from: None,
         },
     )
     .unwrap();

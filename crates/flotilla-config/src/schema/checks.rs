@@ -10,6 +10,7 @@ use super::types::{
     Launcher, LoraConfig, LoraModule, ModelConfig, PeftConfig, TaskConfig, TaskRanks,
     TokenizerSpec, TrainerConfig,
 };
+use super::types::ModelType;
 use super::{ProblemKind, SchemaError};
 use crate::node::{python_float_repr, Dict, Node, Value};
 
@@ -99,6 +100,9 @@ pub fn validate(job: &Node) -> Result<JobConfig, SchemaError> {
     }
     if let (Some(PeftConfig::Lora(l)), Some(m)) = (&peft, &model) {
         ck.lora(l, m);
+    }
+    if let (Some(m), Some(d)) = (&model, &data) {
+        ck.window(m, d);
     }
 
     match (seed, model, peft, trainer, data, compute) {
@@ -335,7 +339,57 @@ impl Check<'_> {
         }
     }
 
+    /// The architecture's own keys: `attention_bias` is Llama's, a window Mistral's or Qwen2's.
+    fn architecture(&mut self, m: &ModelConfig) {
+        let arch = m.architecture();
+        if m.attention_bias == Some(true) && arch != ModelType::Llama {
+            self.invalid(
+                "model.attention_bias",
+                format!(
+                    "is Llama's (biases on q/k/v/o_proj); {} has {}",
+                    arch.display_name(),
+                    if arch == ModelType::Qwen2 {
+                        "its q/k/v biases by model_type"
+                    } else {
+                        "no biases"
+                    }
+                ),
+                "remove it, or set model.attention_bias=false".into(),
+            );
+        }
+        if let Some(w) = m.sliding_window {
+            if arch == ModelType::Llama {
+                self.invalid(
+                    "model.sliding_window",
+                    "Llama has no sliding attention window".into(),
+                    "remove it, or set model.model_type=mistral".into(),
+                );
+            } else {
+                self.at_least("model.sliding_window", w as u64, 1);
+            }
+        }
+    }
+
+    /// A job from the `model` section trains within its sliding window (a job from
+    /// `model.init_from` is checked against the directory's window by `run` and the trainer).
+    fn window(&mut self, m: &ModelConfig, d: &DataConfig) {
+        if m.init_from.is_some() {
+            return;
+        }
+        if let Err(message) = m.check_window("data.seq_len", d.seq_len()) {
+            let origin = self
+                .job
+                .select("data.seq_len")
+                .map(|n| n.origin.clone())
+                .unwrap_or_default();
+            let message = format!("{message}{}", set_note(&origin));
+            self.cx
+                .push(ProblemKind::Invalid, "data.seq_len", &origin, message);
+        }
+    }
+
     fn model(&mut self, m: &ModelConfig) {
+        self.architecture(m);
         let sizes = [
             ("model.vocab_size", m.vocab_size),
             ("model.hidden_size", m.hidden_size),
@@ -588,6 +642,24 @@ impl Check<'_> {
                 self.non_empty("data.path", &j.path);
                 self.non_empty("data.completion_key", &j.completion_key);
                 self.vocab(&j.tokenizer, j.vocab_size, model);
+            }
+            DataConfig::Chat(c) => {
+                self.non_empty("data.path", &c.path);
+                self.non_empty("data.messages_key", &c.messages_key);
+                self.at_least("data.seq_len", c.seq_len as u64, 1);
+                let init_from = model.and_then(|m| m.init_from.as_deref());
+                if c.tokenizer.is_none() && init_from.is_none() {
+                    self.invalid(
+                        "data.tokenizer",
+                        "is null and model.init_from names no model whose tokenizer chat data \
+                         could use"
+                            .into(),
+                        "set data.tokenizer=/path/to/tokenizer_dir (a Hugging Face tokenizer \
+                         directory with tokenizer.json and tokenizer_config.json) or \
+                         model.init_from=/path/to/model"
+                            .into(),
+                    );
+                }
             }
         }
     }

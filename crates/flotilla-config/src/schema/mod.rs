@@ -17,8 +17,11 @@
 //! from a node); `from_node` is the reading machinery they share (the `FromNode` trait, its
 //! impls for scalars, lists and maps, and the collection of problems); `checks` holds
 //! [`validate`] and the semantic rules; `messages` words the problems (origins, value display,
-//! near-miss suggestions); `gpus` is the table of GPU models `compute.gpu_type` names.
+//! near-miss suggestions); `gpus` is the table of GPU models `compute.gpu_type` names;
+//! `architecture` is what the Hugging Face architectures add to Llama (biases, a sliding window)
+//! and how a `config.json` says which one a model is.
 
+mod architecture;
 mod checks;
 mod from_node;
 mod gpus;
@@ -35,11 +38,13 @@ pub use checks::{
     starts_known_launcher, validate, validate_user_task, BYTE_VOCAB, MAX_ARITHMETIC_DIGITS,
     USER_TASK_COMPUTE_DEFAULTS,
 };
+pub use architecture::{hf_architecture, AttentionBiases, HfArchitecture, HfFieldError};
 pub use gpus::{gpu_model, gpu_names, GpuModel, GPU_MODELS};
+pub use types::ModelType;
 pub use types::{
     ArithmeticData, AutoWrapPolicy, Backend, BackwardPrefetch, ComputeConfig, ConfigArg,
     DataConfig, DataKind, DdpConfig, Device, DistConfig, DistMode, Dtype, FsdpConfig, JobConfig,
-    JsonlData, Launcher, LoraConfig, LoraModule, LrSchedule, ModelConfig, PeftConfig, PeftMethod,
+    JsonlData, ChatData, ChatFormat, TrainOn, Overflow, Launcher, LoraConfig, LoraModule, LrSchedule, ModelConfig, PeftConfig, PeftMethod,
     Precision, Resume, RopeScaling, RopeType, SavedModule, ShardingStrategy, StateDictType,
     TaskConfig, TaskRanks, TextData, TokenDtype, TokenizerSpec, TokensData, TrainerConfig,
 };

@@ -204,8 +204,31 @@ choice! {
 }
 
 choice! {
+    /// The Hugging Face architecture `model` describes (`model.model_type`, `config.json`'s
+    /// `model_type`): Llama, or Mistral and Qwen2, which are Llama's math with a sliding
+    /// attention window (Mistral, Qwen2) and biases on q/k/v_proj (Qwen2).
+    pub enum ModelType { Llama = "llama", Mistral = "mistral", Qwen2 = "qwen2" }
+}
+
+choice! {
     /// Which data source `data` describes (`data.kind`).
-    pub enum DataKind { Arithmetic = "arithmetic", Tokens = "tokens", Text = "text", Jsonl = "jsonl" }
+    pub enum DataKind { Arithmetic = "arithmetic", Tokens = "tokens", Text = "text", Jsonl = "jsonl", Chat = "chat" }
+}
+
+choice! {
+    /// How a chat record lists its turns (`data.format`): OpenAI-style `{role, content}`
+    /// messages, or ShareGPT's `{from, value}` (human/gpt/system) mapped to them.
+    pub enum ChatFormat { Messages = "messages", Sharegpt = "sharegpt" }
+}
+
+choice! {
+    /// Which tokens of a conversation carry loss (`data.train_on`).
+    pub enum TrainOn { Assistant = "assistant", All = "all", LastAssistant = "last_assistant" }
+}
+
+choice! {
+    /// What happens to a conversation longer than `data.seq_len` (`data.overflow`).
+    pub enum Overflow { Truncate = "truncate", Drop = "drop" }
 }
 
 choice! {
@@ -421,6 +444,14 @@ section! {
         initializer_range: f64,
         /// Hugging Face model directory (`config.json` + `*.safetensors`) to load weights from.
         init_from: Option<String> => "/path/to/hf-model-dir",
+        /// The architecture (`llama`, `mistral`, `qwen2`); absent: `llama`.
+        model_type: Option<ModelType> => "llama",
+        /// Llama's `attention_bias`: biases on q/k/v/o_proj; absent: none. (Qwen2's q/k/v
+        /// biases come with its `model_type`; Mistral has none.)
+        attention_bias: Option<bool> => "false",
+        /// Mistral's and Qwen2's sliding attention window (positions a token attends to);
+        /// absent: full attention. Training and generating stay within it.
+        sliding_window: Option<usize> => "4096",
     }
 }
 
@@ -441,11 +472,15 @@ impl ModelConfig {
         self.hidden_size / self.num_attention_heads.max(1)
     }
 
-    /// Parameter count of the Llama architecture this config describes.
+    /// Parameter count of the architecture this config describes.
     pub fn num_parameters(&self) -> u64 {
         let h = self.hidden_size as u64;
         let kv = (self.num_key_value_heads * self.head_dim()) as u64;
-        let layer = 2 * h * h + 2 * h * kv + 3 * h * self.intermediate_size as u64 + 2 * h;
+        let layer = 2 * h * h
+            + 2 * h * kv
+            + 3 * h * self.intermediate_size as u64
+            + 2 * h
+            + self.attention_biases().elements(self);
         let embeddings = self.vocab_size as u64 * h;
         let head = if self.tie_word_embeddings {
             0
@@ -752,6 +787,8 @@ pub enum DataConfig {
     Text(TextData),
     #[serde(rename = "jsonl")]
     Jsonl(JsonlData),
+    #[serde(rename = "chat")]
+    Chat(ChatData),
 }
 
 section! {
@@ -820,6 +857,39 @@ section! {
     }
 }
 
+section! {
+    /// `data` with `kind: chat`: conversations rendered with the tokenizer's chat template.
+    pub struct ChatData {
+        /// A `.jsonl` file of records (or a `.json` array of them).
+        path: String => "/path/to/chats.jsonl",
+        /// Held-out conversations; `None`: no evaluation data.
+        eval_path: Option<String> => "/path/to/eval.jsonl",
+        /// A Hugging Face tokenizer directory (`tokenizer.json` + `tokenizer_config.json`);
+        /// `None`: the one in `model.init_from`.
+        tokenizer: Option<String> => "/path/to/tokenizer_dir",
+        /// A Jinja file used instead of the tokenizer directory's chat template.
+        chat_template: Option<String> => "/path/to/template.jinja",
+        /// `messages`, or `sharegpt` (`from`/`value` turns).
+        format: ChatFormat,
+        /// The record field holding the turns.
+        messages_key: String => "messages",
+        /// A system prompt prepended to every conversation that has none.
+        system: Option<String> => "'You are a helpful assistant.'",
+        /// Tokens with loss: `assistant`, `all`, or `last_assistant`.
+        train_on: TrainOn,
+        /// A conversation longer than `seq_len`: `truncate` or `drop`.
+        overflow: Overflow,
+        /// Several conversations per window (loss masks kept).
+        packing: bool,
+        /// Skip (and count) records the template rejects or that have nothing to train,
+        /// instead of stopping at the first.
+        skip_bad_records: bool,
+        seq_len: usize,
+        shuffle: bool,
+        num_workers: usize,
+    }
+}
+
 impl DataConfig {
     pub fn kind(&self) -> DataKind {
         match self {
@@ -827,6 +897,7 @@ impl DataConfig {
             DataConfig::Tokens(_) => DataKind::Tokens,
             DataConfig::Text(_) => DataKind::Text,
             DataConfig::Jsonl(_) => DataKind::Jsonl,
+            DataConfig::Chat(_) => DataKind::Chat,
         }
     }
 
@@ -836,6 +907,7 @@ impl DataConfig {
             DataConfig::Tokens(d) => d.seq_len,
             DataConfig::Text(d) => d.seq_len,
             DataConfig::Jsonl(d) => d.seq_len,
+            DataConfig::Chat(d) => d.seq_len,
         }
     }
 
@@ -845,6 +917,7 @@ impl DataConfig {
             DataConfig::Tokens(d) => d.shuffle,
             DataConfig::Text(d) => d.shuffle,
             DataConfig::Jsonl(d) => d.shuffle,
+            DataConfig::Chat(d) => d.shuffle,
         }
     }
 
@@ -854,6 +927,7 @@ impl DataConfig {
             DataConfig::Tokens(d) => d.num_workers,
             DataConfig::Text(d) => d.num_workers,
             DataConfig::Jsonl(d) => d.num_workers,
+            DataConfig::Chat(d) => d.num_workers,
         }
     }
 
@@ -872,6 +946,7 @@ impl DataConfig {
             DataKind::Tokens => TokensData::KEYS,
             DataKind::Text => TextData::KEYS,
             DataKind::Jsonl => JsonlData::KEYS,
+            DataKind::Chat => ChatData::KEYS,
         }
     }
 }
@@ -894,6 +969,7 @@ impl FromNode for DataConfig {
             DataKind::Jsonl => {
                 DataConfig::Jsonl(JsonlData::parse_fields(node, dict, key, cx, &skip)?)
             }
+            DataKind::Chat => DataConfig::Chat(ChatData::parse_fields(node, dict, key, cx, &skip)?),
         })
     }
 }

@@ -280,8 +280,8 @@ pub fn is_gpu_job(job: &JobConfig) -> bool {
 }
 
 /// The parameter elements of the model's units: what each owns and reads, and its largest
-/// tensor (`flotilla-train`'s `model/llama.rs`: the embedding, the blocks, the final norm with
-/// the head; a tied head reads the embedding's weight).
+/// tensor (`flotilla-train`'s `model/llama.rs`: the embedding, the blocks with their attention
+/// biases, the final norm with the head; a tied head reads the embedding's weight).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Units {
     pub owned: Vec<u64>,
@@ -304,7 +304,9 @@ impl Units {
         );
         let q = (m.num_attention_heads * m.head_dim()) as u64;
         let kv = (m.num_key_value_heads * m.head_dim()) as u64;
-        let block = 2 * h + 2 * q * h + 2 * kv * h + 3 * inter * h;
+        // Norms, projections, and the attention biases the architecture has (Qwen2's q/k/v).
+        let block =
+            2 * h + 2 * q * h + 2 * kv * h + 3 * inter * h + m.attention_biases().elements(m);
         let embed = vocab * h;
         let head = h + if m.tie_word_embeddings { 0 } else { embed };
         let layers = m.num_hidden_layers;
@@ -815,6 +817,7 @@ impl<'a> Step<'a> {
                 DataConfig::Tokens(d) => d.eval_path.is_some(),
                 DataConfig::Text(d) => d.eval_paths.is_some(),
                 DataConfig::Jsonl(d) => d.eval_path.is_some(),
+                DataConfig::Chat(d) => d.eval_path.is_some(),
             }
     }
 

@@ -22,6 +22,17 @@ impl Sample {
     }
 }
 
+/// One sample as a person reads it: the sequence of ids the model sees (padding left out) and
+/// which of them are targets of the loss (`trained[0]` is always false: nothing predicts the
+/// first token).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Example {
+    pub ids: Vec<u32>,
+    pub trained: Vec<bool>,
+    /// The line (or record) of the data file it came from, where the dataset knows it.
+    pub source: Option<usize>,
+}
+
 /// A list of fixed-length samples with random access.
 pub trait Dataset: Send + Sync {
     /// Number of samples.
@@ -41,6 +52,26 @@ pub trait Dataset: Send + Sync {
     /// reading the sample.
     fn num_loss_tokens(&self, index: usize) -> Result<usize> {
         Ok(self.get(index)?.num_loss_tokens())
+    }
+
+    /// Sample `index` as [`Example`]. The default reads the sample: its `T` inputs and the
+    /// last label when it has one (datasets that pad override it to leave the padding out).
+    fn example(&self, index: usize) -> Result<Example> {
+        let s = self.get(index)?;
+        let mut ids: Vec<u32> = s.input_ids.iter().map(|&i| i as u32).collect();
+        let mut trained = vec![false];
+        trained.extend(s.labels.iter().map(|&l| l != IGNORE_INDEX));
+        match s.labels.last() {
+            Some(&l) if l != IGNORE_INDEX => ids.push(l as u32),
+            _ => {
+                trained.pop();
+            }
+        }
+        Ok(Example {
+            ids,
+            trained,
+            source: None,
+        })
     }
 
     /// A short description for logs (`tokens /data/train.bin: 1234 samples of 512`).

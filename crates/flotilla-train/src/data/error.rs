@@ -88,6 +88,20 @@ pub enum DataError {
     #[error("tokenizer {what}: {message}")]
     Tokenizer { what: String, message: String },
 
+    /// A chat template that cannot be found, parsed or rendered (`origin`: the tokenizer
+    /// directory or file it comes from).
+    #[error("chat template {}: {message}", origin.display())]
+    ChatTemplate { origin: PathBuf, message: String },
+
+    /// A chat record that cannot be used (`place`: `:LINE` of a `.jsonl` file or ` record N`
+    /// of a `.json` array).
+    #[error("{}{place}: {message}", path.display())]
+    ChatRecord {
+        path: PathBuf,
+        place: String,
+        message: String,
+    },
+
     /// A config value the data layer cannot work with.
     #[error("{key}: {message}")]
     Config { key: String, message: String },

@@ -63,9 +63,13 @@
 
 pub mod arithmetic;
 pub mod batch;
+pub mod chat;
+pub mod chat_cache;
+pub mod chat_template;
 pub mod dataset;
 pub mod error;
 pub mod jsonl;
+pub mod masked;
 pub mod rng;
 pub mod sampler;
 pub mod sequences;
@@ -80,7 +84,10 @@ use flotilla_config::schema::DataConfig;
 
 pub use arithmetic::{greedy_generate, greedy_generate_in_step, Accuracy, ArithmeticTask, Problem};
 pub use batch::{eval_batches, Batch, BatchLayout, DataLoader, StepBatches};
-pub use dataset::{Dataset, Sample, IGNORE_INDEX};
+pub use chat::{ChatStats, ChatTokenizer};
+pub use chat_template::ChatTemplate;
+pub use dataset::{Dataset, Example, Sample, IGNORE_INDEX};
+pub use masked::MaskedSequences;
 pub use error::{DataError, Result};
 pub use jsonl::{read_records, Record, Template};
 pub use sampler::{eval_rows, micro_batch_rows, rank_rows, Sampler, SamplerState};
@@ -97,6 +104,9 @@ pub struct DataOptions<'a> {
     /// The run directory: a trained BPE tokenizer is saved there as `tokenizer.json` (and
     /// reloaded from there when present, so a resumed run keeps its vocabulary).
     pub run_dir: Option<&'a Path>,
+    /// `model.init_from`: chat data takes its tokenizer directory from there unless
+    /// `data.tokenizer` names one.
+    pub init_from: Option<&'a Path>,
 }
 
 /// The data of one run.
@@ -108,6 +118,8 @@ pub struct Data {
     pub eval: Option<Arc<dyn Dataset>>,
     /// The arithmetic problems (`kind: arithmetic` only), for exact-match evaluation.
     pub arithmetic: Option<ArithmeticTask>,
+    /// What preparing chat data did (`kind: chat` only): the training set's counts.
+    pub chat_stats: Option<ChatStats>,
 }
 
 impl std::fmt::Debug for Data {
@@ -139,6 +151,7 @@ pub fn build(cfg: &DataConfig, opts: &DataOptions<'_>) -> Result<Data> {
                 train,
                 eval,
                 arithmetic: Some(task),
+                chat_stats: None,
             })
         }
         DataConfig::Tokens(t) => {
@@ -155,6 +168,7 @@ pub fn build(cfg: &DataConfig, opts: &DataOptions<'_>) -> Result<Data> {
                 train,
                 eval,
                 arithmetic: None,
+                chat_stats: None,
             })
         }
         DataConfig::Text(t) => {
@@ -187,6 +201,7 @@ pub fn build(cfg: &DataConfig, opts: &DataOptions<'_>) -> Result<Data> {
                 train,
                 eval,
                 arithmetic: None,
+                chat_stats: None,
             })
         }
         DataConfig::Jsonl(j) => {
@@ -235,6 +250,32 @@ pub fn build(cfg: &DataConfig, opts: &DataOptions<'_>) -> Result<Data> {
                 train,
                 eval,
                 arithmetic: None,
+                chat_stats: None,
+            })
+        }
+        DataConfig::Chat(c) => {
+            let chat = ChatTokenizer::open(c, opts.init_from)?;
+            check_vocab(&chat.tokenizer, opts.model_vocab_size)?;
+            let (train, stats) = chat::build("data.path", Path::new(&c.path), c, &chat, true)?;
+            tracing::info!("{}: {}", c.path, chat::summary_line(&stats));
+            for reason in &stats.skip_reasons {
+                tracing::warn!("skipped {reason}");
+            }
+            let eval = match &c.eval_path {
+                Some(p) => {
+                    let (eval, eval_stats) =
+                        chat::build("data.eval_path", Path::new(p), c, &chat, true)?;
+                    tracing::info!("{p}: {}", chat::summary_line(&eval_stats));
+                    Some(Arc::new(eval) as Arc<dyn Dataset>)
+                }
+                None => None,
+            };
+            Ok(Data {
+                tokenizer: Some(chat.tokenizer),
+                train: Arc::new(train),
+                eval,
+                arithmetic: None,
+                chat_stats: Some(stats),
             })
         }
     }

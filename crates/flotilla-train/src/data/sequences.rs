@@ -3,7 +3,7 @@
 //! (PAD inputs, -100 labels). Label `i` (the target `s[i+1]`) counts only when `i+1` is at or
 //! after the sequence's `loss_from`, so a prompt of `P` tokens is masked with `loss_from = P`.
 
-use super::dataset::{Dataset, Sample, IGNORE_INDEX};
+use super::dataset::{Dataset, Example, Sample, IGNORE_INDEX};
 use super::error::{DataError, Result};
 
 /// Sequences with their loss start, padded to `T` on read.
@@ -94,6 +94,16 @@ impl Dataset for SequenceDataset {
     fn num_loss_tokens(&self, index: usize) -> Result<usize> {
         let len = self.seqs[index].len();
         Ok(len.saturating_sub(self.loss_from[index]))
+    }
+
+    fn example(&self, index: usize) -> Result<Example> {
+        let s = &self.seqs[index];
+        let from = self.loss_from[index];
+        Ok(Example {
+            ids: s.clone(),
+            trained: (0..s.len()).map(|j| j >= from).collect(),
+            source: None,
+        })
     }
 
     fn describe(&self) -> String {

@@ -70,7 +70,17 @@ pub struct Tokenizer {
     eos_id: Option<u32>,
     /// One more than the largest id the tokenizer can produce.
     id_limit: usize,
+    /// Files saved beside `tokenizer.json` (a Hugging Face directory's `tokenizer_config.json`,
+    /// `special_tokens_map.json`, `chat_template.jinja`), as `(name, bytes)`.
+    companions: Vec<(String, Vec<u8>)>,
 }
+
+/// The files of a Hugging Face tokenizer directory that travel with `tokenizer.json`.
+const COMPANION_FILES: &[&str] = &[
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+];
 
 impl std::fmt::Debug for Tokenizer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -166,6 +176,7 @@ impl Tokenizer {
             bos_id,
             eos_id,
             id_limit,
+            companions: vec![],
         }
     }
 
@@ -203,11 +214,35 @@ impl Tokenizer {
         let inner = tokenizers::Tokenizer::from_file(path)
             .map_err(|e| tok_err(path.display().to_string(), e))?;
         let names = SpecialNames::from_config_next_to(path)?;
-        Ok(Self::from_inner(
-            inner,
-            TokenizerKind::File(path.to_path_buf()),
-            names,
-        ))
+        let mut tokenizer = Self::from_inner(inner, TokenizerKind::File(path.to_path_buf()), names);
+        for name in COMPANION_FILES {
+            let file = path.with_file_name(name);
+            match std::fs::read(&file) {
+                Ok(bytes) => tokenizer.companions.push((name.to_string(), bytes)),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(DataError::io(file, e)),
+            }
+        }
+        Ok(tokenizer)
+    }
+
+    /// Saves `template` as the `chat_template.jinja` beside `tokenizer.json` (it takes
+    /// precedence over `tokenizer_config.json`'s, for transformers as for flotilla).
+    pub fn set_chat_template(&mut self, template: &str) {
+        self.companions.retain(|(n, _)| n != "chat_template.jinja");
+        self.companions
+            .push(("chat_template.jinja".into(), template.as_bytes().to_vec()));
+    }
+
+    /// Writes `tokenizer.json` into `dir`, with the files of the Hugging Face tokenizer
+    /// directory it was read from (`tokenizer_config.json`, ...), each atomically.
+    pub fn save_into(&self, dir: impl AsRef<Path>) -> Result<()> {
+        let dir = dir.as_ref();
+        self.save(dir.join("tokenizer.json"))?;
+        for (name, bytes) in &self.companions {
+            write_atomic(&dir.join(name), bytes)?;
+        }
+        Ok(())
     }
 
     /// Trains a byte-level BPE with `vocab_size` ids in all (PAD, BOS, EOS = 0, 1, 2, the 256
@@ -269,6 +304,17 @@ impl Tokenizer {
             .encode_fast(text, false)
             .map_err(|e| tok_err("encode", e))?;
         Ok(enc.get_ids().to_vec())
+    }
+
+    /// Token ids of `text` with the byte offset in `text` where each token starts (no special
+    /// tokens added by a post-processor).
+    pub fn encode_with_offsets(&self, text: &str) -> Result<(Vec<u32>, Vec<usize>)> {
+        let enc = self
+            .inner
+            .encode(text, false)
+            .map_err(|e| tok_err("encode", e))?;
+        let starts = enc.get_offsets().iter().map(|o| o.0).collect();
+        Ok((enc.get_ids().to_vec(), starts))
     }
 
     /// The text of `ids`; `skip_special` drops PAD/BOS/EOS and other special tokens.

@@ -1,0 +1,584 @@
+//! `data: chat`: conversations rendered with the model's own chat template, tokenized, and
+//! masked so that the loss falls on the tokens `data.train_on` asks for.
+//!
+//! # Records
+//! A `.jsonl` file holds one JSON object per line (blank lines skipped), a `.json` file an
+//! array of them. A record's `data.messages_key` field (`messages`; `conversations` for
+//! `format: sharegpt` unless set otherwise) is a list of turns: `{role, content}` objects, or
+//! ShareGPT's `{from, value}` with `human`/`user` → `user`, `gpt`/`assistant`/`chatgpt`/`model`
+//! → `assistant`, `system` → `system` (other `from` values are refused). `data.system` is
+//! prepended as a system turn to conversations that do not start with one.
+//!
+//! # The text and the tokens
+//! The conversation is rendered by [`ChatTemplate`] exactly as transformers'
+//! `apply_chat_template(messages, tokenize=False)` renders it, and the text is tokenized with
+//! no special tokens added (the template writes them), as `tokenizer(text,
+//! add_special_tokens=False)` does.
+//!
+//! # Which tokens are trained (the prefix rule of TRL and torchtune)
+//! - `all`: every token.
+//! - `assistant`: for each assistant turn `i`, the characters from the end of
+//!   `render(messages[..i], add_generation_prompt=true)` (which must be a prefix of the full
+//!   text) to the end of the common prefix of `render(messages[..=i])` and the full text; so
+//!   the end-of-turn token a template writes after the content is trained, and an EOS some
+//!   templates (Phi-3) write only after the last turn is trained only there. A token is trained
+//!   when its first character lies in such a span.
+//! - `last_assistant`: the same for the last assistant turn only.
+//!
+//! A template that renders earlier turns differently once later ones follow (not
+//! prefix-stable) cannot be masked by this rule: such a record is an error that says so.
+//!
+//! # Length
+//! A sequence of `L` tokens needs `L <= seq_len + 1` (inputs and shifted labels). Longer ones
+//! are cut to `seq_len + 1` tokens (`overflow: truncate`) or left out (`drop`); a cut that
+//! leaves no trained token drops the record too. Every count is in [`ChatStats`].
+//!
+//! # Packing
+//! With `packing: true` conversations are placed, in order, into windows of `seq_len + 1`
+//! tokens (a conversation that does not fit in what is left of a window starts the next);
+//! each keeps its mask, and the first token of each is never a target (it is not predicted
+//! from the previous conversation). Attention is causal over the whole window, so a token
+//! attends to earlier conversations of its window, as with transformers' default packing
+//! without per-document position ids.
+//!
+//! # Speed and the cache
+//! Records are parsed and encoded on every core (rayon). The result is stored in
+//! `.flotilla-cache/` beside the data file, keyed by the SHA-256 of the data file, the
+//! tokenizer files, the template, these settings (and today's date when the template calls
+//! `strftime_now`), so a changed input is never served stale; an unwritable directory only
+//! costs the cache.
+
+use std::path::{Path, PathBuf};
+
+use flotilla_config::schema::{ChatData, ChatFormat, Overflow, TrainOn};
+use rayon::prelude::*;
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+
+use super::chat_template::ChatTemplate;
+use super::error::{DataError, Result};
+use super::masked::MaskedSequences;
+use super::tokenizer::Tokenizer;
+
+/// Counts of one chat dataset's preparation.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChatStats {
+    /// Records in the file.
+    pub records: usize,
+    /// Records skipped as bad (`skip_bad_records`).
+    pub skipped: usize,
+    /// Conversations cut to `seq_len + 1` tokens.
+    pub truncated: usize,
+    /// Conversations left out for their length (`overflow: drop`, or nothing trained after
+    /// the cut).
+    pub dropped: usize,
+    /// Conversations in the samples.
+    pub conversations: usize,
+    /// Samples (conversations, or packed windows).
+    pub examples: usize,
+    /// Tokens in all samples.
+    pub tokens: usize,
+    /// Tokens that are targets of the loss.
+    pub trained_tokens: usize,
+    /// The first reasons records were skipped, for the log.
+    pub skip_reasons: Vec<String>,
+}
+
+/// The settings that decide how records become samples.
+#[derive(Clone, Debug, Serialize)]
+struct Settings<'a> {
+    format: ChatFormat,
+    messages_key: &'a str,
+    system: Option<&'a str>,
+    train_on: TrainOn,
+    overflow: Overflow,
+    packing: bool,
+    skip_bad_records: bool,
+    seq_len: usize,
+}
+
+impl<'a> Settings<'a> {
+    fn of(cfg: &'a ChatData) -> Self {
+        let messages_key =
+            if cfg.format == ChatFormat::Sharegpt && cfg.messages_key == "messages" {
+                "conversations"
+            } else {
+                cfg.messages_key.as_str()
+            };
+        Settings {
+            format: cfg.format,
+            messages_key,
+            system: cfg.system.as_deref(),
+            train_on: cfg.train_on,
+            overflow: cfg.overflow,
+            packing: cfg.packing,
+            skip_bad_records: cfg.skip_bad_records,
+            seq_len: cfg.seq_len,
+        }
+    }
+}
+
+/// The tokenizer and template of chat data, read once.
+pub struct ChatTokenizer {
+    pub tokenizer: Tokenizer,
+    pub template: ChatTemplate,
+    /// The tokenizer directory.
+    pub dir: PathBuf,
+}
+
+impl ChatTokenizer {
+    /// The tokenizer directory of `cfg` (or `init_from`) with its template, or the one
+    /// `data.chat_template` names.
+    pub fn open(cfg: &ChatData, init_from: Option<&Path>) -> Result<Self> {
+        let dir = match (&cfg.tokenizer, init_from) {
+            (Some(d), _) => PathBuf::from(d),
+            (None, Some(d)) => d.to_path_buf(),
+            (None, None) => {
+                return Err(DataError::config(
+                    "data.tokenizer",
+                    "is null and there is no model.init_from to take the tokenizer from; set \
+                     data.tokenizer=/path/to/tokenizer_dir",
+                ))
+            }
+        };
+        let key = if cfg.tokenizer.is_some() {
+            "data.tokenizer"
+        } else {
+            "model.init_from"
+        };
+        let file = dir.join("tokenizer.json");
+        if !file.is_file() {
+            return Err(DataError::config(
+                key,
+                format!(
+                    "{} has no tokenizer.json; chat data needs a Hugging Face tokenizer \
+                     directory (tokenizer.json and tokenizer_config.json with its chat \
+                     template)",
+                    dir.display()
+                ),
+            ));
+        }
+        let mut tokenizer = Tokenizer::from_file(&file, key)?;
+        let template = match &cfg.chat_template {
+            Some(f) => ChatTemplate::from_file(Path::new(f), &dir)?,
+            None => ChatTemplate::from_tokenizer_dir(&dir)?,
+        };
+        if cfg.chat_template.is_some() {
+            // final/ carries the template the model was trained with.
+            tokenizer.set_chat_template(template.source());
+        }
+        Ok(ChatTokenizer {
+            tokenizer,
+            template,
+            dir,
+        })
+    }
+}
+
+/// Where a record is: `:LINE` of a `.jsonl` file, ` record N` of a `.json` array.
+fn place(json_array: bool, at: usize) -> String {
+    if json_array {
+        format!(" record {at}")
+    } else {
+        format!(":{at}")
+    }
+}
+
+/// The records of a chat file as `(line or record number, JSON text)`.
+fn split_records(path: &Path, bytes: &[u8]) -> Result<(bool, Vec<(usize, Value)>)> {
+    let text = std::str::from_utf8(bytes).map_err(|e| DataError::NotUtf8 {
+        path: path.to_path_buf(),
+        offset: e.valid_up_to(),
+    })?;
+    let is_array = path.extension().is_some_and(|e| e == "json");
+    if is_array {
+        let value: Value = serde_json::from_str(text).map_err(|e| DataError::ChatRecord {
+            path: path.to_path_buf(),
+            place: format!(":{}", e.line()),
+            message: format!("invalid JSON: {e}"),
+        })?;
+        let Value::Array(items) = value else {
+            return Err(DataError::ChatRecord {
+                path: path.to_path_buf(),
+                place: String::new(),
+                message: "a .json chat file must hold an array of records (use .jsonl for one \
+                          record per line)"
+                    .into(),
+            });
+        };
+        return Ok((true, items.into_iter().enumerate().map(|(i, v)| (i + 1, v)).collect()));
+    }
+    let lines: Vec<(usize, &str)> = text
+        .lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty())
+        .map(|(i, l)| (i + 1, l))
+        .collect();
+    let parsed: Vec<Result<(usize, Value)>> = lines
+        .par_iter()
+        .map(|&(n, line)| {
+            serde_json::from_str(line)
+                .map(|v| (n, v))
+                .map_err(|e| DataError::ChatRecord {
+                    path: path.to_path_buf(),
+                    place: format!(":{n}"),
+                    message: format!("invalid JSON: {e}"),
+                })
+        })
+        .collect();
+    Ok((false, parsed.into_iter().collect::<Result<_>>()?))
+}
+
+/// The messages of one record, in `{role, content}` form, with `data.system` prepended.
+fn messages_of(record: &Value, s: &Settings<'_>) -> std::result::Result<Value, String> {
+    let Value::Object(obj) = record else {
+        return Err("a record must be a JSON object".into());
+    };
+    let Some(turns) = obj.get(s.messages_key) else {
+        let keys: Vec<&str> = obj.keys().map(String::as_str).collect();
+        let hint = if s.format == ChatFormat::Messages && obj.contains_key("conversations") {
+            "; this looks like ShareGPT data: set data.format=sharegpt"
+        } else {
+            ""
+        };
+        return Err(format!(
+            "record has no '{}' list (data.messages_key); its fields are [{}]{hint}",
+            s.messages_key,
+            keys.join(", ")
+        ));
+    };
+    let Value::Array(turns) = turns else {
+        return Err(format!("'{}' is not a list of turns", s.messages_key));
+    };
+    let mut messages = Vec::with_capacity(turns.len() + 1);
+    for (i, turn) in turns.iter().enumerate() {
+        let Value::Object(t) = turn else {
+            return Err(format!("turn {} is not an object", i + 1));
+        };
+        let message = match s.format {
+            ChatFormat::Messages => {
+                if !matches!(t.get("role"), Some(Value::String(_))) {
+                    return Err(format!("turn {} has no string 'role'", i + 1));
+                }
+                Value::Object(t.clone())
+            }
+            ChatFormat::Sharegpt => {
+                let from = t.get("from").and_then(Value::as_str).ok_or_else(|| {
+                    format!("turn {} has no string 'from' (ShareGPT format)", i + 1)
+                })?;
+                let role = match from {
+                    "human" | "user" => "user",
+                    "gpt" | "assistant" | "chatgpt" | "model" => "assistant",
+                    "system" => "system",
+                    other => {
+                        return Err(format!(
+                            "turn {} is from '{other}', which has no role (ShareGPT turns are \
+                             from human, gpt or system)",
+                            i + 1
+                        ))
+                    }
+                };
+                let value = t.get("value").cloned().unwrap_or(Value::Null);
+                json!({"role": role, "content": value})
+            }
+        };
+        messages.push(message);
+    }
+    if let Some(system) = s.system {
+        let has_system = messages
+            .first()
+            .and_then(|m| m.get("role"))
+            .and_then(Value::as_str)
+            == Some("system");
+        if !has_system {
+            messages.insert(0, json!({"role": "system", "content": system}));
+        }
+    }
+    Ok(Value::Array(messages))
+}
+
+fn role_of(message: &Value) -> Option<&str> {
+    message.get("role").and_then(Value::as_str)
+}
+
+/// Byte spans of the rendered text that are trained, by the prefix rule (module docs).
+fn trained_spans(
+    template: &ChatTemplate,
+    messages: &[Value],
+    full: &str,
+    train_on: TrainOn,
+) -> std::result::Result<Vec<(usize, usize)>, String> {
+    if train_on == TrainOn::All {
+        return Ok(vec![(0, full.len())]);
+    }
+    let mut turns: Vec<usize> = messages
+        .iter()
+        .enumerate()
+        .filter(|(_, m)| role_of(m) == Some("assistant"))
+        .map(|(i, _)| i)
+        .collect();
+    if turns.is_empty() {
+        return Err(format!(
+            "the conversation has no assistant turn, so nothing is trained under \
+             data.train_on={}; set data.train_on=all, or data.skip_bad_records=true to skip \
+             such records",
+            train_on.as_str()
+        ));
+    }
+    if train_on == TrainOn::LastAssistant {
+        turns.drain(..turns.len() - 1);
+    }
+    let mut spans = Vec::with_capacity(turns.len());
+    for i in turns {
+        let before = template.try_render(&Value::Array(messages[..i].to_vec()), true)?;
+        if !full.starts_with(&before) {
+            return Err(format!(
+                "the chat template renders the turns before assistant turn {} differently once \
+                 later turns follow (it is not prefix-stable), so that turn's tokens cannot be \
+                 found by rendering prefixes; use data.train_on=last_assistant or all",
+                i + 1
+            ));
+        }
+        let upto = template.try_render(&Value::Array(messages[..=i].to_vec()), false)?;
+        let end = common_prefix_len(&upto, full);
+        if end > before.len() {
+            spans.push((before.len(), end));
+        }
+    }
+    Ok(spans)
+}
+
+/// Bytes `a` and `b` share from the start, at a character boundary.
+fn common_prefix_len(a: &str, b: &str) -> usize {
+    let mut n = 0;
+    for ((i, ca), cb) in a.char_indices().zip(b.chars()) {
+        if ca != cb {
+            return i;
+        }
+        n = i + ca.len_utf8();
+    }
+    n
+}
+
+/// One encoded conversation.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EncodedChat {
+    /// The rendered text.
+    pub text: String,
+    pub ids: Vec<u32>,
+    /// `trained[j]`: token `j` is a target of the loss.
+    pub trained: Vec<bool>,
+}
+
+/// Renders, tokenizes and masks one conversation (`messages`: a JSON array).
+pub fn encode_conversation(
+    chat: &ChatTokenizer,
+    messages: &Value,
+    train_on: TrainOn,
+) -> std::result::Result<EncodedChat, String> {
+    let Value::Array(list) = messages else {
+        return Err("messages must be a list".into());
+    };
+    let text = chat.template.try_render(messages, false)?;
+    let spans = trained_spans(&chat.template, list, &text, train_on)?;
+    let (ids, starts) = chat
+        .tokenizer
+        .encode_with_offsets(&text)
+        .map_err(|e| e.to_string())?;
+    let trained = starts
+        .iter()
+        .map(|&s| spans.iter().any(|&(a, b)| a <= s && s < b))
+        .collect();
+    Ok(EncodedChat { text, ids, trained })
+}
+
+/// Reads and encodes the conversations of `path` (`key` names its config key).
+pub fn build(
+    key: &str,
+    path: &Path,
+    cfg: &ChatData,
+    chat: &ChatTokenizer,
+    use_cache: bool,
+) -> Result<(MaskedSequences, ChatStats)> {
+    let bytes = std::fs::read(path).map_err(|e| DataError::open(key, path, e))?;
+    let settings = Settings::of(cfg);
+    let cache = use_cache.then(|| super::chat_cache::CacheEntry::new(path, &bytes, chat, &settings));
+    if let Some(hit) = cache.as_ref().and_then(|c| c.load()) {
+        tracing::info!("{}: prepared conversations read from {}", path.display(), hit.2.display());
+        return Ok((hit.0, hit.1));
+    }
+    let (is_array, records) = split_records(path, &bytes)?;
+    if records.is_empty() {
+        return Err(DataError::config(key, format!("{} has no records", path.display())));
+    }
+    let encoded: Vec<(usize, std::result::Result<EncodedChat, String>)> = records
+        .par_iter()
+        .map(|(at, record)| {
+            let result = messages_of(record, &settings)
+                .and_then(|m| encode_conversation(chat, &m, settings.train_on));
+            (*at, result)
+        })
+        .collect();
+    let pad = chat
+        .tokenizer
+        .pad_id()
+        .or(chat.tokenizer.eos_id())
+        .unwrap_or(0);
+    let mut stats = ChatStats {
+        records: records.len(),
+        ..Default::default()
+    };
+    let name = format!("chat {}", path.display());
+    let mut out = MaskedSequences::new(&name, cfg.seq_len, pad);
+    let limit = cfg.seq_len + 1;
+    let mut window: (Vec<u32>, Vec<bool>, usize) = (vec![], vec![], 0);
+    for (at, result) in encoded {
+        let e = match result {
+            Ok(e) => e,
+            Err(message) if settings.skip_bad_records => {
+                stats.skipped += 1;
+                if stats.skip_reasons.len() < 5 {
+                    stats
+                        .skip_reasons
+                        .push(format!("{}{}: {message}", path.display(), place(is_array, at)));
+                }
+                continue;
+            }
+            Err(message) => {
+                return Err(DataError::ChatRecord {
+                    path: path.to_path_buf(),
+                    place: place(is_array, at),
+                    message,
+                })
+            }
+        };
+        let (mut ids, mut trained) = (e.ids, e.trained);
+        if ids.len() > limit {
+            if settings.overflow == Overflow::Drop {
+                stats.dropped += 1;
+                continue;
+            }
+            ids.truncate(limit);
+            trained.truncate(limit);
+            if !trained.iter().skip(1).any(|&t| t) {
+                stats.dropped += 1;
+                continue;
+            }
+            stats.truncated += 1;
+        }
+        stats.conversations += 1;
+        if !settings.packing {
+            out.push(&ids, &trained, at);
+            continue;
+        }
+        if window.0.len() + ids.len() > limit && !window.0.is_empty() {
+            out.push(&window.0, &window.1, window.2);
+            window = (vec![], vec![], 0);
+        }
+        if window.0.is_empty() {
+            window.2 = at;
+        } else {
+            trained[0] = false;
+        }
+        window.0.extend_from_slice(&ids);
+        window.1.extend_from_slice(&trained);
+    }
+    if !window.0.is_empty() {
+        out.push(&window.0, &window.1, window.2);
+    }
+    stats.examples = out.lines.len();
+    stats.tokens = out.num_tokens();
+    stats.trained_tokens = (0..out.lines.len())
+        .map(|k| out.sequence(k).1.iter().skip(1).filter(|&&t| t).count())
+        .sum();
+    if stats.examples == 0 {
+        return Err(DataError::config(
+            key,
+            format!(
+                "{}: no conversation is left to train on ({} records, {} skipped, {} dropped \
+                 for length); check data.train_on, data.seq_len and data.overflow",
+                path.display(),
+                stats.records,
+                stats.skipped,
+                stats.dropped
+            ),
+        ));
+    }
+    if let Some(c) = &cache {
+        c.store(&out, &stats);
+    }
+    Ok((out, stats))
+}
+
+/// One line that says what preparation did (for logs and `data show`).
+pub fn summary_line(stats: &ChatStats) -> String {
+    let fraction = if stats.tokens == 0 {
+        0.0
+    } else {
+        100.0 * stats.trained_tokens as f64 / stats.tokens as f64
+    };
+    format!(
+        "{} records: {} conversations in {} examples, {} tokens, {:.1}% trained; {} cut to \
+         fit, {} dropped for length, {} skipped as bad",
+        stats.records,
+        stats.conversations,
+        stats.examples,
+        stats.tokens,
+        fraction,
+        stats.truncated,
+        stats.dropped,
+        stats.skipped
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn common_prefix_stops_at_the_first_difference() {
+        assert_eq!(common_prefix_len("abcé", "abcé!"), 5);
+        assert_eq!(common_prefix_len("abx", "aby"), 2);
+        assert_eq!(common_prefix_len("", "a"), 0);
+    }
+
+    fn settings(format: ChatFormat, system: Option<&str>) -> Settings<'_> {
+        Settings {
+            format,
+            messages_key: if format == ChatFormat::Sharegpt {
+                "conversations"
+            } else {
+                "messages"
+            },
+            system,
+            train_on: TrainOn::Assistant,
+            overflow: Overflow::Truncate,
+            packing: false,
+            skip_bad_records: false,
+            seq_len: 16,
+        }
+    }
+
+    #[test]
+    fn sharegpt_turns_map_to_roles_and_system_is_prepended() {
+        let r = json!({"conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "yo"}]});
+        let m = messages_of(&r, &settings(ChatFormat::Sharegpt, Some("be brief"))).unwrap();
+        assert_eq!(
+            m,
+            json!([{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"},
+                   {"role": "assistant", "content": "yo"}])
+        );
+        let bad = json!({"conversations": [{"from": "tool", "value": "x"}]});
+        let err = messages_of(&bad, &settings(ChatFormat::Sharegpt, None)).unwrap_err();
+        assert!(err.contains("from 'tool'"), "{err}");
+    }
+
+    #[test]
+    fn a_record_without_messages_names_its_fields_and_the_sharegpt_fix() {
+        let r = json!({"conversations": [], "id": 3});
+        let err = messages_of(&r, &settings(ChatFormat::Messages, None)).unwrap_err();
+        assert!(err.contains("no 'messages' list"), "{err}");
+        assert!(err.contains("[conversations, id]"), "{err}");
+        assert!(err.contains("data.format=sharegpt"), "{err}");
+    }
+}

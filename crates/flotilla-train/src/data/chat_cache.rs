@@ -1,0 +1,188 @@
+//! The cache of prepared chat data: `.flotilla-cache/chat-<key>.bin` beside the data file.
+//!
+//! The key is the SHA-256 of everything the samples depend on: the data file's bytes, the
+//! tokenizer directory's `tokenizer.json` and its companions, the template's source, the
+//! settings (and today's date when the template calls `strftime_now`), and a format version.
+//! A file is a magic line, a JSON header (the key, the counts, the sizes) and the flat arrays
+//! of [`MaskedSequences`]; it is written to a temporary name and renamed, so readers never see
+//! half a file, and anything that does not match on reading is ignored (and rebuilt).
+
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use super::chat::{ChatStats, ChatTokenizer};
+use super::masked::MaskedSequences;
+
+const MAGIC: &[u8] = b"FLOTILLA-CHAT-CACHE 1\n";
+/// The folder beside the data file that holds the cache.
+pub const CACHE_DIR: &str = ".flotilla-cache";
+
+#[derive(Serialize, Deserialize)]
+struct Header {
+    key: String,
+    stats: ChatStats,
+    name: String,
+    seq_len: usize,
+    pad_id: u32,
+    sequences: usize,
+    tokens: usize,
+}
+
+/// One data file's cache entry.
+pub(crate) struct CacheEntry {
+    key: String,
+    file: PathBuf,
+}
+
+impl CacheEntry {
+    pub(crate) fn new(
+        data: &Path,
+        bytes: &[u8],
+        chat: &ChatTokenizer,
+        settings: &impl Serialize,
+    ) -> Self {
+        let mut h = Sha256::new();
+        let mut part = |label: &str, b: &[u8]| {
+            h.update(label.as_bytes());
+            h.update((b.len() as u64).to_le_bytes());
+            h.update(b);
+        };
+        part("version", MAGIC);
+        part("data", bytes);
+        for name in [
+            "tokenizer.json",
+            "tokenizer_config.json",
+            "special_tokens_map.json",
+        ] {
+            part(name, &std::fs::read(chat.dir.join(name)).unwrap_or_default());
+        }
+        let source = chat.template.source();
+        part("template", source.as_bytes());
+        part(
+            "settings",
+            serde_json::to_string(settings).unwrap_or_default().as_bytes(),
+        );
+        if source.contains("strftime_now") {
+            part("date", chrono::Local::now().format("%F").to_string().as_bytes());
+        }
+        let key: String = h.finalize().iter().map(|b| format!("{b:02x}")).collect();
+        let dir = data
+            .parent()
+            .filter(|p| !p.as_os_str().is_empty())
+            .unwrap_or(Path::new("."))
+            .join(CACHE_DIR);
+        let file = dir.join(format!("chat-{}.bin", &key[..32]));
+        CacheEntry { key, file }
+    }
+
+    /// The cached samples, their counts and the file, when a complete entry with this key is
+    /// there.
+    pub(crate) fn load(&self) -> Option<(MaskedSequences, ChatStats, PathBuf)> {
+        let mut f = std::io::BufReader::new(std::fs::File::open(&self.file).ok()?);
+        let mut magic = vec![0u8; MAGIC.len()];
+        f.read_exact(&mut magic).ok()?;
+        if magic != MAGIC {
+            return None;
+        }
+        let header_len = read_u64(&mut f)? as usize;
+        let mut header = vec![0u8; header_len];
+        f.read_exact(&mut header).ok()?;
+        let header: Header = serde_json::from_slice(&header).ok()?;
+        if header.key != self.key {
+            return None;
+        }
+        let mut out = MaskedSequences::new(&header.name, header.seq_len, header.pad_id);
+        out.bounds = read_u64s(&mut f, header.sequences + 1)?
+            .into_iter()
+            .map(|b| b as usize)
+            .collect();
+        out.lines = read_u64s(&mut f, header.sequences)?
+            .into_iter()
+            .map(|b| b as usize)
+            .collect();
+        let mut ids = vec![0u8; header.tokens * 4];
+        f.read_exact(&mut ids).ok()?;
+        out.ids = ids
+            .chunks_exact(4)
+            .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect();
+        let mut trained = vec![0u8; header.tokens];
+        f.read_exact(&mut trained).ok()?;
+        out.trained = trained.into_iter().map(|b| b != 0).collect();
+        if out.bounds.last() != Some(&header.tokens) || f.read(&mut [0u8; 1]).ok()? != 0 {
+            return None;
+        }
+        Some((out, header.stats, self.file.clone()))
+    }
+
+    /// Writes the entry; a failure (a read-only data folder, a full disk) is logged and
+    /// costs only the cache.
+    pub(crate) fn store(&self, data: &MaskedSequences, stats: &ChatStats) {
+        if let Err(e) = self.try_store(data, stats) {
+            tracing::warn!(
+                "the prepared conversations were not cached in {}: {e}",
+                self.file.display()
+            );
+        }
+    }
+
+    fn try_store(&self, data: &MaskedSequences, stats: &ChatStats) -> std::io::Result<()> {
+        let dir = self.file.parent().unwrap_or(Path::new("."));
+        std::fs::create_dir_all(dir)?;
+        let header = serde_json::to_vec(&Header {
+            key: self.key.clone(),
+            stats: stats.clone(),
+            name: data.name.clone(),
+            seq_len: data.seq_len,
+            pad_id: data.pad_id,
+            sequences: data.lines.len(),
+            tokens: data.ids.len(),
+        })?;
+        let tmp = self
+            .file
+            .with_extension(format!("tmp-{}", std::process::id()));
+        let result = (|| {
+            let mut f = std::io::BufWriter::new(std::fs::File::create(&tmp)?);
+            f.write_all(MAGIC)?;
+            f.write_all(&(header.len() as u64).to_le_bytes())?;
+            f.write_all(&header)?;
+            for b in &data.bounds {
+                f.write_all(&(*b as u64).to_le_bytes())?;
+            }
+            for l in &data.lines {
+                f.write_all(&(*l as u64).to_le_bytes())?;
+            }
+            for id in &data.ids {
+                f.write_all(&id.to_le_bytes())?;
+            }
+            let mask: Vec<u8> = data.trained.iter().map(|&t| t as u8).collect();
+            f.write_all(&mask)?;
+            f.into_inner().map_err(|e| e.into_error())?.sync_all()?;
+            std::fs::rename(&tmp, &self.file)
+        })();
+        if result.is_err() {
+            let _ = std::fs::remove_file(&tmp);
+        }
+        result
+    }
+}
+
+fn read_u64(f: &mut impl Read) -> Option<u64> {
+    let mut b = [0u8; 8];
+    f.read_exact(&mut b).ok()?;
+    Some(u64::from_le_bytes(b))
+}
+
+fn read_u64s(f: &mut impl Read, n: usize) -> Option<Vec<u64>> {
+    let mut bytes = vec![0u8; n.checked_mul(8)?];
+    f.read_exact(&mut bytes).ok()?;
+    Some(
+        bytes
+            .chunks_exact(8)
+            .map(|c| u64::from_le_bytes(c.try_into().unwrap_or([0; 8])))
+            .collect(),
+    )
+}

@@ -1,0 +1,542 @@
+//! A model's chat template, rendered the way transformers' `apply_chat_template` renders it.
+//!
+//! The template is the Jinja text of a Hugging Face tokenizer directory: `chat_template.jinja`
+//! beside `tokenizer.json` when there is one, else `tokenizer_config.json`'s `chat_template`
+//! (a string, or the named list `[{"name": "default", "template": ...}, ...]`, whose `default`
+//! is used). It is compiled once with minijinja under transformers' settings: `trim_blocks`,
+//! `lstrip_blocks`, loop controls (`break`/`continue`), Python's string and dict methods
+//! (minijinja-contrib's pycompat), `raise_exception(msg)`, `strftime_now(fmt)`, and a `tojson`
+//! that writes what Python's `json.dumps(x, ensure_ascii=False, ...)` writes. transformers'
+//! `{% generation %}` blocks are rendered as their content. A render sees `messages`,
+//! `add_generation_prompt`, `tools` and `documents` (none), and the special tokens of
+//! `tokenizer_config.json` (`bos_token`, `eos_token`, `unk_token`, `pad_token`, ...) as
+//! strings, as transformers passes them.
+
+use std::path::{Path, PathBuf};
+
+use minijinja::value::{Kwargs, Value};
+use minijinja::{Environment, Error, ErrorKind};
+use serde_json::Value as Json;
+
+use super::error::{DataError, Result};
+
+/// The file name of a template stored beside `tokenizer.json`.
+pub const TEMPLATE_FILE: &str = "chat_template.jinja";
+/// The tokenizer's settings file, which may hold the template and names the special tokens.
+pub const TOKENIZER_CONFIG_FILE: &str = "tokenizer_config.json";
+
+const TEMPLATE_NAME: &str = "chat_template";
+const SPECIAL_TOKEN_KEYS: &[&str] = &[
+    "bos_token",
+    "eos_token",
+    "unk_token",
+    "pad_token",
+    "sep_token",
+    "cls_token",
+    "mask_token",
+];
+
+/// A compiled chat template with the special tokens it is rendered with.
+pub struct ChatTemplate {
+    env: Environment<'static>,
+    special_tokens: Vec<(String, String)>,
+    source: String,
+    origin: PathBuf,
+}
+
+impl std::fmt::Debug for ChatTemplate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ChatTemplate")
+            .field("origin", &self.origin)
+            .field("special_tokens", &self.special_tokens)
+            .finish()
+    }
+}
+
+fn template_error(origin: &Path, message: impl Into<String>) -> DataError {
+    DataError::ChatTemplate {
+        origin: origin.to_path_buf(),
+        message: message.into(),
+    }
+}
+
+fn read_json(path: &Path) -> Result<Option<Json>> {
+    match std::fs::read_to_string(path) {
+        Ok(text) => serde_json::from_str(&text)
+            .map(Some)
+            .map_err(|e| template_error(path, format!("invalid JSON: {e}"))),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(DataError::io(path, e)),
+    }
+}
+
+/// A special token as `tokenizer_config.json` stores it: a string or an added-token object.
+fn token_text(value: &Json) -> Option<String> {
+    match value {
+        Json::String(s) => Some(s.clone()),
+        Json::Object(o) => o.get("content").and_then(Json::as_str).map(String::from),
+        _ => None,
+    }
+}
+
+impl ChatTemplate {
+    /// The template of a Hugging Face tokenizer directory (see the module docs for where it is
+    /// looked for); an error names the directory and the fix when it has none.
+    pub fn from_tokenizer_dir(dir: &Path) -> Result<Self> {
+        let config_path = dir.join(TOKENIZER_CONFIG_FILE);
+        let config = read_json(&config_path)?;
+        let file = dir.join(TEMPLATE_FILE);
+        if file.is_file() {
+            let source = std::fs::read_to_string(&file).map_err(|e| DataError::io(&file, e))?;
+            return Self::compile(source, &file, config.as_ref(), dir);
+        }
+        let Some(config) = config else {
+            return Err(template_error(
+                dir,
+                format!(
+                    "is not a Hugging Face tokenizer directory: it has neither {TEMPLATE_FILE} \
+                     nor {TOKENIZER_CONFIG_FILE}"
+                ),
+            ));
+        };
+        let source = match config.get("chat_template") {
+            Some(Json::String(s)) => s.clone(),
+            Some(Json::Array(named)) => {
+                let find = |name: &str| {
+                    named.iter().find_map(|t| {
+                        (t.get("name").and_then(Json::as_str) == Some(name))
+                            .then(|| t.get("template").and_then(Json::as_str))
+                            .flatten()
+                    })
+                };
+                match find("default") {
+                    Some(s) => s.to_string(),
+                    None => {
+                        let names: Vec<&str> = named
+                            .iter()
+                            .filter_map(|t| t.get("name").and_then(Json::as_str))
+                            .collect();
+                        return Err(template_error(
+                            &config_path,
+                            format!(
+                                "chat_template lists the templates [{}] but none named \
+                                 'default'; set data.chat_template to a file holding the one \
+                                 to use",
+                                names.join(", ")
+                            ),
+                        ));
+                    }
+                }
+            }
+            _ => {
+                return Err(template_error(
+                    dir,
+                    format!(
+                        "has no chat template (no {TEMPLATE_FILE}, and {TOKENIZER_CONFIG_FILE} \
+                         has no chat_template); set data.chat_template=/path/to/template.jinja"
+                    ),
+                ))
+            }
+        };
+        Self::compile(source, &config_path, Some(&config), dir)
+    }
+
+    /// The template in `file`, rendered with the special tokens of the tokenizer in `dir`.
+    pub fn from_file(file: &Path, dir: &Path) -> Result<Self> {
+        let source =
+            std::fs::read_to_string(file).map_err(|e| DataError::open("data.chat_template", file, e))?;
+        let config = read_json(&dir.join(TOKENIZER_CONFIG_FILE))?;
+        Self::compile(source, file, config.as_ref(), dir)
+    }
+
+    fn compile(source: String, origin: &Path, config: Option<&Json>, dir: &Path) -> Result<Self> {
+        let mut special_tokens = vec![];
+        let map = read_json(&dir.join("special_tokens_map.json"))?;
+        for key in SPECIAL_TOKEN_KEYS {
+            let value = config
+                .and_then(|c| c.get(*key))
+                .and_then(token_text)
+                .or_else(|| map.as_ref().and_then(|m| m.get(*key)).and_then(token_text));
+            if let Some(v) = value {
+                special_tokens.push((key.to_string(), v));
+            }
+        }
+        let mut env = Environment::new();
+        env.set_trim_blocks(true);
+        env.set_lstrip_blocks(true);
+        env.set_keep_trailing_newline(false);
+        env.set_auto_escape_callback(|_| minijinja::AutoEscape::None);
+        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        env.add_function("raise_exception", raise_exception);
+        env.add_function("strftime_now", strftime_now);
+        env.add_filter("tojson", tojson);
+        env.add_template_owned(TEMPLATE_NAME, without_generation_tags(&source))
+            .map_err(|e| template_error(origin, format!("does not parse: {}", describe(&e))))?;
+        Ok(ChatTemplate {
+            env,
+            special_tokens,
+            source,
+            origin: origin.to_path_buf(),
+        })
+    }
+
+    /// Renders `messages` (a JSON array of message objects); with `add_generation_prompt` the
+    /// text ends with the header of the assistant's next turn.
+    pub fn render(&self, messages: &Json, add_generation_prompt: bool) -> Result<String> {
+        self.try_render(messages, add_generation_prompt)
+            .map_err(|m| template_error(&self.origin, m))
+    }
+
+    /// [`ChatTemplate::render`] with the error as a bare message (the caller names the record).
+    pub(crate) fn try_render(
+        &self,
+        messages: &Json,
+        add_generation_prompt: bool,
+    ) -> std::result::Result<String, String> {
+        let template = self
+            .env
+            .get_template(TEMPLATE_NAME)
+            .map_err(|e| describe(&e))?;
+        let mut context: Vec<(String, Value)> = vec![
+            ("messages".into(), Value::from_serialize(messages)),
+            ("add_generation_prompt".into(), Value::from(add_generation_prompt)),
+            ("tools".into(), Value::from(())),
+            ("documents".into(), Value::from(())),
+        ];
+        for (k, v) in &self.special_tokens {
+            context.push((k.clone(), Value::from(v.as_str())));
+        }
+        let context: Value = context.into_iter().collect();
+        template.render(context).map_err(|e| describe(&e))
+    }
+
+    /// The Jinja source as the tokenizer directory (or file) holds it.
+    pub fn source(&self) -> &str {
+        &self.source
+    }
+
+    /// Where the template was read from.
+    pub fn origin(&self) -> &Path {
+        &self.origin
+    }
+
+    /// The value of a special token (`eos_token`, ...) the template is rendered with.
+    pub fn special_token(&self, key: &str) -> Option<&str> {
+        self.special_tokens
+            .iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+/// A template error as one line: what the template raised, or what failed and where.
+fn describe(e: &Error) -> String {
+    if e.kind() == ErrorKind::InvalidOperation {
+        if let Some(raised) = e.detail().and_then(|d| d.strip_prefix(RAISED)) {
+            return format!("the template raised: {raised}");
+        }
+    }
+    let mut text = match e.detail() {
+        Some(detail) => format!("{}: {detail}", e.kind()),
+        None => e.kind().to_string(),
+    };
+    if let Some(line) = e.line() {
+        text.push_str(&format!(" (template line {line})"));
+    }
+    text
+}
+
+const RAISED: &str = "raised: ";
+
+fn raise_exception(message: String) -> std::result::Result<Value, Error> {
+    Err(Error::new(
+        ErrorKind::InvalidOperation,
+        format!("{RAISED}{message}"),
+    ))
+}
+
+fn strftime_now(format: String) -> std::result::Result<String, Error> {
+    use chrono::format::{Item, StrftimeItems};
+    let items: Vec<Item<'_>> = StrftimeItems::new(&format).collect();
+    if items.iter().any(|i| matches!(i, Item::Error)) {
+        return Err(Error::new(
+            ErrorKind::InvalidOperation,
+            format!("strftime_now: bad format '{format}'"),
+        ));
+    }
+    Ok(chrono::Local::now()
+        .format_with_items(items.into_iter())
+        .to_string())
+}
+
+/// transformers' `tojson`: `json.dumps(x, ensure_ascii=False, indent=indent,
+/// separators=separators, sort_keys=sort_keys)`.
+fn tojson(value: Value, kwargs: Kwargs) -> std::result::Result<String, Error> {
+    let indent: Option<usize> = kwargs.get("indent")?;
+    let sort_keys: Option<bool> = kwargs.get("sort_keys")?;
+    let separators: Option<Vec<String>> = kwargs.get("separators")?;
+    let ensure_ascii: Option<bool> = kwargs.get("ensure_ascii")?;
+    kwargs.assert_all_used()?;
+    let json = serde_json::to_value(&value)
+        .map_err(|e| Error::new(ErrorKind::InvalidOperation, format!("tojson: {e}")))?;
+    let (item, key) = match separators.as_deref() {
+        Some([item, key]) => (item.clone(), key.clone()),
+        Some(_) => {
+            return Err(Error::new(
+                ErrorKind::InvalidOperation,
+                "tojson: separators must be a pair",
+            ))
+        }
+        None if indent.is_some() => (",".into(), ": ".into()),
+        None => (", ".into(), ": ".into()),
+    };
+    let mut out = String::new();
+    let style = PyJson {
+        indent,
+        item,
+        key,
+        sort_keys: sort_keys.unwrap_or(false),
+        ensure_ascii: ensure_ascii.unwrap_or(false),
+    };
+    style.write(&json, 0, &mut out);
+    Ok(out)
+}
+
+/// Python's `json.dumps` layout.
+struct PyJson {
+    indent: Option<usize>,
+    item: String,
+    key: String,
+    sort_keys: bool,
+    ensure_ascii: bool,
+}
+
+impl PyJson {
+    fn newline(&self, level: usize, out: &mut String) {
+        if let Some(n) = self.indent {
+            out.push('\n');
+            out.extend(std::iter::repeat_n(' ', n * level));
+        }
+    }
+
+    fn write(&self, v: &Json, level: usize, out: &mut String) {
+        match v {
+            Json::Null => out.push_str("null"),
+            Json::Bool(b) => out.push_str(if *b { "true" } else { "false" }),
+            Json::Number(n) => match n.as_f64() {
+                Some(f) if n.is_f64() => out.push_str(&py_float(f)),
+                _ => out.push_str(&n.to_string()),
+            },
+            Json::String(s) => self.string(s, out),
+            Json::Array(items) if items.is_empty() => out.push_str("[]"),
+            Json::Array(items) => {
+                out.push('[');
+                for (i, item) in items.iter().enumerate() {
+                    if i > 0 {
+                        out.push_str(&self.item);
+                    }
+                    self.newline(level + 1, out);
+                    self.write(item, level + 1, out);
+                }
+                self.newline(level, out);
+                out.push(']');
+            }
+            Json::Object(map) if map.is_empty() => out.push_str("{}"),
+            Json::Object(map) => {
+                let mut entries: Vec<(&String, &Json)> = map.iter().collect();
+                if self.sort_keys {
+                    entries.sort_by(|a, b| a.0.cmp(b.0));
+                }
+                out.push('{');
+                for (i, (k, item)) in entries.into_iter().enumerate() {
+                    if i > 0 {
+                        out.push_str(&self.item);
+                    }
+                    self.newline(level + 1, out);
+                    self.string(k, out);
+                    out.push_str(&self.key);
+                    self.write(item, level + 1, out);
+                }
+                self.newline(level, out);
+                out.push('}');
+            }
+        }
+    }
+
+    fn string(&self, s: &str, out: &mut String) {
+        out.push('"');
+        for c in s.chars() {
+            match c {
+                '"' => out.push_str("\\\""),
+                '\\' => out.push_str("\\\\"),
+                '\n' => out.push_str("\\n"),
+                '\r' => out.push_str("\\r"),
+                '\t' => out.push_str("\\t"),
+                '\u{08}' => out.push_str("\\b"),
+                '\u{0c}' => out.push_str("\\f"),
+                c if (c as u32) < 0x20 => out.push_str(&format!("\\u{:04x}", c as u32)),
+                c if self.ensure_ascii && !c.is_ascii() => {
+                    let mut buf = [0u16; 2];
+                    for unit in c.encode_utf16(&mut buf) {
+                        out.push_str(&format!("\\u{unit:04x}"));
+                    }
+                }
+                c => out.push(c),
+            }
+        }
+        out.push('"');
+    }
+}
+
+/// A float as Python's `repr` writes it (`1.0`, `0.5`, `1e-05`, `1e+16`).
+fn py_float(f: f64) -> String {
+    if f.is_nan() {
+        return "NaN".into();
+    }
+    if f.is_infinite() {
+        return if f > 0.0 { "Infinity" } else { "-Infinity" }.into();
+    }
+    let exp = if f == 0.0 {
+        0
+    } else {
+        f.abs().log10().floor() as i32
+    };
+    if (-4..16).contains(&exp) {
+        let s = format!("{f}");
+        if s.contains('.') {
+            s
+        } else {
+            format!("{s}.0")
+        }
+    } else {
+        // Shortest round-trip digits in scientific form, Python's exponent style.
+        let s = format!("{f:e}");
+        let (mantissa, e) = s.split_once('e').unwrap_or((&s, "0"));
+        let e: i32 = e.parse().unwrap_or(0);
+        format!("{mantissa}e{}{:02}", if e < 0 { '-' } else { '+' }, e.abs())
+    }
+}
+
+/// The template with transformers' `{% generation %}`/`{% endgeneration %}` markers (which
+/// only track assistant spans there) turned into a block that always renders its content.
+fn without_generation_tags(source: &str) -> String {
+    let mut out = String::with_capacity(source.len());
+    let mut rest = source;
+    while let Some(at) = rest.find("{%") {
+        out.push_str(&rest[..at]);
+        let tag = &rest[at..];
+        let Some(end) = tag.find("%}") else {
+            out.push_str(tag);
+            return out;
+        };
+        let inner = &tag[2..end];
+        let body = inner.trim_start_matches('-').trim_end_matches('-').trim();
+        let (open_dash, close_dash) = (inner.starts_with('-'), inner.ends_with('-'));
+        let replacement = match body {
+            "generation" => Some("if true"),
+            "endgeneration" => Some("endif"),
+            _ => None,
+        };
+        match replacement {
+            Some(r) => {
+                out.push_str("{%");
+                if open_dash {
+                    out.push('-');
+                }
+                out.push(' ');
+                out.push_str(r);
+                out.push(' ');
+                if close_dash {
+                    out.push('-');
+                }
+                out.push_str("%}");
+            }
+            None => out.push_str(&tag[..end + 2]),
+        }
+        rest = &tag[end + 2..];
+    }
+    out.push_str(rest);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn template(source: &str) -> ChatTemplate {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(
+            dir.path().join(TOKENIZER_CONFIG_FILE),
+            json!({"bos_token": "<s>", "eos_token": {"content": "</s>"}, "chat_template": source})
+                .to_string(),
+        )
+        .unwrap();
+        ChatTemplate::from_tokenizer_dir(dir.path()).unwrap()
+    }
+
+    #[test]
+    fn renders_with_special_tokens_and_python_methods() {
+        let t = template(
+            "{{ bos_token }}{% for m in messages %}{% if m.role == 'user' %}[U] \
+             {{ m.content.strip() }}{% else %}[A] {{ m['content'] }}{{ eos_token }}{% endif %}\
+             {% endfor %}{% if add_generation_prompt %}[A]{% endif %}",
+        );
+        let msgs = json!([{"role": "user", "content": "  hi  "}, {"role": "assistant", "content": "yo"}]);
+        assert_eq!(t.render(&msgs, false).unwrap(), "<s>[U] hi[A] yo</s>");
+        assert_eq!(t.render(&msgs, true).unwrap(), "<s>[U] hi[A] yo</s>[A]");
+    }
+
+    #[test]
+    fn raise_exception_is_reported_with_its_message() {
+        let t = template("{% if messages[0].role == 'system' %}{{ raise_exception('System role not supported') }}{% endif %}ok");
+        let err = t
+            .try_render(&json!([{"role": "system", "content": "x"}]), false)
+            .unwrap_err();
+        assert_eq!(err, "the template raised: System role not supported");
+    }
+
+    #[test]
+    fn tojson_matches_python_json_dumps() {
+        let t = template("{{ messages[0] | tojson }}|{{ messages[0] | tojson(indent=2) }}");
+        let out = t
+            .render(&json!([{"b": [1, 2.5, "é\n\"x\""], "a": {}, "c": null, "d": 1e-5}]), false)
+            .unwrap();
+        assert_eq!(
+            out,
+            "{\"b\": [1, 2.5, \"é\\n\\\"x\\\"\"], \"a\": {}, \"c\": null, \"d\": 1e-05}|{\n  \"b\": [\n    1,\n    2.5,\n    \"é\\n\\\"x\\\"\"\n  ],\n  \"a\": {},\n  \"c\": null,\n  \"d\": 1e-05\n}"
+        );
+    }
+
+    #[test]
+    fn generation_tags_render_their_content_and_loop_controls_work() {
+        let t = template(
+            "{% for m in messages %}{% if loop.index0 == 2 %}{% break %}{% endif %}\
+             {%- generation -%} <{{ m.content }}> {%- endgeneration -%}{% endfor %}",
+        );
+        let msgs = json!([{"content": "a"}, {"content": "b"}, {"content": "c"}]);
+        assert_eq!(t.render(&msgs, false).unwrap(), "<a><b>");
+    }
+
+    #[test]
+    fn a_directory_without_a_template_names_the_fix() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join(TOKENIZER_CONFIG_FILE), "{}").unwrap();
+        let err = ChatTemplate::from_tokenizer_dir(dir.path())
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("has no chat template"), "{err}");
+        assert!(err.contains("data.chat_template="), "{err}");
+    }
+
+    #[test]
+    fn a_template_that_does_not_parse_is_an_error_with_its_line() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join(TEMPLATE_FILE), "ok\n{% for m in messages %}").unwrap();
+        let err = ChatTemplate::from_tokenizer_dir(dir.path())
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("does not parse"), "{err}");
+        assert!(err.contains("line"), "{err}");
+    }
+}
