@@ -34,6 +34,9 @@ pub fn tiny_model_config(tied: bool) -> ModelConfig {
         tie_word_embeddings: tied,
         initializer_range: 0.02,
         init_from: None,
+        model_type: None,
+        attention_bias: None,
+        sliding_window: None,
     }
 }
 

@@ -1,27 +1,35 @@
 //! The architecture a job really trains: its `model` config, or with `model.init_from` the
-//! base directory's `config.json`, which the trainer takes the architecture from. The memory
-//! planner (`plan --memory`, `run`'s fit check) and `run`'s adapter pre-flight price and
-//! check a fine-tuning job against it, read without libtorch.
+//! base directory's `config.json`, which the trainer takes the architecture from (its
+//! `model_type`, biases and sliding window read by `hf_architecture`, as the trainer reads
+//! them). The memory planner (`plan --memory`, `run`'s fit check) and `run`'s adapter
+//! pre-flight price and check a fine-tuning job against it, read without libtorch; a job whose
+//! `data.seq_len` exceeds the base's sliding window is refused here, before anything is
+//! created.
 
 use std::borrow::Cow;
 use std::path::Path;
 
-use flotilla_config::schema::{JobConfig, ModelConfig};
+use flotilla_config::schema::{hf_architecture, JobConfig, ModelConfig};
 
-/// `job` with its `model` replaced by the sizes of `model.init_from`'s `config.json` (the
-/// job itself when it starts from no directory). An unreadable or incomplete `config.json` is
-/// an error naming the file and the fix.
+/// `job` with its `model` replaced by the sizes and architecture of `model.init_from`'s
+/// `config.json` (the job itself when it starts from no directory). An unreadable or
+/// incomplete `config.json`, an architecture flotilla does not implement, or a `data.seq_len`
+/// beyond the base's sliding window is an error naming the file and the fix.
 pub fn trained_job(job: &JobConfig) -> Result<Cow<'_, JobConfig>, String> {
     let Some(dir) = &job.model.init_from else {
         return Ok(Cow::Borrowed(job));
     };
     let mut owned = job.clone();
     owned.model = base_model(Path::new(dir), &job.model)?;
+    owned
+        .model
+        .check_window("data.seq_len", job.data.seq_len())
+        .map_err(|e| format!("model.init_from {dir}: {e}"))?;
     Ok(Cow::Owned(owned))
 }
 
-/// The sizes in `dir/config.json` (Hugging Face `LlamaConfig` names) over `fallback` (for the
-/// fields the planner does not need).
+/// The sizes and architecture in `dir/config.json` (Hugging Face `LlamaConfig` names) over
+/// `fallback` (for the fields the planner does not need).
 fn base_model(dir: &Path, fallback: &ModelConfig) -> Result<ModelConfig, String> {
     let path = dir.join("config.json");
     let text = std::fs::read_to_string(&path).map_err(|e| {
@@ -39,6 +47,8 @@ fn base_model(dir: &Path, fallback: &ModelConfig) -> Result<ModelConfig, String>
             .ok_or_else(|| format!("model.init_from: {} has no `{k}`", path.display()))
     };
     let heads = size("num_attention_heads")?;
+    let arch = hf_architecture(v.as_object().unwrap_or(&serde_json::Map::new()))
+        .map_err(|e| format!("model.init_from: {}: {e}", path.display()))?;
     Ok(ModelConfig {
         vocab_size: size("vocab_size")?,
         hidden_size: size("hidden_size")?,
@@ -50,6 +60,9 @@ fn base_model(dir: &Path, fallback: &ModelConfig) -> Result<ModelConfig, String>
             .unwrap_or(fallback.max_position_embeddings),
         // transformers' LlamaConfig default.
         tie_word_embeddings: v["tie_word_embeddings"].as_bool().unwrap_or(false),
+        model_type: arch.model_type,
+        attention_bias: arch.attention_bias,
+        sliding_window: arch.sliding_window,
         ..fallback.clone()
     })
 }
@@ -58,6 +71,7 @@ fn base_model(dir: &Path, fallback: &ModelConfig) -> Result<ModelConfig, String>
 mod tests {
     use super::*;
     use crate::memory;
+    use flotilla_config::schema::ModelType;
 
     #[test]
     fn a_job_from_a_base_directory_is_priced_as_that_base() {
@@ -88,5 +102,52 @@ mod tests {
         job.model.init_from = Some(tmp.path().join("missing").display().to_string());
         let err = trained_job(&job).unwrap_err();
         assert!(err.contains("model.init_from: cannot read"), "{err}");
+    }
+
+    #[test]
+    fn qwen2_biases_are_priced_and_a_mistral_window_below_seq_len_is_refused() {
+        let tmp = tempfile::tempdir().unwrap();
+        let mut job = memory::tests::job(""); // data.seq_len 32
+        job.model.init_from = Some(tmp.path().display().to_string());
+        let sizes = r#""vocab_size": 100, "hidden_size": 64, "intermediate_size": 96,
+            "num_hidden_layers": 3, "num_attention_heads": 4, "num_key_value_heads": 2"#;
+        let write = |extra: &str| {
+            std::fs::write(
+                tmp.path().join("config.json"),
+                format!("{{{sizes}, {extra}}}"),
+            )
+            .unwrap()
+        };
+
+        write(r#""model_type": "llama", "tie_word_embeddings": true"#);
+        let llama = memory::Units::of(&trained_job(&job).unwrap()).total();
+        write(
+            r#""model_type": "qwen2", "tie_word_embeddings": true, "use_sliding_window": false,
+               "sliding_window": 16"#,
+        );
+        let trained = trained_job(&job).unwrap();
+        assert_eq!(trained.model.model_type, Some(ModelType::Qwen2));
+        assert_eq!(
+            trained.model.sliding_window, None,
+            "use_sliding_window is false"
+        );
+        // q_proj.bias [64] + k_proj.bias and v_proj.bias [2 heads x 16] per layer.
+        let biases = 3 * (64 + 2 * 32);
+        assert_eq!(memory::Units::of(&trained).total(), llama + biases);
+        assert_eq!(trained.model.num_parameters(), llama + biases);
+
+        write(r#""model_type": "mistral", "sliding_window": 16"#);
+        let err = trained_job(&job).unwrap_err();
+        assert!(
+            err.contains("data.seq_len = 32 exceeds the Mistral model's sliding window of 16")
+                && err.contains("set data.seq_len=16 or less"),
+            "{err}"
+        );
+        job.data = memory::tests::job("data: {seq_len: 16}").data;
+        assert_eq!(trained_job(&job).unwrap().model.sliding_window, Some(16));
+
+        write(r#""model_type": "gemma""#);
+        let err = trained_job(&job).unwrap_err();
+        assert!(err.contains("`gemma` is not supported"), "{err}");
     }
 }

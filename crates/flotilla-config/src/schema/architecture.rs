@@ -64,7 +64,10 @@ impl ModelConfig {
                 AttentionBiases { qkv: on, o: on }
             }
             ModelType::Mistral => AttentionBiases::default(),
-            ModelType::Qwen2 => AttentionBiases { qkv: true, o: false },
+            ModelType::Qwen2 => AttentionBiases {
+                qkv: true,
+                o: false,
+            },
         }
     }
 
@@ -259,7 +262,11 @@ mod tests {
 
         let mistral = arch(r#"{"model_type": "mistral"}"#).unwrap();
         assert_eq!(mistral.model_type, Some(ModelType::Mistral));
-        assert_eq!(mistral.sliding_window, Some(4096), "MistralConfig's default");
+        assert_eq!(
+            mistral.sliding_window,
+            Some(4096),
+            "MistralConfig's default"
+        );
         let full = arch(r#"{"model_type": "mistral", "sliding_window": null}"#).unwrap();
         assert_eq!(full.sliding_window, None);
         let w = arch(r#"{"model_type": "mistral", "sliding_window": 32, "attention_bias": true}"#)
@@ -268,7 +275,10 @@ mod tests {
 
         let q = r#""model_type": "qwen2", "num_hidden_layers": 4, "sliding_window": 64"#;
         let off = arch(&format!("{{{q}}}")).unwrap();
-        assert_eq!((off.model_type, off.sliding_window), (Some(ModelType::Qwen2), None));
+        assert_eq!(
+            (off.model_type, off.sliding_window),
+            (Some(ModelType::Qwen2), None)
+        );
         let all = arch(&format!(
             r#"{{{q}, "use_sliding_window": true, "max_window_layers": 0}}"#
         ))
@@ -297,6 +307,9 @@ mod tests {
         let err = arch(r#"{"model_type": "mistral", "sliding_window": 0}"#)
             .unwrap_err()
             .to_string();
-        assert!(err.contains("sliding_window") && err.contains("positive"), "{err}");
+        assert!(
+            err.contains("sliding_window") && err.contains("positive"),
+            "{err}"
+        );
     }
 }

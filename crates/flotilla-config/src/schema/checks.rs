@@ -5,12 +5,12 @@
 use super::from_node::{read, Cx, FromNode};
 use super::gpus::{gpu_model, gpu_names};
 use super::messages::{alternatives, quote_list, set_note, show, suggest, typo_note};
+use super::types::ModelType;
 use super::types::{
     AutoWrapPolicy, Backend, ComputeConfig, DataConfig, Device, DistConfig, DistMode, JobConfig,
     Launcher, LoraConfig, LoraModule, ModelConfig, PeftConfig, TaskConfig, TaskRanks,
     TokenizerSpec, TrainerConfig,
 };
-use super::types::ModelType;
 use super::{ProblemKind, SchemaError};
 use crate::node::{python_float_repr, Dict, Node, Value};
 

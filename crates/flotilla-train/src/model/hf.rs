@@ -1,5 +1,7 @@
-//! Everything about the Hugging Face format: `config.json`
-//! ([`HfLlamaConfig`], to and from [`ModelConfig`]), and reading and writing model
+//! Everything about the Hugging Face format: `config.json` of `LlamaForCausalLM`,
+//! `MistralForCausalLM` and `Qwen2ForCausalLM` ([`HfLlamaConfig`], to and from [`ModelConfig`];
+//! which architecture a config is, and its biases and sliding window, are read by
+//! `flotilla_config::schema::hf_architecture`, as the login side reads them), and reading and writing model
 //! directories (`model.safetensors`, or shards listed by `model.safetensors.index.json`):
 //! [`HfWeights`] checks a directory's tensors from the file headers alone and reads them by
 //! ranges (an FSDP rank reads only its shards); writing streams one tensor at a time.
@@ -10,7 +12,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 use tch::{Device, Kind, Tensor};
 
-use flotilla_config::schema::{ModelConfig, RopeScaling, RopeType};
+use flotilla_config::schema::{hf_architecture, ModelConfig, ModelType, RopeScaling, RopeType};
 
 use super::llama::Llama;
 use super::{ModelError, Params};
@@ -40,8 +42,9 @@ pub struct HfRopeParameters {
     pub partial_rotary_factor: Option<f64>,
 }
 
-/// A `LlamaForCausalLM` `config.json`. Defaults are `LlamaConfig`'s; keys flotilla does not
-/// use are ignored on reading. Convert with `ModelConfig::try_from(&hf)` (which rejects what
+/// A `config.json` of `LlamaForCausalLM`, `MistralForCausalLM` or `Qwen2ForCausalLM`. Defaults
+/// are `LlamaConfig`'s (the architecture's own keys are read by `hf_architecture` with that
+/// architecture's defaults); keys flotilla does not use are ignored on reading. Convert with `ModelConfig::try_from(&hf)` (which rejects what
 /// the architecture does not implement) and `HfLlamaConfig::from(&model_config)`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct HfLlamaConfig {
@@ -77,10 +80,27 @@ pub struct HfLlamaConfig {
     pub rope_parameters: Option<HfRopeParameters>,
     #[serde(default)]
     pub tie_word_embeddings: bool,
-    #[serde(default)]
-    pub attention_bias: bool,
-    #[serde(default)]
-    pub mlp_bias: bool,
+    /// Llama's biases on q/k/v/o_proj (written for Llama only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attention_bias: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mlp_bias: Option<bool>,
+    /// Mistral's and Qwen2's window: absent (`None`; the architecture's default applies),
+    /// `null` (`Some(None)`: no window) or a size.
+    #[serde(
+        default,
+        deserialize_with = "present",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub sliding_window: Option<Option<usize>>,
+    /// Qwen2: whether the window is used at all, and from which layer on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub use_sliding_window: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_window_layers: Option<usize>,
+    /// transformers ≥ 5's per-layer `full_attention` / `sliding_attention` (Qwen2).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub layer_types: Option<Vec<String>>,
     #[serde(default)]
     pub attention_dropout: f64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -98,6 +118,11 @@ pub struct HfLlamaConfig {
     pub use_cache: Option<bool>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub transformers_version: Option<String>,
+}
+
+/// A key that is present: `null` is `Some(None)`, unlike an absent key (`None`).
+fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Option<usize>>, D::Error> {
+    Option::<usize>::deserialize(d).map(Some)
 }
 
 fn default_act() -> String {
@@ -159,25 +184,21 @@ impl TryFrom<&HfLlamaConfig> for ModelConfig {
     type Error = ModelError;
 
     fn try_from(hf: &HfLlamaConfig) -> Result<Self, ModelError> {
-        if let Some(t) = hf.model_type.as_deref() {
-            if t != "llama" {
-                return Err(bad(
-                    "model_type",
-                    format!("`{t}` is not supported; flotilla implements `llama`"),
-                ));
-            }
-        }
+        // The architecture's own keys, read from the keys as written (absent stays absent).
+        let keys = match serde_json::to_value(hf) {
+            Ok(serde_json::Value::Object(map)) => map,
+            _ => serde_json::Map::new(),
+        };
+        let arch = hf_architecture(&keys).map_err(|e| bad(&e.field, e.message))?;
         if hf.hidden_act != "silu" {
             return Err(bad(
                 "hidden_act",
-                format!("`{}` is not supported; Llama uses `silu`", hf.hidden_act),
+                format!(
+                    "`{}` is not supported; {} uses `silu`",
+                    hf.hidden_act,
+                    arch.model_type.unwrap_or(ModelType::Llama).display_name()
+                ),
             ));
-        }
-        if hf.attention_bias {
-            return Err(bad("attention_bias", "biases are not supported"));
-        }
-        if hf.mlp_bias {
-            return Err(bad("mlp_bias", "biases are not supported"));
         }
         if hf.num_attention_heads == 0 || hf.hidden_size % hf.num_attention_heads != 0 {
             return Err(bad(
@@ -271,17 +292,25 @@ impl TryFrom<&HfLlamaConfig> for ModelConfig {
             tie_word_embeddings: hf.tie_word_embeddings,
             initializer_range: hf.initializer_range,
             init_from: None,
+            model_type: arch.model_type,
+            attention_bias: arch.attention_bias,
+            sliding_window: arch.sliding_window,
         })
     }
 }
 
 impl From<&ModelConfig> for HfLlamaConfig {
     /// The `config.json` transformers writes for this architecture (in the legacy
-    /// `rope_theta` / `rope_scaling` form, which transformers 4 and 5 both read).
+    /// `rope_theta` / `rope_scaling` form, which transformers 4 and 5 both read): its class and
+    /// `model_type`, Llama's `attention_bias`, Mistral's `sliding_window` (`null`: none), and
+    /// Qwen2's window on every layer or none.
     fn from(c: &ModelConfig) -> Self {
+        let arch = c.architecture();
+        let llama = arch == ModelType::Llama;
+        let qwen2 = arch == ModelType::Qwen2;
         HfLlamaConfig {
-            architectures: Some(vec!["LlamaForCausalLM".into()]),
-            model_type: Some("llama".into()),
+            architectures: Some(vec![arch.hf_class().into()]),
+            model_type: Some(arch.as_str().into()),
             vocab_size: c.vocab_size,
             hidden_size: c.hidden_size,
             intermediate_size: c.intermediate_size,
@@ -304,8 +333,12 @@ impl From<&ModelConfig> for HfLlamaConfig {
             }),
             rope_parameters: None,
             tie_word_embeddings: c.tie_word_embeddings,
-            attention_bias: false,
-            mlp_bias: false,
+            attention_bias: llama.then_some(c.attention_bias == Some(true)),
+            mlp_bias: llama.then_some(false),
+            sliding_window: (!llama).then_some(c.sliding_window),
+            use_sliding_window: qwen2.then_some(c.sliding_window.is_some()),
+            max_window_layers: (qwen2 && c.sliding_window.is_some()).then_some(0),
+            layer_types: None,
             attention_dropout: 0.0,
             bos_token_id: None,
             eos_token_id: None,
@@ -410,8 +443,8 @@ fn weight_files(dir: &Path) -> Result<Vec<PathBuf>, ModelError> {
     })
 }
 
-/// The weights of a Hugging Face `LlamaForCausalLM` directory, checked against its
-/// `config.json` from the safetensors headers alone (name, shape, dtype of every tensor; a
+/// The weights of a Hugging Face directory (`LlamaForCausalLM`, `MistralForCausalLM`,
+/// `Qwen2ForCausalLM`), checked against its `config.json` from the safetensors headers alone (name, shape, dtype of every tensor; a
 /// tied checkpoint that also stores `lm_head.weight` has it ignored, as transformers does; an
 /// old `rotary_emb.inv_freq` buffer is skipped) and read by ranges.
 pub struct HfWeights {
@@ -443,6 +476,7 @@ impl HfWeights {
                 return Err(ModelError::UnexpectedTensor {
                     name: name.clone(),
                     file: file.path().to_path_buf(),
+                    class: config.architecture().hf_class(),
                 });
             }
         }
@@ -472,7 +506,7 @@ impl TensorSource for HfWeights {
     }
 }
 
-/// Loads a Hugging Face `LlamaForCausalLM` directory whole ([`HfWeights`] checks it), onto
+/// Loads a Hugging Face model directory whole ([`HfWeights`] checks it), onto
 /// `device` in `kind` (`None`: the dtype the config declares, else each tensor's own).
 pub fn load_hf(
     dir: impl AsRef<Path>,
@@ -520,8 +554,8 @@ pub fn finish_hf_dir(dir: &Path, model: &Llama, kind: Kind) -> Result<(), ModelE
     fs::rename(&tmp, &config).map_err(io_err(&config))
 }
 
-/// Saves the parameters `source` gives as a Hugging Face directory that transformers'
-/// `LlamaForCausalLM` loads: one `model.safetensors` in `kind` (Hugging Face names, no
+/// Saves the parameters `source` gives as a Hugging Face directory that transformers loads as
+/// the model's class (`LlamaForCausalLM`, ...): one `model.safetensors` in `kind` (Hugging Face names, no
 /// `lm_head.weight` when embeddings are tied), written a parameter at a time through a
 /// temporary file, then `config.json` ([`finish_hf_dir`]).
 pub fn save_hf_from(
@@ -638,6 +672,55 @@ mod tests {
     }
 
     #[test]
+    fn mistral_and_qwen2_round_trip_through_hf() {
+        let m = convert(&json(r#", "model_type": "mistral", "sliding_window": 32"#)).unwrap();
+        assert_eq!(
+            (m.model_type, m.sliding_window, m.attention_biases().qkv),
+            (Some(ModelType::Mistral), Some(32), false)
+        );
+        let text = serde_json::to_string(&HfLlamaConfig::from(&m)).unwrap();
+        assert!(
+            text.contains(r#""architectures":["MistralForCausalLM"]"#)
+                && text.contains(r#""model_type":"mistral""#)
+                && text.contains(r#""sliding_window":32"#)
+                && !text.contains("attention_bias"),
+            "{text}"
+        );
+        assert_eq!(convert(&text).unwrap(), m);
+        let full = convert(&json(
+            r#", "model_type": "mistral", "sliding_window": null"#,
+        ))
+        .unwrap();
+        assert_eq!(full.sliding_window, None);
+        let text = serde_json::to_string(&HfLlamaConfig::from(&full)).unwrap();
+        assert!(text.contains(r#""sliding_window":null"#), "{text}");
+        assert_eq!(convert(&text).unwrap(), full);
+
+        for extra in [
+            r#", "model_type": "qwen2", "tie_word_embeddings": true"#,
+            r#", "model_type": "qwen2", "use_sliding_window": true, "sliding_window": 16,
+               "max_window_layers": 0"#,
+        ] {
+            let q = convert(&json(extra)).unwrap();
+            assert_eq!(q.model_type, Some(ModelType::Qwen2));
+            assert!(q.attention_biases().qkv && !q.attention_biases().o);
+            let text = serde_json::to_string(&HfLlamaConfig::from(&q)).unwrap();
+            assert!(
+                text.contains(r#""architectures":["Qwen2ForCausalLM"]"#),
+                "{text}"
+            );
+            assert_eq!(convert(&text).unwrap(), q, "{text}");
+        }
+
+        let biased = convert(&json(r#", "attention_bias": true"#)).unwrap();
+        assert_eq!(biased.attention_bias, Some(true));
+        assert!(biased.attention_biases().o);
+        let text = serde_json::to_string(&HfLlamaConfig::from(&biased)).unwrap();
+        assert!(text.contains(r#""attention_bias":true"#), "{text}");
+        assert_eq!(convert(&text).unwrap(), biased);
+    }
+
+    #[test]
     fn config_errors_name_the_field() {
         let err = convert(&json(r#", "hidden_act": "gelu""#))
             .unwrap_err()
@@ -665,10 +748,17 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(err.contains("rope_scaling.low_freq_factor"), "{err}");
-        let err = convert(&json(r#", "model_type": "mistral""#))
+        let err = convert(&json(r#", "model_type": "gemma""#))
             .unwrap_err()
             .to_string();
-        assert!(err.contains("`model_type`"), "{err}");
+        assert!(
+            err.contains("`model_type`") && err.contains("gemma"),
+            "{err}"
+        );
+        let err = convert(&json(r#", "mlp_bias": true"#))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("`mlp_bias`"), "{err}");
         let text = "{\n  \"vocab_size\": 100.5,\n  \"hidden_size\": 64\n}";
         let err = convert(text).unwrap_err().to_string();
         assert!(

@@ -1,11 +1,15 @@
 //! The Hugging Face `LlamaForCausalLM` architecture as units: the token embedding, one unit per
-//! decoder block, and the final RMSNorm with the LM head (as torchtitan groups them).
+//! decoder block, and the final RMSNorm with the LM head (as torchtitan groups them). The same
+//! units are `MistralForCausalLM` (Llama's math within its sliding window, which a context must
+//! not exceed: [`Llama::check_window`]) and `Qwen2ForCausalLM` (biases on q/k/v_proj), as the
+//! config's `model_type` says.
 //!
 //! Numerics follow transformers' `modeling_llama.py`: RMSNorm upcasts to fp32, normalises,
 //! casts back and multiplies by the weight; rotary tables are computed in fp32 (rotate-half
 //! convention, `rope_theta`, optional `llama3` frequency scaling) and cast to the activation
 //! dtype; attention is causal `scaled_dot_product_attention` with grouped-query heads; the MLP
-//! is SwiGLU; there are no biases. Parameter names are [`super::names`]'s; files are
+//! is SwiGLU; the attention projections carry biases where the architecture has them
+//! (`ModelConfig::attention_biases`), the MLP never. Parameter names are [`super::names`]'s; files are
 //! [`super::hf`]'s.
 
 use tch::{Device, Kind, Reduction, Tensor};
@@ -108,6 +112,27 @@ impl Llama {
                 shapes.push(shape.clone());
                 names.push(add(&mut specs, ParamName::Layer(i, w), shape, init, u));
             }
+            // Biases after the weights (transformers initialises them to zero).
+            let mut biases = [None; 9];
+            let with_bias = c.attention_biases();
+            for (k, w) in LayerWeight::ALL.into_iter().enumerate() {
+                let on = match w {
+                    LayerWeight::Q | LayerWeight::K | LayerWeight::V => with_bias.qkv,
+                    LayerWeight::O => with_bias.o,
+                    _ => false,
+                };
+                if on {
+                    biases[k] = Some(names.len());
+                    let shape = vec![shapes[k][0]];
+                    names.push(add(
+                        &mut specs,
+                        ParamName::Bias(i, w),
+                        shape,
+                        Init::Zeros,
+                        u,
+                    ));
+                }
+            }
             let mut adapters = [None; 9];
             if let Some(l) = lora {
                 let r = l.r as i64;
@@ -134,6 +159,7 @@ impl Llama {
                 num_kv_heads: c.num_key_value_heads as i64,
                 head_dim: hd,
                 eps: c.rms_norm_eps,
+                biases,
                 adapters,
                 lora_scale: lora.map_or(0.0, LoraConfig::scale),
                 lora_dropout: lora.map_or(0.0, |l| l.dropout),
@@ -186,6 +212,16 @@ impl Llama {
 
     pub fn config(&self) -> &ModelConfig {
         &self.config
+    }
+
+    /// Refuses a context of `len` positions (`what`: where the length comes from, e.g.
+    /// `data.seq_len`) beyond the model's sliding window, naming the window, the length and the
+    /// fix: the units attend to every earlier position, which is the model's attention only
+    /// within the window. Every path that trains or generates checks its length here.
+    pub fn check_window(&self, what: &str, len: usize) -> Result<(), ModelError> {
+        self.config
+            .check_window(what, len)
+            .map_err(ModelError::BeyondWindow)
     }
 
     /// The units in forward order: `embed`, `layers.0` … `layers.{n-1}`, `head`.
@@ -277,6 +313,7 @@ impl Llama {
     /// Whole-graph forward: token ids `[B, T]` to logits `[B, T, vocab]`, running the units in
     /// order on one autograd graph.
     pub fn forward(&self, params: &Params, tokens: &Tensor) -> Result<Tensor, ModelError> {
+        self.check_window("the input length", tokens.size()[1] as usize)?;
         let ctx = self.ctx(tokens.size()[1], tokens.device());
         let mut x = tokens.shallow_clone();
         for (i, unit) in self.units.iter().enumerate() {
@@ -467,8 +504,8 @@ pub fn lora_module(w: LayerWeight) -> Option<LoraModule> {
 }
 
 /// `model.layers.{i}`: pre-norm attention and SwiGLU MLP, each with a residual connection.
-/// Parameters in [`LayerWeight::ALL`] order, then the LoRA factors `A, B` of each adapted
-/// layer (in the same order).
+/// Parameters in [`LayerWeight::ALL`] order, then the biases of the projections that have one,
+/// then the LoRA factors `A, B` of each adapted layer (in the same order).
 struct Block {
     name: String,
     index: usize,
@@ -477,6 +514,8 @@ struct Block {
     num_kv_heads: i64,
     head_dim: i64,
     eps: f64,
+    /// For each weight of [`LayerWeight::ALL`], where its bias sits in the parameter list.
+    biases: [Option<usize>; 9],
     /// For each weight of [`LayerWeight::ALL`], where its LoRA `A` sits in the parameter list
     /// (`B` follows it).
     adapters: [Option<usize>; 9],
@@ -485,11 +524,11 @@ struct Block {
 }
 
 impl Block {
-    /// `x @ W.T`, plus PEFT's LoRA update `lora_B(lora_A(dropout(x))) * scale` when weight
+    /// `x @ W.T` (`+ b` when weight `k` has a bias), plus PEFT's LoRA update `lora_B(lora_A(dropout(x))) * scale` when weight
     /// `k` is adapted. Dropout is applied only in training (a context with a dropout seed),
     /// seeded per block so that a recomputed block draws the same mask.
     fn project(&self, params: &[Tensor], k: usize, x: &Tensor, ctx: &ForwardCtx) -> Tensor {
-        let y = linear(x, &params[k]);
+        let y = x.linear(&params[k], self.biases[k].map(|b| &params[b]));
         let Some(a) = self.adapters[k] else { return y };
         let dropped = match ctx.dropout_seed {
             Some(seed) if self.lora_dropout > 0.0 => {
@@ -616,6 +655,9 @@ mod tests {
             tie_word_embeddings: tied,
             initializer_range: 0.02,
             init_from: None,
+            model_type: None,
+            attention_bias: None,
+            sliding_window: None,
         }
     }
 
@@ -817,7 +859,11 @@ mod tests {
     /// The unit engine's backward (each unit on a detached leaf input, per-unit [`vjp`], shared
     /// gradients summed) gives the same gradients as one backward through the whole graph.
     fn unit_by_unit_equals_whole_graph(tied: bool, kv_heads: usize) {
-        let m = Llama::new(&tiny(tied, kv_heads)).unwrap();
+        unit_by_unit_equals_whole_graph_of(&tiny(tied, kv_heads));
+    }
+
+    fn unit_by_unit_equals_whole_graph_of(c: &ModelConfig) {
+        let m = Llama::new(c).unwrap();
         let p = m.init_params(5, Device::Cpu, Kind::Float).requiring_grad();
         let tokens = batch();
 
@@ -909,6 +955,116 @@ mod tests {
                 err / scale
             );
         }
+    }
+
+    fn qwen2(tied: bool) -> ModelConfig {
+        ModelConfig {
+            model_type: Some(flotilla_config::schema::ModelType::Qwen2),
+            ..tiny(tied, 2)
+        }
+    }
+
+    #[test]
+    fn unit_by_unit_backward_with_biases() {
+        unit_by_unit_equals_whole_graph_of(&qwen2(true));
+        let mut llama = tiny(false, 4);
+        llama.attention_bias = Some(true);
+        unit_by_unit_equals_whole_graph_of(&llama);
+    }
+
+    #[test]
+    fn qwen2_biases_follow_the_block_weights_and_shift_the_projections() {
+        let c = qwen2(false);
+        let m = Llama::new(&c).unwrap();
+        let plain = Llama::new(&tiny(false, 2)).unwrap();
+        assert_eq!(m.param_specs().len(), plain.param_specs().len() + 2 * 3);
+        assert_eq!(
+            m.units()[2].param_names()[9..],
+            [
+                "model.layers.1.self_attn.q_proj.bias",
+                "model.layers.1.self_attn.k_proj.bias",
+                "model.layers.1.self_attn.v_proj.bias",
+            ]
+        );
+        let k = m
+            .param_spec("model.layers.1.self_attn.k_proj.bias")
+            .unwrap();
+        assert_eq!((k.shape.clone(), k.owner), (vec![16], 2));
+        assert!(matches!(k.init, Init::Zeros));
+        assert_eq!(
+            m.param_specs()
+                .iter()
+                .map(|s| s.numel() as u64)
+                .sum::<u64>(),
+            c.num_parameters()
+        );
+        // Zero biases: Llama's logits; a nonzero bias moves them.
+        let mut p = m.init_params(4, Device::Cpu, Kind::Float);
+        let tokens = batch();
+        assert!(m
+            .forward(&p, &tokens)
+            .unwrap()
+            .equal(&plain.forward(&p, &tokens).unwrap()));
+        let before = m.forward(&p, &tokens).unwrap();
+        p.insert(
+            "model.layers.0.self_attn.v_proj.bias",
+            Tensor::full([16], 0.5, (Kind::Float, Device::Cpu)),
+        );
+        let moved = m.forward(&p, &tokens).unwrap();
+        assert!((&moved - &before).abs().max().double_value(&[]) > 1e-3);
+
+        // LoRA on q_proj keeps its bias, frozen, before the adapters.
+        let lora: LoraConfig = serde_yaml::from_str(
+            "{r: 2, alpha: 4, dropout: 0.0, target_modules: [q_proj], use_rslora: false, \
+             modules_to_save: [], init_from: null, merge: false}",
+        )
+        .unwrap();
+        let l = Llama::with_lora(&c, Some(&lora)).unwrap();
+        assert_eq!(
+            l.units()[1].param_names()[9..],
+            [
+                "model.layers.0.self_attn.q_proj.bias",
+                "model.layers.0.self_attn.k_proj.bias",
+                "model.layers.0.self_attn.v_proj.bias",
+                "model.layers.0.self_attn.q_proj.lora_A.weight",
+                "model.layers.0.self_attn.q_proj.lora_B.weight",
+            ]
+        );
+        assert!(
+            !l.param_spec("model.layers.0.self_attn.q_proj.bias")
+                .unwrap()
+                .trainable
+        );
+        assert_eq!(l.trainable_mask(1)[9..], [false, false, false, true, true]);
+        let mut lp = l.init_params(4, Device::Cpu, Kind::Float);
+        for (n, t) in p.iter() {
+            lp.insert(n, t.shallow_clone());
+        }
+        assert!(
+            l.forward(&lp, &tokens).unwrap().equal(&moved),
+            "B = 0: the base with its bias"
+        );
+    }
+
+    #[test]
+    fn a_context_beyond_the_sliding_window_is_refused() {
+        let c = ModelConfig {
+            model_type: Some(flotilla_config::schema::ModelType::Mistral),
+            sliding_window: Some(6),
+            ..tiny(true, 2)
+        };
+        let m = Llama::new(&c).unwrap();
+        m.check_window("data.seq_len", 6).unwrap();
+        let err = m.check_window("data.seq_len", 7).unwrap_err().to_string();
+        assert!(
+            err.contains("data.seq_len = 7 exceeds the Mistral model's sliding window of 6")
+                && err.contains("set data.seq_len=6 or less"),
+            "{err}"
+        );
+        let p = m.init_params(0, Device::Cpu, Kind::Float);
+        let err = m.forward(&p, &batch()).unwrap_err().to_string();
+        assert!(err.contains("the input length = 8 exceeds"), "{err}");
+        assert!(m.forward(&p, &batch().narrow(1, 0, 6)).is_ok());
     }
 
     #[test]

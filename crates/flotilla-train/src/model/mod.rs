@@ -1,5 +1,6 @@
-//! The model: Hugging Face's `LlamaForCausalLM` as a sequence of **units** with explicit
-//! parameters, plus Hugging Face directory load/save.
+//! The model: Hugging Face's `LlamaForCausalLM` (and `MistralForCausalLM`, `Qwen2ForCausalLM`,
+//! the same units) as a sequence of **units** with explicit parameters, plus Hugging Face
+//! directory load/save.
 //!
 //! This module owns the unit contract ([`Unit`], [`ForwardCtx`], [`ParamSpec`], [`Params`]),
 //! the per-unit backward helper ([`vjp`]) and the error type. The architecture lives in
@@ -91,9 +92,17 @@ pub enum ModelError {
         dtype: String,
         file: Option<PathBuf>,
     },
-    /// A tensor in the checkpoint that `LlamaForCausalLM` does not have.
-    #[error("tensor `{name}` in {} is not a LlamaForCausalLM weight", file.display())]
-    UnexpectedTensor { name: String, file: PathBuf },
+    /// A tensor in the checkpoint that the model's class (`LlamaForCausalLM`, ...) does not have.
+    #[error("tensor `{name}` in {} is not a {class} weight", file.display())]
+    UnexpectedTensor {
+        name: String,
+        file: PathBuf,
+        class: &'static str,
+    },
+    /// A context longer than the model's sliding window (the message names the window, the
+    /// length and the fix).
+    #[error("{0}")]
+    BeyondWindow(String),
     /// A parameter set handed to the model lacks a parameter.
     #[error("parameter `{name}` is missing from the parameter set")]
     MissingParam { name: String },

@@ -1,6 +1,7 @@
 //! The one mapping between the architecture's parameters and transformers' weight names:
-//! [`ParamName`] (a parameter of `LlamaForCausalLM`) and [`LayerWeight`] (a weight of one
-//! decoder layer), with their Hugging Face names and the parsing of those names. The
+//! [`ParamName`] (a parameter of `LlamaForCausalLM`, `MistralForCausalLM` or
+//! `Qwen2ForCausalLM`, which share their names) and [`LayerWeight`] (a weight of one decoder
+//! layer), with their Hugging Face names and the parsing of those names. The
 //! architecture (`llama.rs`) builds its parameter table from them and the Hugging Face format
 //! (`hf.rs`) reads and writes files under them; this module depends on neither.
 
@@ -31,6 +32,13 @@ impl LayerWeight {
         LayerWeight::Down,
     ];
 
+    /// The module under `model.layers.{i}.` (`self_attn.q_proj`): the weight's name without
+    /// `.weight`.
+    pub fn module(self) -> &'static str {
+        let s = self.suffix();
+        s.strip_suffix(".weight").unwrap_or(s)
+    }
+
     /// The name under `model.layers.{i}.`.
     pub fn suffix(self) -> &'static str {
         match self {
@@ -55,6 +63,9 @@ pub enum ParamName {
     Embed,
     /// `model.layers.{i}.…`.
     Layer(usize, LayerWeight),
+    /// The bias of an attention projection, `model.layers.{i}.self_attn.q_proj.bias` (`[out]`):
+    /// Qwen2's q/k/v, a biased Llama's q/k/v/o.
+    Bias(usize, LayerWeight),
     /// `model.norm.weight`, `[hidden]`.
     Norm,
     /// `lm_head.weight`, `[vocab, hidden]`; absent with tied embeddings.
@@ -85,11 +96,11 @@ impl ParamName {
         match self {
             ParamName::Embed => "model.embed_tokens.weight".into(),
             ParamName::Layer(i, w) => format!("model.layers.{i}.{}", w.suffix()),
+            ParamName::Bias(i, w) => format!("model.layers.{i}.{}.bias", w.module()),
             ParamName::Norm => "model.norm.weight".into(),
             ParamName::LmHead => "lm_head.weight".into(),
             ParamName::Lora(i, w, f) => {
-                let module = w.suffix().strip_suffix(".weight").unwrap_or(w.suffix());
-                format!("model.layers.{i}.{module}.{}.weight", f.tag())
+                format!("model.layers.{i}.{}.{}.weight", w.module(), f.tag())
             }
         }
     }
@@ -105,14 +116,15 @@ impl ParamName {
         let rest = name.strip_prefix("model.layers.")?;
         let (index, suffix) = rest.split_once('.')?;
         let i = index.parse().ok()?;
+        let of_module = |module: &str| LayerWeight::ALL.into_iter().find(|w| w.module() == module);
         for f in [LoraFactor::A, LoraFactor::B] {
             let tail = format!(".{}.weight", f.tag());
             if let Some(module) = suffix.strip_suffix(&tail) {
-                return LayerWeight::ALL
-                    .into_iter()
-                    .find(|w| w.suffix().strip_suffix(".weight") == Some(module))
-                    .map(|w| ParamName::Lora(i, w, f));
+                return of_module(module).map(|w| ParamName::Lora(i, w, f));
             }
+        }
+        if let Some(module) = suffix.strip_suffix(".bias") {
+            return of_module(module).map(|w| ParamName::Bias(i, w));
         }
         LayerWeight::ALL
             .into_iter()
@@ -130,6 +142,7 @@ mod tests {
         let mut all = vec![ParamName::Embed, ParamName::Norm, ParamName::LmHead];
         for w in LayerWeight::ALL {
             all.push(ParamName::Layer(13, w));
+            all.push(ParamName::Bias(7, w));
             all.push(ParamName::Lora(2, w, LoraFactor::A));
             all.push(ParamName::Lora(2, w, LoraFactor::B));
         }
@@ -145,6 +158,14 @@ mod tests {
             "model.layers.0.self_attn.v_proj.lora_B.weight"
         );
         assert_eq!(ParamName::parse("model.layers.x.mlp.up_proj.weight"), None);
-        assert_eq!(ParamName::parse("model.layers.0.mlp.up_proj.bias"), None);
+        assert_eq!(
+            ParamName::Bias(3, LayerWeight::K).hf_name(),
+            "model.layers.3.self_attn.k_proj.bias"
+        );
+        assert_eq!(
+            ParamName::parse("model.layers.0.mlp.up_proj.bias"),
+            Some(ParamName::Bias(0, LayerWeight::Up))
+        );
+        assert_eq!(ParamName::parse("model.layers.0.mlp.up.bias"), None);
     }
 }
