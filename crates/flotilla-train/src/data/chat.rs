@@ -99,12 +99,11 @@ struct Settings<'a> {
 
 impl<'a> Settings<'a> {
     fn of(cfg: &'a ChatData) -> Self {
-        let messages_key =
-            if cfg.format == ChatFormat::Sharegpt && cfg.messages_key == "messages" {
-                "conversations"
-            } else {
-                cfg.messages_key.as_str()
-            };
+        let messages_key = if cfg.format == ChatFormat::Sharegpt && cfg.messages_key == "messages" {
+            "conversations"
+        } else {
+            cfg.messages_key.as_str()
+        };
         Settings {
             format: cfg.format,
             messages_key,
@@ -119,9 +118,12 @@ impl<'a> Settings<'a> {
 }
 
 /// The tokenizer and template of chat data, read once.
+#[derive(Debug)]
 pub struct ChatTokenizer {
     pub tokenizer: Tokenizer,
     pub template: ChatTemplate,
+    /// The texts of the tokenizer's added tokens (special tokens and the like).
+    added_tokens: Vec<String>,
     /// The tokenizer directory.
     pub dir: PathBuf,
 }
@@ -167,9 +169,16 @@ impl ChatTokenizer {
             // final/ carries the template the model was trained with.
             tokenizer.set_chat_template(template.source());
         }
+        let added_tokens = tokenizer
+            .inner()
+            .get_added_tokens_decoder()
+            .into_values()
+            .map(|t| t.content)
+            .collect();
         Ok(ChatTokenizer {
             tokenizer,
             template,
+            added_tokens,
             dir,
         })
     }
@@ -206,7 +215,14 @@ fn split_records(path: &Path, bytes: &[u8]) -> Result<(bool, Vec<(usize, Value)>
                     .into(),
             });
         };
-        return Ok((true, items.into_iter().enumerate().map(|(i, v)| (i + 1, v)).collect()));
+        return Ok((
+            true,
+            items
+                .into_iter()
+                .enumerate()
+                .map(|(i, v)| (i + 1, v))
+                .collect(),
+        ));
     }
     let lines: Vec<(usize, &str)> = text
         .lines()
@@ -304,6 +320,7 @@ fn role_of(message: &Value) -> Option<&str> {
 /// Byte spans of the rendered text that are trained, by the prefix rule (module docs).
 fn trained_spans(
     template: &ChatTemplate,
+    added: &[String],
     messages: &[Value],
     full: &str,
     train_on: TrainOn,
@@ -340,12 +357,45 @@ fn trained_spans(
             ));
         }
         let upto = template.try_render(&Value::Array(messages[..=i].to_vec()), false)?;
-        let end = common_prefix_len(&upto, full);
+        let end = outside_added_tokens(common_prefix_len(&upto, full), &[full, &upto], added);
         if end > before.len() {
             spans.push((before.len(), end));
         }
     }
     Ok(spans)
+}
+
+/// `end` moved back to the start of any added token that it would cut in one of `texts` (all
+/// of which agree before `end`): the tokenizer reads an added token as one symbol, so a common
+/// prefix is taken over it whole. (Phi-3 ends an earlier turn's render with `<|endoftext|>`
+/// where the conversation goes on with `<|user|>`: they share `<|`, which is not a prefix.)
+fn outside_added_tokens(mut end: usize, texts: &[&str], added: &[String]) -> usize {
+    'again: loop {
+        for text in texts {
+            for token in added {
+                let n = token.len();
+                if n < 2 {
+                    continue;
+                }
+                let mut lo = end.saturating_sub(n - 1);
+                while !text.is_char_boundary(lo) {
+                    lo -= 1;
+                }
+                let hi = (end + n - 1).min(text.len());
+                if lo >= hi || !text.is_char_boundary(hi) {
+                    continue;
+                }
+                if let Some(p) = text[lo..hi].find(token.as_str()) {
+                    let at = lo + p;
+                    if at < end && end < at + n {
+                        end = at;
+                        continue 'again;
+                    }
+                }
+            }
+        }
+        return end;
+    }
 }
 
 /// Bytes `a` and `b` share from the start, at a character boundary.
@@ -380,7 +430,7 @@ pub fn encode_conversation(
         return Err("messages must be a list".into());
     };
     let text = chat.template.try_render(messages, false)?;
-    let spans = trained_spans(&chat.template, list, &text, train_on)?;
+    let spans = trained_spans(&chat.template, &chat.added_tokens, list, &text, train_on)?;
     let (ids, starts) = chat
         .tokenizer
         .encode_with_offsets(&text)
@@ -390,6 +440,25 @@ pub fn encode_conversation(
         .map(|&s| spans.iter().any(|&(a, b)| a <= s && s < b))
         .collect();
     Ok(EncodedChat { text, ids, trained })
+}
+
+/// Renders, tokenizes and masks one record of a chat file as `cfg` says (the error is the
+/// message a [`DataError::ChatRecord`] would carry).
+pub fn encode_record(
+    chat: &ChatTokenizer,
+    record: &Value,
+    cfg: &ChatData,
+) -> std::result::Result<EncodedChat, String> {
+    encode_with(chat, record, &Settings::of(cfg))
+}
+
+fn encode_with(
+    chat: &ChatTokenizer,
+    record: &Value,
+    settings: &Settings<'_>,
+) -> std::result::Result<EncodedChat, String> {
+    let messages = messages_of(record, settings)?;
+    encode_conversation(chat, &messages, settings.train_on)
 }
 
 /// Reads and encodes the conversations of `path` (`key` names its config key).
@@ -402,20 +471,27 @@ pub fn build(
 ) -> Result<(MaskedSequences, ChatStats)> {
     let bytes = std::fs::read(path).map_err(|e| DataError::open(key, path, e))?;
     let settings = Settings::of(cfg);
-    let cache = use_cache.then(|| super::chat_cache::CacheEntry::new(path, &bytes, chat, &settings));
+    let cache =
+        use_cache.then(|| super::chat_cache::CacheEntry::new(path, &bytes, chat, &settings));
     if let Some(hit) = cache.as_ref().and_then(|c| c.load()) {
-        tracing::info!("{}: prepared conversations read from {}", path.display(), hit.2.display());
+        tracing::info!(
+            "{}: prepared conversations read from {}",
+            path.display(),
+            hit.2.display()
+        );
         return Ok((hit.0, hit.1));
     }
     let (is_array, records) = split_records(path, &bytes)?;
     if records.is_empty() {
-        return Err(DataError::config(key, format!("{} has no records", path.display())));
+        return Err(DataError::config(
+            key,
+            format!("{} has no records", path.display()),
+        ));
     }
     let encoded: Vec<(usize, std::result::Result<EncodedChat, String>)> = records
         .par_iter()
         .map(|(at, record)| {
-            let result = messages_of(record, &settings)
-                .and_then(|m| encode_conversation(chat, &m, settings.train_on));
+            let result = encode_with(chat, record, &settings);
             (*at, result)
         })
         .collect();
@@ -438,9 +514,11 @@ pub fn build(
             Err(message) if settings.skip_bad_records => {
                 stats.skipped += 1;
                 if stats.skip_reasons.len() < 5 {
-                    stats
-                        .skip_reasons
-                        .push(format!("{}{}: {message}", path.display(), place(is_array, at)));
+                    stats.skip_reasons.push(format!(
+                        "{}{}: {message}",
+                        path.display(),
+                        place(is_array, at)
+                    ));
                 }
                 continue;
             }
@@ -534,6 +612,17 @@ pub fn summary_line(stats: &ChatStats) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_common_prefix_never_ends_inside_an_added_token() {
+        let added = vec!["<|user|>".to_string(), "<|endoftext|>".to_string()];
+        let full = "<|assistant|>hi<|end|>\n<|user|>more";
+        let upto = "<|assistant|>hi<|end|>\n<|endoftext|>";
+        let end = common_prefix_len(upto, full);
+        assert_eq!(&full[..end], "<|assistant|>hi<|end|>\n<|");
+        let end = outside_added_tokens(end, &[full, upto], &added);
+        assert_eq!(&full[..end], "<|assistant|>hi<|end|>\n");
+    }
 
     #[test]
     fn common_prefix_stops_at_the_first_difference() {

@@ -57,16 +57,24 @@ impl CacheEntry {
             "tokenizer_config.json",
             "special_tokens_map.json",
         ] {
-            part(name, &std::fs::read(chat.dir.join(name)).unwrap_or_default());
+            part(
+                name,
+                &std::fs::read(chat.dir.join(name)).unwrap_or_default(),
+            );
         }
         let source = chat.template.source();
         part("template", source.as_bytes());
         part(
             "settings",
-            serde_json::to_string(settings).unwrap_or_default().as_bytes(),
+            serde_json::to_string(settings)
+                .unwrap_or_default()
+                .as_bytes(),
         );
         if source.contains("strftime_now") {
-            part("date", chrono::Local::now().format("%F").to_string().as_bytes());
+            part(
+                "date",
+                chrono::Local::now().format("%F").to_string().as_bytes(),
+            );
         }
         let key: String = h.finalize().iter().map(|b| format!("{b:02x}")).collect();
         let dir = data

@@ -143,8 +143,8 @@ impl ChatTemplate {
 
     /// The template in `file`, rendered with the special tokens of the tokenizer in `dir`.
     pub fn from_file(file: &Path, dir: &Path) -> Result<Self> {
-        let source =
-            std::fs::read_to_string(file).map_err(|e| DataError::open("data.chat_template", file, e))?;
+        let source = std::fs::read_to_string(file)
+            .map_err(|e| DataError::open("data.chat_template", file, e))?;
         let config = read_json(&dir.join(TOKENIZER_CONFIG_FILE))?;
         Self::compile(source, file, config.as_ref(), dir)
     }
@@ -199,7 +199,10 @@ impl ChatTemplate {
             .map_err(|e| describe(&e))?;
         let mut context: Vec<(String, Value)> = vec![
             ("messages".into(), Value::from_serialize(messages)),
-            ("add_generation_prompt".into(), Value::from(add_generation_prompt)),
+            (
+                "add_generation_prompt".into(),
+                Value::from(add_generation_prompt),
+            ),
             ("tools".into(), Value::from(())),
             ("documents".into(), Value::from(())),
         ];
@@ -482,7 +485,8 @@ mod tests {
              {{ m.content.strip() }}{% else %}[A] {{ m['content'] }}{{ eos_token }}{% endif %}\
              {% endfor %}{% if add_generation_prompt %}[A]{% endif %}",
         );
-        let msgs = json!([{"role": "user", "content": "  hi  "}, {"role": "assistant", "content": "yo"}]);
+        let msgs =
+            json!([{"role": "user", "content": "  hi  "}, {"role": "assistant", "content": "yo"}]);
         assert_eq!(t.render(&msgs, false).unwrap(), "<s>[U] hi[A] yo</s>");
         assert_eq!(t.render(&msgs, true).unwrap(), "<s>[U] hi[A] yo</s>[A]");
     }
@@ -500,7 +504,10 @@ mod tests {
     fn tojson_matches_python_json_dumps() {
         let t = template("{{ messages[0] | tojson }}|{{ messages[0] | tojson(indent=2) }}");
         let out = t
-            .render(&json!([{"b": [1, 2.5, "é\n\"x\""], "a": {}, "c": null, "d": 1e-5}]), false)
+            .render(
+                &json!([{"b": [1, 2.5, "é\n\"x\""], "a": {}, "c": null, "d": 1e-5}]),
+                false,
+            )
             .unwrap();
         assert_eq!(
             out,
@@ -532,7 +539,11 @@ mod tests {
     #[test]
     fn a_template_that_does_not_parse_is_an_error_with_its_line() {
         let dir = tempfile::tempdir().unwrap();
-        std::fs::write(dir.path().join(TEMPLATE_FILE), "ok\n{% for m in messages %}").unwrap();
+        std::fs::write(
+            dir.path().join(TEMPLATE_FILE),
+            "ok\n{% for m in messages %}",
+        )
+        .unwrap();
         let err = ChatTemplate::from_tokenizer_dir(dir.path())
             .unwrap_err()
             .to_string();

@@ -1,0 +1,107 @@
+//! `flotilla data show`: composes a job's config, builds its training data exactly as the
+//! trainer does, and formats the first examples (see [`crate::data::show`]) as text or JSON.
+//! The caller prints the result.
+
+use std::io::IsTerminal;
+use std::path::Path;
+
+use anyhow::Context;
+
+use crate::data::show::{marked_text, show, Marking};
+use crate::data::{self, DataOptions};
+use crate::task_error::TaskError;
+
+/// Output format of `data show`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Format {
+    Text,
+    Json,
+}
+
+/// Whether the text output uses colours.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum ColorChoice {
+    Auto,
+    Always,
+    Never,
+}
+
+/// The output of `data show` for a composed job.
+pub fn run(
+    composed: &flotilla_config::Composed,
+    num: usize,
+    format: Format,
+    color: ColorChoice,
+) -> Result<String, TaskError> {
+    let job = composed.typed.as_ref().ok_or_else(|| {
+        TaskError::Other(anyhow::anyhow!(
+            "the composed config is not a flotilla job (or --no-validate was given)"
+        ))
+    })?;
+    let init_from = job.model.init_from.as_deref().map(Path::new);
+    let vocab = match init_from {
+        Some(dir) => {
+            crate::model::hf::read_model_config(dir)
+                .with_context(|| format!("reading model.init_from={}", dir.display()))?
+                .vocab_size
+        }
+        None => job.model.vocab_size,
+    };
+    let data = data::build(
+        &job.data,
+        &DataOptions {
+            model_vocab_size: vocab,
+            run_dir: None,
+            init_from,
+        },
+    )
+    .context("building the training data")?;
+    let shown = show(&data, num).context("reading the examples")?;
+    if format == Format::Json {
+        let mut text = serde_json::to_string(&shown).context("writing JSON")?;
+        text.push('\n');
+        return Ok(text);
+    }
+    let marking = match color {
+        ColorChoice::Always => Marking::Color,
+        ColorChoice::Never => Marking::Brackets,
+        ColorChoice::Auto if std::io::stdout().is_terminal() => Marking::Color,
+        ColorChoice::Auto => Marking::Brackets,
+    };
+    let mut out = String::new();
+    let total = data.train.len();
+    for (k, e) in shown.examples.iter().enumerate() {
+        let trained = e.example.trained.iter().filter(|&&t| t).count();
+        let source = match e.source {
+            Some(line) => format!(" · {} line {line}", data_path(&job.data)),
+            None => String::new(),
+        };
+        out.push_str(&format!(
+            "── example {} of {total}{source} · {} tokens · {trained} trained ──\n",
+            k + 1,
+            e.input_ids.len(),
+        ));
+        match &data.tokenizer {
+            Some(t) => out.push_str(&marked_text(&e.example, t, marking).context("decoding")?),
+            None => out.push_str(&format!("{:?}", e.input_ids)),
+        }
+        out.push_str("\n\n");
+    }
+    if marking == Marking::Brackets && !shown.examples.is_empty() {
+        out.push_str("(trained tokens stand between ⟦ and ⟧)\n");
+    }
+    match &shown.chat_line {
+        Some(line) => out.push_str(&format!("{line}\n")),
+        None => out.push_str(&format!("{}\n", shown.summary.line())),
+    }
+    Ok(out)
+}
+
+fn data_path(cfg: &flotilla_config::schema::DataConfig) -> &str {
+    use flotilla_config::schema::DataConfig;
+    match cfg {
+        DataConfig::Chat(c) => &c.path,
+        DataConfig::Jsonl(j) => &j.path,
+        _ => "data",
+    }
+}

@@ -1,0 +1,516 @@
+//! Chat data against the real transformers: tests/oracle/make_chat_tokenizers.py builds tiny
+//! tokenizer directories carrying the real chat templates of Llama 3.1, Mistral v0.3,
+//! Qwen2.5, Gemma 2, Phi-3 and Llama 2 (stored as a string, a named list, or a
+//! `chat_template.jinja`), and tests/oracle/chat_oracle.py prints, for every conversation,
+//! `apply_chat_template(messages, tokenize=False)`, the ids of `tokenizer(text,
+//! add_special_tokens=False)` and the trained mask of the prefix rule. flotilla must give the
+//! same text, the same ids and the same mask for every conversation and every `train_on`, and
+//! fail exactly where the template raises. Then the pipeline as a user meets it: `flotilla-train
+//! data show`, the cache, bad records, packing, and a short training run.
+
+#[path = "../../../tests/common/mod.rs"]
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use flotilla_config::schema::{ChatData, ChatFormat, DataConfig, Overflow, TrainOn};
+use flotilla_train::data::chat::{self, encode_record};
+use flotilla_train::data::{self, ChatTokenizer, DataOptions, Dataset};
+use serde_json::Value;
+
+const FAMILIES: &[&str] = &["llama3", "mistral", "qwen2.5", "gemma", "phi3", "llama2"];
+
+fn fixtures() -> PathBuf {
+    common::repo_root().join("tests/oracle/fixtures/chat")
+}
+
+/// The tiny tokenizer directories, made once per test binary.
+fn tokenizers() -> Option<&'static Path> {
+    static DIR: std::sync::OnceLock<Option<tempfile::TempDir>> = std::sync::OnceLock::new();
+    DIR.get_or_init(|| {
+        let python = common::oracle_python()?;
+        let dir = tempfile::tempdir().unwrap();
+        let out = Command::new(python)
+            .arg(common::oracle_file("make_chat_tokenizers.py"))
+            .arg(dir.path())
+            .env("HF_HUB_OFFLINE", "1")
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "make_chat_tokenizers.py failed:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Some(dir)
+    })
+    .as_ref()
+    .map(|d| d.path())
+}
+
+fn require_tokenizers(test: &str) -> Option<&'static Path> {
+    let dir = tokenizers();
+    if dir.is_none() {
+        common::skip_or_fail(&format!(
+            "{test}: `import transformers` fails in {}; run scripts/setup.sh",
+            common::venv_python().display()
+        ));
+    }
+    dir
+}
+
+fn chat_config(tokenizer: &Path, path: &Path, yaml: &str) -> ChatData {
+    let text = format!(
+        "kind: chat\npath: {}\neval_path: null\ntokenizer: {}\nchat_template: null\n\
+         format: messages\nmessages_key: messages\nsystem: null\ntrain_on: assistant\n\
+         overflow: truncate\npacking: false\nskip_bad_records: false\nseq_len: 4096\n\
+         shuffle: false\nnum_workers: 0\n{yaml}",
+        path.display(),
+        tokenizer.display()
+    );
+    let mut value: serde_yaml::Value = serde_yaml::from_str(&text).unwrap();
+    // Later keys win (the test's own settings).
+    if let serde_yaml::Value::Mapping(m) = &mut value {
+        for (k, v) in
+            serde_yaml::from_str::<serde_yaml::Mapping>(if yaml.is_empty() { "{}" } else { yaml })
+                .unwrap()
+        {
+            m.insert(k, v);
+        }
+    }
+    match serde_yaml::from_value::<DataConfig>(value).unwrap() {
+        DataConfig::Chat(c) => c,
+        other => panic!("{other:?}"),
+    }
+}
+
+fn oracle(tokenizer: &Path, data: &Path, args: &[&str]) -> Vec<Value> {
+    let python = common::venv_python();
+    let out = Command::new(python)
+        .arg(common::oracle_file("chat_oracle.py"))
+        .arg("--tokenizer")
+        .arg(tokenizer)
+        .arg("--data")
+        .arg(data)
+        .args(args)
+        .env("HF_HUB_OFFLINE", "1")
+        .env("TRANSFORMERS_VERBOSITY", "error")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "chat_oracle.py failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+/// flotilla's encoding of every record of `data` against the oracle's; returns how many
+/// conversations were compared token for token and how many errors agreed.
+fn compare(
+    family: &str,
+    tokenizer: &Path,
+    data: &Path,
+    cfg: &ChatData,
+    args: &[&str],
+) -> (usize, usize) {
+    let chat = ChatTokenizer::open(cfg, None).unwrap();
+    let expected = oracle(tokenizer, data, args);
+    let text = std::fs::read_to_string(data).unwrap();
+    let records: Vec<(usize, Value)> = text
+        .lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty())
+        .map(|(i, l)| (i + 1, serde_json::from_str(l).unwrap()))
+        .collect();
+    assert_eq!(
+        records.len(),
+        expected.len(),
+        "{family}: one oracle line per record"
+    );
+    let (mut same, mut errors) = (0, 0);
+    for ((line, record), want) in records.iter().zip(&expected) {
+        assert_eq!(want["line"].as_u64(), Some(*line as u64));
+        let got = encode_record(&chat, record, cfg);
+        let what = format!("{family} {} line {line} ({args:?})", data.display());
+        match (want.get("error").and_then(Value::as_str), got) {
+            (Some(msg), Err(ours)) => {
+                // The template's own words come through; flotilla's other refusals say the
+                // same thing in a sentence.
+                let agrees = ours.contains(msg)
+                    || (msg == "no assistant turn" && ours.contains("no assistant turn"))
+                    || (msg == "not prefix-stable" && ours.contains("not prefix-stable"));
+                assert!(agrees, "{what}: oracle error {msg:?}, flotilla {ours:?}");
+                errors += 1;
+            }
+            (Some(msg), Ok(_)) => panic!("{what}: transformers fails ({msg}), flotilla does not"),
+            (None, Err(ours)) => panic!("{what}: flotilla fails ({ours}), transformers does not"),
+            (None, Ok(e)) => {
+                assert_eq!(e.text, want["text"].as_str().unwrap(), "{what}: text");
+                let ids: Vec<u32> = serde_json::from_value(want["input_ids"].clone()).unwrap();
+                assert_eq!(e.ids, ids, "{what}: ids of {:?}", e.text);
+                let trained: Vec<u8> = serde_json::from_value(want["trained"].clone()).unwrap();
+                let ours: Vec<u8> = e.trained.iter().map(|&t| t as u8).collect();
+                assert_eq!(ours, trained, "{what}: trained mask of {:?}", e.text);
+                same += 1;
+            }
+        }
+    }
+    (same, errors)
+}
+
+#[test]
+fn every_family_renders_tokenizes_and_masks_like_transformers() {
+    let Some(dir) =
+        require_tokenizers("every_family_renders_tokenizes_and_masks_like_transformers")
+    else {
+        return;
+    };
+    let data = fixtures().join("conversations.jsonl");
+    let mut total = 0;
+    for family in FAMILIES {
+        let tok = dir.join(family);
+        for (train_on, arg) in [
+            (TrainOn::Assistant, "assistant"),
+            (TrainOn::All, "all"),
+            (TrainOn::LastAssistant, "last_assistant"),
+        ] {
+            let mut cfg = chat_config(&tok, &data, "");
+            cfg.train_on = train_on;
+            let (same, errors) = compare(family, &tok, &data, &cfg, &["--train-on", arg]);
+            eprintln!("{family} {arg}: {same} conversations identical, {errors} errors agreed");
+            assert!(
+                same >= 5,
+                "{family} {arg}: only {same} conversations compared"
+            );
+            total += same;
+        }
+    }
+    assert!(total > 200, "{total}");
+}
+
+#[test]
+fn sharegpt_records_map_to_the_same_conversations() {
+    let Some(dir) = require_tokenizers("sharegpt_records_map_to_the_same_conversations") else {
+        return;
+    };
+    let data = fixtures().join("sharegpt.jsonl");
+    for family in ["qwen2.5", "llama3"] {
+        let tok = dir.join(family);
+        let mut cfg = chat_config(&tok, &data, "");
+        cfg.format = ChatFormat::Sharegpt;
+        let (same, _) = compare(family, &tok, &data, &cfg, &["--sharegpt"]);
+        assert!(same >= 2, "{family}: {same}");
+    }
+}
+
+#[test]
+fn a_template_that_raises_stops_with_the_file_the_line_and_its_message() {
+    let Some(dir) = require_tokenizers("a_template_that_raises_stops_with_the_file_the_line")
+    else {
+        return;
+    };
+    let data = fixtures().join("bad_role_order.jsonl");
+    let tok = dir.join("gemma");
+    let cfg = chat_config(&tok, &data, "");
+    let chat = ChatTokenizer::open(&cfg, None).unwrap();
+    let err = chat::build("data.path", &data, &cfg, &chat, false)
+        .unwrap_err()
+        .to_string();
+    assert!(err.starts_with(&format!("{}:", data.display())), "{err}");
+    assert!(
+        err.contains("the template raised: Conversation roles must alternate"),
+        "{err}"
+    );
+    let expected = oracle(&tok, &data, &[]);
+    let first_bad = expected
+        .iter()
+        .find(|v| v.get("error").is_some())
+        .and_then(|v| v["line"].as_u64())
+        .unwrap();
+    assert!(
+        err.contains(&format!(":{first_bad}: ")),
+        "{err} (oracle: line {first_bad})"
+    );
+
+    // Asked to skip, the same file trains on what is left and counts what it skipped.
+    let mut skipping = cfg.clone();
+    skipping.skip_bad_records = true;
+    let good = expected.iter().filter(|v| v.get("error").is_none()).count();
+    match chat::build("data.path", &data, &skipping, &chat, false) {
+        Ok((set, stats)) => {
+            assert_eq!(stats.skipped, expected.len() - good);
+            assert_eq!(set.len(), good);
+        }
+        Err(e) => assert_eq!(good, 0, "{e}"),
+    }
+}
+
+#[test]
+fn missing_templates_and_bad_records_are_clear_errors() {
+    let Some(dir) = require_tokenizers("missing_templates_and_bad_records_are_clear_errors") else {
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("chats.jsonl");
+    std::fs::write(
+        &data,
+        "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}, {\"role\": \"assistant\", \"content\": \"yo\"}]}\n\n{\"text\": \"no turns\"}\n",
+    )
+    .unwrap();
+    let cfg = chat_config(&dir.join("no_template"), &data, "");
+    let err = ChatTokenizer::open(&cfg, None).unwrap_err().to_string();
+    assert!(err.contains("has no chat template"), "{err}");
+    assert!(err.contains("data.chat_template="), "{err}");
+
+    let cfg = chat_config(&dir.join("qwen2.5"), &data, "");
+    let chat = ChatTokenizer::open(&cfg, None).unwrap();
+    let err = chat::build("data.path", &data, &cfg, &chat, false)
+        .unwrap_err()
+        .to_string();
+    assert_eq!(
+        err,
+        format!(
+            "{}:3: record has no 'messages' list (data.messages_key); its fields are [text]",
+            data.display()
+        )
+    );
+
+    let broken = tmp.path().join("broken.jinja");
+    std::fs::write(&broken, "{% for m in messages %}{{ m.content }").unwrap();
+    let mut cfg = chat_config(&dir.join("qwen2.5"), &data, "");
+    cfg.chat_template = Some(broken.display().to_string());
+    let err = ChatTokenizer::open(&cfg, None).unwrap_err().to_string();
+    assert!(
+        err.contains("broken.jinja") && err.contains("does not parse"),
+        "{err}"
+    );
+}
+
+#[test]
+fn packing_keeps_masks_and_never_trains_across_conversations() {
+    let Some(dir) = require_tokenizers("packing_keeps_masks") else {
+        return;
+    };
+    let data = fixtures().join("conversations.jsonl");
+    let tok = dir.join("qwen2.5");
+    let mut cfg = chat_config(&tok, &data, "");
+    cfg.seq_len = 256;
+    cfg.skip_bad_records = true;
+    let chat = ChatTokenizer::open(&cfg, None).unwrap();
+    let (plain, plain_stats) = chat::build("data.path", &data, &cfg, &chat, false).unwrap();
+    cfg.packing = true;
+    let (packed, packed_stats) = chat::build("data.path", &data, &cfg, &chat, false).unwrap();
+    assert!(
+        packed.len() < plain.len(),
+        "{} windows for {} conversations",
+        packed.len(),
+        plain.len()
+    );
+    assert_eq!(plain_stats.conversations, packed_stats.conversations);
+    // The same tokens, the same trained tokens: packing only places them side by side.
+    let all = |d: &data::MaskedSequences| -> (Vec<u32>, usize) {
+        let mut ids = vec![];
+        let mut trained = 0;
+        for k in 0..d.len() {
+            let (s, t) = d.sequence(k);
+            ids.extend_from_slice(s);
+            trained += t.iter().skip(1).filter(|&&x| x).count();
+        }
+        (ids, trained)
+    };
+    assert_eq!(all(&plain).0, all(&packed).0);
+    assert_eq!(plain_stats.trained_tokens, packed_stats.trained_tokens);
+    assert_eq!(all(&plain).1, all(&packed).1);
+    for k in 0..packed.len() {
+        let (s, _) = packed.sequence(k);
+        assert!(s.len() <= cfg.seq_len + 1);
+        let sample = packed.get(k).unwrap();
+        assert_eq!(sample.num_loss_tokens(), packed.num_loss_tokens(k).unwrap());
+    }
+    // Overflow: drop leaves long conversations out, truncate cuts them.
+    cfg.packing = false;
+    cfg.seq_len = 100;
+    let (cut, cut_stats) = chat::build("data.path", &data, &cfg, &chat, false).unwrap();
+    cfg.overflow = Overflow::Drop;
+    let (kept, drop_stats) = chat::build("data.path", &data, &cfg, &chat, false).unwrap();
+    assert!(cut_stats.truncated > 0 && drop_stats.dropped >= cut_stats.truncated);
+    assert!(kept.len() < cut.len());
+    for k in 0..cut.len() {
+        assert!(cut.sequence(k).0.len() <= 101);
+    }
+}
+
+#[test]
+fn the_cache_is_used_and_never_stale() {
+    let Some(dir) = require_tokenizers("the_cache_is_used_and_never_stale") else {
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("chats.jsonl");
+    std::fs::copy(fixtures().join("conversations.jsonl"), &data).unwrap();
+    let tok = dir.join("llama3");
+    let mut cfg = chat_config(&tok, &data, "");
+    cfg.skip_bad_records = true;
+    let chat = ChatTokenizer::open(&cfg, None).unwrap();
+    let (first, stats) = chat::build("data.path", &data, &cfg, &chat, true).unwrap();
+    let cache_dir = tmp.path().join(".flotilla-cache");
+    let entries = || {
+        std::fs::read_dir(&cache_dir)
+            .map(|d| d.count())
+            .unwrap_or(0)
+    };
+    assert_eq!(entries(), 1);
+    let (again, again_stats) = chat::build("data.path", &data, &cfg, &chat, true).unwrap();
+    assert_eq!((&first, &stats), (&again, &again_stats));
+    // A changed record is a new key: the cache never answers for the old file.
+    let text = std::fs::read_to_string(&data)
+        .unwrap()
+        .replacen("Paris", "Lyon", 1);
+    std::fs::write(&data, text).unwrap();
+    let (changed, _) = chat::build("data.path", &data, &cfg, &chat, true).unwrap();
+    assert_ne!(changed, first);
+    assert_eq!(entries(), 2);
+    // So is a changed setting.
+    cfg.train_on = TrainOn::All;
+    let (all, _) = chat::build("data.path", &data, &cfg, &chat, true).unwrap();
+    assert_ne!(all.sequence(0).1, changed.sequence(0).1);
+    assert_eq!(entries(), 3);
+}
+
+/// `flotilla-train data show --format json` prints the oracle's ids, and labels that are the
+/// ids where trained and -100 elsewhere.
+#[test]
+fn data_show_prints_what_the_model_sees() {
+    let Some(dir) = require_tokenizers("data_show_prints_what_the_model_sees") else {
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("chats.jsonl");
+    std::fs::copy(fixtures().join("conversations.jsonl"), &data).unwrap();
+    let tok = dir.join("phi3");
+    let run = |format: &str| {
+        let out = Command::new(common::target_profile_dir().join("flotilla-train"))
+            .current_dir(common::repo_root())
+            .args([
+                "data", "show", "--num", "4", "--color", "never", "--format", format,
+            ])
+            .arg("data=chat")
+            .arg(format!("data.path={}", data.display()))
+            .arg(format!("data.tokenizer={}", tok.display()))
+            .args(["data.skip_bad_records=true", "data.seq_len=4096"])
+            .args([
+                "model.vocab_size=1024",
+                "model.max_position_embeddings=4096",
+            ])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let shown: Value = serde_json::from_str(&run("json")).unwrap();
+    let expected: Vec<Value> = oracle(&tok, &data, &[])
+        .into_iter()
+        .filter(|v| v.get("error").is_none())
+        .collect();
+    let examples = shown["examples"].as_array().unwrap();
+    assert_eq!(examples.len(), 4);
+    for (ex, want) in examples.iter().zip(&expected) {
+        assert_eq!(ex["input_ids"], want["input_ids"]);
+        let ids: Vec<i64> = serde_json::from_value(want["input_ids"].clone()).unwrap();
+        let trained: Vec<u8> = serde_json::from_value(want["trained"].clone()).unwrap();
+        let labels: Vec<i64> = ids
+            .iter()
+            .zip(&trained)
+            .enumerate()
+            .map(|(i, (&id, &t))| if t == 1 && i > 0 { id } else { -100 })
+            .collect();
+        assert_eq!(ex["labels"], serde_json::json!(labels));
+        assert_eq!(ex["text"], want["text"]);
+    }
+    let summary = &shown["summary"];
+    let trained: usize = expected
+        .iter()
+        .map(|v| {
+            v["trained"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .skip(1)
+                .filter(|t| t.as_u64() == Some(1))
+                .count()
+        })
+        .sum();
+    assert_eq!(summary["examples"].as_u64(), Some(expected.len() as u64));
+    assert_eq!(summary["trained_tokens"].as_u64(), Some(trained as u64));
+
+    // The text form, as a person reads it: trained spans bracketed, and the summary line.
+    let text = run("text");
+    assert!(text.contains("── example 1 of"), "{text}");
+    assert!(text.contains("⟦"), "{text}");
+    let last = text.lines().last().unwrap();
+    assert!(
+        last.contains(&format!(
+            "{} conversations in {} examples",
+            expected.len(),
+            expected.len()
+        )),
+        "{last}"
+    );
+}
+
+/// Every other data kind shows too: the default arithmetic job's first example.
+#[test]
+fn data_show_works_for_the_default_job() {
+    let out = Command::new(common::target_profile_dir().join("flotilla-train"))
+        .current_dir(common::repo_root())
+        .args(["data", "show", "--num", "1", "--format", "json"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let shown: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let ex = &shown["examples"][0];
+    let text = ex["text"].as_str().unwrap();
+    assert!(
+        text.contains('=') && text.contains('+') || text.contains('-'),
+        "{text}"
+    );
+    let labels = ex["labels"].as_array().unwrap();
+    let ids = ex["input_ids"].as_array().unwrap();
+    assert_eq!(labels.len(), ids.len());
+    // The prompt is masked, the answer is not.
+    assert_eq!(labels[0], -100);
+    assert!(labels.iter().any(|l| l != -100));
+    assert!(shown["summary"]["examples"].as_u64().unwrap() > 100);
+}
+
+#[test]
+fn chat_data_needs_a_tokenizer_directory() {
+    let cfg = chat_config(
+        Path::new("/nonexistent-tokenizer"),
+        Path::new("x.jsonl"),
+        "",
+    );
+    let err = data::build(
+        &DataConfig::Chat(cfg),
+        &DataOptions {
+            model_vocab_size: 1000,
+            run_dir: None,
+            init_from: None,
+        },
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("has no tokenizer.json"), "{err}");
+}
