@@ -1,8 +1,13 @@
-//! flotilla's `LlamaForCausalLM` against the real transformers, both directions:
-//! tests/oracle/make_llama_fixtures.py makes small random models with `save_pretrained` (tied
-//! and untied, GQA/MHA/MQA, llama3 rope scaling, legacy config.json, sharded, f16, bf16) and
-//! transformers' logits and loss for a token batch; flotilla loads each, matches the logits and
-//! the loss, saves its own directory, and transformers loads that and matches flotilla's logits.
+//! flotilla's `LlamaForCausalLM`, `MistralForCausalLM` and `Qwen2ForCausalLM` against the real
+//! transformers, both directions: tests/oracle/make_hf_fixtures.py makes small random models
+//! with `save_pretrained` (tied and untied, GQA/MHA/MQA, llama3 rope scaling, legacy
+//! config.json, sharded, f16, bf16, Llama with attention biases, Mistral with a sliding window,
+//! Qwen2 with random q/k/v biases, tied and untied) and transformers' logits and loss for a
+//! token batch; flotilla loads each, matches the logits and the loss, saves its own directory,
+//! and transformers loads that as the same class and matches flotilla's logits. Mistral and
+//! Qwen2 bases also train through `flotilla-train` with `model.init_from`: `final/` loads in
+//! transformers as the same class with flotilla's logits, and a `data.seq_len` beyond
+//! Mistral's window is refused by `flotilla run` (nothing created) and by the trainer.
 //! The other tests need no Python: save/load round trips and the loader's error messages.
 
 #[path = "../../../tests/common/mod.rs"]
@@ -19,7 +24,7 @@ use flotilla_train::model::{causal_lm_loss, load_hf, save_hf, Llama, ModelError,
 use tch::{Device, Kind, Tensor};
 
 fn oracle_script() -> PathBuf {
-    common::oracle_file("make_llama_fixtures.py")
+    common::oracle_file("make_hf_fixtures.py")
 }
 
 fn kind_of(dtype: &str) -> Kind {
@@ -63,7 +68,7 @@ fn transformers_oracle_both_directions() {
         .unwrap();
     assert!(
         out.status.success(),
-        "make_llama_fixtures.py make failed:\n{}",
+        "make_hf_fixtures.py make failed:\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
     eprintln!("fixtures made in {:.1} s", start.elapsed().as_secs_f64());
@@ -71,7 +76,7 @@ fn transformers_oracle_both_directions() {
     let manifest: Vec<serde_json::Value> =
         serde_json::from_str(&std::fs::read_to_string(tmp.path().join("manifest.json")).unwrap())
             .unwrap();
-    assert_eq!(manifest.len(), 6);
+    assert_eq!(manifest.len(), 10);
     let mut checks = Vec::new();
     let mut failures = Vec::new();
     for fx in &manifest {
@@ -86,6 +91,30 @@ fn transformers_oracle_both_directions() {
         let (model, params) = load_hf(&dir, Device::Cpu, Some(compute))
             .unwrap_or_else(|e| panic!("{name}: loading the transformers directory: {e}"));
         assert_eq!(params.get("model.norm.weight").unwrap().kind(), compute);
+        // The architecture, window and biases transformers built are the ones flotilla read.
+        assert_eq!(
+            model.config().architecture().as_str(),
+            fx["model_type"].as_str().unwrap(),
+            "{name}"
+        );
+        assert_eq!(
+            model.config().sliding_window.map(|w| w as u64),
+            fx["sliding_window"].as_u64(),
+            "{name}"
+        );
+        let mut biases: Vec<&str> = params.names().filter(|n| n.ends_with(".bias")).collect();
+        biases.sort();
+        let want: Vec<&str> = fx["biases"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|b| b.as_str().unwrap())
+            .collect();
+        assert_eq!(biases, want, "{name}");
+        for b in &biases {
+            let t = params.get(b).unwrap();
+            assert!(t.abs().max().double_value(&[]) > 0.1, "{name}: {b} is ~0");
+        }
         let tokens = &reference["input_ids"];
         let logits = model.forward(&params, tokens).unwrap();
         assert_eq!(logits.size(), reference["logits"].size(), "{name}");
@@ -101,6 +130,26 @@ fn transformers_oracle_both_directions() {
             failures.push(format!(
                 "{name}: logits err {err:.3e}, loss err {loss_err:.3e}"
             ));
+        }
+        if !biases.is_empty() {
+            // The fixture must exercise the biases: without them the logits are far off.
+            let mut no_bias = Params::new();
+            for (n, t) in params.iter() {
+                let t = if biases.contains(&n) {
+                    t.zeros_like()
+                } else {
+                    t.shallow_clone()
+                };
+                no_bias.insert(n, t);
+            }
+            let err = max_rel_err(
+                &model.forward(&no_bias, tokens).unwrap(),
+                &reference["logits"],
+            );
+            assert!(
+                err > 100.0 * tol,
+                "{name}: without biases err is only {err:.2e}"
+            );
         }
         if model.config().rope_scaling.is_some() {
             // The fixture must exercise the scaling: plain RoPE would be far off.
@@ -142,7 +191,8 @@ fn transformers_oracle_both_directions() {
         .unwrap();
         checks.push(serde_json::json!({
             "name": name, "dir": saved, "logits": logits_file, "dtype": dtype,
-            "compute": fx["compute"], "tol": tol,
+            "compute": fx["compute"], "tol": tol, "cls": fx["cls"],
+            "sliding_window": fx["sliding_window"],
         }));
     }
 
@@ -169,7 +219,7 @@ fn transformers_oracle_both_directions() {
     }
     assert!(
         out.status.success() && stdout.lines().count() == manifest.len(),
-        "make_llama_fixtures.py check failed:\n{stdout}\n{}",
+        "make_hf_fixtures.py check failed:\n{stdout}\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(failures.is_empty(), "{failures:#?}");
@@ -310,4 +360,204 @@ fn loader_errors_name_the_culprit() {
 
     let err = load_error(|dir, _| std::fs::remove_file(dir.join("model.safetensors")).unwrap());
     assert!(err.contains("no model.safetensors"), "{err}");
+}
+
+/// Makes the fixtures into `dir` with `python` and returns the manifest.
+fn make_fixtures(python: &Path, dir: &Path) -> Vec<serde_json::Value> {
+    let out = Command::new(python)
+        .arg(oracle_script())
+        .arg("make")
+        .arg(dir)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "make_hf_fixtures.py make failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_str(&std::fs::read_to_string(dir.join("manifest.json")).unwrap()).unwrap()
+}
+
+fn fixture<'a>(manifest: &'a [serde_json::Value], name: &str) -> &'a serde_json::Value {
+    manifest
+        .iter()
+        .find(|f| f["name"] == name)
+        .unwrap_or_else(|| panic!("no fixture {name}"))
+}
+
+/// A few CPU steps of the arithmetic data (16 ids, within every fixture's 128) on one process.
+const TRAIN: &[&str] = &[
+    "trainer/dist=none",
+    "compute.tasks_per_node=1",
+    "compute.gpus_per_node=0",
+    "trainer.device=cpu",
+    "trainer.precision=32-true",
+    "trainer.max_steps=4",
+    "trainer.global_batch_size=4",
+    "trainer.micro_batch_size=4",
+    "trainer.lr=1e-2",
+    "trainer.warmup_steps=0",
+    "trainer.eval_every=0",
+    "trainer.checkpoint_every=0",
+    "trainer.resume=never",
+    "data.num_train=64",
+    "data.num_eval=0",
+];
+
+/// `flotilla-train train` of `base` in `run` with `overrides` after [`TRAIN`].
+fn train(base: &Path, run: &Path, overrides: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_flotilla-train"))
+        .args(["train", "--config-dir"])
+        .arg(common::conf_dir())
+        .arg("--run-dir")
+        .arg(run)
+        .arg(format!("model.init_from={}", base.display()))
+        .args(TRAIN)
+        .args(overrides)
+        .env("FLOTILLA_LOG", "warn")
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn mistral_and_qwen2_bases_train_and_final_loads_as_the_same_class() {
+    let Some(python) = common::oracle_python() else {
+        return common::skip_or_fail(&format!(
+            "mistral_and_qwen2_bases_train_and_final_loads_as_the_same_class: `import \
+             transformers, safetensors` fails in {}; run scripts/setup.sh",
+            common::venv_python().display()
+        ));
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let manifest = make_fixtures(&python, tmp.path());
+    let mut checks = Vec::new();
+    for name in ["mistral_window", "qwen2_tied", "qwen2_untied_window"] {
+        let fx = fixture(&manifest, name);
+        let base = PathBuf::from(fx["dir"].as_str().unwrap());
+        let run = tmp.path().join(name).join("run");
+        // data.seq_len 16: Mistral's window exactly.
+        let out = train(&base, &run, &["data.seq_len=16"]);
+        assert!(
+            out.status.success(),
+            "{name}: training failed:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let final_dir = run.join("final");
+        let config: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(final_dir.join("config.json")).unwrap())
+                .unwrap();
+        assert_eq!(config["architectures"][0], fx["cls"], "{name}: {config}");
+        assert_eq!(config["model_type"], fx["model_type"], "{name}: {config}");
+        let (model, trained) = load_hf(&final_dir, Device::Cpu, Some(Kind::Float)).unwrap();
+        let (_, initial) = load_hf(&base, Device::Cpu, Some(Kind::Float)).unwrap();
+        assert_eq!(trained.len(), initial.len(), "{name}");
+        // Every parameter trained, the q/k/v biases included, and saved under its HF name.
+        for (n, t) in initial.iter() {
+            let after = trained.get(n).unwrap();
+            assert!(!after.equal(t), "{name}: {n} did not change in training");
+        }
+        let biases = fx["biases"].as_array().unwrap();
+        assert_eq!(biases.is_empty(), name.starts_with("mistral"), "{name}");
+        for b in biases {
+            assert!(trained.get(b.as_str().unwrap()).is_some(), "{name}: {b}");
+        }
+        let reference = read_tensors(Path::new(fx["reference"].as_str().unwrap()));
+        let tokens = &reference["input_ids"];
+        let logits = model.forward(&trained, tokens).unwrap();
+        let logits_file = tmp.path().join(name).join("final_logits.safetensors");
+        Tensor::write_safetensors(
+            &[
+                ("input_ids", tokens.shallow_clone()),
+                ("logits", logits.contiguous()),
+            ],
+            &logits_file,
+        )
+        .unwrap();
+        checks.push(serde_json::json!({
+            "name": name, "dir": final_dir, "logits": logits_file, "dtype": "float32",
+            "compute": "float32", "tol": 1e-4, "cls": fx["cls"],
+            "sliding_window": fx["sliding_window"],
+        }));
+    }
+    let checks_file = tmp.path().join("final_checks.json");
+    std::fs::write(&checks_file, serde_json::to_string(&checks).unwrap()).unwrap();
+    let out = Command::new(&python)
+        .arg(oracle_script())
+        .arg("check")
+        .arg(&checks_file)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let mut seen = 0;
+    for line in stdout.lines() {
+        let r: serde_json::Value = serde_json::from_str(line).unwrap();
+        eprintln!(
+            "{:<22} final/ in transformers as {}: max rel logits err {:.2e}, problems {}",
+            r["name"].as_str().unwrap(),
+            r["cls"].as_str().unwrap(),
+            r["max_rel_err"].as_f64().unwrap(),
+            r["problems"]
+        );
+        assert_eq!(r["ok"], true, "{line}");
+        seen += 1;
+    }
+    assert!(
+        out.status.success() && seen == checks.len(),
+        "make_hf_fixtures.py check failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn a_mistral_job_beyond_its_sliding_window_is_refused() {
+    let Some(python) = common::oracle_python() else {
+        return common::skip_or_fail(&format!(
+            "a_mistral_job_beyond_its_sliding_window_is_refused: `import transformers, \
+             safetensors` fails in {}; run scripts/setup.sh",
+            common::venv_python().display()
+        ));
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let manifest = make_fixtures(&python, tmp.path());
+    let base = PathBuf::from(
+        fixture(&manifest, "mistral_window")["dir"]
+            .as_str()
+            .unwrap(),
+    );
+    let want = [
+        "data.seq_len = 32 exceeds the Mistral model's sliding window of 16 positions",
+        "set data.seq_len=16 or less",
+    ];
+
+    // `flotilla run` refuses before creating anything.
+    let work = tmp.path().join("work");
+    std::fs::create_dir(&work).unwrap();
+    let out = Command::new(common::flotilla_bin())
+        .args(["run", "--dry-run", "--config-dir"])
+        .arg(common::conf_dir())
+        .arg(format!("model.init_from={}", base.display()))
+        .arg("data.seq_len=32")
+        .current_dir(&work)
+        .env(
+            "FLOTILLA_TRAIN_BINARY",
+            env!("CARGO_BIN_EXE_flotilla-train"),
+        )
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(want.iter().all(|w| err.contains(w)), "{err}");
+    assert_eq!(
+        std::fs::read_dir(&work).unwrap().count(),
+        0,
+        "nothing created"
+    );
+
+    // The trainer refuses too (a job that reached it some other way), before any step.
+    let run = tmp.path().join("run");
+    let out = train(&base, &run, &["data.seq_len=32"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(want.iter().all(|w| err.contains(w)), "{err}");
+    assert!(!run.join("final").exists() && !run.join("metrics.csv").exists());
 }

@@ -1,14 +1,14 @@
 """Oracle for flotilla's model (crates/flotilla-train/tests/model_hf.rs): the real transformers
-LlamaForCausalLM.
+LlamaForCausalLM, MistralForCausalLM and Qwen2ForCausalLM.
 
-    make_llama_fixtures.py make OUT     small random models saved with save_pretrained, a token
-                                        batch, and transformers' logits and loss for it;
-                                        writes OUT/manifest.json
-    make_llama_fixtures.py check FILE   FILE lists model directories flotilla saved with the
-                                        logits flotilla computed; loads each with transformers,
-                                        checks nothing is missing or unexpected, and compares
-                                        logits; prints one JSON line per model, exits 1 on a
-                                        mismatch
+    make_hf_fixtures.py make OUT     small random models saved with save_pretrained (biases and
+                                     norm weights random too), a token batch, and transformers'
+                                     logits and loss for it; writes OUT/manifest.json
+    make_hf_fixtures.py check FILE   FILE lists model directories flotilla saved with the
+                                     logits flotilla computed and the class each must load as;
+                                     loads each with AutoModelForCausalLM, checks the class and
+                                     that nothing is missing or unexpected, and compares logits;
+                                     prints one JSON line per model, exits 1 on a mismatch
 
 Fixtures are a few hundred KB and take a second or two to make.
 """
@@ -23,7 +23,21 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import torch  # noqa: E402
 from safetensors.torch import load_file, save_file  # noqa: E402
-from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
+from transformers import (  # noqa: E402
+    AutoModelForCausalLM,
+    LlamaConfig,
+    LlamaForCausalLM,
+    MistralConfig,
+    MistralForCausalLM,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+)
+
+ARCHS = {
+    "llama": (LlamaConfig, LlamaForCausalLM),
+    "mistral": (MistralConfig, MistralForCausalLM),
+    "qwen2": (Qwen2Config, Qwen2ForCausalLM),
+}
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -42,7 +56,8 @@ BASE = dict(
 
 # name: (config overrides, options). Options: dtype (saved weights), compute (dtype both sides
 # compute in), tol (max |logits - ref| / max |ref|), legacy (rewrite config.json in the
-# transformers 4 form: top-level rope_theta / rope_scaling, torch_dtype), shard (max_shard_size).
+# transformers 4 form: top-level rope_theta / rope_scaling, torch_dtype), shard (max_shard_size),
+# arch (llama, mistral or qwen2; default llama).
 FIXTURES = {
     "tied_gqa": (
         dict(num_key_value_heads=2, tie_word_embeddings=True,
@@ -75,6 +90,27 @@ FIXTURES = {
         dict(num_key_value_heads=2, tie_word_embeddings=False),
         dict(dtype="bfloat16", compute="bfloat16", tol=2e-2),
     ),
+    # Llama with attention_bias: biases on q/k/v/o_proj.
+    "llama_attention_bias": (
+        dict(num_key_value_heads=2, tie_word_embeddings=False, attention_bias=True),
+        dict(),
+    ),
+    # Mistral: Llama's math while the sequence fits the window (here exactly SEQ).
+    "mistral_window": (
+        dict(num_key_value_heads=2, tie_word_embeddings=False, sliding_window=16,
+             rope_parameters={"rope_type": "default", "rope_theta": 1e6}),
+        dict(arch="mistral"),
+    ),
+    # Qwen2: biases on q/k/v_proj, tied and untied, with and without a window on every layer.
+    "qwen2_tied": (
+        dict(num_key_value_heads=2, tie_word_embeddings=True),
+        dict(arch="qwen2"),
+    ),
+    "qwen2_untied_window": (
+        dict(num_key_value_heads=1, tie_word_embeddings=False, use_sliding_window=True,
+             sliding_window=32, max_window_layers=0),
+        dict(arch="qwen2"),
+    ),
 }
 
 BATCH, SEQ = 2, 16
@@ -85,12 +121,16 @@ def make(out):
     manifest = []
     for seed, (name, (overrides, opts)) in enumerate(FIXTURES.items()):
         torch.manual_seed(1000 + seed)
-        config = LlamaConfig(**{**BASE, **overrides})
-        model = LlamaForCausalLM(config).eval()
+        arch = opts.get("arch", "llama")
+        config_class, model_class = ARCHS[arch]
+        config = config_class(**{**BASE, **overrides})
+        model = model_class(config).eval()
         with torch.no_grad():
             for pname, p in model.named_parameters():
                 if "norm" in pname:  # not all ones, so the norm weights are exercised
                     p.normal_(1.0, 0.2)
+                elif pname.endswith(".bias"):  # not zeros, so the biases are exercised
+                    p.normal_(0.0, 0.5)
         dtype = opts.get("dtype", "float32")
         compute = opts.get("compute", "float32")
         model = model.to(DTYPES[dtype])
@@ -112,7 +152,7 @@ def make(out):
                 json.dump(cfg, f, indent=2)
 
         # The reference: the directory as transformers loads it, in the compute dtype.
-        ref = LlamaForCausalLM.from_pretrained(model_dir, dtype=DTYPES[compute]).eval()
+        ref = model_class.from_pretrained(model_dir, dtype=DTYPES[compute]).eval()
         gen = torch.Generator().manual_seed(seed)
         input_ids = torch.randint(0, config.vocab_size, (BATCH, SEQ), generator=gen)
         labels = input_ids.clone()
@@ -134,7 +174,10 @@ def make(out):
         manifest.append(
             dict(name=name, dir=model_dir, reference=os.path.join(out, name, "reference.safetensors"),
                  dtype=dtype, compute=compute, tol=opts.get("tol", 1e-4),
-                 sharded="shard" in opts, bytes=size)
+                 sharded="shard" in opts, bytes=size, model_type=arch,
+                 cls=model_class.__name__,
+                 biases=sorted(n for n, _ in model.named_parameters() if n.endswith(".bias")),
+                 sliding_window=getattr(model.config, "sliding_window", None))
         )
     with open(os.path.join(out, "manifest.json"), "w") as f:
         json.dump(manifest, f, indent=2)
@@ -145,11 +188,15 @@ def check(path):
         checks = json.load(f)
     failed = False
     for c in checks:
-        model, info = LlamaForCausalLM.from_pretrained(
+        model, info = AutoModelForCausalLM.from_pretrained(
             c["dir"], dtype=DTYPES[c["compute"]], output_loading_info=True
         )
         model.eval()
         problems = {k: list(v) for k, v in info.items() if v}
+        if type(model).__name__ != c["cls"]:
+            problems["class"] = [type(model).__name__]
+        if "sliding_window" in c and getattr(model.config, "sliding_window", None) != c["sliding_window"]:
+            problems["sliding_window"] = [getattr(model.config, "sliding_window", None)]
         saved_dtype = json.load(open(os.path.join(c["dir"], "config.json"))).get("torch_dtype")
         if saved_dtype != c["dtype"]:
             problems["torch_dtype"] = [saved_dtype]
@@ -160,7 +207,8 @@ def check(path):
         err = ((logits - theirs).abs().max() / theirs.abs().max()).item()
         ok = not problems and err <= c["tol"]
         failed |= not ok
-        print(json.dumps(dict(name=c["name"], max_rel_err=err, ok=ok, problems=problems)), flush=True)
+        print(json.dumps(dict(name=c["name"], max_rel_err=err, ok=ok, problems=problems,
+                              cls=type(model).__name__)), flush=True)
     sys.exit(1 if failed else 0)
 
 
