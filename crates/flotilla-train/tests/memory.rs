@@ -329,6 +329,29 @@ fn model_state_terms_equal_the_bytes_the_trainer_holds() {
                 "trainer.eval_every=1",
             ][..],
         ),
+        // Qwen2: q/k/v biases in every block, trained, sharded and bucketed like its weights;
+        // frozen with the base under LoRA.
+        ("none", 1, &["+model.model_type=qwen2"][..]),
+        ("ddp", 2, &["+model.model_type=qwen2"][..]),
+        (
+            "fsdp",
+            2,
+            &[
+                "+model.model_type=qwen2",
+                "trainer.dist.sharding_strategy=FULL_SHARD",
+                "trainer.eval_every=1",
+            ][..],
+        ),
+        (
+            "fsdp",
+            2,
+            &[
+                "+model.model_type=qwen2",
+                "peft=lora",
+                "trainer.dist.sharding_strategy=FULL_SHARD",
+                "trainer.eval_every=1",
+            ][..],
+        ),
     ] {
         for precision in ["32-true", "bf16-mixed", "bf16-true"] {
             let job = tiny(ranks, dist, precision, extra);
@@ -337,7 +360,22 @@ fn model_state_terms_equal_the_bytes_the_trainer_holds() {
             } else {
                 ""
             };
-            let name = format!("{}{lora} {precision}", memory::strategy_name(&job));
+            let qwen2 = extra.contains(&"+model.model_type=qwen2");
+            if qwen2 {
+                // The planner must see the biases: tiny has 4 blocks of q [128] + k, v [64].
+                let mut llama = job.clone();
+                llama.model.model_type = None;
+                assert_eq!(
+                    memory::Units::of(&job).total(),
+                    memory::Units::of(&llama).total() + 4 * (128 + 2 * 64),
+                    "Qwen2's q/k/v biases"
+                );
+            }
+            let arch = if qwen2 { "Qwen2 " } else { "" };
+            let name = format!(
+                "{arch}{}{lora} {precision}",
+                memory::strategy_name(&job)
+            );
             let step = Step::new(&job);
             let startup = step
                 .moments()
