@@ -317,6 +317,9 @@ fn run_job_unguarded(
     );
     if is_zero {
         eprintln!("{intro}");
+        if let Some(stats) = &data.chat_stats {
+            eprintln!("chat data: {}", data::chat::summary_line(stats));
+        }
     } else {
         eprintln!("[rank {}] {intro}", rank.rank);
     }
