@@ -143,36 +143,18 @@ pub fn hf_architecture(config: &Map<String, Value>) -> Result<HfArchitecture, Hf
         },
         Some(v) => return Err(refuse("model_type", format!("expected a string, got {v}"))),
     };
-    let flag = |key: &str| -> Result<bool, HfFieldError> {
-        match config.get(key) {
-            None | Some(Value::Null) => Ok(false),
-            Some(Value::Bool(b)) => Ok(*b),
-            Some(v) => Err(refuse(key, format!("expected true or false, got {v}"))),
-        }
-    };
-    let size = |key: &str, absent: Option<usize>| -> Result<Option<usize>, HfFieldError> {
-        match config.get(key) {
-            None => Ok(absent),
-            Some(Value::Null) => Ok(None),
-            Some(v) => match v.as_u64() {
-                Some(0) => Err(refuse(key, "must be positive")),
-                Some(n) => Ok(Some(n as usize)),
-                None => Err(refuse(key, format!("expected a positive integer, got {v}"))),
-            },
-        }
-    };
     let (attention_bias, sliding_window) = match model_type {
         ModelType::Llama => {
-            if flag("mlp_bias")? {
+            if flag(config, "mlp_bias")? {
                 return Err(refuse(
                     "mlp_bias",
                     "biases on the MLP are not supported (only on the attention projections)",
                 ));
             }
-            (flag("attention_bias")?.then_some(true), None)
+            (flag(config, "attention_bias")?.then_some(true), None)
         }
-        ModelType::Mistral => (None, size("sliding_window", Some(DEFAULT_WINDOW))?),
-        ModelType::Qwen2 => (None, qwen2_window(config, &flag, &size)?),
+        ModelType::Mistral => (None, size(config, "sliding_window", Some(DEFAULT_WINDOW))?),
+        ModelType::Qwen2 => (None, qwen2_window(config)?),
     };
     Ok(HfArchitecture {
         model_type: (model_type != ModelType::Llama).then_some(model_type),
@@ -181,17 +163,39 @@ pub fn hf_architecture(config: &Map<String, Value>) -> Result<HfArchitecture, Hf
     })
 }
 
+/// A true/false key (absent or null: false).
+fn flag(config: &Map<String, Value>, key: &str) -> Result<bool, HfFieldError> {
+    match config.get(key) {
+        None | Some(Value::Null) => Ok(false),
+        Some(Value::Bool(b)) => Ok(*b),
+        Some(v) => Err(refuse(key, format!("expected true or false, got {v}"))),
+    }
+}
+
+/// A positive size: `absent` when the key is absent, `None` when it is null.
+fn size(
+    config: &Map<String, Value>,
+    key: &str,
+    absent: Option<usize>,
+) -> Result<Option<usize>, HfFieldError> {
+    match config.get(key) {
+        None => Ok(absent),
+        Some(Value::Null) => Ok(None),
+        Some(v) => match v.as_u64() {
+            Some(0) => Err(refuse(key, "must be positive")),
+            Some(n) => Ok(Some(n as usize)),
+            None => Err(refuse(key, format!("expected a positive integer, got {v}"))),
+        },
+    }
+}
+
 /// Qwen2's window: none without `use_sliding_window` or when no layer slides, the window when
 /// every layer does; a mix is refused.
-fn qwen2_window(
-    config: &Map<String, Value>,
-    flag: &dyn Fn(&str) -> Result<bool, HfFieldError>,
-    size: &dyn Fn(&str, Option<usize>) -> Result<Option<usize>, HfFieldError>,
-) -> Result<Option<usize>, HfFieldError> {
-    if !flag("use_sliding_window")? {
+fn qwen2_window(config: &Map<String, Value>) -> Result<Option<usize>, HfFieldError> {
+    if !flag(config, "use_sliding_window")? {
         return Ok(None);
     }
-    let Some(window) = size("sliding_window", Some(DEFAULT_WINDOW))? else {
+    let Some(window) = size(config, "sliding_window", Some(DEFAULT_WINDOW))? else {
         return Ok(None);
     };
     let layers = config

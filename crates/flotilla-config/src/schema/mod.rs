@@ -34,19 +34,20 @@ mod tests;
 use crate::node::Origin;
 use std::fmt;
 
+pub use architecture::{hf_architecture, AttentionBiases, HfArchitecture, HfFieldError};
 pub use checks::{
     starts_known_launcher, validate, validate_user_task, BYTE_VOCAB, MAX_ARITHMETIC_DIGITS,
     USER_TASK_COMPUTE_DEFAULTS,
 };
-pub use architecture::{hf_architecture, AttentionBiases, HfArchitecture, HfFieldError};
 pub use gpus::{gpu_model, gpu_names, GpuModel, GPU_MODELS};
 pub use types::ModelType;
 pub use types::{
-    ArithmeticData, AutoWrapPolicy, Backend, BackwardPrefetch, ComputeConfig, ConfigArg,
-    DataConfig, DataKind, DdpConfig, Device, DistConfig, DistMode, Dtype, FsdpConfig, JobConfig,
-    JsonlData, ChatData, ChatFormat, TrainOn, Overflow, Launcher, LoraConfig, LoraModule, LrSchedule, ModelConfig, PeftConfig, PeftMethod,
-    Precision, Resume, RopeScaling, RopeType, SavedModule, ShardingStrategy, StateDictType,
-    TaskConfig, TaskRanks, TextData, TokenDtype, TokenizerSpec, TokensData, TrainerConfig,
+    ArithmeticData, AutoWrapPolicy, Backend, BackwardPrefetch, ChatData, ChatFormat, ComputeConfig,
+    ConfigArg, DataConfig, DataKind, DdpConfig, Device, DistConfig, DistMode, Dtype, FsdpConfig,
+    JobConfig, JsonlData, Launcher, LoraConfig, LoraModule, LrSchedule, ModelConfig, Overflow,
+    PeftConfig, PeftMethod, Precision, Resume, RopeScaling, RopeType, SavedModule,
+    ShardingStrategy, StateDictType, TaskConfig, TaskRanks, TextData, TokenDtype, TokenizerSpec,
+    TokensData, TrainOn, TrainerConfig,
 };
 
 /// What kind of problem a [`Problem`] is.

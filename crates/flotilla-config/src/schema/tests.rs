@@ -931,3 +931,86 @@ fn wrap_policy_groups_units() {
     assert_eq!(AutoWrapPolicy::Size.groups(&owned, 1000), vec![0..5]);
     assert!(AutoWrapPolicy::Size.groups(&[], 10).is_empty());
 }
+
+#[test]
+fn architecture_keys_and_the_sliding_window() {
+    // A Qwen2 model from the `model` section: biases counted, no window.
+    let mut job = base();
+    set(
+        &mut job,
+        "model.model_type",
+        json!("qwen2"),
+        ovr("+model.model_type=qwen2"),
+    );
+    let cfg = validate(&job).unwrap();
+    let llama = validate(&base()).unwrap();
+    assert_eq!(cfg.model.model_type, Some(ModelType::Qwen2));
+    // tiny: 4 blocks of q_proj.bias [128], k_proj.bias and v_proj.bias [64].
+    assert_eq!(
+        cfg.model.num_parameters(),
+        llama.model.num_parameters() + 4 * (128 + 2 * 64)
+    );
+
+    // A Mistral window below data.seq_len (32) is refused, naming the window and the fix.
+    let mut job = base();
+    set(
+        &mut job,
+        "model.model_type",
+        json!("mistral"),
+        ovr("+model.model_type=mistral"),
+    );
+    set(
+        &mut job,
+        "model.sliding_window",
+        json!(16),
+        ovr("+model.sliding_window=16"),
+    );
+    let p = only(&job);
+    assert_eq!(
+        (p.kind, p.key.as_str()),
+        (ProblemKind::Invalid, "data.seq_len")
+    );
+    assert!(
+        p.message
+            .contains("data.seq_len = 32 exceeds the Mistral model's sliding window of 16")
+            && p.message.contains("set data.seq_len=16 or less"),
+        "{}",
+        p.message
+    );
+    set(&mut job, "data.seq_len", json!(16), ovr("data.seq_len=16"));
+    assert_eq!(validate(&job).unwrap().model.sliding_window, Some(16));
+
+    // Keys of another architecture.
+    let mut job = base();
+    set(
+        &mut job,
+        "model.sliding_window",
+        json!(64),
+        ovr("+model.sliding_window=64"),
+    );
+    let p = only(&job);
+    assert!(
+        p.key == "model.sliding_window" && p.message.contains("Llama has no sliding"),
+        "{}",
+        p.message
+    );
+    let mut job = base();
+    set(
+        &mut job,
+        "model.model_type",
+        json!("mistral"),
+        ovr("+model.model_type=mistral"),
+    );
+    set(
+        &mut job,
+        "model.attention_bias",
+        json!(true),
+        ovr("+model.attention_bias=true"),
+    );
+    let p = only(&job);
+    assert!(
+        p.key == "model.attention_bias" && p.message.contains("Mistral has no biases"),
+        "{}",
+        p.message
+    );
+}
