@@ -19,12 +19,12 @@ Modes (each prints one JSON value as the last line of stdout):
   init_lora_weights=False so that B is not zero) over the model in BASE, saved in OUT.
   Prints {}.
 
-- generate DIR ADAPTER PROMPT N: greedy `model.generate(input_ids, do_sample=False,
+- generate DIR ADAPTER PROMPTS N: greedy `model.generate(input_ids, do_sample=False,
   max_new_tokens=N)` of the model in DIR (with the PEFT adapter directory ADAPTER unless it is
-  `-`). PROMPT is a JSON object: {"text": ...} (tokenized as `tokenizer(text)`) or
-  {"messages": [...]} (rendered with the chat template, add_generation_prompt=True, and
-  tokenized without special tokens). Prints {"prompt_ids": [...], "output_ids": [...]}, the
-  new tokens only.
+  `-`) for each prompt of PROMPTS, a JSON list of objects: {"text": ...} (tokenized as
+  `tokenizer(text)`), {"messages": [...]} (rendered with the chat template,
+  add_generation_prompt=True, and tokenized without special tokens) or {"ids": [...]}. Prints
+  [{"prompt_ids": [...], "output_ids": [...]}, ...], the new tokens only.
 """
 import json
 import os
@@ -40,6 +40,8 @@ from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, proce
 from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 
 # One line per model family: its config class name, and the config values it adds to BASE.
+# (transformers loads Qwen2's tokenizer as its own class, which rebuilds this character-level
+# tokenizer and drops its whitespace: the Rust test gives Qwen2 flotilla's prompt ids.)
 FAMILIES = {
     "llama": ("LlamaConfig", {}),
     "mistral": ("MistralConfig", {"sliding_window": None}),
@@ -85,7 +87,7 @@ def write_tokenizer(out, variant):
     os.makedirs(out, exist_ok=True)
     tok.save(os.path.join(out, "tokenizer.json"))
     config = {
-        "tokenizer_class": "PreTrainedTokenizerFast",
+        "tokenizer_class": "TokenizersBackend",
         "bos_token": "<s>",
         "eos_token": "</s>",
         "pad_token": "<pad>",
@@ -142,8 +144,7 @@ def adapter(a):
 
 
 def generate(a):
-    directory, adapter_dir, prompt, n = a
-    prompt = json.loads(prompt)
+    directory, adapter_dir, prompts, n = a
     tok = AutoTokenizer.from_pretrained(directory)
     model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32)
     if adapter_dir != "-":
@@ -151,20 +152,25 @@ def generate(a):
 
         model = PeftModel.from_pretrained(model, adapter_dir)
     model.eval()
-    if "messages" in prompt:
-        text = tok.apply_chat_template(
-            prompt["messages"], add_generation_prompt=True, tokenize=False
-        )
-        ids = tok(text, add_special_tokens=False)["input_ids"]
-    else:
-        ids = tok(prompt["text"])["input_ids"]
-    x = torch.tensor([ids])
-    with torch.no_grad():
-        y = model.generate(
-            input_ids=x, attention_mask=torch.ones_like(x), do_sample=False,
-            max_new_tokens=int(n), pad_token_id=0,
-        )
-    return {"prompt_ids": ids, "output_ids": y[0, len(ids):].tolist()}
+    out = []
+    for prompt in json.loads(prompts):
+        if "messages" in prompt:
+            text = tok.apply_chat_template(
+                prompt["messages"], add_generation_prompt=True, tokenize=False
+            )
+            ids = tok(text, add_special_tokens=False)["input_ids"]
+        elif "ids" in prompt:
+            ids = prompt["ids"]
+        else:
+            ids = tok(prompt["text"])["input_ids"]
+        x = torch.tensor([ids])
+        with torch.no_grad():
+            y = model.generate(
+                input_ids=x, attention_mask=torch.ones_like(x), do_sample=False,
+                max_new_tokens=int(n), pad_token_id=0,
+            )
+        out.append({"prompt_ids": ids, "output_ids": y[0, len(ids):].tolist()})
+    return out
 
 
 if __name__ == "__main__":

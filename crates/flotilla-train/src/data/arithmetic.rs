@@ -30,7 +30,9 @@
 //!
 //! 16 ids: `<pad>`=0, `<bos>`=1, `<eos>`=2, `<unk>`=3, `0`..`9` = 4..13, `+`=14, `=`=15; it
 //! fits `model=tiny`'s 32. [`arithmetic_tokenizer`] is the same mapping as a Hugging Face
-//! tokenizer (WordLevel over single characters) to ship with the model.
+//! tokenizer (WordLevel over single characters) to ship with the model; its post-processor
+//! starts an encoding with special tokens (transformers' `tokenizer(text)`) with `<bos>`, so a
+//! prompt written as text is what the model was trained on.
 //!
 //! # Problems
 //!
@@ -104,7 +106,18 @@ pub fn arithmetic_tokenizer() -> Tokenizer {
         "pre_tokenizer": {
             "type": "Split", "pattern": {"Regex": "."}, "behavior": "Isolated", "invert": false
         },
-        "post_processor": null,
+        // `tokenizer(text)` in transformers starts a prompt with `<bos>`, as every problem
+        // starts in training (the data encodes without it and places `<bos>` itself).
+        "post_processor": {
+            "type": "TemplateProcessing",
+            "single": [{"SpecialToken": {"id": BOS, "type_id": 0}},
+                       {"Sequence": {"id": "A", "type_id": 0}}],
+            "pair": [{"SpecialToken": {"id": BOS, "type_id": 0}},
+                     {"Sequence": {"id": "A", "type_id": 0}},
+                     {"SpecialToken": {"id": BOS, "type_id": 1}},
+                     {"Sequence": {"id": "B", "type_id": 1}}],
+            "special_tokens": {BOS: {"id": BOS, "ids": [BOS_ID], "tokens": [BOS]}}
+        },
         "decoder": {"type": "Fuse"},
         "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "<unk>"}
     });
@@ -478,5 +491,16 @@ mod tests {
             (tok.pad_id(), tok.bos_id(), tok.eos_id()),
             (Some(PAD_ID), Some(BOS_ID), Some(EOS_ID))
         );
+        // With special tokens (transformers' `tokenizer(text)`), a prompt's text gives the
+        // ids the model is trained and evaluated on: `<bos>` first.
+        let task = ArithmeticTask {
+            digits: 3,
+            train: vec![],
+            eval: vec![],
+        };
+        let p = Problem { a: 210, b: 43 };
+        let encoded = tok.inner().encode(task.prompt(&p), true).unwrap();
+        let ids: Vec<i64> = encoded.get_ids().iter().map(|&i| i64::from(i)).collect();
+        assert_eq!(ids, task.prompt_ids(&p));
     }
 }

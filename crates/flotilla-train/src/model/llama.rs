@@ -321,6 +321,90 @@ impl Llama {
         }
         Ok(x)
     }
+
+    /// Forward for generation: token ids `[B, T]` at the positions after the `cache.len()` the
+    /// cache has seen to the logits `[B, vocab]` of the last of them. Each block computes its
+    /// queries, keys and values for these positions only (with the training forward's
+    /// projections and rotary embeddings), appends the keys and values to `cache`, and attends
+    /// to every cached position: a prompt is run once (prefill), then one token per step.
+    pub fn forward_cached(
+        &self,
+        params: &Params,
+        tokens: &Tensor,
+        cache: &mut KvCache,
+    ) -> Result<Tensor, ModelError> {
+        let t = tokens.size()[1];
+        let start = cache.len;
+        let needed = (start + t) as usize;
+        if needed > cache.capacity as usize {
+            return Err(ModelError::CacheFull {
+                capacity: cache.capacity as usize,
+                needed,
+            });
+        }
+        self.check_window("the prompt and the generated tokens", needed)?;
+        let positions = Tensor::arange_start(start, start + t, (Kind::Int64, tokens.device()));
+        let ctx = self.ctx_for_positions(&positions);
+        let mut x = tokens.shallow_clone();
+        let head = self.units.len() - 1;
+        for (i, unit) in self.units.iter().enumerate() {
+            if i == head {
+                x = x.narrow(1, t - 1, 1); // only the last position's logits are wanted
+            }
+            x = unit.forward_cached(&self.unit_params(i, params)?, &x, &ctx, cache);
+        }
+        cache.len += t;
+        Ok(x.squeeze_dim(1))
+    }
+}
+
+/// The keys and values of the positions a model has seen, per block, for
+/// [`Llama::forward_cached`]: each block's `[B, kv_heads, capacity, head_dim]` buffers,
+/// allocated at its first forward in the dtype and on the device of its keys.
+pub struct KvCache {
+    layers: Vec<Option<(Tensor, Tensor)>>,
+    capacity: i64,
+    len: i64,
+}
+
+impl KvCache {
+    /// An empty cache for `capacity` positions (the prompt and every token to generate).
+    pub fn new(model: &Llama, capacity: usize) -> Self {
+        KvCache {
+            layers: (0..model.config.num_hidden_layers).map(|_| None).collect(),
+            capacity: capacity as i64,
+            len: 0,
+        }
+    }
+
+    /// The positions seen so far.
+    pub fn len(&self) -> usize {
+        self.len as usize
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    pub fn capacity(&self) -> usize {
+        self.capacity as usize
+    }
+
+    /// Writes block `layer`'s keys and values of the new positions after the cached ones and
+    /// returns views of all of them.
+    fn append(&mut self, layer: usize, k: &Tensor, v: &Tensor) -> (Tensor, Tensor) {
+        let (start, t) = (self.len, k.size()[2]);
+        let capacity = self.capacity;
+        let (kc, vc) = self.layers[layer].get_or_insert_with(|| {
+            let mut shape = k.size();
+            shape[2] = capacity;
+            let buffer = || Tensor::zeros(shape.as_slice(), (k.kind(), k.device()));
+            (buffer(), buffer())
+        });
+        kc.narrow(2, start, t).copy_(k);
+        vc.narrow(2, start, t).copy_(v);
+        (kc.narrow(2, 0, start + t), vc.narrow(2, 0, start + t))
+    }
 }
 
 fn invalid(field: &str, message: impl Into<String>) -> ModelError {
@@ -557,10 +641,36 @@ impl Unit for Block {
             "{}: parameter count",
             self.name
         );
-        let (input_norm, post_norm) = (&params[0], &params[5]);
-        let (b, t) = (x.size()[0], x.size()[1]);
+        let (q, k, v) = self.qkv(params, x, ctx);
+        self.attend_and_mlp(params, x, &q, &k, &v, ctx)
+    }
 
-        let h = rms_norm(x, input_norm, self.eps);
+    fn forward_cached(
+        &self,
+        params: &[Tensor],
+        x: &Tensor,
+        ctx: &ForwardCtx,
+        cache: &mut KvCache,
+    ) -> Tensor {
+        assert_eq!(
+            params.len(),
+            self.params.len(),
+            "{}: parameter count",
+            self.name
+        );
+        let (q, k, v) = self.qkv(params, x, ctx);
+        let (k, v) = cache.append(self.index, &k, &v);
+        self.attend_and_mlp(params, x, &q, &k, &v, ctx)
+    }
+}
+
+impl Block {
+    /// The queries `[B, heads, T, head_dim]`, keys and values `[B, kv_heads, T, head_dim]` of
+    /// the positions of `x` (`[B, T, hidden]`), with the rotary embeddings of `ctx` applied to
+    /// queries and keys.
+    fn qkv(&self, params: &[Tensor], x: &Tensor, ctx: &ForwardCtx) -> (Tensor, Tensor, Tensor) {
+        let (b, t) = (x.size()[0], x.size()[1]);
+        let h = rms_norm(x, &params[0], self.eps);
         let heads = |k: usize, n: i64| {
             self.project(params, k, &h, ctx)
                 .view([b, t, n, self.head_dim])
@@ -572,15 +682,40 @@ impl Unit for Block {
         let (cos, sin) = rope_tables(ctx, q.kind());
         let q = &q * &cos + rotate_half(&q) * &sin;
         let k = &k * &cos + rotate_half(&k) * &sin;
+        (q, k, v)
+    }
+
+    /// The rest of the block for the positions of `x`: causal attention of their queries `q`
+    /// to the keys `k` and values `v` of every position up to theirs (the queries are the last
+    /// `T_q` of the `T_k` key positions: all of them in a training forward, the new ones after
+    /// a cache's), the output projection and residual, then the MLP and its residual.
+    fn attend_and_mlp(
+        &self,
+        params: &[Tensor],
+        x: &Tensor,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        ctx: &ForwardCtx,
+    ) -> Tensor {
+        let (b, t) = (x.size()[0], x.size()[1]);
         let gqa = self.num_kv_heads != self.num_heads;
-        let attn =
-            Tensor::scaled_dot_product_attention::<&Tensor>(&q, &k, &v, None, 0.0, true, None, gqa);
+        let (t_q, t_k) = (q.size()[2], k.size()[2]);
+        let attn = if t_q == t_k {
+            Tensor::scaled_dot_product_attention::<&Tensor>(q, k, v, None, 0.0, true, None, gqa)
+        } else {
+            // Query i sits at position t_k - t_q + i and sees keys 0 ..= t_k - t_q + i (one
+            // query sees them all: no mask).
+            let mask = (t_q > 1)
+                .then(|| Tensor::ones([t_q, t_k], (Kind::Bool, q.device())).tril(t_k - t_q));
+            Tensor::scaled_dot_product_attention(q, k, v, mask.as_ref(), 0.0, false, None, gqa)
+        };
         let attn = attn
             .transpose(1, 2)
             .reshape([b, t, self.num_heads * self.head_dim]);
         let x = x + self.project(params, 4, &attn, ctx);
 
-        let h = rms_norm(&x, post_norm, self.eps);
+        let h = rms_norm(&x, &params[5], self.eps);
         let gated = self.project(params, 6, &h, ctx).silu() * self.project(params, 7, &h, ctx);
         let mlp = self.project(params, 8, &gated, ctx);
         x + mlp
@@ -935,28 +1070,6 @@ mod tests {
         unit_by_unit_equals_whole_graph(false, 4);
     }
 
-    #[test]
-    fn reduced_precision_forward() {
-        let m = Llama::new(&tiny(true, 2)).unwrap();
-        let p32 = m.init_params(1, Device::Cpu, Kind::Float);
-        let ref_logits = m.forward(&p32, &batch()).unwrap();
-        for kind in [Kind::BFloat16, Kind::Half] {
-            let p = p32.to(Device::Cpu, kind);
-            let logits = m.forward(&p, &batch()).unwrap();
-            assert_eq!(logits.kind(), kind);
-            let err = (logits.to_kind(Kind::Float) - &ref_logits)
-                .abs()
-                .max()
-                .double_value(&[]);
-            let scale = ref_logits.abs().max().double_value(&[]);
-            assert!(
-                err / scale < 0.05,
-                "{kind:?}: relative error {}",
-                err / scale
-            );
-        }
-    }
-
     fn qwen2(tied: bool) -> ModelConfig {
         ModelConfig {
             model_type: Some(flotilla_config::schema::ModelType::Qwen2),
@@ -1068,6 +1181,28 @@ mod tests {
     }
 
     #[test]
+    fn reduced_precision_forward() {
+        let m = Llama::new(&tiny(true, 2)).unwrap();
+        let p32 = m.init_params(1, Device::Cpu, Kind::Float);
+        let ref_logits = m.forward(&p32, &batch()).unwrap();
+        for kind in [Kind::BFloat16, Kind::Half] {
+            let p = p32.to(Device::Cpu, kind);
+            let logits = m.forward(&p, &batch()).unwrap();
+            assert_eq!(logits.kind(), kind);
+            let err = (logits.to_kind(Kind::Float) - &ref_logits)
+                .abs()
+                .max()
+                .double_value(&[]);
+            let scale = ref_logits.abs().max().double_value(&[]);
+            assert!(
+                err / scale < 0.05,
+                "{kind:?}: relative error {}",
+                err / scale
+            );
+        }
+    }
+
+    #[test]
     fn loss_sum_and_mean_agree() {
         let m = Llama::new(&tiny(false, 2)).unwrap();
         let p = m.init_params(2, Device::Cpu, Kind::Float);
@@ -1081,5 +1216,45 @@ mod tests {
         assert!((sum.double_value(&[]) / n as f64 - mean).abs() < 1e-6);
         // Near ln(vocab) for a freshly initialised model.
         assert!((mean - (48f64).ln()).abs() < 0.1, "{mean}");
+    }
+
+    /// The cached forward (a prefill, single tokens, then several at once) gives each
+    /// position the logits of the whole-sequence forward, with and without LoRA adapters.
+    #[test]
+    fn cached_forward_equals_the_whole_forward() {
+        let lora: LoraConfig = serde_yaml::from_str(
+            "{r: 2, alpha: 4, dropout: 0.0, target_modules: [q_proj, v_proj, down_proj], \
+             use_rslora: false, modules_to_save: [], init_from: null, merge: false}",
+        )
+        .unwrap();
+        for (kv_heads, lora) in [(2, None), (4, None), (2, Some(&lora))] {
+            let m = Llama::with_lora(&tiny(false, kv_heads), lora).unwrap();
+            let mut p = m.init_params(3, Device::Cpu, Kind::Float);
+            if lora.is_some() {
+                let b = "model.layers.1.self_attn.v_proj.lora_B.weight";
+                p.insert(b, Tensor::randn([16, 2], (Kind::Float, Device::Cpu)) * 0.1);
+            }
+            let tokens = batch();
+            let whole = m.forward(&p, &tokens).unwrap();
+            let mut cache = KvCache::new(&m, 8);
+            let _no_grad = tch::no_grad_guard();
+            for (start, len) in [(0, 3), (3, 1), (4, 1), (5, 3)] {
+                let logits = m
+                    .forward_cached(&p, &tokens.narrow(1, start, len), &mut cache)
+                    .unwrap();
+                let want = whole.select(1, start + len - 1);
+                let err = (&logits - &want).abs().max().double_value(&[]);
+                assert!(err < 1e-5, "kv {kv_heads}, positions {start}+{len}: {err}");
+            }
+            assert_eq!(cache.len(), 8);
+            let full = m.forward_cached(&p, &tokens.narrow(1, 0, 1), &mut cache);
+            assert!(matches!(
+                full,
+                Err(ModelError::CacheFull {
+                    capacity: 8,
+                    needed: 9
+                })
+            ));
+        }
     }
 }

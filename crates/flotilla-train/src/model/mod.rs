@@ -42,7 +42,7 @@ pub use hf::{
     HfLlamaConfig, HfWeights,
 };
 pub use init::Init;
-pub use llama::{causal_lm_loss, causal_lm_loss_sum, Llama};
+pub use llama::{causal_lm_loss, causal_lm_loss_sum, KvCache, Llama};
 pub use names::{LayerWeight, ParamName};
 
 /// Errors of model construction, loading and saving. Each names its culprit: the file, the
@@ -103,6 +103,12 @@ pub enum ModelError {
     /// length and the fix).
     #[error("{0}")]
     BeyondWindow(String),
+    /// Generation past the positions a [`KvCache`] was made for.
+    #[error(
+        "the key/value cache holds {capacity} positions; {needed} are needed (make it larger, \
+         or generate fewer tokens)"
+    )]
+    CacheFull { capacity: usize, needed: usize },
     /// A parameter set handed to the model lacks a parameter.
     #[error("parameter `{name}` is missing from the parameter set")]
     MissingParam { name: String },
@@ -193,6 +199,20 @@ pub trait Unit: Send + Sync {
     /// include parameters owned by another unit (see the module docs on tied embeddings).
     fn param_names(&self) -> &[String];
     fn forward(&self, params: &[Tensor], input: &Tensor, ctx: &ForwardCtx) -> Tensor;
+    /// [`Unit::forward`] in generation ([`Llama::forward_cached`]): `input` holds the positions
+    /// after the `cache.len()` the cache has seen, and `ctx` their rotary tables; a unit with
+    /// attention appends its keys and values to `cache` and attends to all of them. The
+    /// default, for units without attention, is `forward`.
+    fn forward_cached(
+        &self,
+        params: &[Tensor],
+        input: &Tensor,
+        ctx: &ForwardCtx,
+        cache: &mut KvCache,
+    ) -> Tensor {
+        let _ = cache;
+        self.forward(params, input, ctx)
+    }
 }
 
 /// A named parameter set, in the model's canonical order ([`Llama::param_specs`]).
