@@ -514,3 +514,74 @@ fn chat_data_needs_a_tokenizer_directory() {
     .to_string();
     assert!(err.contains("has no tokenizer.json"), "{err}");
 }
+
+/// The README's example, short: a base made by examples/chat/make_example.py, trained on its
+/// conversations through `flotilla-train train`; the loss falls and `final/` is a tokenizer
+/// directory with the chat template, as transformers needs it.
+#[test]
+fn a_short_chat_fine_tune_learns_and_keeps_the_template() {
+    if require_tokenizers("a_short_chat_fine_tune_learns_and_keeps_the_template").is_none() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let made = Command::new(common::venv_python())
+        .arg(common::repo_root().join("examples/chat/make_example.py"))
+        .arg(tmp.path())
+        .output()
+        .unwrap();
+    assert!(
+        made.status.success(),
+        "{}",
+        String::from_utf8_lossy(&made.stderr)
+    );
+    let run_dir = tmp.path().join("run");
+    let out = Command::new(common::target_profile_dir().join("flotilla-train"))
+        .current_dir(common::repo_root())
+        .arg("train")
+        .arg("--run-dir")
+        .arg(&run_dir)
+        .arg(format!(
+            "model.init_from={}",
+            tmp.path().join("base").display()
+        ))
+        .arg("data=chat")
+        .arg(format!(
+            "data.path={}",
+            tmp.path().join("chats.jsonl").display()
+        ))
+        .args([
+            "data.seq_len=128",
+            "trainer.max_steps=40",
+            "trainer.warmup_steps=5",
+        ])
+        .args([
+            "trainer.eval_every=0",
+            "trainer.checkpoint_every=0",
+            "trainer.log_every=1",
+        ])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("chat data: 2000 records: 2000 conversations in 2000 examples"),
+        "{stderr}"
+    );
+    let mut reader = csv::Reader::from_path(run_dir.join("metrics.csv")).unwrap();
+    let headers = reader.headers().unwrap().clone();
+    let loss_col = headers.iter().position(|h| h == "loss").unwrap();
+    let losses: Vec<f64> = reader
+        .records()
+        .filter_map(|r| r.ok()?.get(loss_col)?.parse().ok())
+        .collect();
+    assert!(losses.len() >= 40, "{losses:?}");
+    let (first, last) = (losses[0], losses[losses.len() - 1]);
+    assert!(last < first * 0.5, "loss {first} -> {last}");
+    let final_dir = run_dir.join("final");
+    let template = flotilla_train::data::ChatTemplate::from_tokenizer_dir(&final_dir).unwrap();
+    let base =
+        flotilla_train::data::ChatTemplate::from_tokenizer_dir(&tmp.path().join("base")).unwrap();
+    assert_eq!(template.source(), base.source());
+    assert!(template.source().contains("<|im_start|>"));
+    assert!(final_dir.join("tokenizer.json").is_file());
+}
