@@ -1,8 +1,8 @@
 //! `flotilla`, the login-node CLI: compose configs, plan sweeps, prepare run directories and
 //! start or submit jobs, watch them. It links no libtorch: training runs in the task binary
-//! `flotilla-train`, which `flotilla run` starts and `flotilla train|consolidate|bench` forward
-//! to. Exit status 0 on success, 2 on a config or override error (message on stderr), 1 on any
-//! other failure; forwarded commands exit with the task's status.
+//! `flotilla-train`, which `flotilla run` starts and `flotilla train|consolidate|generate|bench`
+//! forward to. Exit status 0 on success, 2 on a config or override error (message on stderr), 1
+//! on any other failure; forwarded commands exit with the task's status.
 
 mod commands;
 
@@ -59,6 +59,10 @@ enum Command {
     /// (runs `flotilla-train consolidate`).
     #[command(disable_help_flag = true)]
     Consolidate(ForwardArgs),
+    /// Generate text from a trained model: a run's final/ or a checkpoint (runs
+    /// `flotilla-train generate`; see `flotilla generate --help`).
+    #[command(disable_help_flag = true)]
+    Generate(ForwardArgs),
     /// Benchmarks (runs `flotilla-train bench`; see `flotilla bench --help`).
     #[command(disable_help_flag = true)]
     Bench(ForwardArgs),
@@ -86,6 +90,7 @@ fn main() -> ExitCode {
         Command::StudyDrive(args) => commands::study_drive(args),
         Command::Train(args) => commands::forward_to_task("train", args),
         Command::Consolidate(args) => commands::forward_to_task("consolidate", args),
+        Command::Generate(args) => commands::forward_to_task("generate", args),
         Command::Bench(args) => commands::forward_to_task("bench", args),
         Command::Completions { shell } => {
             use clap::CommandFactory;

@@ -1,6 +1,6 @@
-//! `flotilla train`, `consolidate` and `bench`: they need libtorch, which this CLI does not
-//! link, so they run the task binary `flotilla-train` with the same arguments (the process is
-//! replaced, so signals and the exit status are the task's own).
+//! `flotilla train`, `consolidate`, `generate` and `bench`: they need libtorch, which this CLI
+//! does not link, so they run the task binary `flotilla-train` with the same arguments (the
+//! process is replaced, so signals and the exit status are the task's own).
 
 use clap::Args;
 use std::ffi::OsString;

@@ -18,6 +18,7 @@ pub mod engine;
 pub mod fit;
 pub mod fsdp;
 pub mod fsdp_layout;
+pub mod generate;
 pub mod host_memory;
 pub mod lora;
 pub mod loss_scale;

@@ -1,9 +1,9 @@
 //! `flotilla-train`, the training task every rank of a built-in job runs (`flotilla run` starts
-//! it; `flotilla train|consolidate|bench` forward to it). It links libtorch; the login-node CLI
-//! `flotilla` does not. Exit status 0 on success, 2 on a config or override error, 75 when
-//! training was stopped by SIGUSR2/SIGTERM after writing a checkpoint (rerun the same command to
-//! resume), 1 on any other failure (a libtorch error, out of memory included, names the step);
-//! [`TaskError::exit_status`] decides.
+//! it; `flotilla train|consolidate|generate|bench` forward to it). It links libtorch; the
+//! login-node CLI `flotilla` does not. Exit status 0 on success, 2 on a config or override
+//! error, 75 when training was stopped by SIGUSR2/SIGTERM after writing a checkpoint (rerun the
+//! same command to resume), 1 on any other failure (a libtorch error, out of memory included,
+//! names the step); [`TaskError::exit_status`] decides.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -44,6 +44,10 @@ enum Command {
         #[arg(long)]
         base: Option<PathBuf>,
     },
+    /// Generate text from a trained model (a run's final/ or a checkpoint), with a key/value
+    /// cache; greedy by default, or seeded sampling.
+    #[command(after_help = GENERATE_EXAMPLES)]
+    Generate(flotilla_train::generate::GenerateArgs),
     /// Benchmarks that other tools rely on.
     Bench {
         #[command(subcommand)]
@@ -79,6 +83,14 @@ struct TrainArgs {
     overrides: Vec<String>,
 }
 
+const GENERATE_EXAMPLES: &str = "Examples:
+  flotilla generate outputs/2026-01-01/12-00-00/final --prompt '012+340='
+  flotilla generate outputs/RUN/checkpoints/step_800 --prompt '012+340=' --format json
+  flotilla generate /models/llama --messages chat.json --temperature 0.7 --top-p 0.9 --seed 1
+  flotilla generate /models/llama --adapter outputs/LORA_RUN/final --prompt 'Hi' --device cuda:0
+
+--messages FILE: [{\"role\": \"user\", \"content\": \"Hi\"}] (or {\"messages\": [...]}).";
+
 #[derive(Subcommand)]
 enum BenchCommand {
     /// Collective bandwidth between local ranks (nccl-tests' algbw/busbw definitions).
@@ -99,6 +111,9 @@ fn main() -> ExitCode {
             out,
             base,
         } => consolidate(&checkpoint, &out, base.as_deref()).map_err(TaskError::from),
+        Command::Generate(args) => {
+            flotilla_train::generate::run(&args).map_err(|e| TaskError::Other(e.into()))
+        }
         Command::Bench {
             what: BenchCommand::Comm(args),
         } => comm_bench::run(&args).map_err(TaskError::from),

@@ -141,7 +141,13 @@ fn greedy_equals_transformers_for_each_family_and_stops_at_eos() {
         };
         let theirs = run_oracle(
             &python,
-            &["generate", dir.to_str().unwrap(), "-", &prompts.to_string(), n],
+            &[
+                "generate",
+                dir.to_str().unwrap(),
+                "-",
+                &prompts.to_string(),
+                n,
+            ],
         );
         for (what, ours, theirs) in [("text", &text, &theirs[0]), ("chat", &chat, &theirs[1])] {
             assert_eq!(
