@@ -195,6 +195,18 @@ pub enum GenerateError {
 }
 
 impl GenerateError {
+    /// Whether the input is at fault (a missing or malformed file or directory, a bad
+    /// argument, a tokenizer or chat template that cannot serve): exit status 2.
+    pub fn is_usage(&self) -> bool {
+        matches!(
+            self,
+            GenerateError::Usage(_)
+                | GenerateError::NoTokenizer { .. }
+                | GenerateError::PromptTooLong { .. }
+                | GenerateError::Data(_)
+        )
+    }
+
     fn model(context: impl Into<String>) -> impl FnOnce(TrainError) -> GenerateError {
         let context = context.into();
         move |source| GenerateError::Model { context, source }
@@ -384,7 +396,7 @@ pub fn read_messages(path: &Path) -> Result<Value, GenerateError> {
             path.display()
         )));
     }
-    let value = read_json(path)?;
+    let value = read_json(path).map_err(|e| usage(format!("--messages {e}")))?;
     let messages = match value {
         Value::Object(mut o) => o.remove("messages").unwrap_or(Value::Null),
         v => v,
@@ -442,7 +454,12 @@ pub fn chat_ids(
              with none: use --prompt, or --tokenizer DIR with a chat template",
         ));
     };
-    let template = ChatTemplate::from_tokenizer_dir(dir)?;
+    let template = ChatTemplate::from_tokenizer_dir(dir).map_err(|e| {
+        usage(format!(
+            "--messages needs the model's chat template: {e}; use --prompt TEXT, or \
+             --tokenizer DIR with a chat template"
+        ))
+    })?;
     let text = template.render(messages, true)?;
     Ok(tokenizer
         .encode(&text)?

@@ -111,9 +111,10 @@ fn main() -> ExitCode {
             out,
             base,
         } => consolidate(&checkpoint, &out, base.as_deref()).map_err(TaskError::from),
-        Command::Generate(args) => {
-            flotilla_train::generate::run(&args).map_err(|e| TaskError::Other(e.into()))
-        }
+        Command::Generate(args) => flotilla_train::generate::run(&args).map_err(|e| match e {
+            e if e.is_usage() => TaskError::Usage(e.into()),
+            e => TaskError::Other(e.into()),
+        }),
         Command::Bench {
             what: BenchCommand::Comm(args),
         } => comm_bench::run(&args).map_err(TaskError::from),

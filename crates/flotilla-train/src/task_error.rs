@@ -29,6 +29,9 @@ pub enum TaskError {
         #[source]
         source: TrainError,
     },
+    /// A command's input is wrong (a missing directory, a malformed file), with the fix.
+    #[error("{0:#}")]
+    Usage(anyhow::Error),
     /// Anything else (consolidation, the communication benchmark), with its context chain.
     #[error("{0:#}")]
     Other(#[from] anyhow::Error),
@@ -38,7 +41,7 @@ impl TaskError {
     /// The process's exit status for this error.
     pub fn exit_status(&self) -> u8 {
         match self {
-            TaskError::Config(_) => exit::USAGE,
+            TaskError::Config(_) | TaskError::Usage(_) => exit::USAGE,
             TaskError::Train {
                 source: TrainError::Preempt(PreemptError::Stopped { .. }),
                 ..
@@ -111,5 +114,9 @@ mod tests {
             "{report}"
         );
         assert_eq!(TaskError::Other(anyhow::anyhow!("bad")).exit_status(), 1);
+        assert_eq!(
+            TaskError::Usage(anyhow::anyhow!("no such file")).exit_status(),
+            2
+        );
     }
 }

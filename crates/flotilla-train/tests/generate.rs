@@ -266,7 +266,7 @@ fn adapter_equals_transformers_and_peft() {
     // An adapter directory given as the model names the command to use.
     let out = generate(&[adapter.to_str().unwrap(), "--prompt", "x"]);
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
     assert!(
         stderr.contains("is a LoRA adapter") && stderr.contains("--adapter"),
         "{stderr}"
@@ -434,7 +434,7 @@ fn checkpoints_generate_what_their_final_generates() {
     assert_eq!(from_step["text"], from_final["text"]);
 }
 
-/// A failure that names what `expect` lists, with no panic.
+/// A failure with exit status `status` that names what `expect` lists, with no panic.
 fn fails(args: &[&str], status: i32, expect: &[&str]) {
     let out = generate(args);
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -454,7 +454,7 @@ fn bad_input_names_the_culprit_and_the_fix() {
     let missing = tmp.path().join("nope");
     fails(
         &[missing.to_str().unwrap(), "--prompt", "x"],
-        1,
+        2,
         &["nope does not exist", "final/", "checkpoints/step_N"],
     );
     fails(
@@ -467,30 +467,30 @@ fn bad_input_names_the_culprit_and_the_fix() {
     std::fs::write(&bad, "[{\"role\": \"user\", ").unwrap();
     fails(
         &[d, "--messages", bad.to_str().unwrap()],
-        1,
+        2,
         &["bad.json", "not valid JSON"],
     );
     std::fs::write(&bad, r#"{"turns": []}"#).unwrap();
     fails(
         &[d, "--messages", bad.to_str().unwrap()],
-        1,
+        2,
         &["bad.json", "expected a JSON list"],
     );
     // The byte tokenizer file has no chat template.
     std::fs::write(&bad, r#"[{"role": "user", "content": "hi"}]"#).unwrap();
     fails(
         &[d, "--messages", bad.to_str().unwrap()],
-        1,
+        2,
         &["chat_template"],
     );
     fails(
         &[d, "--prompt", "a prompt of many bytes"],
-        1,
+        2,
         &["prompt is 22 tokens", "max_position_embeddings", "shorten"],
     );
     fails(
         &[d, "--prompt", "x", "--top-p", "0.5"],
-        1,
+        2,
         &["--temperature"],
     );
     let no_tok = tmp.path().join("no_tok");
@@ -498,7 +498,7 @@ fn bad_input_names_the_culprit_and_the_fix() {
     std::fs::remove_file(no_tok.join("tokenizer.json")).unwrap();
     fails(
         &[no_tok.to_str().unwrap(), "--prompt", "x"],
-        1,
+        2,
         &["no tokenizer", "tokenizer.json", "--tokenizer"],
     );
     // --tokenizer supplies one.
@@ -515,13 +515,13 @@ fn bad_input_names_the_culprit_and_the_fix() {
             "--adapter",
             tmp.path().to_str().unwrap(),
         ],
-        1,
+        2,
         &["no adapter_config.json"],
     );
     if !tch::Cuda::is_available() {
         fails(
             &[d, "--prompt", "x", "--device", "cuda:1"],
-            1,
+            2,
             &["--device cpu"],
         );
     }
