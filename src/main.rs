@@ -59,6 +59,10 @@ enum Command {
     /// (runs `flotilla-train consolidate`).
     #[command(disable_help_flag = true)]
     Consolidate(ForwardArgs),
+    /// Look at a job's training data as the model will see it (runs `flotilla-train data`;
+    /// see `flotilla data show --help`).
+    #[command(disable_help_flag = true)]
+    Data(ForwardArgs),
     /// Generate text from a trained model: a run's final/ or a checkpoint (runs
     /// `flotilla-train generate`; see `flotilla generate --help`).
     #[command(disable_help_flag = true)]
@@ -90,6 +94,7 @@ fn main() -> ExitCode {
         Command::StudyDrive(args) => commands::study_drive(args),
         Command::Train(args) => commands::forward_to_task("train", args),
         Command::Consolidate(args) => commands::forward_to_task("consolidate", args),
+        Command::Data(args) => commands::forward_to_task("data", args),
         Command::Generate(args) => commands::forward_to_task("generate", args),
         Command::Bench(args) => commands::forward_to_task("bench", args),
         Command::Completions { shell } => {

@@ -14,6 +14,7 @@
 pub mod checkpoint;
 pub mod comm_bench;
 pub mod data;
+pub mod data_show;
 pub mod engine;
 pub mod fit;
 pub mod fsdp;

@@ -44,6 +44,11 @@ enum Command {
         #[arg(long)]
         base: Option<PathBuf>,
     },
+    /// Look at the training data of a job.
+    Data {
+        #[command(subcommand)]
+        what: DataCommand,
+    },
     /// Generate text from a trained model (a run's final/ or a checkpoint), with a key/value
     /// cache; greedy by default, or seeded sampling.
     #[command(after_help = GENERATE_EXAMPLES)]
@@ -83,6 +88,42 @@ struct TrainArgs {
     overrides: Vec<String>,
 }
 
+#[derive(Subcommand)]
+enum DataCommand {
+    /// The first examples of a job's training data as the model sees them: the text with
+    /// trained tokens highlighted (masked ones dimmed), token counts, and a summary line.
+    #[command(after_help = DATA_SHOW_EXAMPLES)]
+    Show(DataShowArgs),
+}
+
+const DATA_SHOW_EXAMPLES: &str = "Examples:
+  flotilla data show
+  flotilla data show --num 2 data=chat data.path=chats.jsonl data.tokenizer=/models/qwen
+  flotilla data show --format json data=chat data.path=chats.jsonl model.init_from=/models/llama";
+
+#[derive(clap::Args)]
+struct DataShowArgs {
+    /// Directory holding the primary config and the config groups.
+    #[arg(long, default_value = "conf")]
+    config_dir: PathBuf,
+    /// Name of the primary config (without .yaml).
+    #[arg(long, default_value = "config")]
+    config_name: String,
+    /// How many examples to show (0: only the summary).
+    #[arg(long, default_value_t = 3)]
+    num: usize,
+    /// `text` for a person, `json` for programs.
+    #[arg(long, value_enum, default_value_t = flotilla_train::data_show::Format::Text)]
+    format: flotilla_train::data_show::Format,
+    /// Colours on a terminal: auto (when stdout is one), always, never (trained spans then
+    /// stand between ⟦ and ⟧).
+    #[arg(long, value_enum, default_value_t = flotilla_train::data_show::ColorChoice::Auto)]
+    color: flotilla_train::data_show::ColorChoice,
+    /// Overrides: key=value, group=option, ... (as for `flotilla run`).
+    #[arg(allow_hyphen_values = true)]
+    overrides: Vec<String>,
+}
+
 const GENERATE_EXAMPLES: &str = "Examples:
   flotilla generate outputs/2026-01-01/12-00-00/final --prompt '012+340='
   flotilla generate outputs/RUN/checkpoints/step_800 --prompt '012+340=' --format json
@@ -111,6 +152,9 @@ fn main() -> ExitCode {
             out,
             base,
         } => consolidate(&checkpoint, &out, base.as_deref()).map_err(TaskError::from),
+        Command::Data {
+            what: DataCommand::Show(args),
+        } => data_show(args),
         Command::Generate(args) => flotilla_train::generate::run(&args).map_err(|e| match e {
             e if e.is_usage() => TaskError::Usage(e.into()),
             e => TaskError::Other(e.into()),
@@ -160,6 +204,17 @@ fn train(args: TrainArgs) -> Result<(), TaskError> {
     })?;
     let composed = composer.compose(&args.overrides)?;
     flotilla_train::task::train_in_run_dir(&composed, &args.run_dir, args.prepared)
+}
+
+fn data_show(args: DataShowArgs) -> Result<(), TaskError> {
+    let composer = Composer::new(ComposeOptions {
+        config_dir: args.config_dir,
+        config_name: args.config_name,
+    })?;
+    let composed = composer.compose(&args.overrides)?;
+    let out = flotilla_train::data_show::run(&composed, args.num, args.format, args.color)?;
+    print!("{out}");
+    Ok(())
 }
 
 fn consolidate(

@@ -372,10 +372,7 @@ fn model_state_terms_equal_the_bytes_the_trainer_holds() {
                 );
             }
             let arch = if qwen2 { "Qwen2 " } else { "" };
-            let name = format!(
-                "{arch}{}{lora} {precision}",
-                memory::strategy_name(&job)
-            );
+            let name = format!("{arch}{}{lora} {precision}", memory::strategy_name(&job));
             let step = Step::new(&job);
             let startup = step
                 .moments()
