@@ -25,6 +25,9 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 import torch  # noqa: E402
 from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM  # noqa: E402
+from transformers.utils import logging as hf_logging  # noqa: E402
+
+hf_logging.disable_progress_bar()
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 MAKE_TOKENIZERS = os.path.join(HERE, "..", "..", "tests", "oracle", "make_chat_tokenizers.py")
