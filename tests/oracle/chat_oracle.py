@@ -111,14 +111,14 @@ def common_prefix_len(a, b):
         return len(a)
     if a.startswith(b):
         return len(b)
-    lo, hi = 0, min(len(a), len(b))  # a[:lo] == b[:lo], a[:hi] != b[:hi]
+    lo, hi = 0, min(len(a), len(b))  # invariant: a[:lo] == b[:lo] and a[:hi] != b[:hi]
     while hi - lo > 1:
         mid = (lo + hi) // 2
         if a[lo:mid] == b[lo:mid]:
             lo = mid
         else:
             hi = mid
-    return lo if a[:hi] != b[:hi] else hi
+    return lo
 
 
 def added_spans(tok, ids, offsets):
