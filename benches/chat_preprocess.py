@@ -348,7 +348,7 @@ def machine():
         mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
     except (ValueError, OSError):
         mem = float("nan")
-    return f"{os.cpu_count()} x {platform.machine()} cores, {mem:.0f} GiB, Python {platform.python_version()}"
+    return f"{os.cpu_count()} {platform.machine()} cores, {mem:.0f} GiB, Python {platform.python_version()}"
 
 
 def compare(binary, tok_dir, data):
