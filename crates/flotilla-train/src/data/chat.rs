@@ -56,6 +56,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
 use super::chat_template::ChatTemplate;
+use super::dataset::Dataset;
 use super::error::{DataError, Result};
 use super::masked::MaskedSequences;
 use super::tokenizer::Tokenizer;
@@ -564,11 +565,11 @@ pub fn build(
     if !window.0.is_empty() {
         out.push(&window.0, &window.1, window.2);
     }
-    stats.examples = out.lines.len();
+    stats.examples = out.len();
     stats.tokens = out.num_tokens();
-    stats.trained_tokens = (0..out.lines.len())
-        .map(|k| out.sequence(k).1.iter().skip(1).filter(|&&t| t).count())
-        .sum();
+    stats.trained_tokens = (0..out.len())
+        .map(|k| out.num_loss_tokens(k))
+        .sum::<Result<usize>>()?;
     if stats.examples == 0 {
         return Err(DataError::config(
             key,

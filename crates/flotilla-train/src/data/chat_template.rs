@@ -19,6 +19,7 @@ use minijinja::{Environment, Error, ErrorKind};
 use serde_json::Value as Json;
 
 use super::error::{DataError, Result};
+use super::tokenizer::token_text;
 
 /// The file name of a template stored beside `tokenizer.json`.
 pub const TEMPLATE_FILE: &str = "chat_template.jinja";
@@ -67,15 +68,6 @@ fn read_json(path: &Path) -> Result<Option<Json>> {
             .map_err(|e| template_error(path, format!("invalid JSON: {e}"))),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
         Err(e) => Err(DataError::io(path, e)),
-    }
-}
-
-/// A special token as `tokenizer_config.json` stores it: a string or an added-token object.
-fn token_text(value: &Json) -> Option<String> {
-    match value {
-        Json::String(s) => Some(s.clone()),
-        Json::Object(o) => o.get("content").and_then(Json::as_str).map(String::from),
-        _ => None,
     }
 }
 

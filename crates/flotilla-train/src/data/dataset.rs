@@ -54,6 +54,12 @@ pub trait Dataset: Send + Sync {
         Ok(self.get(index)?.num_loss_tokens())
     }
 
+    /// Tokens in sample `index` as [`Dataset::example`] gives them (padding left out);
+    /// datasets override it when they know it without reading the sample.
+    fn num_tokens(&self, index: usize) -> Result<usize> {
+        Ok(self.example(index)?.ids.len())
+    }
+
     /// Sample `index` as [`Example`]. The default reads the sample: its `T` inputs and the
     /// last label when it has one (datasets that pad override it to leave the padding out).
     fn example(&self, index: usize) -> Result<Example> {

@@ -94,6 +94,10 @@ impl Dataset for MaskedSequences {
         Ok(trained.iter().skip(1).filter(|&&t| t).count())
     }
 
+    fn num_tokens(&self, index: usize) -> Result<usize> {
+        Ok(self.range(index).len())
+    }
+
     fn example(&self, index: usize) -> Result<Example> {
         let (ids, trained) = self.sequence(index);
         let mut trained = trained.to_vec();

@@ -96,6 +96,10 @@ impl Dataset for SequenceDataset {
         Ok(len.saturating_sub(self.loss_from[index]))
     }
 
+    fn num_tokens(&self, index: usize) -> Result<usize> {
+        Ok(self.seqs[index].len())
+    }
+
     fn example(&self, index: usize) -> Result<Example> {
         let s = &self.seqs[index];
         let from = self.loss_from[index];

@@ -120,13 +120,13 @@ pub fn show(data: &Data, num: usize) -> Result<Shown> {
     })
 }
 
-/// Counts every example of a dataset that is not chat data.
+/// Counts every example of a dataset that is not chat data (without reading the samples of
+/// datasets that know their counts, such as a large `tokens` file).
 fn summarize(ds: &dyn Dataset) -> Result<Summary> {
     let (mut tokens, mut trained) = (0, 0);
     for i in 0..ds.len() {
-        let e = ds.example(i)?;
-        tokens += e.ids.len();
-        trained += e.trained.iter().filter(|&&t| t).count();
+        tokens += ds.num_tokens(i)?;
+        trained += ds.num_loss_tokens(i)?;
     }
     Ok(Summary {
         examples: ds.len(),

@@ -186,6 +186,10 @@ impl Dataset for PackedDataset {
         Ok(self.seq_len)
     }
 
+    fn num_tokens(&self, _index: usize) -> Result<usize> {
+        Ok(self.seq_len + 1)
+    }
+
     fn describe(&self) -> String {
         format!(
             "text {} ({} documents, {} tokens): {} samples of {}",

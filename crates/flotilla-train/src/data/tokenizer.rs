@@ -213,16 +213,24 @@ impl Tokenizer {
         }
         let inner = tokenizers::Tokenizer::from_file(path)
             .map_err(|e| tok_err(path.display().to_string(), e))?;
-        let names = SpecialNames::from_config_next_to(path)?;
-        let mut tokenizer = Self::from_inner(inner, TokenizerKind::File(path.to_path_buf()), names);
+        let mut companions = vec![];
         for name in COMPANION_FILES {
             let file = path.with_file_name(name);
             match std::fs::read(&file) {
-                Ok(bytes) => tokenizer.companions.push((name.to_string(), bytes)),
+                Ok(bytes) => companions.push((name.to_string(), bytes)),
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
                 Err(e) => return Err(DataError::io(file, e)),
             }
         }
+        let names = match companions
+            .iter()
+            .find(|(n, _)| n == "tokenizer_config.json")
+        {
+            Some((n, bytes)) => SpecialNames::from_config(bytes, &path.with_file_name(n))?,
+            None => SpecialNames::default(),
+        };
+        let mut tokenizer = Self::from_inner(inner, TokenizerKind::File(path.to_path_buf()), names);
+        tokenizer.companions = companions;
         Ok(tokenizer)
     }
 
@@ -373,23 +381,26 @@ pub(crate) struct SpecialNames {
 }
 
 impl SpecialNames {
-    fn from_config_next_to(tokenizer_json: &Path) -> Result<Self> {
-        let cfg = tokenizer_json.with_file_name("tokenizer_config.json");
-        let Ok(text) = std::fs::read_to_string(&cfg) else {
-            return Ok(SpecialNames::default());
-        };
-        let value: Value = serde_json::from_str(&text)
-            .map_err(|e| tok_err(cfg.display().to_string(), format!("invalid JSON: {e}")))?;
-        let name = |key: &str| match value.get(key) {
-            Some(Value::String(s)) => Some(s.clone()),
-            Some(Value::Object(o)) => o.get("content").and_then(|c| c.as_str()).map(String::from),
-            _ => None,
-        };
+    /// The names a `tokenizer_config.json` (its bytes, read from `path`) gives.
+    fn from_config(bytes: &[u8], path: &Path) -> Result<Self> {
+        let value: Value = serde_json::from_slice(bytes)
+            .map_err(|e| tok_err(path.display().to_string(), format!("invalid JSON: {e}")))?;
+        let name = |key: &str| value.get(key).and_then(token_text);
         Ok(SpecialNames {
             eos: name("eos_token"),
             bos: name("bos_token"),
             pad: name("pad_token"),
         })
+    }
+}
+
+/// A special token as `tokenizer_config.json` stores it: a string, or an added-token object
+/// with its `content`.
+pub(crate) fn token_text(value: &Value) -> Option<String> {
+    match value {
+        Value::String(s) => Some(s.clone()),
+        Value::Object(o) => o.get("content").and_then(Value::as_str).map(String::from),
+        _ => None,
     }
 }
 

@@ -140,6 +140,10 @@ impl Dataset for TokensDataset {
         Ok(self.seq_len)
     }
 
+    fn num_tokens(&self, _index: usize) -> Result<usize> {
+        Ok(self.seq_len + 1)
+    }
+
     fn describe(&self) -> String {
         format!(
             "tokens {} ({}, {} tokens): {} samples of {}",
