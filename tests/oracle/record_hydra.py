@@ -234,6 +234,30 @@ _compose("basic", "plain", [
     ("append_groups_reversed", ["+model=large", "+db=mysql"]),
     ("append_group_then_value", ["+db=mysql", "db.port=1"]),
     ("append_group_then_append_value", ["+db=mysql", "+db.extra=1"]),
+    # Type-changing overrides: OmegaConf merges a dict only into a dict and a list only into a
+    # list; anything else replaces the value.
+    ("type_dict_over_list", ["b.d={x:1}"]),
+    ("type_dict_over_list_append", ["+b.d={x:1}"]),
+    ("type_dict_over_list_force", ["++b.d={x:1}"]),
+    ("type_dict_over_list_nested", ["b={d:{x:1}}"]),
+    ("type_list_over_dict", ["b=[1,2]"]),
+    ("type_list_over_dict_append", ["+b=[1,2]"]),
+    ("type_list_over_dict_force", ["++b=[1,2]"]),
+    ("type_dict_over_scalar", ["a={x:1}"]),
+    ("type_dict_over_scalar_append", ["+a={x:1}"]),
+    ("type_dict_over_scalar_force", ["++a={x:1}"]),
+    ("type_dict_over_scalar_nested", ["b.c={x:1}"]),
+    ("type_list_over_scalar", ["a=[1]"]),
+    ("type_list_over_scalar_force", ["++b.c=[1]"]),
+    ("type_list_over_scalar_in_dict", ["b={c:[1]}"]),
+    ("type_scalar_over_dict_force", ["++b=5"]),
+    ("type_scalar_over_dict_append", ["+b=5"]),
+    ("type_scalar_over_list", ["b.d=5"]),
+    ("type_scalar_over_list_force", ["++b.d=5"]),
+    ("type_scalar_over_list_in_dict", ["b={d:5}"]),
+    ("type_list_over_list_in_dict", ["b={d:[7]}"]),
+    ("type_dict_into_list_item", ["b.d.0={x:1}"]),
+    ("type_list_over_dict_after_delete", ["~b", "+b=[1,2]"]),
 ])
 
 # ---- defaults: optional, null, ???, override, nested defaults, list options ------------------

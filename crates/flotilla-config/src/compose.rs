@@ -613,8 +613,14 @@ fn merge_struct(dest: &mut Node, src: Node, path: &str, o: &Override) -> Result<
             }
             Ok(())
         }
-        (Value::Dict(_), other) if other.is_container() => Err(ConfigError::Override(format!(
-            "'{}': cannot merge a list into the dictionary at '{path}'",
+        (Value::Dict(_), Value::List(_)) => Err(ConfigError::Override(format!(
+            "'{}': cannot merge a list into the dictionary at '{path}' (OmegaConf merges only \
+             like into like); to replace the dictionary, delete it first: '~{path}' '+{path}=[...]'",
+            o.input
+        ))),
+        (Value::List(_), Value::Dict(_)) => Err(ConfigError::Override(format!(
+            "'{}': cannot merge a dictionary into the list at '{path}' (OmegaConf merges only \
+             like into like); to replace the list, delete it first: '~{path}' '+{path}={{...}}'",
             o.input
         ))),
         (current, Value::Missing) if !matches!(current, Value::Missing) => Ok(()),
