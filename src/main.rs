@@ -52,6 +52,10 @@ enum Command {
     /// Show the config values that differ between two jobs, with where each came from.
     #[command(after_help = commands::DIFF_EXAMPLES)]
     Diff(DiffArgs),
+    /// Write the shipped config tree (conf/, sweeps/, the sbatch template) to start a project
+    /// from: `flotilla init`, then `flotilla run`.
+    #[command(after_help = commands::INIT_EXAMPLES)]
+    Init(commands::InitArgs),
     /// Train in a run directory (runs `flotilla-train train`; see `flotilla train --help`).
     #[command(disable_help_flag = true)]
     Train(ForwardArgs),
@@ -90,6 +94,7 @@ fn main() -> ExitCode {
         Command::Status(args) => commands::status(args),
         Command::Report(args) => commands::report(args),
         Command::Diff(args) => commands::diff(args),
+        Command::Init(args) => commands::init(args),
         Command::ExecTask(args) => commands::exec_task(args),
         Command::StudyDrive(args) => commands::study_drive(args),
         Command::Train(args) => commands::forward_to_task("train", args),
