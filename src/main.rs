@@ -11,7 +11,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 use commands::{
     ComposeArgs, DiffArgs, ExecTaskArgs, ForwardArgs, PlanArgs, ReportArgs, RunArgs, StatusArgs,
-    StudyDriveArgs,
+    PackRunArgs, StudyDriveArgs,
 };
 
 /// Composition allocates and frees many small trees; mimalloc does this faster than glibc's
@@ -81,6 +81,10 @@ enum Command {
     /// Drive an adaptive study whose trials are SLURM jobs (started detached by `flotilla run`).
     #[command(hide = true)]
     StudyDrive(StudyDriveArgs),
+    /// Run the jobs of a packed sweep as job steps of this allocation (the allocation's batch
+    /// script runs it).
+    #[command(hide = true)]
+    PackRun(PackRunArgs),
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
     Completions { shell: clap_complete::Shell },
 }
@@ -97,6 +101,7 @@ fn main() -> ExitCode {
         Command::Init(args) => commands::init(args),
         Command::ExecTask(args) => commands::exec_task(args),
         Command::StudyDrive(args) => commands::study_drive(args),
+        Command::PackRun(args) => commands::pack_run(args),
         Command::Train(args) => commands::forward_to_task("train", args),
         Command::Consolidate(args) => commands::forward_to_task("consolidate", args),
         Command::Data(args) => commands::forward_to_task("data", args),

@@ -44,6 +44,7 @@ fn slurm_compute() -> ComputeConfig {
         qos: None,
         constraint: None,
         array_parallelism: 256,
+        pack: None,
         signal_delay_s: 90,
         max_num_timeout: 3,
         setup: vec![],

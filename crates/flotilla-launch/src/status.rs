@@ -64,7 +64,11 @@ pub fn status_text(st: &RunStatus) -> String {
             "{:>5}  {:<13} {:<12} {:>8}  {}{}\n",
             j.num,
             j.state.as_str(),
-            j.job_id.as_deref().unwrap_or("-"),
+            match (&j.job_id, j.step) {
+                (Some(id), Some(step)) => format!("{id}.{step}"),
+                (Some(id), None) => id.clone(),
+                (None, _) => "-".into(),
+            },
             j.steps.map(|s| s.to_string()).unwrap_or_else(|| "-".into()),
             j.dir.display(),
             if j.final_model { "  (final/)" } else { "" }

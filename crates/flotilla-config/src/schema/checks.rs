@@ -751,6 +751,7 @@ impl Check<'_> {
         if let Some(mem) = c.mem_gb {
             self.at_least("compute.mem_gb", mem, 1);
         }
+        self.pack(c);
         if let Some(gb) = c.gpu_mem_gb {
             self.positive("compute.gpu_mem_gb", gb);
         }
@@ -786,6 +787,38 @@ impl Check<'_> {
 }
 
 impl Check<'_> {
+    /// `compute.pack`: at least 1; a packed job runs inside one node of the allocation and
+    /// takes `tasks_per_node` of its slots.
+    fn pack(&mut self, c: &ComputeConfig) {
+        let Some(pack) = c.pack else { return };
+        self.at_least("compute.pack", pack as u64, 1);
+        if pack < 2 {
+            return;
+        }
+        if c.nodes > 1 {
+            self.invalid(
+                "compute.pack",
+                format!(
+                    "packs jobs into the slots of one node, but each job asks for {} nodes",
+                    c.nodes
+                ),
+                "set compute.nodes=1 for a packed sweep, or remove compute.pack (one allocation per job)".into(),
+            );
+        } else if c.tasks_per_node > pack {
+            self.invalid(
+                "compute.pack",
+                format!(
+                    "is {pack} slots, fewer than the {} ranks (compute.tasks_per_node) one job takes",
+                    c.tasks_per_node
+                ),
+                format!(
+                    "set compute.pack={} or more (a multiple of compute.tasks_per_node)",
+                    c.tasks_per_node
+                ),
+            );
+        }
+    }
+
     /// `compute.gpu_type` must name a GPU of the table, or the fix names the nearest ones.
     fn gpu_type(&mut self, name: &str) {
         if gpu_model(name).is_some() {

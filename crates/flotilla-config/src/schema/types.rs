@@ -992,6 +992,10 @@ section! {
         constraint: Option<String> => "h100",
         /// Sweeps: most SLURM array tasks running at once.
         array_parallelism: usize,
+        /// SLURM sweeps: the slots (one rank each, with its `cpus_per_task` and its share of
+        /// the GPUs) of one allocation that runs the sweep's jobs as job steps, starting the
+        /// next job as soon as one ends; `None` or 1: one allocation per job.
+        pack: Option<usize> => "4",
         /// Seconds before the time limit at which the job is signalled to checkpoint and requeue.
         signal_delay_s: u64,
         /// Requeues after a timeout before giving up.

@@ -73,6 +73,9 @@ pub struct JobStatus {
     pub steps: Option<u64>,
     pub final_model: bool,
     pub message: Option<String>,
+    /// The job step that ran the job inside its allocation (`job_id`), for a packed sweep.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub step: Option<u64>,
 }
 
 /// The status of a run or sweep directory.
@@ -175,6 +178,7 @@ pub fn read_status(
                 steps: m.steps,
                 final_model: m.final_model,
                 message: None,
+                step: None,
             }],
         });
     };
@@ -195,6 +199,10 @@ pub fn read_status(
                 steps: m.steps,
                 final_model: m.final_model,
                 message: j.message.clone(),
+                step: j
+                    .extra
+                    .get(crate::slurm::pack::STEP_KEY)
+                    .and_then(|v| v.as_u64()),
             }
         })
         .collect();

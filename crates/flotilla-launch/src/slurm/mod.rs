@@ -20,6 +20,8 @@
 //!   cluster has accounting), combines the answer with the run directory's own markers, and
 //!   writes state changes back to the plan; a FAILED job gets its failing task's log tail as
 //!   its message ([`failure_message`]).
+//! - `pack.rs`: `compute.pack`, a sweep's jobs run as job steps of whole-node allocations that
+//!   share one queue ([`pack::run_allocation`], the loop `flotilla pack-run` runs).
 //! - `error.rs`: [`SlurmError`].
 //!
 //! The batch shell traps `SIGUSR2` (sent `signal_delay_s` before the time limit with
@@ -31,6 +33,7 @@
 //! complete.
 
 mod error;
+pub mod pack;
 mod queue;
 mod quote;
 mod render;
@@ -49,8 +52,8 @@ pub use render::{
 };
 pub use status::{end_message, failure_message, parse_srun_error, status, LOG_TAIL_LINES};
 pub use submit::{
-    job_specs, max_array_size, parse_max_array_size, submit, submit_scripts, write_scripts,
-    write_single_scripts, JobSpec, Script, SlurmOptions, Submission, SubmittedJob,
+    job_specs, max_array_size, parse_max_array_size, submit, submit_scripts, submit_scripts_after,
+    write_scripts, write_single_scripts, JobSpec, Script, SlurmOptions, Submission, SubmittedJob,
     DEFAULT_MAX_ARRAY_SIZE, SCRIPT_DIR,
 };
 
@@ -106,7 +109,8 @@ impl Launcher for SlurmLauncher {
         if self.scripts.is_empty() {
             self.prepare(run)?;
         }
-        let submissions = submit_scripts(&run.plan, &self.scripts)?;
+        let submissions =
+            submit_scripts_after(&run.plan, &self.scripts, self.opts.dependency.as_deref())?;
         let ids: HashMap<usize, String> = submissions
             .iter()
             .flat_map(|s| s.jobs.iter().map(|j| (j.num, j.job_id.clone())))

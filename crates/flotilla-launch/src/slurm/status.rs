@@ -45,6 +45,11 @@ pub fn status(dir: &Path) -> Result<RunStatus, SlurmError> {
     };
     let lookup = |j: &JobRecord| -> Option<JobState> {
         let id = j.job_id.as_ref()?;
+        if super::pack::is_packed(j) {
+            // The packing loop keeps the record; the allocation tells only how it ended.
+            let allocation = live.as_ref().and_then(|l| l.get(id)).map(|l| l.state);
+            return super::pack::packed_state(j.state, allocation);
+        }
         known_state(live.as_ref(), &plan_file.job_dir(j), id).or_else(|| {
             // Submitted, and the scheduler has forgotten it without a word from the job.
             (live.is_some() && !j.state.is_terminal()).then_some(JobState::Unknown)
@@ -58,6 +63,10 @@ pub fn status(dir: &Path) -> Result<RunStatus, SlurmError> {
         let Some(recorded) = js.recorded else {
             continue;
         };
+        // A packed job's record belongs to the loop that runs it.
+        if js.step.is_some() || plan.job(js.num).is_some_and(super::pack::is_packed) {
+            continue;
+        }
         if js.state == recorded {
             continue;
         }

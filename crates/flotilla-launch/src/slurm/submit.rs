@@ -32,6 +32,8 @@ pub struct SlurmOptions {
     /// What the tasks of a job that runs the user's own program run; `None`: this
     /// executable's `exec-task` (see [`TaskCommand::exec_task`]).
     pub exec_task: Option<TaskCommand>,
+    /// `sbatch --dependency=...` for every submission (`flotilla run --after`).
+    pub dependency: Option<String>,
 }
 
 impl SlurmOptions {
@@ -42,6 +44,7 @@ impl SlurmOptions {
             job_name: None,
             max_array_size: None,
             exec_task: None,
+            dependency: None,
         }
     }
 }
@@ -63,6 +66,9 @@ pub struct Script {
     pub path: PathBuf,
     /// Whether it is a job array (task `i` runs `jobs[i]`).
     pub array: bool,
+    /// Whether it is an array of packed allocations sharing the queue of `jobs`
+    /// (`compute.pack`, see [`super::pack`]).
+    pub packed: bool,
     /// The jobs it runs: (number, directory).
     pub jobs: Vec<(usize, PathBuf)>,
 }
@@ -176,6 +182,38 @@ fn write_scripts_as(
             (Some(_), Some(exec_task)) => exec_task,
             _ => &opts.task,
         };
+        if let Some(mut shape) = super::pack::pack_shape(compute, group.len()) {
+            if !array {
+                return Err(SlurmError::Parameter {
+                    key: "compute.pack".into(),
+                    message: "an adaptive sweep submits each trial alone as it samples it, so                               there is no queue of jobs to pack; remove compute.pack (or use a                               grid sweep, whose jobs are all known at once)"
+                        .into(),
+                });
+            }
+            shape.allocations = shape.allocations.min(max_array);
+            let dirs = group
+                .iter()
+                .map(|j| absolute(&j.dir))
+                .collect::<Result<Vec<PathBuf>, _>>()?;
+            let nums: Vec<usize> = group.iter().map(|j| j.num).collect();
+            let path = super::pack::write_pack_script(
+                plan,
+                compute,
+                &shape,
+                ranks,
+                task,
+                &nums,
+                job_name,
+                &script_dir,
+            )?;
+            out.push(Script {
+                path,
+                array: true,
+                packed: true,
+                jobs: nums.into_iter().zip(dirs).collect(),
+            });
+            continue;
+        }
         for chunk in group.chunks(max_array) {
             let dirs = chunk
                 .iter()
@@ -196,6 +234,7 @@ fn write_scripts_as(
             out.push(Script {
                 path: write_new_script(&script_dir, &text)?,
                 array,
+                packed: false,
                 jobs: nums.into_iter().zip(dirs).collect(),
             });
         }
@@ -206,10 +245,20 @@ fn write_scripts_as(
 /// Submits rendered scripts with `sbatch --parsable`, recording each one's ids in the plan as
 /// soon as its `sbatch` returns. Returns without waiting for the jobs (fire and forget).
 pub fn submit_scripts(plan: &PlanFile, scripts: &[Script]) -> Result<Vec<Submission>, SlurmError> {
+    submit_scripts_after(plan, scripts, None)
+}
+
+/// [`submit_scripts`] with `sbatch --dependency=DEPENDENCY` (e.g. `afterok:12:13_0`): the jobs
+/// start only once the scheduler sees the dependency satisfied.
+pub fn submit_scripts_after(
+    plan: &PlanFile,
+    scripts: &[Script],
+    dependency: Option<&str>,
+) -> Result<Vec<Submission>, SlurmError> {
     let mut out: Vec<Submission> = Vec::new();
     for script in scripts {
         let submitted: Vec<String> = out.iter().map(|s| s.job_id.clone()).collect();
-        let job_id = sbatch(&script.path, &submitted)?;
+        let job_id = sbatch(&script.path, &submitted, dependency)?;
         let jobs = script
             .jobs
             .iter()
@@ -217,7 +266,9 @@ pub fn submit_scripts(plan: &PlanFile, scripts: &[Script]) -> Result<Vec<Submiss
             .map(|(i, (num, dir))| SubmittedJob {
                 num: *num,
                 dir: dir.clone(),
-                job_id: if script.array {
+                job_id: if script.packed {
+                    job_id.clone()
+                } else if script.array {
                     format!("{job_id}_{i}")
                 } else {
                     job_id.clone()
@@ -229,7 +280,7 @@ pub fn submit_scripts(plan: &PlanFile, scripts: &[Script]) -> Result<Vec<Submiss
             job_id,
             jobs,
         };
-        record(plan, &submission)?;
+        record(plan, &submission, script.packed)?;
         out.push(submission);
     }
     Ok(out)
@@ -246,7 +297,7 @@ pub fn submit(
 }
 
 /// Writes `text` to a new `submit-<k>.sbatch` in `dir` (never overwriting an older script).
-fn write_new_script(dir: &Path, text: &str) -> Result<PathBuf, SlurmError> {
+pub(super) fn write_new_script(dir: &Path, text: &str) -> Result<PathBuf, SlurmError> {
     use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;
     for k in 0.. {
@@ -269,9 +320,19 @@ fn write_new_script(dir: &Path, text: &str) -> Result<PathBuf, SlurmError> {
 }
 
 /// `sbatch --parsable SCRIPT`: the job id.
-fn sbatch(script: &Path, submitted: &[String]) -> Result<String, SlurmError> {
+fn sbatch(
+    script: &Path,
+    submitted: &[String],
+    dependency: Option<&str>,
+) -> Result<String, SlurmError> {
     let script_arg = script.display().to_string();
-    let out = run_command("sbatch", &["--parsable", &script_arg])?;
+    let mut args = vec!["--parsable".to_string()];
+    if let Some(d) = dependency {
+        args.push(format!("--dependency={d}"));
+    }
+    args.push(script_arg);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let out = run_command("sbatch", &args)?;
     let stdout = String::from_utf8_lossy(&out.stdout).trim().to_string();
     if !out.status.success() {
         let stderr = String::from_utf8_lossy(&out.stderr).trim().to_string();
@@ -305,12 +366,25 @@ fn sbatch(script: &Path, submitted: &[String]) -> Result<String, SlurmError> {
 
 /// Records a submission's ids in the plan (jobs PENDING, message cleared) and lists the
 /// submission under the plan's `slurm.submissions`.
-fn record(plan: &PlanFile, s: &Submission) -> Result<(), SlurmError> {
+/// A packed job gets no id of its own until an allocation claims it; its record names the
+/// array of allocations instead.
+fn record(plan: &PlanFile, s: &Submission, packed: bool) -> Result<(), SlurmError> {
     let nums: Vec<usize> = s.jobs.iter().map(|j| j.num).collect();
     plan.update(|p| {
         for job in &s.jobs {
             if let Some(rec) = p.job_mut(job.num) {
-                rec.job_id = Some(job.job_id.clone());
+                if packed {
+                    rec.job_id = None;
+                    rec.extra.remove(super::pack::ALLOCATION_KEY);
+                    rec.extra.remove(super::pack::STEP_KEY);
+                    rec.extra.insert(
+                        super::pack::PACK_ARRAY_KEY.into(),
+                        serde_json::Value::from(job.job_id.clone()),
+                    );
+                } else {
+                    rec.job_id = Some(job.job_id.clone());
+                    rec.extra.remove(super::pack::PACK_ARRAY_KEY);
+                }
                 rec.set_state(JobState::Pending, None);
             }
         }
@@ -323,6 +397,7 @@ fn record(plan: &PlanFile, s: &Submission) -> Result<(), SlurmError> {
                 "job_id": s.job_id,
                 "script": s.script,
                 "jobs": nums,
+                "packed": packed,
                 "time": chrono::Local::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, false),
             }));
         }
