@@ -97,6 +97,39 @@ fn unknown_key_suggests_near_miss() {
 }
 
 #[test]
+fn misspelt_group_path_suggests_the_group() {
+    for (given, meant) in [
+        ("trainr/dist=fsdp", "trainer/dist=fsdp"),
+        ("trainer/dst=fsdp", "trainer/dist=fsdp"),
+    ] {
+        let out = flotilla(&["compose", given]);
+        assert_config_error(
+            &out,
+            &[
+                &format!(
+                    "did you mean the config group '{}'",
+                    meant.split('=').next().unwrap()
+                ),
+                meant,
+            ],
+        );
+        assert!(!stderr(&out).contains("trainer.dist"), "{}", stderr(&out));
+    }
+}
+
+#[test]
+fn dict_over_list_is_refused_naming_the_key() {
+    let out = flotilla(&["compose", "trainer.betas={a:1}"]);
+    assert_config_error(
+        &out,
+        &[
+            "trainer.betas={a:1}",
+            "cannot merge a dictionary into the list at 'trainer.betas'",
+        ],
+    );
+}
+
+#[test]
 fn unknown_group_option_lists_options() {
     let out = flotilla(&["compose", "model=tiny2"]);
     assert_config_error(&out, &["model/tiny2", "tiny"]);

@@ -291,7 +291,15 @@ impl Composer {
         let mut cfg = merged.config.clone();
         let mut runtime = merged.runtime.clone();
         for o in &groups.config_overrides {
-            apply_override(&mut cfg, o, o.key_or_group.as_str(), false)?;
+            apply_override(&mut cfg, o, o.key_or_group.as_str(), false).map_err(|e| {
+                let absent = cfg.get_path(&split_key(&o.key_or_group)).is_none();
+                match group_suggestion(&self.repo, o) {
+                    Some(hint) if absent && o.key_or_group.contains('/') => {
+                        ConfigError::Override(hint)
+                    }
+                    _ => e,
+                }
+            })?;
         }
         for o in runtime_overrides {
             if o.is_sweep() || o.key_or_group.contains('/') {
@@ -663,6 +671,18 @@ fn suggestion(root: &Node, key: &str) -> String {
         Some(n) => format!(" (did you mean '{n}'?)"),
         None => String::new(),
     }
+}
+
+/// For a `group/path=option` override naming no group (a value override to Hydra, which fails
+/// as "no such key"): the message naming the config group it most likely meant.
+fn group_suggestion(repo: &ConfigRepo, o: &Override) -> Option<String> {
+    let groups = repo.group_names();
+    let near = near_miss(&o.key_or_group, groups.iter().map(|g| g.as_str()))?;
+    let value = o.input.split_once('=').map(|(_, v)| v).unwrap_or("");
+    Some(format!(
+        "could not override '{}': there is no config group '{}' and no such key in the config (did you mean the config group '{near}'? {near}={value})",
+        o.key_or_group, o.key_or_group
+    ))
 }
 
 /// The value at a key as OmegaConf.select(throw_on_missing=False) sees it: `None` when absent,

@@ -71,6 +71,34 @@ impl ConfigRepo {
         exists
     }
 
+    /// Every config group of the repository (`compute`, `trainer/dist`, ...): its directories
+    /// at any depth, hidden ones excluded, sorted. Read from disk on each call (only error
+    /// messages ask for it).
+    pub fn group_names(&self) -> Vec<String> {
+        fn walk(dir: &Path, prefix: &str, out: &mut Vec<String>) {
+            let Ok(entries) = std::fs::read_dir(dir) else {
+                return;
+            };
+            for entry in entries.flatten() {
+                let name = entry.file_name().to_string_lossy().into_owned();
+                if name.starts_with('.') || !entry.path().is_dir() {
+                    continue;
+                }
+                let group = if prefix.is_empty() {
+                    name
+                } else {
+                    format!("{prefix}/{name}")
+                };
+                walk(&entry.path(), &group, out);
+                out.push(group);
+            }
+        }
+        let mut groups = Vec::new();
+        walk(&self.root, "", &mut groups);
+        groups.sort();
+        groups
+    }
+
     /// The options of a group: its config files without extension, sorted.
     pub fn group_options(&self, group: &str) -> Arc<Vec<String>> {
         let group = group.trim_start_matches('/');
