@@ -105,6 +105,8 @@ pub fn plan(args: PlanArgs) -> Result<(), Failure> {
     let start_dir = std::env::current_dir().context("the current directory")?;
     let mut text = String::new();
     let mut count = 0usize;
+    // Each job's compute, to say what allocations a packed sweep asks for.
+    let computes = std::sync::Mutex::new(Vec::new());
     if let PlanFormat::Json = args.format {
         text.push_str("{\"jobs\":[");
     }
@@ -117,7 +119,14 @@ pub fn plan(args: PlanArgs) -> Result<(), Failure> {
         |job| {
             if job.composed.runs_user_task() {
                 // The user's program is checked as `run` checks it.
-                flotilla_launch::rundir::job_runs(&job.composed, composer.context(), &start_dir)?;
+                let runs = flotilla_launch::rundir::job_runs(
+                    &job.composed,
+                    composer.context(),
+                    &start_dir,
+                )?;
+                computes.lock().unwrap().push(runs.compute);
+            } else if let Some(c) = &job.composed.typed {
+                computes.lock().unwrap().push(c.compute.clone());
             }
             Ok(match (args.format, args.memory) {
                 (PlanFormat::Json, false) => json_job(&job),
@@ -137,10 +146,15 @@ pub fn plan(args: PlanArgs) -> Result<(), Failure> {
     )?;
     match args.format {
         PlanFormat::Json => text.push_str("]}\n"),
-        PlanFormat::Table => text.push_str(&format!(
-            "{count} job{}\n",
-            if count == 1 { "" } else { "s" }
-        )),
+        PlanFormat::Table => {
+            text.push_str(&format!(
+                "{count} job{}\n",
+                if count == 1 { "" } else { "s" }
+            ));
+            if args.multirun {
+                text.push_str(&packing(&computes.into_inner().unwrap()));
+            }
+        }
     }
     write_stdout(&text)
 }
@@ -212,4 +226,41 @@ fn table_row(job: &PlannedJob) -> String {
         job.overrides.join(" ")
     };
     format!("{:>5}  {}\n", job.num, line)
+}
+
+/// The allocations a packed sweep (`compute.pack`) asks for, one line per group of jobs with the
+/// same `compute`; nothing for an unpacked sweep.
+fn packing(computes: &[flotilla_config::schema::ComputeConfig]) -> String {
+    let mut groups: Vec<(&flotilla_config::schema::ComputeConfig, usize)> = Vec::new();
+    for c in computes {
+        match groups.iter_mut().find(|(g, _)| *g == c) {
+            Some((_, n)) => *n += 1,
+            None => groups.push((c, 1)),
+        }
+    }
+    let mut out = String::new();
+    for (c, n) in groups {
+        let Some(s) = flotilla_launch::slurm::pack::pack_shape(c, n) else {
+            continue;
+        };
+        let gpus = if s.gpus > 0 {
+            format!(", {} GPUs", s.gpus)
+        } else {
+            String::new()
+        };
+        let mem = s.mem_gb.map(|m| format!(", {m}G")).unwrap_or_default();
+        out.push_str(&format!(
+            "packed: {n} jobs into {} allocation{} of 1 node ({} slots: {} CPUs{gpus}{mem}), \
+             {} job{} at a time in each ({} rank{} per job)\n",
+            s.allocations,
+            if s.allocations == 1 { "" } else { "s" },
+            s.slots,
+            s.cpus,
+            s.jobs_at_once,
+            if s.jobs_at_once == 1 { "" } else { "s" },
+            s.ranks_per_job,
+            if s.ranks_per_job == 1 { "" } else { "s" },
+        ));
+    }
+    out
 }

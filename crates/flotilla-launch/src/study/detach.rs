@@ -1,9 +1,10 @@
 //! The detached driver of a study whose trials are SLURM jobs: `flotilla run -m ... compute=slurm`
 //! (and `--resume-sweep` of such a study) starts `flotilla study-drive SWEEP_DIR` in a new
 //! session, its stdin closed and its output appended to `SWEEP_DIR/driver.log`, and returns.
-//! The driver holds `SWEEP_DIR/driver.pid` (its pid) as a lock for as long as it runs: a second
-//! driver of the same study refuses to start; the lock of a driver that died (a pid no longer
-//! alive) is taken over.
+//! The driver holds an exclusive `flock` on `SWEEP_DIR/driver.lock` for as long as it runs, with
+//! its pid in `SWEEP_DIR/driver.pid`: a second driver of the same study refuses to start, and
+//! the lock of a driver that died is free again, so that of several drivers started at the same
+//! instant exactly one proceeds.
 
 use crate::LaunchError;
 use std::io::{ErrorKind, Write};
@@ -56,63 +57,72 @@ pub fn live_driver(sweep_dir: &Path) -> Option<i32> {
     read_pid(sweep_dir).filter(|p| pid_alive(*p))
 }
 
-/// The study lock held by this process; released (the file removed, if still ours) on drop.
+/// The study lock held by this process: an exclusive `flock(2)` on `SWEEP_DIR/driver.lock`,
+/// held for the driver's life (the kernel releases it when the process dies, however it dies),
+/// and the holder's pid in `driver.pid` for people and for [`live_driver`]. On drop the pid
+/// file is removed (if still ours) and the lock released.
 #[derive(Debug)]
 pub struct DriverLock {
     path: PathBuf,
     pid: i32,
+    _file: std::fs::File,
 }
+
+/// The file whose `flock` is the study lock.
+pub const LOCK_FILE: &str = "driver.lock";
 
 impl DriverLock {
     /// Takes the lock of the study in `sweep_dir` for process `pid` (normally this one). Fails
-    /// when a live process holds it; a dead holder's lock is taken over.
+    /// when another driver holds it; a dead driver's lock is free (its `flock` died with it), so
+    /// of any number of drivers started at the same instant exactly one proceeds.
     pub fn acquire(sweep_dir: &Path, pid: i32) -> Result<DriverLock, LaunchError> {
+        use std::os::fd::AsRawFd;
+        let lock_path = sweep_dir.join(LOCK_FILE);
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&lock_path)
+            .map_err(|e| io(format!("opening {}", lock_path.display()), e))?;
         let path = sweep_dir.join(PID_FILE);
-        for _ in 0..20 {
-            match std::fs::OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .open(&path)
-            {
-                Ok(mut f) => {
-                    f.write_all(format!("{pid}\n").as_bytes())
-                        .and_then(|_| f.sync_all())
-                        .map_err(|e| io(format!("writing {}", path.display()), e))?;
-                    return Ok(DriverLock { path, pid });
+        loop {
+            // SAFETY: flock on a descriptor this function owns.
+            let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+            if rc == 0 {
+                break;
+            }
+            let e = std::io::Error::last_os_error();
+            match e.kind() {
+                ErrorKind::Interrupted => continue,
+                ErrorKind::WouldBlock => {
+                    let holder = read_pid(sweep_dir)
+                        .map(|h| format!("process {h}"))
+                        .unwrap_or_else(|| "another process".into());
+                    return Err(LaunchError::Unsupported(format!(
+                        "the study {} is already driven by {holder} (it holds {}); watch it \
+                         with `flotilla status {} --watch`",
+                        sweep_dir.display(),
+                        lock_path.display(),
+                        sweep_dir.display()
+                    )));
                 }
-                Err(e) if e.kind() == ErrorKind::AlreadyExists => {
-                    let holder = std::fs::read_to_string(&path)
-                        .ok()
-                        .and_then(|t| t.trim().parse::<i32>().ok());
-                    match holder {
-                        Some(h) if h == pid => return Ok(DriverLock { path, pid }),
-                        Some(h) if pid_alive(h) => {
-                            return Err(LaunchError::Unsupported(format!(
-                                "the study {} is already driven by process {h} ({} holds its pid); \
-                                 watch it with `flotilla status {} --watch`",
-                                sweep_dir.display(),
-                                path.display(),
-                                sweep_dir.display()
-                            )))
-                        }
-                        // A dead driver's lock: removed, unless another driver has just
-                        // taken it over.
-                        Some(h) => {
-                            if read_pid(sweep_dir) == Some(h) {
-                                let _ = std::fs::remove_file(&path);
-                            }
-                        }
-                        // One being written: retry.
-                        None => std::thread::sleep(Duration::from_millis(50)),
-                    }
-                }
-                Err(e) => return Err(io(format!("creating {}", path.display()), e)),
+                _ => return Err(io(format!("locking {}", lock_path.display()), e)),
             }
         }
-        Err(LaunchError::Unsupported(format!(
-            "cannot take the study lock {}: it keeps changing",
-            path.display()
-        )))
+        // Ours now: record the pid (atomically, over a dead driver's).
+        let tmp = sweep_dir.join(format!(".{PID_FILE}.{pid}"));
+        std::fs::File::create(&tmp)
+            .and_then(|mut f| {
+                f.write_all(format!("{pid}\n").as_bytes())?;
+                f.sync_all()
+            })
+            .and_then(|_| std::fs::rename(&tmp, &path))
+            .map_err(|e| io(format!("writing {}", path.display()), e))?;
+        Ok(DriverLock {
+            path,
+            pid,
+            _file: file,
+        })
     }
 }
 
@@ -219,6 +229,32 @@ mod tests {
         let lock = DriverLock::acquire(dir.path(), me).unwrap();
         assert_eq!(read_pid(dir.path()), Some(me));
         drop(lock);
+    }
+
+    #[test]
+    fn of_drivers_started_at_once_exactly_one_wins() {
+        let dir = tempfile::tempdir().unwrap();
+        // A dead driver's pid left behind.
+        std::fs::write(dir.path().join(PID_FILE), "999999999\n").unwrap();
+        for _round in 0..5 {
+            let n = 8;
+            let barrier = std::sync::Arc::new(std::sync::Barrier::new(n));
+            let wins: Vec<_> = (0..n)
+                .map(|i| {
+                    let (b, d) = (barrier.clone(), dir.path().to_path_buf());
+                    std::thread::spawn(move || {
+                        b.wait();
+                        DriverLock::acquire(&d, 1_000_000 + i as i32).ok()
+                    })
+                })
+                .collect();
+            let held: Vec<DriverLock> =
+                wins.into_iter().filter_map(|h| h.join().unwrap()).collect();
+            assert_eq!(held.len(), 1, "exactly one driver proceeds");
+            assert_eq!(read_pid(dir.path()), Some(held[0].pid));
+            drop(held);
+            assert_eq!(read_pid(dir.path()), None, "released on drop");
+        }
     }
 
     #[test]
