@@ -83,12 +83,7 @@ pub fn load_str(text: &str, path: &str) -> Result<Node, YamlError> {
         anchors: HashMap::new(),
         cost: 0,
     };
-    let syntax = |e: yaml_rust2::ScanError| YamlError::Syntax {
-        path: path.into(),
-        line: e.marker().line(),
-        col: e.marker().col() + 1,
-        message: e.info().to_string(),
-    };
+    let syntax = |e: yaml_rust2::ScanError| scan_error(text, path, &e);
     let mut next = || parser.next_token().map_err(syntax);
     // StreamStart
     let (ev, _) = next()?;
@@ -248,11 +243,14 @@ impl Builder<'_> {
                 self.spend(NODE_COST, mark, || "a sequence".into())?;
                 let mut items = Vec::new();
                 loop {
-                    let (ev, m) = next()?;
+                    let (ev, m) = next().map_err(|e| self.while_parsing(e, mark))?;
                     if ev == Event::SequenceEnd {
                         break;
                     }
-                    items.push(self.node(ev, m, next)?);
+                    let item = self
+                        .node(ev, m, next)
+                        .map_err(|e| self.while_parsing(e, mark))?;
+                    items.push(item);
                 }
                 let node = Node::new(Value::List(items), self.origin(mark));
                 self.remember(anchor, &node, cost_before);
@@ -268,16 +266,26 @@ impl Builder<'_> {
                 // (identity, not equality): CPython shares one object per 1-character Latin-1
                 // string, so for such keys the first source wins, for longer keys the last.
                 let mut merged: Vec<(String, Node)> = Vec::new();
+                // A block mapping's event is marked after its first key; it begins at that key.
+                let mut start = mark;
+                let flow = self.char_at(mark) == Some('{');
                 loop {
-                    let (ev, key_mark) = next()?;
+                    let (ev, key_mark) = next().map_err(|e| self.while_parsing(e, start))?;
                     if ev == Event::MappingEnd {
                         break;
                     }
+                    if !flow && dict.is_empty() && merged.is_empty() {
+                        start = key_mark;
+                    }
                     let is_merge_key =
                         matches!(&ev, Event::Scalar(k, TScalarStyle::Plain, _, None) if k == "<<");
-                    let key_node = self.node(ev, key_mark, next)?;
-                    let (ev, m) = next()?;
-                    let value = self.node(ev, m, next)?;
+                    let key_node = self
+                        .node(ev, key_mark, next)
+                        .map_err(|e| self.while_parsing(e, start))?;
+                    let (ev, m) = next().map_err(|e| self.while_parsing(e, start))?;
+                    let value = self
+                        .node(ev, m, next)
+                        .map_err(|e| self.while_parsing(e, start))?;
                     if is_merge_key {
                         match value.value {
                             Value::Dict(d) => merged.extend(d),
@@ -335,12 +343,108 @@ impl Builder<'_> {
         }
     }
 
+    /// Adds to a syntax error met inside the collection that starts at `start` where that
+    /// collection began, as PyYAML's "while parsing a flow sequence ... started at" does: an
+    /// unclosed `[` is reported where the parser gave up, usually lines later. Only the
+    /// innermost collection is named; tab errors name their tab alone.
+    fn while_parsing(&self, e: YamlError, start: Marker) -> YamlError {
+        let YamlError::Syntax {
+            path,
+            line,
+            col,
+            message,
+        } = e
+        else {
+            return e;
+        };
+        if message.contains(WHILE_PARSING) || message.starts_with(TAB_MESSAGE) {
+            return YamlError::Syntax {
+                path,
+                line,
+                col,
+                message,
+            };
+        }
+        let (kind, closer) = match self.char_at(start) {
+            Some('[') => ("flow sequence", Some(']')),
+            Some('{') => ("flow mapping", Some('}')),
+            Some('-') => ("block sequence", None),
+            _ => ("block mapping", None),
+        };
+        // yaml-rust2 names the construct itself in some messages; it is named below.
+        let message = message
+            .strip_prefix(&format!("while parsing a {kind}, "))
+            .unwrap_or(&message)
+            .to_string();
+        let unclosed = match closer {
+            Some(c) if line > start.line() => format!(" (is its closing '{c}' missing?)"),
+            _ => String::new(),
+        };
+        YamlError::Syntax {
+            path,
+            line,
+            col,
+            message: format!(
+                "{message}{WHILE_PARSING}{kind} started at line {}, column {}{unclosed}",
+                start.line(),
+                start.col() + 1
+            ),
+        }
+    }
+
+    /// The character of the text at a marker.
+    fn char_at(&self, mark: Marker) -> Option<char> {
+        self.text
+            .lines()
+            .nth(mark.line().saturating_sub(1))
+            .and_then(|l| l.chars().nth(mark.col()))
+    }
+
     fn merge_error(&self, mark: Marker) -> YamlError {
         YamlError::Other {
             path: format!("{}:{}", self.path, mark.line()),
             message: "'<<' merge expects a mapping or a list of mappings".into(),
         }
     }
+}
+
+const WHILE_PARSING: &str = ", while parsing a ";
+const TAB_MESSAGE: &str = "found a tab character that cannot start any token";
+
+/// A scanner error as a [`YamlError::Syntax`]. yaml-rust2 reports a tab in the indentation
+/// at the token before it (often the end of the previous line); PyYAML, and this, at the tab.
+fn scan_error(text: &str, path: &str, e: &yaml_rust2::ScanError) -> YamlError {
+    let (line, col) = (e.marker().line(), e.marker().col() + 1);
+    if e.info().contains("tab") {
+        if let Some((tab_line, tab_col)) = indentation_tab(text, line) {
+            return YamlError::Syntax {
+                path: path.into(),
+                line: tab_line,
+                col: tab_col,
+                message: format!("{TAB_MESSAGE} (YAML indents with spaces only)"),
+            };
+        }
+    }
+    YamlError::Syntax {
+        path: path.into(),
+        line,
+        col,
+        message: e.info().to_string(),
+    }
+}
+
+/// The first tab in the leading whitespace of a line at or after `from_line` (1-based), as
+/// (line, column), both 1-based.
+fn indentation_tab(text: &str, from_line: usize) -> Option<(usize, usize)> {
+    text.lines()
+        .enumerate()
+        .skip(from_line.saturating_sub(1))
+        .find_map(|(i, l)| {
+            l.chars()
+                .take_while(|c| *c == ' ' || *c == '\t')
+                .position(|c| c == '\t')
+                .map(|col| (i + 1, col + 1))
+        })
 }
 
 /// The text of a mapping key (keys are stored as strings, as OmegaConf prints them).
@@ -389,6 +493,51 @@ mod tests {
     fn malformed_yaml_names_file_and_line() {
         let err = load_str("a: [1, 2\nb: 3\n", "bad.yaml").unwrap_err();
         assert!(err.to_string().starts_with("bad.yaml:"), "{err}");
+    }
+
+    #[test]
+    fn unclosed_flow_collection_names_where_it_began() {
+        let text = "a: 1\nb: 2\nc: 3\nd: 4\ne: 5\nlist: [1, 2, 3\nother: 4\nmore: 5\n";
+        let err = load_str(text, "bad.yaml").unwrap_err().to_string();
+        assert!(
+            err.contains("while parsing a flow sequence started at line 6, column 7"),
+            "{err}"
+        );
+        assert!(err.contains("closing ']' missing"), "{err}");
+        let err = load_str("a: 1\nb: {x: 1, y: 2\nc: 3\n", "bad.yaml")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("while parsing a flow mapping started at line 2, column 4"),
+            "{err}"
+        );
+        assert!(!err.contains("while parsing a flow mapping,"), "{err}");
+    }
+
+    #[test]
+    fn block_error_names_the_enclosing_mapping() {
+        let err = load_str("a: 1\nb:\n  - 1\n  - 2\n c: 3\n", "bad.yaml")
+            .unwrap_err()
+            .to_string();
+        assert!(err.starts_with("bad.yaml:5:"), "{err}");
+        assert!(
+            err.contains("while parsing a block mapping started at line 1, column 1"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn tab_is_reported_where_it_is() {
+        for (text, at) in [
+            ("model:\n  name: tiny\n\tlayers: 2\n", "bad.yaml:3:1:"),
+            ("model:\n  name: tiny\n  \tlayers: 2\n", "bad.yaml:3:3:"),
+            ("a: 1\nb:\n\tc: 3\n", "bad.yaml:3:1:"),
+        ] {
+            let err = load_str(text, "bad.yaml").unwrap_err().to_string();
+            assert!(err.starts_with(at), "{text:?}: {err}");
+            assert!(err.contains("tab character"), "{err}");
+            assert!(!err.contains("while parsing"), "{err}");
+        }
     }
 
     #[test]
