@@ -193,6 +193,20 @@ fn every_job_gets_its_row_whatever_state_its_files_are_in() {
     );
     assert!(table.contains("best eval_loss (min): job 3"), "{table}");
 
+    // A metric no job logged: a typo names the near miss, any other name the metrics that
+    // exist; both exit 2 and print no table.
+    for (metric, needle) in [
+        ("eval_los", "(did you mean 'eval_loss'?)"),
+        ("bleu", "the metrics logged are: loss, grad_norm, lr, tokens_per_s, elapsed_s, eval_loss, eval_ppl"),
+    ] {
+        let out = flotilla(&["report", sweep.to_str().unwrap(), "--metric", metric]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{err}");
+        assert!(out.stdout.is_empty(), "{}", String::from_utf8_lossy(&out.stdout));
+        assert!(err.contains(&format!("no job logged a metric named '{metric}'")), "{err}");
+        assert!(err.contains(needle), "{err}");
+    }
+
     let csv = ok(flotilla(&[
         "report",
         sweep.to_str().unwrap(),

@@ -74,7 +74,12 @@ pub fn report(args: ReportArgs) -> Result<(), Failure> {
         top: args.top,
         metric_only: false,
     };
-    let report = report::build(&args.paths, &options).map_err(anyhow::Error::from)?;
+    let report = report::build(&args.paths, &options).map_err(|e| match e {
+        e @ (report::ReportError::UnknownMetric { .. } | report::ReportError::SortKey { .. }) => {
+            Failure::Usage(e.into())
+        }
+        e => Failure::Other(e.into()),
+    })?;
     if let Some(path) = &args.html {
         let title = format!(
             "flotilla report: {}",

@@ -155,6 +155,13 @@ pub enum ReportError {
     NoJobs(PathBuf),
     #[error("unknown sort key '{key}'; sort by one of: {choices}")]
     SortKey { key: String, choices: String },
+    #[error("no job logged a metric named '{metric}'{hint}; the metrics logged are: {available} (pass one of them to --metric)")]
+    UnknownMetric {
+        metric: String,
+        /// ` (did you mean 'eval_loss'?)`, or empty.
+        hint: String,
+        available: String,
+    },
     #[error("{}: {source}", path.display())]
     Io {
         path: PathBuf,
@@ -196,6 +203,9 @@ pub fn build(paths: &[PathBuf], options: &ReportOptions) -> Result<Report, Repor
             row(job, metrics, config.is_some(), params, &metric, mode)
         })
         .collect();
+    if !options.metric_only {
+        check_metric_exists(&rows, &metric)?;
+    }
     let best = rows
         .iter()
         .filter_map(|r| r.best.filter(|b| b.is_finite()).map(|b| (b, r)))
@@ -216,6 +226,41 @@ pub fn build(paths: &[PathBuf], options: &ReportOptions) -> Result<Report, Repor
         mode,
         jobs: rows,
         best,
+    })
+}
+
+/// Refuses a metric no job has logged when it is surely not coming: its name is a near miss of
+/// one that was logged (a typo), or a job has already ended with metrics but without it. While
+/// every job is still running, a metric not logged yet (the first evaluation) is not an error:
+/// the rows say "no 'x' logged yet".
+fn check_metric_exists(rows: &[JobRow], metric: &str) -> Result<(), ReportError> {
+    if rows.iter().any(|r| r.metrics.get(metric).is_some()) {
+        return Ok(());
+    }
+    let mut available: Vec<&str> = Vec::new();
+    for r in rows {
+        for name in r.metrics.series.keys() {
+            if !available.contains(&name.as_str()) {
+                available.push(name);
+            }
+        }
+    }
+    if available.is_empty() {
+        return Ok(());
+    }
+    let near = flotilla_config::near_miss(metric, available.iter().copied());
+    let ended = rows
+        .iter()
+        .any(|r| r.state.is_terminal() && !r.metrics.series.is_empty());
+    if near.is_none() && !ended {
+        return Ok(());
+    }
+    Err(ReportError::UnknownMetric {
+        metric: metric.to_string(),
+        hint: near
+            .map(|n| format!(" (did you mean '{n}'?)"))
+            .unwrap_or_default(),
+        available: available.join(", "),
     })
 }
 
