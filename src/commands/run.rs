@@ -4,6 +4,7 @@
 use clap::{Args, ValueEnum};
 use flotilla_config::sweep::sweep_overrides;
 use flotilla_config::sweep::SweepFile;
+use flotilla_launch::after::{After, AfterMode};
 use flotilla_launch::rundir::snapshot::{layer_overrides, SavedJob};
 use flotilla_launch::study::{
     detach, resume_study, run_study, search_space, summary, StudyFile, StudyRun,
@@ -22,6 +23,7 @@ Examples:
   flotilla run -m trainer.lr=1e-4,3e-4,1e-3 compute=slurm compute.partition=gpu
   flotilla run -m peft=lora 'peft.r=8,16' trainer.lr=1e-3,3e-3
   flotilla run --resume-sweep outputs/multirun/2026-01-01/12-00-00
+  flotilla run --after outputs/multirun/2026-01-01/12-00-00 -m seed=1,2,3
   flotilla run --from outputs/2026-01-01/12-00-00 trainer.max_steps=2000";
 
 #[derive(Args)]
@@ -43,6 +45,14 @@ pub struct RunArgs {
     /// into a new run directory (--config-dir and --config-name are not used).
     #[arg(long, value_name = "RUN_DIR", conflicts_with_all = ["resume_sweep", "sweep"])]
     from: Option<PathBuf>,
+    /// Start the new job(s) only once every job of this run or sweep directory has completed
+    /// successfully (SLURM: `sbatch --dependency=afterok` on its recorded ids; locally: wait).
+    /// A job of DIR that already failed refuses the run.
+    #[arg(long, value_name = "DIR", conflicts_with_all = ["after_any", "resume_sweep"])]
+    after: Option<PathBuf>,
+    /// Like --after, but start once DIR's jobs have ended, however (`afterany`).
+    #[arg(long, value_name = "DIR", conflicts_with = "resume_sweep")]
+    after_any: Option<PathBuf>,
     /// Prepare the directories (and sbatch scripts) and start nothing.
     #[arg(long)]
     dry_run: bool,
@@ -131,6 +141,13 @@ pub fn run(args: RunArgs) -> Result<(), Failure> {
                     let space = search_space(&sweep.task)?;
                     return write_stdout(&super::plan::describe_study(&config, &space));
                 }
+                Some(_) if args.after.is_some() || args.after_any.is_some() => {
+                    return Err(Failure::Usage(anyhow::anyhow!(
+                        "--after and --after-any start a grid sweep or a run after another; an \
+                         adaptive sweep (flotilla.sweeper.sampler) is not supported with them: \
+                         start it once the other run has ended"
+                    )));
+                }
                 Some((config, sweep)) => {
                     let report = match run_study(
                         &composer,
@@ -154,7 +171,17 @@ pub fn run(args: RunArgs) -> Result<(), Failure> {
                         argv,
                         rerun_of,
                     };
-                    flotilla_launch::run(&composer, &request, options)?
+                    let after = match (&args.after, &args.after_any) {
+                        (Some(dir), _) => Some((dir, AfterMode::Ok)),
+                        (None, Some(dir)) => Some((dir, AfterMode::Any)),
+                        (None, None) => None,
+                    }
+                    .map(|(dir, mode)| After {
+                        dir: dir.clone(),
+                        mode,
+                        poll: std::time::Duration::from_secs(2),
+                    });
+                    flotilla_launch::run_after(&composer, &request, options, after.as_ref())?
                 }
             }
         }

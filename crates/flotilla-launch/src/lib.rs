@@ -8,6 +8,7 @@
 //! [`launcher_for`] (start/submit) and [`live_states`] (batched squeue/sacct query). Adaptive
 //! studies are driven by [`study`].
 
+pub mod after;
 pub mod base_model;
 pub mod local;
 pub mod memory;
@@ -35,6 +36,6 @@ pub use launcher::{
 };
 pub use local::{Cancel, LocalLauncher, LocalOptions};
 pub use resume::{prepared_job_from_dir, read_job_config, resume};
-pub use run::{run, RunOptions, RunReport};
+pub use run::{run, run_after, RunOptions, RunReport};
 pub use status::{live_states, status, status_json, status_text};
 pub use train_binary::{locate_train_binary, locate_train_binary_in, TRAIN_BINARY_NAME};

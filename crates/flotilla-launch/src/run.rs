@@ -3,6 +3,7 @@
 
 use crate::rundir::{self, JobState, PreparedRun, RunRequest};
 use crate::{launcher_for, JobOutcome, LaunchError, LocalOptions};
+use flotilla_config::schema::Launcher as LauncherKind;
 use flotilla_config::Composer;
 use std::path::Path;
 
@@ -29,8 +30,46 @@ pub fn run(
     req: &RunRequest,
     opts: RunOptions,
 ) -> Result<RunReport, LaunchError> {
+    run_after(composer, req, opts, None)
+}
+
+/// [`run`] whose jobs start only once the jobs of `after.dir` have ended (`flotilla run
+/// --after`): through `sbatch --dependency` when both are SLURM jobs, else by waiting here
+/// before starting them. A job of `after.dir` that already failed (under `--after`) refuses the
+/// run before anything is created.
+pub fn run_after(
+    composer: &Composer,
+    req: &RunRequest,
+    opts: RunOptions,
+    after: Option<&crate::after::After>,
+) -> Result<RunReport, LaunchError> {
+    // A job of DIR that already failed refuses the run before anything is created.
+    let after = match after {
+        Some(a) => Some((a, crate::after::refuse_failed(a)?)),
+        None => None,
+    };
     let prepared = rundir::prepare(composer, req)?;
-    let mut launcher = launcher_for(prepared.launcher, opts.local)?;
+    let dependency = match &after {
+        Some((a, st)) if prepared.launcher == LauncherKind::Slurm => {
+            crate::after::dependency(a, st)?
+        }
+        _ => None,
+    };
+    let mut launcher: Box<dyn crate::Launcher> = match dependency {
+        Some(dep) => {
+            let mut o = crate::slurm::SlurmOptions::with_task(opts.local.task.clone());
+            o.exec_task = opts.local.exec_task.clone();
+            o.dependency = Some(dep);
+            Box::new(crate::slurm::SlurmLauncher::new(o))
+        }
+        None => {
+            // Not the scheduler's to wait for: wait here (unless only preparing).
+            if let (Some((a, _)), false) = (&after, opts.dry_run) {
+                crate::after::wait(a)?;
+            }
+            launcher_for(prepared.launcher, opts.local)?
+        }
+    };
     launcher.prepare(&prepared)?;
     let outcomes = if opts.dry_run {
         prepared.jobs.iter().map(JobOutcome::pending).collect()
