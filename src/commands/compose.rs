@@ -14,7 +14,7 @@ or replaces, ~key deletes, group=option picks a config group option.
 Examples:
   flotilla compose
   flotilla compose model=small trainer.lr=3e-4 --provenance
-  flotilla compose trainer/dist=fsdp '+trainer.tags=[a,b]' --format json";
+  flotilla compose trainer/dist=fsdp '+tags=[a,b]' --format json";
 
 #[derive(Args)]
 pub struct ComposeArgs {

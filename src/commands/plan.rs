@@ -20,9 +20,9 @@ sweep expands into one job per combination, in Hydra's BasicSweeper order.
 
 Examples:
   flotilla plan -m trainer.lr=1e-4,3e-4 model=tiny,small
-  flotilla plan -m '+seed=range(0,5)' --format json
+  flotilla plan -m 'seed=range(0,5)' --format json
   flotilla plan -m --sweep sweeps/lr.yaml
-  flotilla plan --memory model=llama-8b compute=slurm compute.gpu_type=h100 trainer/dist=fsdp";
+  flotilla plan --memory model=llama-8b trainer/dist=fsdp compute=slurm trainer.micro_batch_size=4";
 
 #[derive(Args)]
 pub struct PlanArgs {

@@ -20,7 +20,8 @@ a,b / range() / choice() / glob() sweep into one job per combination.
 
 Examples:
   flotilla run trainer.max_steps=200
-  flotilla run -m trainer.lr=1e-4,3e-4,1e-3 compute=slurm compute.partition=gpu
+  flotilla run -m trainer.lr=1e-4,3e-4 compute=slurm trainer.micro_batch_size=4
+  flotilla run compute=slurm compute.partition=gpu trainer.micro_batch_size=4  # 4 x 8 ranks = 32
   flotilla run -m peft=lora 'peft.r=8,16' trainer.lr=1e-3,3e-3
   flotilla run --resume-sweep outputs/multirun/2026-01-01/12-00-00
   flotilla run --after outputs/multirun/2026-01-01/12-00-00 -m seed=1,2,3
