@@ -25,6 +25,7 @@ import csv
 import json
 import os
 import signal
+import socket
 import sys
 import time
 
@@ -160,6 +161,7 @@ def main():
     seen = {
         "rank": rank,
         "world_size": world,
+        "host": socket.gethostname(),
         "env": {k: os.environ.get(k) for k in ENV_VARS},
         "args": vars(args),
         "argv": sys.argv,

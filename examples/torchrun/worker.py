@@ -6,13 +6,14 @@ PET_MASTER_PORT), so a bare `torchrun worker.py` joins the right world; torchrun
 PET_NPROC_PER_NODE workers and gives each RANK, LOCAL_RANK, WORLD_SIZE, GROUP_RANK, ...
 
 Every worker writes worker_rank<R>.json into FLOTILLA_JOB_DIR (the current directory when run
-by hand): the variables torchrun gave it and the result of an all_reduce.
+by hand): the variables torchrun gave it, its host and the result of an all_reduce.
 
 By hand (one node): torchrun --nproc-per-node 2 worker.py
 """
 
 import json
 import os
+import socket
 
 import torch
 import torch.distributed as dist
@@ -45,6 +46,7 @@ def main():
     out_dir = os.environ.get("FLOTILLA_JOB_DIR", os.getcwd())
     seen = {
         "env": {k: os.environ.get(k) for k in ENV_VARS},
+        "host": socket.gethostname(),
         "allreduce_sum": total.item(),
         "weight": model.module.weight.detach().flatten().tolist(),
     }

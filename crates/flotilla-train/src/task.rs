@@ -315,6 +315,20 @@ fn run_job_unguarded(
         t.max_steps,
         trainer.step_index()
     );
+    if rank.world_size > 1 {
+        // Where this rank runs: on several nodes, what tells a misplaced rank apart.
+        eprintln!(
+            "[rank {}] on host {}: node {} of {}, local rank {} of {}, master {}:{}",
+            rank.rank,
+            flotilla_contract::host_name(),
+            rank.node_rank,
+            rank.num_nodes,
+            rank.local_rank,
+            rank.local_world_size,
+            rank.master_addr,
+            rank.master_port
+        );
+    }
     if is_zero {
         eprintln!("{intro}");
         if let Some(stats) = &data.chat_stats {
