@@ -191,7 +191,14 @@ fn every_job_gets_its_row_whatever_state_its_files_are_in() {
         lines[2].contains("FAILED") && lines[2].contains("rank 0 exited"),
         "{table}"
     );
-    assert!(table.contains("best eval_loss (min): job 3"), "{table}");
+    assert!(
+        lines[0].contains("best eval_loss (min over steps)"),
+        "{table}"
+    );
+    assert!(
+        table.contains("best eval_loss (the lowest value logged at any step): job 3"),
+        "{table}"
+    );
 
     // A metric no job logged: a typo names the near miss, any other name the metrics that
     // exist; both exit 2 and print no table.
@@ -230,6 +237,120 @@ fn every_job_gets_its_row_whatever_state_its_files_are_in() {
         before,
         "the report wrote into the run dirs"
     );
+}
+
+/// Three sweeps of two jobs each, with a config key named `steps`; every job's eval_loss dips
+/// then rises, so its best (lowest at any step) is not its final value. The best job is
+/// sweep `b`'s job 1.
+fn three_sweeps(root: &Path) -> Vec<PathBuf> {
+    common::train_binary();
+    let mut sweeps = Vec::new();
+    for (s, name) in ["a", "b", "c"].into_iter().enumerate() {
+        let sweep = root.join(name);
+        ok(flotilla(&[
+            "run",
+            "-m",
+            "--dry-run",
+            "+steps=3,5",
+            &format!("flotilla.sweep.dir={}", sweep.display()),
+        ]));
+        for num in 0..2 {
+            let low = 2.0 - 0.5 * s as f64 * (num as f64) - 0.1 * num as f64;
+            let low = if name == "b" && num == 1 {
+                0.5
+            } else {
+                low.max(0.9)
+            };
+            write_metrics(
+                &sweep,
+                num,
+                &format!(
+                    "0,3.0,1,0.1,1000,1.0,3.0,,\n1,2.5,1,0.1,1000,2.0,{low},,\n2,2.0,1,0.1,1000,3.0,{},,\n",
+                    low + 1.0
+                ),
+            );
+            set_record(&sweep, num, "COMPLETED", None);
+        }
+        sweeps.push(sweep);
+    }
+    sweeps
+}
+
+#[test]
+fn several_sweeps_mark_only_the_best_job_and_name_their_sweep() {
+    let tmp = tempfile::tempdir().unwrap();
+    let sweeps = three_sweeps(tmp.path());
+    let paths: Vec<&str> = sweeps.iter().map(|s| s.to_str().unwrap()).collect();
+    let html_path = tmp.path().join("report.html");
+    let mut args = vec!["report"];
+    args.extend(&paths);
+    args.extend(["--html", html_path.to_str().unwrap()]);
+    let table = ok(flotilla(&args));
+    let lines: Vec<&str> = table.lines().collect();
+    // One column tells the sweeps apart; the config's `steps` does not clash with steps done.
+    let header: Vec<&str> = lines[0]
+        .split("  ")
+        .map(str::trim)
+        .filter(|c| !c.is_empty())
+        .collect();
+    assert_eq!(
+        header[..6],
+        [
+            "num",
+            "sweep",
+            "state",
+            "steps (config)",
+            "final eval_loss",
+            "best eval_loss (min over steps)"
+        ],
+        "{table}"
+    );
+    assert_eq!(
+        header.iter().filter(|h| **h == "steps").count(),
+        1,
+        "{table}"
+    );
+    let starred: Vec<&str> = lines
+        .iter()
+        .copied()
+        .filter(|l| {
+            l.split_whitespace()
+                .next()
+                .is_some_and(|n| n.ends_with('*'))
+        })
+        .collect();
+    assert_eq!(starred.len(), 1, "{table}");
+    assert!(
+        starred[0].trim_start().starts_with("1*  b ") && starred[0].contains(" 0.5 "),
+        "{table}"
+    );
+    assert!(
+        table.contains(&format!("job 1 in {}", sweeps[1].join("1").display())),
+        "{table}"
+    );
+    // The HTML page highlights the same single row and says what "best" means.
+    let html = std::fs::read_to_string(&html_path).unwrap();
+    assert_eq!(html.matches("<tr class=\"best\">").count(), 1, "{html}");
+    let best_row = html.split("<tr class=\"best\">").nth(1).unwrap();
+    assert!(
+        best_row.starts_with("<td>1</td><td class=\"text\">b</td>"),
+        "{best_row}"
+    );
+    assert!(html.contains("best eval_loss (min over steps)"));
+    // The optimization history plots the same best values as the table (0.5 among them), not
+    // the final ones (1.5 for that job).
+    let json: serde_json::Value = serde_json::from_str(&ok(flotilla(&[
+        "report", paths[0], paths[1], paths[2], "--format", "json",
+    ])))
+    .unwrap();
+    let jobs = json["jobs"].as_array().unwrap();
+    assert_eq!(jobs.len(), 6);
+    assert_eq!(jobs[3]["sweep"], "b");
+    assert_eq!(jobs[3]["best"], 0.5);
+    assert_eq!(jobs[3]["final"], 1.5);
+    let history = html.split("optimization history").nth(1).unwrap();
+    assert!(history.contains("<title>job 3: 0.5</title>"), "{history}");
+    assert!(!history.contains(": 1.5</title>"), "{history}");
 }
 
 #[test]

@@ -60,7 +60,9 @@ impl StudyFile {
     }
 }
 
-/// A one-line summary of a study: trials by state and the best trial.
+/// A one-line summary of a study: trials by state and the best trial. A trial's value is its
+/// metric's final value (the objective, as Optuna's), which the line says; `flotilla report`'s
+/// best is the best value at any step.
 pub fn summary(study: &StudyFile) -> String {
     let count = |s: TrialState| study.trials.iter().filter(|t| t.state == s).count();
     let mut out = format!(
@@ -76,7 +78,7 @@ pub fn summary(study: &StudyFile) -> String {
     );
     if let Some(best) = study.best() {
         out.push_str(&format!(
-            "\nbest: trial {} {} = {} ({})",
+            "\nbest trial: {}, final {} = {} ({})",
             best.number,
             study.metric,
             format_value(best.value.unwrap_or(f64::NAN)),

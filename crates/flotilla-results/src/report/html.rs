@@ -5,7 +5,7 @@
 //! self-contained HTML page holding them with the sortable results table.
 
 use super::render::{number, param};
-use super::{Mode, Report};
+use super::{param_header, Mode, Report};
 use std::fmt::Write as _;
 
 const WIDTH: f64 = 640.0;
@@ -211,10 +211,14 @@ fn job_label(report: &Report, i: usize) -> String {
         .iter()
         .map(|(k, v)| format!("{}={}", k.rsplit('.').next().unwrap_or(k), param(v)))
         .collect();
+    let num = match &row.sweep {
+        Some(sweep) => format!("{sweep}/{}", row.num),
+        None => row.num.to_string(),
+    };
     if params.is_empty() {
-        format!("job {}", row.num)
+        format!("job {num}")
     } else {
-        format!("{} {}", row.num, params.join(" "))
+        format!("{num} {}", params.join(" "))
     }
 }
 
@@ -271,17 +275,22 @@ pub fn curves_svg(report: &Report, name: &str) -> Option<String> {
 /// Fewest jobs with a final value for the optimization history to be drawn.
 const HISTORY_MIN_JOBS: usize = 3;
 
-/// The optimization history: each job's final metric by job number (completed jobs filled,
-/// pruned and other unfinished ones hollow) and the best completed value so far as a step line.
-/// `None` for fewer than three jobs with a final value (`HISTORY_MIN_JOBS`).
+/// The optimization history: each job's best metric value (as the table's best column) in the
+/// order the jobs were numbered (completed jobs filled, pruned and other unfinished ones
+/// hollow) and the best completed value so far as a step line. With several sweeps, their jobs
+/// follow each other sweep by sweep. `None` for fewer than three jobs with a value
+/// (`HISTORY_MIN_JOBS`).
 pub fn history_svg(report: &Report) -> Option<String> {
-    let points: Vec<(usize, f64, bool)> = report
-        .jobs
+    let mut ordered: Vec<&super::JobRow> = report.jobs.iter().collect();
+    ordered.sort_by(|a, b| a.sweep.cmp(&b.sweep).then(a.num.cmp(&b.num)));
+    let several = report.spans_sweeps();
+    let points: Vec<(usize, f64, bool)> = ordered
         .iter()
-        .filter_map(|r| {
-            let v = r.final_value.filter(|v| v.is_finite())?;
+        .enumerate()
+        .filter_map(|(i, r)| {
+            let v = r.best.filter(|v| v.is_finite())?;
             Some((
-                r.num,
+                if several { i } else { r.num },
                 v,
                 r.state == flotilla_launch::rundir::JobState::Completed,
             ))
@@ -302,8 +311,17 @@ pub fn history_svg(report: &Report) -> Option<String> {
         TOP,
         true,
     );
-    let mut svg = Svg::new(&format!("optimization history: {}", report.metric));
-    svg.axes(Some(&x), &y, "job", &report.metric);
+    let mut svg = Svg::new(&format!("optimization history: best {}", report.metric));
+    svg.axes(
+        Some(&x),
+        &y,
+        if several {
+            "job (sweep by sweep)"
+        } else {
+            "job"
+        },
+        &format!("best {}", report.metric),
+    );
     let mut best: Option<f64> = None;
     let mut line: Vec<String> = Vec::new();
     let mut sorted = points.clone();
@@ -578,24 +596,30 @@ pub fn page(report: &Report, title: &str) -> String {
     let mut html = String::new();
     let _ = write!(
         html,
-        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>{t}</title>\n<style>body{{font-family:sans-serif;margin:24px;color:#222}} table.report{{border-collapse:collapse;font-size:13px}} th,td{{padding:4px 10px;border-bottom:1px solid #ddd;text-align:right}} th{{cursor:pointer;background:#f4f4f4}} td.text,th.text{{text-align:left}} tr.best td{{font-weight:bold;background:#eef6ee}} .figures svg{{margin:8px;border:1px solid #eee}}</style></head>\n<body><h1>{t}</h1>\n<p>metric: <b>{m}</b> ({mode}); {n} job{s}; click a column to sort.</p>\n",
+        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>{t}</title>\n<style>body{{font-family:sans-serif;margin:24px;color:#222}} table.report{{border-collapse:collapse;font-size:13px}} th,td{{padding:4px 10px;border-bottom:1px solid #ddd;text-align:right}} th{{cursor:pointer;background:#f4f4f4}} td.text,th.text{{text-align:left}} tr.best td{{font-weight:bold;background:#eef6ee}} .figures svg{{margin:8px;border:1px solid #eee}}</style></head>\n<body><h1>{t}</h1>\n<p>metric: <b>{m}</b> ({mode}; a job's best is its {extreme} value at any step, the best job is marked); {n} job{s}; click a column to sort.</p>\n",
         t = escape(title),
         m = escape(&report.metric),
         mode = if report.mode == Mode::Min { "lower is better" } else { "higher is better" },
+        extreme = if report.mode == Mode::Min { "lowest" } else { "highest" },
         n = report.jobs.len(),
         s = if report.jobs.len() == 1 { "" } else { "s" },
     );
     let keys = report.param_keys();
-    html.push_str("<table class=\"report\"><thead><tr><th>num</th><th class=\"text\">state</th>");
+    let sweeps = report.spans_sweeps();
+    html.push_str("<table class=\"report\"><thead><tr><th>num</th>");
+    if sweeps {
+        html.push_str("<th class=\"text\">sweep</th>");
+    }
+    html.push_str("<th class=\"text\">state</th>");
     for k in &keys {
-        let _ = write!(html, "<th class=\"text\">{}</th>", escape(k));
+        let _ = write!(html, "<th class=\"text\">{}</th>", escape(&param_header(k)));
     }
     let _ = writeln!(
         html,
-        "<th>final {m}</th><th>best {m}</th><th>best step</th><th>steps</th><th>wall s</th><th>tokens/s</th><th class=\"text\">note</th></tr></thead><tbody>",
-        m = escape(&report.metric)
+        "<th>final {m}</th><th>{b}</th><th>best step</th><th>steps</th><th>wall s</th><th>tokens/s</th><th class=\"text\">note</th></tr></thead><tbody>",
+        m = escape(&report.metric),
+        b = escape(&report.best_header())
     );
-    let best = report.best.as_ref().map(|b| b.num);
     let cell = |x: Option<f64>| match x {
         Some(v) => format!("<td data-v=\"{v}\">{}</td>", number(v)),
         None => "<td data-v=\"\"></td>".to_string(),
@@ -603,15 +627,22 @@ pub fn page(report: &Report, title: &str) -> String {
     for r in &report.jobs {
         let _ = write!(
             html,
-            "<tr{}><td>{}</td><td class=\"text\">{}</td>",
-            if Some(r.num) == best {
+            "<tr{}><td>{}</td>",
+            if report.is_best(r) {
                 " class=\"best\""
             } else {
                 ""
             },
             r.num,
-            r.state
         );
+        if sweeps {
+            let _ = write!(
+                html,
+                "<td class=\"text\">{}</td>",
+                escape(r.sweep.as_deref().unwrap_or(""))
+            );
+        }
+        let _ = write!(html, "<td class=\"text\">{}</td>", r.state);
         for k in &keys {
             let v = r.params.get(k).map(param).unwrap_or_default();
             let _ = write!(html, "<td class=\"text\">{}</td>", escape(&v));

@@ -47,12 +47,18 @@ pub struct ReportOptions {
 pub struct JobRow {
     pub num: usize,
     pub dir: PathBuf,
+    /// The sweep (or single run) the job belongs to, as the report names it: set only when the
+    /// report spans several, each named by its path without the part they all share.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sweep: Option<String>,
     pub state: JobState,
     /// The parameters that differ across the jobs, by key.
     pub params: IndexMap<String, serde_json::Value>,
     /// The metric's last logged value.
     #[serde(rename = "final")]
     pub final_value: Option<f64>,
+    /// The metric's best logged value over all steps (the lowest for a `min` metric, the
+    /// highest for a `max` one): what "best" means everywhere in the report.
     pub best: Option<f64>,
     pub best_step: Option<u64>,
     /// Steps done (the last logged step + 1).
@@ -137,6 +143,31 @@ impl Report {
         })
     }
 
+    /// Whether `row` is the best job (its number alone is not enough: several sweeps each have
+    /// a job of that number).
+    pub fn is_best(&self, row: &JobRow) -> bool {
+        self.best
+            .as_ref()
+            .is_some_and(|b| b.num == row.num && b.dir == row.dir)
+    }
+
+    /// The header of the best-value column: `best eval_loss (min over steps)`.
+    pub fn best_header(&self) -> String {
+        format!(
+            "best {} ({} over steps)",
+            self.metric,
+            match self.mode {
+                Mode::Min => "min",
+                Mode::Max => "max",
+            }
+        )
+    }
+
+    /// Whether the jobs come from several sweeps or runs (a `sweep` column tells them apart).
+    pub fn spans_sweeps(&self) -> bool {
+        self.jobs.iter().any(|r| r.sweep.is_some())
+    }
+
     /// The parameter columns, in the order of the first job's parameters.
     pub fn param_keys(&self) -> Vec<String> {
         self.jobs
@@ -144,6 +175,66 @@ impl Report {
             .map(|r| r.params.keys().cloned().collect())
             .unwrap_or_default()
     }
+}
+
+/// The report's own column names; a parameter of the same name is shown as `NAME (config)`.
+pub const FIXED_COLUMNS: [&str; 12] = [
+    "num",
+    "sweep",
+    "dir",
+    "state",
+    "final",
+    "best",
+    "best_step",
+    "steps",
+    "wall_s",
+    "tokens_per_s",
+    "tokens/s",
+    "note",
+];
+
+/// The column header of a parameter: its key, unless the report has a column of that name.
+pub fn param_header(key: &str) -> String {
+    if FIXED_COLUMNS.contains(&key) || key == "reason" {
+        format!("{key} (config)")
+    } else {
+        key.to_string()
+    }
+}
+
+/// Names each job's sweep (or single run) when the jobs come from more than one: the paths
+/// without their shared leading components (`outputs/multirun/2026-11-25/10-00-00` and
+/// `.../11-00-00` become `10-00-00` and `11-00-00`).
+fn sweep_labels(groups: &[PathBuf]) -> Vec<Option<String>> {
+    let mut distinct: Vec<&PathBuf> = Vec::new();
+    for g in groups {
+        if !distinct.contains(&g) {
+            distinct.push(g);
+        }
+    }
+    if distinct.len() < 2 {
+        return vec![None; groups.len()];
+    }
+    let parts: Vec<Vec<String>> = distinct
+        .iter()
+        .map(|p| {
+            p.components()
+                .map(|c| c.as_os_str().to_string_lossy().into_owned())
+                .collect()
+        })
+        .collect();
+    let shortest = parts.iter().map(Vec::len).min().unwrap_or(0);
+    let mut shared = 0;
+    while shared + 1 < shortest && parts.iter().all(|p| p[shared] == parts[0][shared]) {
+        shared += 1;
+    }
+    groups
+        .iter()
+        .map(|g| {
+            let i = distinct.iter().position(|d| *d == g).expect("listed");
+            Some(parts[i][shared..].join("/"))
+        })
+        .collect()
 }
 
 /// Errors that stop a report: only a path that does not exist, or a sort key no column has.
@@ -196,11 +287,18 @@ pub fn build(paths: &[PathBuf], options: &ReportOptions) -> Result<Report, Repor
     });
     let mode = options.mode.unwrap_or_else(|| Mode::for_metric(&metric));
     let params = differing_params(&jobs);
+    let groups: Vec<PathBuf> = jobs
+        .iter()
+        .map(|(job, _, _)| job.sweep_dir.clone().unwrap_or_else(|| job.dir.clone()))
+        .collect();
     let mut rows: Vec<JobRow> = jobs
         .into_iter()
         .zip(params)
-        .map(|((job, metrics, config), params)| {
-            row(job, metrics, config.is_some(), params, &metric, mode)
+        .zip(sweep_labels(&groups))
+        .map(|(((job, metrics, config), params), sweep)| {
+            let mut row = row(job, metrics, config.is_some(), params, &metric, mode);
+            row.sweep = sweep;
+            row
         })
         .collect();
     if !options.metric_only {
@@ -418,6 +516,7 @@ fn row(
     JobRow {
         num: job.num,
         dir: job.dir,
+        sweep: None,
         state,
         params,
         final_value,
@@ -432,8 +531,9 @@ fn row(
 }
 
 /// The columns a report can be sorted by, for the error message.
-const SORT_COLUMNS: [&str; 8] = [
+const SORT_COLUMNS: [&str; 9] = [
     "num",
+    "sweep",
     "state",
     "final",
     "best",
@@ -460,6 +560,7 @@ fn sort_rows(rows: &mut [JobRow], options: &ReportOptions, mode: Mode) -> Result
     let ascending = |a: Option<f64>, b: Option<f64>| nones_last(a, b, |x, y| x.total_cmp(&y));
     match key {
         "num" => rows.sort_by_key(|r| r.num),
+        "sweep" => rows.sort_by(|a, b| a.sweep.cmp(&b.sweep).then(a.num.cmp(&b.num))),
         "state" => rows.sort_by_key(|r| r.state.as_str()),
         "final" => rows.sort_by(|a, b| by_metric(a.final_value, b.final_value)),
         "best" => rows.sort_by(|a, b| by_metric(a.best, b.best)),

@@ -1,7 +1,7 @@
 //! A report as text: an aligned table for the terminal, CSV, JSON (the documented shape) and
 //! Markdown.
 
-use super::{JobRow, Report};
+use super::{param_header, JobRow, Report};
 
 pub use flotilla_contract::metrics::format_value as number;
 
@@ -31,30 +31,35 @@ pub fn param(v: &serde_json::Value) -> String {
 /// Header and cells of every row, in display order.
 fn cells(report: &Report) -> (Vec<String>, Vec<Vec<String>>) {
     let keys = report.param_keys();
-    let mut header = vec!["num".to_string(), "state".to_string()];
-    header.extend(keys.iter().cloned());
+    let sweeps = report.spans_sweeps();
+    let mut header = vec!["num".to_string()];
+    if sweeps {
+        header.push("sweep".into());
+    }
+    header.push("state".into());
+    header.extend(keys.iter().map(|k| param_header(k)));
     header.extend([
         format!("final {}", report.metric),
-        format!("best {}", report.metric),
+        report.best_header(),
         "best_step".into(),
         "steps".into(),
         "wall_s".into(),
         "tokens/s".into(),
         "note".into(),
     ]);
-    let best_num = report.best.as_ref().map(|b| b.num);
     let rows = report
         .jobs
         .iter()
         .map(|r: &JobRow| {
-            let mut row = vec![
-                if Some(r.num) == best_num {
-                    format!("{}*", r.num)
-                } else {
-                    r.num.to_string()
-                },
-                r.state.to_string(),
-            ];
+            let mut row = vec![if report.is_best(r) {
+                format!("{}*", r.num)
+            } else {
+                r.num.to_string()
+            }];
+            if sweeps {
+                row.push(r.sweep.clone().unwrap_or_default());
+            }
+            row.push(r.state.to_string());
             row.extend(
                 keys.iter()
                     .map(|k| r.params.get(k).map(param).unwrap_or_default()),
@@ -86,8 +91,9 @@ pub fn table(report: &Report) -> String {
         }
     }
     let last = header.len() - 1;
+    let state_col = header.iter().position(|h| h == "state").unwrap_or(1);
     let numeric = |col: usize| {
-        col != 1
+        col != state_col
             && col != last
             && rows.iter().all(|r| {
                 let c = r[col].trim_end_matches('*');
@@ -119,11 +125,11 @@ pub fn table(report: &Report) -> String {
     }
     match &report.best {
         Some(b) => out.push_str(&format!(
-            "best {} ({}): job {} in {}\n",
+            "best {} ({}): job {} in {} (marked *)\n",
             report.metric,
             match report.mode {
-                super::Mode::Min => "min",
-                super::Mode::Max => "max",
+                super::Mode::Min => "the lowest value logged at any step",
+                super::Mode::Max => "the highest value logged at any step",
             },
             b.num,
             b.dir.display()
@@ -137,8 +143,13 @@ pub fn table(report: &Report) -> String {
 pub fn csv(report: &Report) -> Result<String, csv::Error> {
     let keys = report.param_keys();
     let mut w = csv::Writer::from_writer(Vec::new());
-    let mut header = vec!["num".to_string(), "dir".into(), "state".into()];
-    header.extend(keys.iter().cloned());
+    let sweeps = report.spans_sweeps();
+    let mut header = vec!["num".to_string()];
+    if sweeps {
+        header.push("sweep".into());
+    }
+    header.extend(["dir".to_string(), "state".into()]);
+    header.extend(keys.iter().map(|k| param_header(k)));
     header.extend(
         [
             "final",
@@ -154,11 +165,11 @@ pub fn csv(report: &Report) -> Result<String, csv::Error> {
     w.write_record(&header)?;
     let raw = |x: Option<f64>| x.map(|v| v.to_string()).unwrap_or_default();
     for r in &report.jobs {
-        let mut row = vec![
-            r.num.to_string(),
-            r.dir.display().to_string(),
-            r.state.to_string(),
-        ];
+        let mut row = vec![r.num.to_string()];
+        if sweeps {
+            row.push(r.sweep.clone().unwrap_or_default());
+        }
+        row.extend([r.dir.display().to_string(), r.state.to_string()]);
         row.extend(keys.iter().map(|k| match r.params.get(k) {
             Some(serde_json::Value::String(s)) => s.clone(),
             Some(serde_json::Value::Null) | None => String::new(),
