@@ -57,7 +57,9 @@ pub fn locate_train_binary_in(
         looked.push("PATH".to_string());
     }
     Err(LaunchError::TaskBinary(format!(
-        "the training task `{TRAIN_BINARY_NAME}` was not found (looked in {}); build it with \
+        "the training task `{TRAIN_BINARY_NAME}` was not found (looked in {}); install it into \
+         this environment with `pip install flotilla-train` (the wheel that \
+         scripts/build-wheels.sh builds; it needs torch 2.11.0), or build it with \
          `cargo build --release -p flotilla-train` (it goes beside `flotilla`), or set \
          `train_binary` in a settings file or FLOTILLA_TRAIN_BINARY to its path",
         looked.join(" and ")
