@@ -499,6 +499,72 @@ fn cli_ctrl_c_stops_all_ranks_and_exits_non_zero() {
     assert_eq!(plan.jobs[0].state, JobState::Cancelled);
 }
 
+/// A closed terminal (SIGHUP) stops `flotilla run` as Ctrl-C does: every rank stopped, the job
+/// CANCELLED with the reason recorded, and `status` and `report` agreeing.
+#[test]
+fn cli_sighup_cancels_and_records_the_job_as_ctrl_c_does() {
+    let tmp = tempfile::tempdir().unwrap();
+    let script = write_script(
+        tmp.path(),
+        "task.sh",
+        r#"echo $$ > "$1/pid_$RANK"; sleep 60 & echo $! > "$1/pid_child_$RANK"; wait"#,
+    );
+    let sweep = tmp.path().join("sweep");
+    let mut child = flotilla_run(tmp.path())
+        .arg("--task-exec")
+        .arg(&script)
+        .args(["-m", "--format", "json"])
+        .arg("compute.tasks_per_node=2")
+        .arg("trainer/dist=ddp")
+        .arg("seed=1,2")
+        .arg(format!("flotilla.sweep.dir={}", sweep.display()))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pids = wait_for_pids(&sweep.join("0"), 4, Duration::from_secs(20));
+    // SAFETY: signalling the child this test started.
+    unsafe { libc::kill(child.id() as i32, libc::SIGHUP) };
+    let start = Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        if start.elapsed() > Duration::from_secs(15) {
+            let _ = child.kill();
+            panic!("flotilla run did not stop within 15 s of SIGHUP");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(status.code(), Some(1), "{status:?}");
+    assert_all_gone(&pids);
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("job 0 cancelled") && err.contains("received SIGHUP"),
+        "{err}"
+    );
+    assert!(!err.contains("): cancelled\n"), "{err}");
+    let plan = rundir::PlanFile::sweep(&sweep).read().unwrap();
+    let states: Vec<JobState> = plan.jobs.iter().map(|j| j.state).collect();
+    assert_eq!(states, [JobState::Cancelled, JobState::Cancelled]);
+    assert!(plan.jobs[0]
+        .message
+        .as_deref()
+        .unwrap()
+        .contains("received SIGHUP"));
+    let st = flotilla_launch::status(&sweep).unwrap();
+    let report = flotilla_results::report::build(
+        &[sweep.clone()],
+        &flotilla_results::report::ReportOptions::default(),
+    )
+    .unwrap();
+    for (s, r) in st.jobs.iter().zip(&report.jobs) {
+        assert_eq!((s.num, s.state), (r.num, r.state));
+        assert_eq!(s.state, JobState::Cancelled);
+    }
+}
+
 #[test]
 fn cli_failing_job_exits_1_with_the_rank_and_its_log_tail() {
     let tmp = tempfile::tempdir().unwrap();
@@ -699,6 +765,31 @@ fn status_reports_unknown_for_a_local_job_whose_supervisor_is_gone() {
     let st = flotilla_launch::status(run.sweep_dir.as_ref().unwrap()).unwrap();
     let states: Vec<JobState> = st.jobs.iter().map(|j| j.state).collect();
     assert_eq!(states, [JobState::Unknown, JobState::Completed]);
+    // It says why, and `flotilla report` says the same.
+    let reason = st.jobs[0].message.clone().unwrap_or_default();
+    assert!(
+        reason.contains(&format!(
+            "the flotilla run that started it (pid {pid}) is gone"
+        )),
+        "{reason}"
+    );
+    assert!(st.jobs[1].message.is_none());
+    let report = flotilla_results::report::build(
+        &[run.sweep_dir.clone().unwrap()],
+        &flotilla_results::report::ReportOptions::default(),
+    )
+    .unwrap();
+    let states: Vec<JobState> = report.jobs.iter().map(|j| j.state).collect();
+    assert_eq!(states, [JobState::Unknown, JobState::Completed]);
+    assert!(
+        report.jobs[0]
+            .reason
+            .as_deref()
+            .unwrap_or_default()
+            .contains(&reason),
+        "{:?}",
+        report.jobs[0].reason
+    );
     // With a live supervisor (this test process), RUNNING stays RUNNING.
     run.plan
         .update(|p| {

@@ -33,7 +33,7 @@ use std::os::fd::{FromRawFd, OwnedFd};
 use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -47,16 +47,20 @@ const TAIL_LINES: usize = 20;
 const DRAIN: Duration = Duration::from_secs(2);
 
 static INTERRUPTS: AtomicUsize = AtomicUsize::new(0);
+/// The last signal [`on_interrupt`] caught (0: none).
+static LAST_SIGNAL: AtomicI32 = AtomicI32::new(0);
 
-extern "C" fn on_interrupt(_sig: libc::c_int) {
+extern "C" fn on_interrupt(sig: libc::c_int) {
+    LAST_SIGNAL.store(sig, Ordering::SeqCst);
     INTERRUPTS.fetch_add(1, Ordering::SeqCst);
 }
 
-/// Makes SIGINT and SIGTERM to this process request cancellation (counted by [`interrupts`])
-/// instead of killing it, so that the local launcher can stop its ranks and record the jobs as
-/// CANCELLED. Call it once, before launching.
+/// Makes SIGINT, SIGTERM and SIGHUP (a closed terminal, a dropped ssh session) to this process
+/// request cancellation (counted by [`interrupts`]) instead of killing it, so that the local
+/// launcher can stop its ranks and record the jobs as CANCELLED. Call it once, before
+/// launching.
 pub fn install_interrupt_handler() {
-    for sig in [libc::SIGINT, libc::SIGTERM] {
+    for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
         // SAFETY: the handler only increments an atomic, which is async-signal-safe.
         unsafe {
             let mut action: libc::sigaction = std::mem::zeroed();
@@ -68,9 +72,40 @@ pub fn install_interrupt_handler() {
     }
 }
 
-/// How many SIGINT/SIGTERM this process received since [`install_interrupt_handler`].
+/// How many SIGINT/SIGTERM/SIGHUP this process received since [`install_interrupt_handler`].
 pub fn interrupts() -> usize {
     INTERRUPTS.load(Ordering::SeqCst)
+}
+
+/// Why a job was cancelled, as its record says: the signal `flotilla run` received, or a
+/// request (another job failed, a study stopped it).
+fn cancel_reason() -> String {
+    match LAST_SIGNAL.load(Ordering::SeqCst) {
+        libc::SIGINT => "stopped: flotilla run received SIGINT (Ctrl-C)".into(),
+        libc::SIGTERM => "stopped: flotilla run received SIGTERM".into(),
+        libc::SIGHUP => {
+            "stopped: flotilla run received SIGHUP (its terminal closed or its ssh session dropped)"
+                .into()
+        }
+        _ => "stopped on request".into(),
+    }
+}
+
+/// Why the jobs a plan records PENDING or RUNNING will never move: the `flotilla run` that
+/// supervised them (recorded in the plan as `supervisor`) ran on this host and is gone. `None`
+/// while it runs, when it ran on another host, or when the plan names none.
+pub fn supervisor_gone(plan: &Plan) -> Option<String> {
+    let sup = plan.extra.get("supervisor")?;
+    let host = sup.get("host").and_then(|h| h.as_str())?;
+    let pid = sup.get("pid").and_then(|p| p.as_i64())?;
+    if host != crate::rundir::meta::host_name() || process_alive(pid as i32) {
+        return None;
+    }
+    Some(format!(
+        "recorded as still running, but the flotilla run that started it (pid {pid}) is gone \
+         (killed, or its machine restarted) and its processes with it; run the job again \
+         with flotilla run --resume-sweep (or --from for a single run)"
+    ))
 }
 
 /// A cancellation flag shared by the launcher and whoever wants to stop it. It also trips when
@@ -272,15 +307,7 @@ pub fn log_tail(path: &Path, n: usize) -> Vec<String> {
 /// host and is gone will never move again: UNKNOWN.
 pub fn live_states(plan: &Plan) -> HashMap<usize, JobState> {
     let mut out = HashMap::new();
-    let Some(sup) = plan.extra.get("supervisor") else {
-        return out;
-    };
-    let host = sup.get("host").and_then(|h| h.as_str());
-    let pid = sup.get("pid").and_then(|p| p.as_i64());
-    let (Some(host), Some(pid)) = (host, pid) else {
-        return out;
-    };
-    if host != crate::rundir::meta::host_name() || process_alive(pid as i32) {
+    if supervisor_gone(plan).is_none() {
         return out;
     }
     for j in &plan.jobs {
@@ -368,7 +395,8 @@ impl LocalLauncher {
 
     fn note(&self, msg: &str) {
         if self.opts.progress {
-            eprintln!("[flotilla] {msg}");
+            // After SIGHUP the terminal is gone: a failed write must not stop the recording.
+            let _ = writeln!(std::io::stderr(), "[flotilla] {msg}");
         }
     }
 
@@ -523,7 +551,7 @@ impl LocalLauncher {
                 JobState::Failed,
                 Some(format!("rank {} {}", f.rank, f.exit)),
             ),
-            (None, true) => (JobState::Cancelled, Some("cancelled".to_string())),
+            (None, true) => (JobState::Cancelled, Some(cancel_reason())),
             (None, false) => (JobState::Completed, None),
         };
         if let Some(p) = plan {
@@ -536,7 +564,7 @@ impl LocalLauncher {
             job_id: None,
             state,
             failure,
-            message: cancelled.then(|| "cancelled".to_string()),
+            message: cancelled.then(cancel_reason),
         })
     }
 

@@ -22,18 +22,27 @@ pub fn live_states(plan: &Plan) -> Result<HashMap<usize, JobState>, LaunchError>
 /// the directory's markers.
 pub fn status(dir: &Path) -> Result<RunStatus, LaunchError> {
     let located = rundir::status::locate(dir)?;
-    let live = match &located.plan {
+    let (live, gone) = match &located.plan {
         Some(p) => {
             let plan = p.read()?;
             match plan.launcher {
                 // One batched squeue/sacct query; state changes are written back to the plan.
                 LauncherKind::Slurm => return Ok(slurm::status(dir)?),
-                LauncherKind::Local => live_states(&plan)?,
+                LauncherKind::Local => (live_states(&plan)?, local::supervisor_gone(&plan)),
             }
         }
-        None => HashMap::new(),
+        None => (HashMap::new(), None),
     };
-    Ok(read_status(dir, &|j| live.get(&j.num).copied())?)
+    let mut st = read_status(dir, &|j| live.get(&j.num).copied())?;
+    // A job left RUNNING by a `flotilla run` that is gone says why it is UNKNOWN.
+    if let Some(reason) = gone {
+        for j in &mut st.jobs {
+            if j.state == JobState::Unknown && j.message.is_none() {
+                j.message = Some(reason.clone());
+            }
+        }
+    }
+    Ok(st)
 }
 
 /// A table for people.

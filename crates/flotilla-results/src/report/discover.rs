@@ -3,7 +3,7 @@
 //! holding them, searched recursively. A plan file that cannot be read does not hide its jobs:
 //! their directories are found by their `meta.json` instead, and the problem is kept.
 
-use flotilla_launch::rundir::{JobRecord, Meta, PlanFile, META_FILE, SWEEP_FILE};
+use flotilla_launch::rundir::{JobRecord, JobState, Meta, PlanFile, META_FILE, SWEEP_FILE};
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 
@@ -24,6 +24,9 @@ pub struct FoundJob {
     pub sweep_dir: Option<PathBuf>,
     /// Why the plan could not be used.
     pub plan_problem: Option<String>,
+    /// Why a job its plan records PENDING or RUNNING will never move (its local `flotilla run`
+    /// is gone), as `flotilla status` says it.
+    pub stale: Option<String>,
 }
 
 /// The jobs under `paths`, in the order found (plan order within a sweep); each directory once.
@@ -88,8 +91,17 @@ fn walk(dir: &Path, depth: usize, found: &mut Vec<FoundJob>, seen: &mut HashSet<
         let sweep_dir = plan_file.is_sweep().then(|| dir.to_path_buf());
         match plan_file.read() {
             Ok(plan) => {
+                let gone = match plan.launcher {
+                    flotilla_config::schema::Launcher::Local => {
+                        flotilla_launch::local::supervisor_gone(&plan)
+                    }
+                    flotilla_config::schema::Launcher::Slurm => None,
+                };
                 for record in plan.jobs {
                     let job_dir = plan_file.job_dir(&record);
+                    let stale = gone
+                        .clone()
+                        .filter(|_| matches!(record.state, JobState::Pending | JobState::Running));
                     add(
                         found,
                         seen,
@@ -99,6 +111,7 @@ fn walk(dir: &Path, depth: usize, found: &mut Vec<FoundJob>, seen: &mut HashSet<
                             record: Some(record),
                             sweep_dir: sweep_dir.clone(),
                             plan_problem: None,
+                            stale,
                         },
                     );
                 }
@@ -123,6 +136,7 @@ fn walk(dir: &Path, depth: usize, found: &mut Vec<FoundJob>, seen: &mut HashSet<
                                 record: None,
                                 sweep_dir: sweep_dir.clone(),
                                 plan_problem: Some(problem.clone()),
+                                stale: None,
                             },
                         );
                     }
@@ -137,10 +151,19 @@ fn walk(dir: &Path, depth: usize, found: &mut Vec<FoundJob>, seen: &mut HashSet<
             .parent()
             .filter(|p| p.join(SWEEP_FILE).is_file())
             .map(Path::to_path_buf);
+        let mut stale = None;
         let record = sweep_dir.as_ref().and_then(|s| {
             let plan = PlanFile::sweep(s.clone()).read().ok()?;
             let name = dir.file_name()?;
-            plan.jobs.into_iter().find(|j| j.dir.as_os_str() == name)
+            let gone = match plan.launcher {
+                flotilla_config::schema::Launcher::Local => {
+                    flotilla_launch::local::supervisor_gone(&plan)
+                }
+                flotilla_config::schema::Launcher::Slurm => None,
+            };
+            let record = plan.jobs.into_iter().find(|j| j.dir.as_os_str() == name)?;
+            stale = gone.filter(|_| matches!(record.state, JobState::Pending | JobState::Running));
+            Some(record)
         });
         let num = record
             .as_ref()
@@ -156,6 +179,7 @@ fn walk(dir: &Path, depth: usize, found: &mut Vec<FoundJob>, seen: &mut HashSet<
                 record,
                 sweep_dir,
                 plan_problem: None,
+                stale,
             },
         );
         return;

@@ -472,7 +472,13 @@ fn row(
             if let Some(m) = &record.message {
                 reasons.push(m.clone());
             }
-            combine(record.state, None, &marks)
+            // As `flotilla status`: a job its gone `flotilla run` left RUNNING is UNKNOWN.
+            let live = job.stale.as_ref().map(|_| JobState::Unknown);
+            let state = combine(record.state, live, &marks);
+            if state == JobState::Unknown {
+                reasons.extend(job.stale.clone());
+            }
+            state
         }
         None if marks.final_model => JobState::Completed,
         None => JobState::Unknown,
