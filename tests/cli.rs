@@ -576,3 +576,31 @@ fn the_cli_links_no_libtorch_and_works_beside_a_task_binary_it_never_loads() {
     assert!(out.status.success(), "{}", stderr(&out));
     assert!(node.path().join("outputs/dry/config.yaml").is_file());
 }
+
+#[test]
+fn a_run_that_ends_inside_its_warmup_is_warned_about() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("short");
+    let out = flotilla(&[
+        "run",
+        "--dry-run",
+        "trainer.max_steps=20",
+        &format!("flotilla.run.dir={}", dir.display()),
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(
+        err.contains("trainer.max_steps=20 < trainer.warmup_steps=50")
+            && err.contains("trainer.warmup_steps=2"),
+        "{err}"
+    );
+    // A warmup that ends in time says nothing.
+    let out = flotilla(&[
+        "run",
+        "--dry-run",
+        "trainer.max_steps=60",
+        &format!("flotilla.run.dir={}", tmp.path().join("long").display()),
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(!stderr(&out).contains("warmup"), "{}", stderr(&out));
+}

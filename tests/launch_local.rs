@@ -565,6 +565,40 @@ fn cli_sighup_cancels_and_records_the_job_as_ctrl_c_does() {
     }
 }
 
+/// A program that logs no clock of its own still gets its wall time: the launcher records how
+/// long its processes ran, and the report shows it.
+#[test]
+fn a_program_without_its_own_clock_gets_its_wall_time() {
+    let tmp = tempfile::tempdir().unwrap();
+    let script = write_script(
+        tmp.path(),
+        "task.sh",
+        r#"sleep 0.5; echo '{"step": 0, "loss": 1.5}' > "$1/metrics.jsonl""#,
+    );
+    let run_dir = tmp.path().join("run");
+    let out = flotilla_run(tmp.path())
+        .arg("--task-exec")
+        .arg(&script)
+        .arg(format!("flotilla.run.dir={}", run_dir.display()))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let plan = rundir::PlanFile::single(&run_dir).read().unwrap();
+    let wall = plan.jobs[0].wall_s.expect("wall_s recorded");
+    assert!((0.5..30.0).contains(&wall), "{wall}");
+    let report = flotilla_results::report::build(
+        &[run_dir.clone()],
+        &flotilla_results::report::ReportOptions::default(),
+    )
+    .unwrap();
+    assert_eq!(report.jobs[0].wall_s, Some(wall));
+    assert_eq!(report.jobs[0].best, Some(1.5));
+}
+
 #[test]
 fn cli_failing_job_exits_1_with_the_rank_and_its_log_tail() {
     let tmp = tempfile::tempdir().unwrap();

@@ -282,10 +282,30 @@ fn several_sweeps_mark_only_the_best_job_and_name_their_sweep() {
     let sweeps = three_sweeps(tmp.path());
     let paths: Vec<&str> = sweeps.iter().map(|s| s.to_str().unwrap()).collect();
     let html_path = tmp.path().join("report.html");
+    let plots = tmp.path().join("plots");
     let mut args = vec!["report"];
     args.extend(&paths);
     args.extend(["--html", html_path.to_str().unwrap()]);
-    let table = ok(flotilla(&args));
+    args.extend(["--plot", plots.to_str().unwrap()]);
+    let out = flotilla(&args);
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    let table = ok(out);
+    // Where the files went is said on stderr, the table alone on stdout.
+    assert!(
+        err.contains(&format!("wrote the HTML report to {}", html_path.display())),
+        "{err}"
+    );
+    let figures = std::fs::read_dir(&plots)
+        .unwrap()
+        .filter(|e| e.as_ref().unwrap().path().extension().unwrap() == "svg")
+        .count();
+    assert!(
+        err.contains(&format!(
+            "wrote {figures} figures (SVG and PNG) to {}",
+            plots.display()
+        )),
+        "{err}"
+    );
     let lines: Vec<&str> = table.lines().collect();
     // One column tells the sweeps apart; the config's `steps` does not clash with steps done.
     let header: Vec<&str> = lines[0]

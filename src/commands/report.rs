@@ -91,6 +91,7 @@ pub fn report(args: ReportArgs) -> Result<(), Failure> {
         );
         write_atomic(path, html::page(&report, &title).as_bytes())
             .with_context(|| format!("cannot write the HTML report {}", path.display()))?;
+        eprintln!("wrote the HTML report to {}", path.display());
     }
     if let Some(dir) = &args.plot {
         std::fs::create_dir_all(dir)
@@ -102,16 +103,22 @@ pub fn report(args: ReportArgs) -> Result<(), Failure> {
                  (Debian: apt-get install fonts-dejavu-core)"
             );
         }
-        for (name, svg) in figures {
-            let path = dir.join(&name);
+        for (name, svg) in &figures {
+            let path = dir.join(name);
             write_atomic(&path, svg.as_bytes())
                 .with_context(|| format!("cannot write {}", path.display()))?;
             let path = path.with_extension("png");
             let bytes =
-                png::svg_to_png(&svg).with_context(|| format!("cannot draw {}", path.display()))?;
+                png::svg_to_png(svg).with_context(|| format!("cannot draw {}", path.display()))?;
             write_atomic(&path, &bytes)
                 .with_context(|| format!("cannot write {}", path.display()))?;
         }
+        eprintln!(
+            "wrote {} figure{} (SVG and PNG) to {}",
+            figures.len(),
+            if figures.len() == 1 { "" } else { "s" },
+            dir.display()
+        );
     }
     let text = match args.format {
         ReportFormat::Table => render::table(&report),

@@ -502,6 +502,7 @@ impl LocalLauncher {
             String::new()
         };
 
+        let started = Instant::now();
         let mut ranks: Vec<Rank> = Vec::with_capacity(processes);
         let mut drain: Option<mpsc::Receiver<()>> = None;
         for rank in 0..processes {
@@ -555,7 +556,7 @@ impl LocalLauncher {
             (None, false) => (JobState::Completed, None),
         };
         if let Some(p) = plan {
-            p.set_state(job.num, state, message)?;
+            p.set_ended(job.num, state, message, started.elapsed().as_secs_f64())?;
         }
         self.note(&format!("job {}: {state}", job.num));
         Ok(JobOutcome {

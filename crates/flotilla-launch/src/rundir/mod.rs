@@ -406,6 +406,27 @@ pub fn job_runs(
     })
 }
 
+/// Warns, once per run, of jobs whose `max_steps` ends inside the warmup: their learning rate
+/// never reaches `trainer.lr` (valid, but rarely meant: a short trial run of a config sized for
+/// a long one).
+fn warn_unwarmed(unwarmed: &[(usize, u64, u64)], jobs: usize) {
+    let Some(&(num, warmup, max)) = unwarmed.first() else {
+        return;
+    };
+    let which = match (jobs, unwarmed.len()) {
+        (1, _) => "the job".to_string(),
+        (_, 1) => format!("job {num}"),
+        (_, n) => format!("{n} of the {jobs} jobs (job {num}:"),
+    };
+    let close = if which.ends_with(':') { ")" } else { "" };
+    tracing::warn!(
+        "{which} stops before its learning-rate warmup ends{close}: trainer.max_steps={max} < \
+         trainer.warmup_steps={warmup}, so the learning rate never reaches trainer.lr; lower \
+         the warmup (e.g. trainer.warmup_steps={}) or train longer",
+        max / 10
+    );
+}
+
 /// Refuses a user program that cannot be found before anything is created (local jobs); for
 /// SLURM jobs, whose programs are found on the compute nodes, a missing one is a warning.
 fn check_programs(
@@ -451,6 +472,8 @@ pub fn prepare(composer: &Composer, req: &RunRequest) -> Result<PreparedRun, Run
     let mut launcher = None;
     let mut job_name: Option<String> = None;
     let mut seen_subdirs: HashSet<PathBuf> = HashSet::new();
+    // Jobs that end before their warmup does: (job number, warmup_steps, max_steps).
+    let mut unwarmed: Vec<(usize, u64, u64)> = Vec::new();
     plan_each(
         composer,
         &req.overrides,
@@ -481,6 +504,10 @@ pub fn prepare(composer: &Composer, req: &RunRequest) -> Result<PreparedRun, Run
                     .map_err(|e| ConfigError::Composition(e.to_string()))?;
                 // A LoRA adapter to start from must fit the job's base.
                 crate::preflight::check(&trained, &what).map_err(ConfigError::Composition)?;
+                let t = &config.trainer;
+                if t.warmup_steps > t.max_steps {
+                    unwarmed.push((job.num, t.warmup_steps, t.max_steps));
+                }
             }
             match launcher {
                 None => launcher = Some(compute.launcher),
@@ -533,6 +560,7 @@ pub fn prepare(composer: &Composer, req: &RunRequest) -> Result<PreparedRun, Run
     let (Some(dest), Some(launcher)) = (dest, launcher) else {
         return Err(ConfigError::Composition("the sweep has no jobs".into()).into());
     };
+    warn_unwarmed(&unwarmed, staged.len());
     check_programs(&staged, launcher)?;
     let dest = std::path::absolute(&dest).map_err(|e| io_err(Path::new(&dest), e))?;
     let launcher_name = launcher.as_str();

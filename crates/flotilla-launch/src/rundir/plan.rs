@@ -161,6 +161,10 @@ pub struct JobRecord {
     /// Why the job failed or was cancelled (failing rank, exit status).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
+    /// Seconds from the start of the job's processes to the end of the last one, recorded by
+    /// the local launcher when the job ends (a program's own metrics may not say).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wall_s: Option<f64>,
     /// Launcher-specific fields (kept verbatim on rewrite).
     #[serde(flatten)]
     pub extra: serde_json::Map<String, serde_json::Value>,
@@ -177,6 +181,7 @@ impl JobRecord {
             state: JobState::Pending,
             updated: None,
             message: None,
+            wall_s: None,
             extra: serde_json::Map::new(),
         }
     }
@@ -344,6 +349,20 @@ impl PlanFile {
         message: Option<String>,
     ) -> Result<(), RunDirError> {
         self.update_job(num, |j| j.set_state(state, message))
+    }
+
+    /// Records how a job ended and how long its processes ran.
+    pub fn set_ended(
+        &self,
+        num: usize,
+        state: JobState,
+        message: Option<String>,
+        wall_s: f64,
+    ) -> Result<(), RunDirError> {
+        self.update_job(num, |j| {
+            j.set_state(state, message);
+            j.wall_s = Some(wall_s);
+        })
     }
 
     /// Records the launcher's id of one job (and its state, e.g. PENDING once submitted).

@@ -508,10 +508,12 @@ fn row(
     if let Some((step, _)) = series.into_iter().flatten().find(|(_, v)| !v.is_finite()) {
         reasons.push(format!("{metric} is not finite from step {step}"));
     }
+    // The trainer's own clock, else how long the launcher saw the job's processes run.
     let wall_s = metrics
         .get("elapsed_s")
         .and_then(|s| s.last())
-        .map(|(_, v)| *v);
+        .map(|(_, v)| *v)
+        .or_else(|| job.record.as_ref().and_then(|r| r.wall_s));
     let mut throughput: Vec<f64> = metrics
         .get("tokens_per_s")
         .into_iter()
