@@ -13,7 +13,8 @@
 //! torch is looked for where the environment's Python would import it from:
 //! `<prefix>/lib*/python3.*/site-packages/torch` (a venv, conda, `--user`), else by asking the
 //! Python interpreter beside this launcher (a venv that sees the system's site-packages, a
-//! distribution's `dist-packages`). torch is never imported: its `version.py` gives the version.
+//! distribution's `dist-packages`), or, when `bin/` holds none (`pip install --user`), the
+//! `python3` on `PATH`. torch is never imported: its `version.py` gives the version.
 //! A missing, unreadable or wrong torch is an error naming the version needed and the pip
 //! command, with exit status 127, before the dynamic loader could fail.
 
@@ -200,13 +201,19 @@ fn python_minor(dir: &Path) -> u32 {
         .unwrap_or(0)
 }
 
-/// Where the Python interpreter beside this launcher would import torch from (without
-/// importing it), when there is such an interpreter and it finds torch.
+/// Where a Python interpreter would import torch from (without importing it): the one beside
+/// this launcher (a venv or conda environment), else, for a `--user` install whose `bin/` holds
+/// none, the `python3` on `PATH`.
 fn torch_from_python(bin_dir: &Path) -> Option<Torch> {
-    let python = ["python3", "python"]
+    let beside = ["python3", "python"]
         .iter()
         .map(|n| bin_dir.join(n))
-        .find(|p| p.is_file())?;
+        .find(|p| p.is_file());
+    let python = beside.or_else(|| {
+        std::env::split_paths(&std::env::var_os("PATH")?)
+            .map(|d| d.join("python3"))
+            .find(|p| p.is_file())
+    })?;
     let output = Command::new(python)
         .args([
             "-c",
