@@ -527,8 +527,10 @@ fn ddp_example_sweeps_and_every_rank_sees_its_job() {
 }
 
 /// `examples/hydra_app`, an unchanged `@hydra.main` app, swept over a config group: the config
-/// the app received is what `flotilla compose` says the job's config is, and Hydra's output
-/// directory is the job directory.
+/// the app received is what `flotilla compose` says the job's config is, Hydra's output
+/// directory is the job directory, and the job context `HydraConfig.get()` gives (mode,
+/// job.num, job.id, overrides.task, job.override_dirname) is what hydra-core itself gives the
+/// same app for the same command (`python app.py -m db=mysql,postgres`, run here too).
 #[test]
 fn hydra_app_gets_the_config_flotilla_composed() {
     let Some(bin) = venv_bin("hydra_app_gets_the_config_flotilla_composed") else {
@@ -588,6 +590,47 @@ fn hydra_app_gets_the_config_flotilla_composed() {
     }
     dbs.sort();
     assert_eq!(dbs, ["mysql", "postgres"]);
+
+    // The same multirun through Hydra itself.
+    let hydra_sweep = tmp.path().join("hydra_sweep");
+    let out = Command::new(bin.join("python"))
+        .current_dir(&ex)
+        .env("PYTHONDONTWRITEBYTECODE", "1")
+        .env_remove("FLOTILLA_JOB_DIR")
+        .args(["app.py", "-m", "db=mysql,postgres"])
+        .arg(format!("hydra.sweep.dir={}", hydra_sweep.display()))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    for job in jobs {
+        let num = job["num"].as_u64().unwrap();
+        let dir = canon(sweep.join(job["dir"].as_str().unwrap()));
+        let ours = read_json(&dir.join("app_result.json"));
+        let theirs = read_json(&hydra_sweep.join(format!("{num}/app_result.json")));
+        assert_eq!(
+            ours["hydra"], theirs["hydra"],
+            "job {num}: HydraConfig under flotilla vs under hydra-core"
+        );
+        assert_eq!(ours["hydra"]["mode"], "MULTIRUN");
+        assert_eq!(ours["hydra"]["num"], num);
+        let db = override_value(job, "db");
+        assert_eq!(
+            ours["hydra"]["task"],
+            serde_json::json!([format!("db={db}")])
+        );
+        assert_eq!(ours["hydra"]["override_dirname"], format!("db={db}"));
+        assert_eq!(
+            ours["cfg"],
+            theirs["cfg"]
+                .as_object()
+                .map(|c| {
+                    let mut c = c.clone();
+                    c.remove("flotilla");
+                    Value::Object(c)
+                })
+                .unwrap()
+        );
+    }
 }
 
 /// `examples/torchrun` (`ranks: per_node`): one torchrun per simulated node, 2 workers each,

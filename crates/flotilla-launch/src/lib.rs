@@ -10,6 +10,7 @@
 
 pub mod after;
 pub mod base_model;
+pub mod hydra_job;
 pub mod local;
 pub mod memory;
 pub mod preflight;

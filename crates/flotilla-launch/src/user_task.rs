@@ -7,6 +7,7 @@
 //! that the program is the launcher's child itself (signals, exit status, process group).
 //! Local runs and SLURM jobs go through this one path.
 
+use crate::hydra_job::{self, HydraJob};
 use crate::rundir::{io_err, RunDirError, CONFIG_FILE, SWEEP_FILE};
 use flotilla_config::schema::{ComputeConfig, ConfigArg, TaskConfig, TaskRanks};
 use flotilla_contract::rank::{discover, RankEnv, RankInfo};
@@ -58,6 +59,9 @@ pub struct TaskSpec {
     pub config_arg: Option<ConfigArg>,
     /// The job's `compute` (defaults filled in), for the launcher that starts it again.
     pub compute: ComputeConfig,
+    /// For a Hydra app (`config_arg: hydra`): the Hydra job context it is given.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hydra_job: Option<HydraJob>,
 }
 
 /// Why a task cannot be prepared or started.
@@ -89,6 +93,7 @@ impl TaskSpec {
             env: task.env.clone(),
             config_arg: task.config_arg,
             compute: compute.clone(),
+            hydra_job: None,
         }
     }
 
@@ -286,6 +291,22 @@ pub fn process_plan(
             format!("--config-name={}", CONFIG_FILE.trim_end_matches(".yaml")),
             format!("hydra.run.dir={}", hydra_quote(&job_dir_text)),
         ]);
+        if spec.hydra_job.is_some() {
+            argv.extend(hydra_job::callback_overrides(job_dir, hydra_quote));
+            let module_dir = job_dir.join(hydra_job::MODULE_DIR).display().to_string();
+            let inherited = spec
+                .env
+                .get("PYTHONPATH")
+                .cloned()
+                .or_else(|| std::env::var("PYTHONPATH").ok())
+                .filter(|p| !p.is_empty());
+            let path = match inherited {
+                Some(p) => format!("{module_dir}:{p}"),
+                None => module_dir,
+            };
+            set.retain(|(k, _)| k != "PYTHONPATH");
+            set.push(("PYTHONPATH".into(), path));
+        }
     }
     ProcessPlan {
         argv,
@@ -325,6 +346,11 @@ pub fn exec(job_dir: &Path) -> TaskError {
         }
     }
     let job_num = std::env::var("FLOTILLA_JOB_NUM").ok();
+    if spec.hydra_job.is_some() {
+        if let Err(e) = hydra_job::install(&job_dir) {
+            return e.into();
+        }
+    }
     let plan = process_plan(&spec, &job_dir, job_num.as_deref(), &place);
     let Some((program, args)) = plan.argv.split_first() else {
         return TaskError::Place("flotilla.task.command is empty".into());
@@ -375,6 +401,7 @@ mod tests {
             env: IndexMap::from([("EXTRA".to_string(), "1".to_string())]),
             config_arg: None,
             compute: compute(),
+            hydra_job: None,
         }
     }
 

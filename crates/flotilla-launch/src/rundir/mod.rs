@@ -387,7 +387,10 @@ pub fn job_runs(
     if composed.runs_user_task() {
         let node = runtime_node(composed, ctx, "task")?;
         let (task, compute) = flotilla_config::schema::validate_user_task(&node, &composed.job)?;
-        let spec = TaskSpec::new(&task, &compute, start_dir);
+        let mut spec = TaskSpec::new(&task, &compute, start_dir);
+        if task.config_arg == Some(flotilla_config::schema::ConfigArg::Hydra) {
+            spec.hydra_job = Some(crate::hydra_job::HydraJob::from_runtime(&composed.runtime));
+        }
         return Ok(JobRuns {
             config: None,
             compute,
