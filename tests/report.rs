@@ -571,11 +571,20 @@ fn without_any_font_the_pngs_are_still_written_and_one_warning_names_the_fix() {
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
     ok(out);
+    let figures = std::fs::read_dir(&plots)
+        .unwrap()
+        .filter(|e| e.as_ref().unwrap().path().extension().unwrap() == "png")
+        .count();
     assert_eq!(
         stderr.lines().collect::<Vec<_>>(),
         [
             "warning: no font was found, so the PNG figures have no text; install one (Debian: \
           apt-get install fonts-dejavu-core)"
+                .to_string(),
+            format!(
+                "wrote {figures} figures (SVG and PNG) to {}",
+                plots.display()
+            )
         ]
     );
     let png = std::fs::read(plots.join("curves_loss.png")).unwrap();

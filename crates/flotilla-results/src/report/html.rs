@@ -14,6 +14,13 @@ const LEFT: f64 = 64.0;
 const RIGHT: f64 = 150.0;
 const TOP: f64 = 34.0;
 const BOTTOM: f64 = 48.0;
+/// The right margin of a figure without a legend.
+const RIGHT_BARE: f64 = 24.0;
+/// Most distinct values an axis ticks one by one.
+const MAX_VALUE_TICKS: usize = 6;
+/// A text's white outline, so that lines under it do not strike it through.
+const HALO: &str =
+    "paint-order=\"stroke\" stroke=\"white\" stroke-width=\"3\" stroke-linejoin=\"round\"";
 
 /// Colours of the jobs' lines (Tableau 10).
 const PALETTE: [&str; 10] = [
@@ -49,7 +56,13 @@ impl Axis {
         let hi = finite.fold(f64::NEG_INFINITY, f64::max);
         let (mut lo, mut hi) = if lo.is_finite() { (lo, hi) } else { (0.0, 1.0) };
         let log = allow_log && lo > 0.0 && hi / lo > 100.0;
-        if !log {
+        if log {
+            // 5% of the decades on each side, so no value sits on the axis line.
+            let (l, h) = (lo.log10(), hi.log10());
+            let pad = (h - l) * 0.05;
+            lo = 10f64.powf(l - pad);
+            hi = 10f64.powf(h + pad);
+        } else {
             if lo == hi {
                 let pad = if lo == 0.0 { 1.0 } else { lo.abs() * 0.1 };
                 lo -= pad;
@@ -81,6 +94,19 @@ impl Axis {
         };
         let t = if hi > lo { (v - lo) / (hi - lo) } else { 0.5 };
         self.from + t * (self.to - self.from)
+    }
+
+    /// The ticks of an axis of swept values: the values themselves when there are few (a grid's
+    /// points), else round values.
+    fn data_ticks(&self, values: impl Iterator<Item = f64>) -> Vec<f64> {
+        let mut distinct: Vec<f64> = values.filter(|v| v.is_finite()).collect();
+        distinct.sort_by(f64::total_cmp);
+        distinct.dedup();
+        if distinct.len() <= MAX_VALUE_TICKS {
+            distinct
+        } else {
+            self.ticks()
+        }
     }
 
     /// About five round tick values inside the axis.
@@ -115,10 +141,22 @@ impl Axis {
 
 struct Svg {
     body: String,
+    /// The right end of the plot area (left of the legend, when there is one).
+    right: f64,
 }
 
 impl Svg {
+    /// A figure with room for a legend on the right.
     fn new(title: &str) -> Svg {
+        Svg::with_right(title, WIDTH - RIGHT)
+    }
+
+    /// A figure without a legend: the plot takes the width.
+    fn bare(title: &str) -> Svg {
+        Svg::with_right(title, WIDTH - RIGHT_BARE)
+    }
+
+    fn with_right(title: &str, right: f64) -> Svg {
         let mut body = format!(
             "<svg xmlns=\"http://www.w3.org/2000/svg\" viewBox=\"0 0 {WIDTH} {HEIGHT}\" width=\"{WIDTH}\" height=\"{HEIGHT}\" font-family=\"sans-serif\" font-size=\"11\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n"
         );
@@ -128,13 +166,13 @@ impl Svg {
             LEFT,
             escape(title)
         );
-        Svg { body }
+        Svg { body, right }
     }
 
     /// The axis lines, the y ticks, the x ticks of a numeric x axis (`None`: the caller labels
     /// categories) and both labels.
     fn axes(&mut self, x: Option<&Axis>, y: &Axis, x_label: &str, y_label: &str) {
-        let (x0, x1, y0, y1) = (LEFT, WIDTH - RIGHT, HEIGHT - BOTTOM, TOP);
+        let (x0, x1, y0, y1) = (LEFT, self.right, HEIGHT - BOTTOM, TOP);
         let _ = writeln!(
             self.body,
             "<path d=\"M{x0},{y1} L{x0},{y0} L{x1},{y0}\" stroke=\"#333\" fill=\"none\"/>"
@@ -386,14 +424,26 @@ pub fn param_svg(report: &Report, key: &str) -> Option<String> {
             }
         })
         .collect();
-    let x = Axis::new(xs.iter().copied(), LEFT, WIDTH - RIGHT, numeric);
+    let right = WIDTH - RIGHT_BARE;
+    let x = if numeric {
+        Axis::new(xs.iter().copied(), LEFT, right, true)
+    } else {
+        // Categories in slots of equal width, none on the axis line.
+        Axis {
+            lo: -0.5,
+            hi: categories.len() as f64 - 0.5,
+            log: false,
+            from: LEFT,
+            to: right,
+        }
+    };
     let y = Axis::new(
         points.iter().map(|(_, _, b)| *b),
         HEIGHT - BOTTOM,
         TOP,
         false,
     );
-    let mut svg = Svg::new(&format!("best {} by {key}", report.metric));
+    let mut svg = Svg::bare(&format!("best {} by {key}", report.metric));
     if numeric {
         svg.axes(
             Some(&x),
@@ -430,8 +480,17 @@ pub fn param_svg(report: &Report, key: &str) -> Option<String> {
 /// Where a job crosses one axis of the parallel coordinates, in pixels.
 type AxisPosition = Box<dyn Fn(&super::JobRow) -> f64>;
 
-/// Parallel coordinates: one axis per parameter and one for the metric; each job a line
-/// coloured from best (dark) to worst (light).
+/// The colour of a job in the parallel coordinates: `t` from 0 (the best) to 1 (the worst),
+/// dark to light blue.
+fn shade(t: f64) -> String {
+    let s = (40.0 + t.clamp(0.0, 1.0) * 170.0) as u8;
+    format!("rgb({s},{s},230)")
+}
+
+/// Parallel coordinates: one axis per parameter and one for the metric, each ticked at its
+/// values (a grid's) or at round ones, a log axis marked so; each job a line coloured from
+/// best (dark) to worst (light), with a colour bar saying which is which. Labels are drawn over
+/// the lines with a white outline, so no line strikes them through.
 pub fn parallel_svg(report: &Report) -> Option<String> {
     let keys = report.param_keys();
     if keys.is_empty() {
@@ -446,31 +505,47 @@ pub fn parallel_svg(report: &Report) -> Option<String> {
         return None;
     }
     let n_axes = keys.len() + 1;
-    let spacing = (WIDTH - LEFT - 40.0) / (n_axes.max(2) - 1) as f64;
+    // The metric's axis, then room for its labels and the colour bar.
+    let last_axis = WIDTH - 150.0;
+    let spacing = (last_axis - LEFT) / (n_axes.max(2) - 1) as f64;
     let mut svg = Svg::new(&format!("parameters → best {}", report.metric));
     let (y0, y1) = (HEIGHT - BOTTOM, TOP + 10.0);
-    // Per axis: a function from a row to a pixel.
     let mut axes: Vec<AxisPosition> = Vec::new();
+    // Drawn after the lines: axis lines, names and tick labels.
+    let mut over = String::new();
+    let axis_line = |over: &mut String, px: f64, name: &str| {
+        let _ = writeln!(
+            over,
+            "<line x1=\"{px:.1}\" y1=\"{y0}\" x2=\"{px:.1}\" y2=\"{y1}\" stroke=\"#333\"/><text x=\"{px:.1}\" y=\"{}\" text-anchor=\"middle\" {HALO}>{}</text>",
+            y0 + 16.0,
+            escape(name)
+        );
+    };
+    let tick = |over: &mut String, px: f64, py: f64, label: &str| {
+        let _ = writeln!(
+            over,
+            "<line x1=\"{:.1}\" y1=\"{py:.1}\" x2=\"{px:.1}\" y2=\"{py:.1}\" stroke=\"#333\"/><text class=\"tick\" x=\"{:.1}\" y=\"{:.1}\" font-size=\"10\" {HALO}>{}</text>",
+            px - 3.0,
+            px + 4.0,
+            py + 3.5,
+            escape(label)
+        );
+    };
     for (a, key) in keys.iter().enumerate() {
         let values: Vec<&serde_json::Value> =
             rows.iter().filter_map(|r| r.params.get(key)).collect();
         let px = LEFT + a as f64 * spacing;
-        let _ = writeln!(
-            svg.body,
-            "<line x1=\"{px}\" y1=\"{y0}\" x2=\"{px}\" y2=\"{y1}\" stroke=\"#333\"/><text x=\"{px}\" y=\"{}\" text-anchor=\"middle\">{}</text>",
-            y0 + 16.0,
-            escape(key)
-        );
         if values.iter().all(|v| v.is_number()) {
-            let axis = Axis::new(values.iter().filter_map(|v| v.as_f64()), y0, y1, true);
-            for t in [axis.lo, axis.hi] {
-                let _ = writeln!(
-                    svg.body,
-                    "<text x=\"{}\" y=\"{:.1}\" font-size=\"9\">{}</text>",
-                    px + 3.0,
-                    axis.map(t) + 3.0,
-                    number(t)
-                );
+            let numbers = || values.iter().filter_map(|v| v.as_f64());
+            let axis = Axis::new(numbers(), y0, y1, true);
+            let name = if axis.log {
+                format!("{key} (log)")
+            } else {
+                key.clone()
+            };
+            axis_line(&mut over, px, &name);
+            for t in axis.data_ticks(numbers()) {
+                tick(&mut over, px, axis.map(t), &number(t));
             }
             let key = key.clone();
             axes.push(Box::new(move |r| {
@@ -482,53 +557,49 @@ pub fn parallel_svg(report: &Report) -> Option<String> {
                 )
             }));
         } else {
+            axis_line(&mut over, px, key);
             let cats = distinct(values.iter().map(|v| param(v)));
-            let step = (y0 - y1) / (cats.len().max(2) - 1) as f64;
+            // Categories in slots of equal height, none at the axis ends.
+            let slot = (y0 - y1) / cats.len().max(1) as f64;
+            let at = move |i: usize| y0 - (i as f64 + 0.5) * slot;
             for (i, c) in cats.iter().enumerate() {
-                let _ = writeln!(
-                    svg.body,
-                    "<text x=\"{}\" y=\"{:.1}\" font-size=\"9\">{}</text>",
-                    px + 3.0,
-                    y0 - i as f64 * step + 3.0,
-                    escape(c)
-                );
+                tick(&mut over, px, at(i), c);
             }
             let key = key.clone();
             axes.push(Box::new(move |r| {
                 let s = r.params.get(&key).map(param).unwrap_or_default();
-                y0 - cats.iter().position(|c| *c == s).unwrap_or(0) as f64 * step
+                at(cats.iter().position(|c| *c == s).unwrap_or(0))
             }));
         }
     }
     let metric_axis = Axis::new(rows.iter().filter_map(|r| r.best), y0, y1, false);
-    let px = LEFT + keys.len() as f64 * spacing;
-    let _ = writeln!(
-        svg.body,
-        "<line x1=\"{px}\" y1=\"{y0}\" x2=\"{px}\" y2=\"{y1}\" stroke=\"#333\"/><text x=\"{px}\" y=\"{}\" text-anchor=\"middle\">best {}</text>",
-        y0 + 16.0,
-        escape(&report.metric)
-    );
+    let px = last_axis;
+    axis_line(&mut over, px, &format!("best {}", report.metric));
     for t in metric_axis.ticks() {
-        let _ = writeln!(
-            svg.body,
-            "<text x=\"{}\" y=\"{:.1}\" font-size=\"9\">{}</text>",
-            px + 3.0,
-            metric_axis.map(t) + 3.0,
-            number(t)
-        );
+        tick(&mut over, px, metric_axis.map(t), &number(t));
     }
     axes.push(Box::new(move |r| {
         metric_axis.map(r.best.unwrap_or(metric_axis.lo))
     }));
-    let (lo, hi) = (metric_axis.lo, metric_axis.hi);
-    for r in &rows {
-        let b = r.best.unwrap_or(lo);
-        let mut t = if hi > lo { (b - lo) / (hi - lo) } else { 0.0 };
+    // 0 for the best value, 1 for the worst.
+    let (lo, hi) = rows
+        .iter()
+        .filter_map(|r| r.best)
+        .fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), v| {
+            (a.min(v), b.max(v))
+        });
+    let badness = |v: f64| {
+        let t = if hi > lo { (v - lo) / (hi - lo) } else { 0.0 };
         if report.mode == Mode::Max {
-            t = 1.0 - t;
+            1.0 - t
+        } else {
+            t
         }
-        // Dark blue (best) to light (worst).
-        let shade = (40.0 + t * 170.0) as u8;
+    };
+    // Worst first, so the best lines are drawn on top.
+    let mut ordered = rows.clone();
+    ordered.sort_by(|a, b| badness(b.best.unwrap_or(lo)).total_cmp(&badness(a.best.unwrap_or(lo))));
+    for r in ordered {
         let points: Vec<String> = axes
             .iter()
             .enumerate()
@@ -536,11 +607,51 @@ pub fn parallel_svg(report: &Report) -> Option<String> {
             .collect();
         let _ = writeln!(
             svg.body,
-            "<polyline class=\"pc\" points=\"{}\" fill=\"none\" stroke=\"rgb({shade},{shade},230)\" stroke-width=\"1.5\"><title>job {}</title></polyline>",
+            "<polyline class=\"pc\" points=\"{}\" fill=\"none\" stroke=\"{}\" stroke-width=\"1.5\"><title>job {}: {}</title></polyline>",
             points.join(" "),
-            r.num
+            shade(badness(r.best.unwrap_or(lo))),
+            r.num,
+            number(r.best.unwrap_or(lo))
         );
     }
+    svg.body.push_str(&over);
+    // The colour bar: the metric's range from the bottom (its axis's low end) to the top.
+    let (bx, bw) = (WIDTH - 62.0, 12.0);
+    let stops: Vec<String> = (0..=10)
+        .map(|i| {
+            let v = lo + (hi - lo) * i as f64 / 10.0;
+            format!(
+                "<stop offset=\"{}%\" stop-color=\"{}\"/>",
+                i * 10,
+                shade(badness(v))
+            )
+        })
+        .collect();
+    let (bar_top, bar_bottom) = (metric_axis.map(hi), metric_axis.map(lo));
+    let _ = writeln!(
+        svg.body,
+        "<defs><linearGradient id=\"pc-colour\" x1=\"0\" y1=\"1\" x2=\"0\" y2=\"0\">{}</linearGradient></defs><rect class=\"colourbar\" x=\"{bx}\" y=\"{bar_top:.1}\" width=\"{bw}\" height=\"{:.1}\" fill=\"url(#pc-colour)\" stroke=\"#999\"/>",
+        stops.join(""),
+        (bar_bottom - bar_top).max(1.0)
+    );
+    let (best_y, worst_y) = match report.mode {
+        Mode::Min => (bar_bottom, bar_top),
+        Mode::Max => (bar_top, bar_bottom),
+    };
+    for (y, word) in [(best_y, "best"), (worst_y, "worst")] {
+        let _ = writeln!(
+            svg.body,
+            "<text x=\"{:.1}\" y=\"{:.1}\" font-size=\"10\">{word}</text>",
+            bx + bw + 4.0,
+            y + 3.5
+        );
+    }
+    let _ = writeln!(
+        svg.body,
+        "<text x=\"{:.1}\" y=\"{:.1}\" font-size=\"10\" text-anchor=\"middle\">colour</text>",
+        bx + bw / 2.0,
+        bar_top - 6.0
+    );
     Some(svg.finish())
 }
 
@@ -668,4 +779,138 @@ pub fn page(report: &Report, title: &str) -> String {
         "</div>\n<script>{SORT_SCRIPT}</script>\n</body></html>\n"
     );
     html
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::report::{BestJob, JobRow};
+    use flotilla_launch::rundir::JobState;
+    use indexmap::IndexMap;
+    use std::path::PathBuf;
+
+    /// A grid of `lr` × `warmup` × `schedule` whose best values fall with the warmup.
+    fn grid() -> Report {
+        let mut jobs = Vec::new();
+        for (i, (lr, warmup, schedule)) in [1e-4, 1e-3, 1e-2, 1e-1]
+            .iter()
+            .flat_map(|lr| {
+                [10, 50]
+                    .into_iter()
+                    .flat_map(move |w| ["cosine", "linear"].map(move |s| (*lr, w, s)))
+            })
+            .enumerate()
+        {
+            let params: IndexMap<String, serde_json::Value> = [
+                ("trainer.lr".to_string(), serde_json::json!(lr)),
+                (
+                    "trainer.warmup_steps".to_string(),
+                    serde_json::json!(warmup),
+                ),
+                ("trainer.schedule".to_string(), serde_json::json!(schedule)),
+            ]
+            .into_iter()
+            .collect();
+            let best = 0.5 + i as f64 * 0.01 + warmup as f64 / 100.0;
+            jobs.push(JobRow {
+                num: i,
+                dir: PathBuf::from(format!("s/{i}")),
+                sweep: None,
+                state: JobState::Completed,
+                params,
+                final_value: Some(best),
+                best: Some(best),
+                best_step: Some(9),
+                steps: 10,
+                wall_s: None,
+                tokens_per_s: None,
+                reason: None,
+                metrics: Default::default(),
+            });
+        }
+        Report {
+            metric: "eval_loss".into(),
+            mode: Mode::Min,
+            best: Some(BestJob {
+                num: 0,
+                dir: PathBuf::from("s/0"),
+            }),
+            jobs,
+        }
+    }
+
+    /// The texts of the elements of `class`.
+    fn texts<'a>(svg: &'a str, class: &str) -> Vec<&'a str> {
+        svg.split(&format!("class=\"{class}\""))
+            .skip(1)
+            .filter_map(|s| s.split_once('>').map(|(_, rest)| rest))
+            .filter_map(|s| s.split_once('<').map(|(text, _)| text))
+            .collect()
+    }
+
+    #[test]
+    fn parallel_axes_tick_data_values_mark_log_and_carry_a_colour_bar() {
+        let svg = parallel_svg(&grid()).unwrap();
+        let ticks = texts(&svg, "tick");
+        // Each swept value once, as written; no padded ends.
+        for value in [
+            "1e-4", "0.001", "0.01", "0.1", "10", "50", "cosine", "linear",
+        ] {
+            assert_eq!(
+                ticks.iter().filter(|t| **t == value).count(),
+                1,
+                "{value} in {ticks:?}"
+            );
+        }
+        assert!(!ticks.iter().any(|t| *t == "8" || *t == "52"), "{ticks:?}");
+        assert!(svg.contains(">trainer.lr (log)<"), "{svg}");
+        assert!(svg.contains(">trainer.warmup_steps<"), "{svg}");
+        // Labels are drawn over the lines, with a halo.
+        let last_line = svg.rfind("<polyline").unwrap();
+        let first_tick = svg.find("class=\"tick\"").unwrap();
+        assert!(last_line < first_tick);
+        assert!(svg.split("class=\"tick\"").skip(1).all(|s| s
+            .split_once('>')
+            .unwrap()
+            .0
+            .contains("paint-order=\"stroke\"")));
+        // The colour bar, best at the low end for a loss.
+        assert!(svg.contains("class=\"colourbar\"") && svg.contains("url(#pc-colour)"));
+        assert!(svg.contains(">best</text>") && svg.contains(">worst</text>"));
+        // The best job's line is the darkest and drawn last.
+        let last = &svg[last_line..];
+        assert!(last.contains("<title>job 0: 0.6</title>"), "{last}");
+        assert!(last.contains(&shade(0.0)), "{last}");
+    }
+
+    #[test]
+    fn scatter_points_use_the_width_and_stay_off_the_axis_line() {
+        let report = grid();
+        for key in ["trainer.lr", "trainer.warmup_steps", "trainer.schedule"] {
+            let svg = param_svg(&report, key).unwrap();
+            let xs: Vec<f64> = svg
+                .split("class=\"point\" cx=\"")
+                .skip(1)
+                .map(|s| s.split('"').next().unwrap().parse().unwrap())
+                .collect();
+            assert_eq!(xs.len(), 16, "{key}");
+            let (lo, hi) = xs
+                .iter()
+                .fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), x| {
+                    (a.min(*x), b.max(*x))
+                });
+            assert!(
+                lo > LEFT + 10.0,
+                "{key}: a point at x={lo} sits on the axis line"
+            );
+            if key == "trainer.schedule" {
+                // Categories centred in slots of equal width across the plot.
+                let (left_gap, right_gap) = (lo - LEFT, WIDTH - RIGHT_BARE - hi);
+                assert!((left_gap - right_gap).abs() < 1.0, "{key}: {lo}..{hi}");
+            } else {
+                assert!(hi > WIDTH - RIGHT + 40.0, "{key}: the points end at x={hi}");
+            }
+            assert!(hi < WIDTH - RIGHT_BARE, "{key}: x={hi} is off the plot");
+        }
+    }
 }
