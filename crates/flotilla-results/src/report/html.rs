@@ -1,8 +1,9 @@
 //! The report as pictures: SVG figures drawn here (no plotting library, no network) — every
-//! job's metric curves overlaid, the final metric against each swept parameter (log axis where
-//! a parameter spans more than two decades), parallel coordinates of parameters → metric, and
-//! the optimization history (each job's final value by job number, the best so far) — and one
-//! self-contained HTML page holding them with the sortable results table.
+//! job's metric curves overlaid, each job's best metric value against each swept parameter
+//! (log axis where a parameter spans more than two decades), parallel coordinates of parameters
+//! → best metric with a colour bar, and the optimization history (each job's best value in job
+//! order, the best so far) — and one self-contained HTML page holding them with the sortable
+//! results table.
 
 use super::render::{number, param};
 use super::{param_header, Mode, Report};
