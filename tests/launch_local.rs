@@ -555,7 +555,7 @@ fn cli_sighup_cancels_and_records_the_job_as_ctrl_c_does() {
         .contains("received SIGHUP"));
     let st = flotilla_launch::status(&sweep).unwrap();
     let report = flotilla_results::report::build(
-        &[sweep.clone()],
+        std::slice::from_ref(&sweep),
         &flotilla_results::report::ReportOptions::default(),
     )
     .unwrap();
@@ -591,7 +591,7 @@ fn a_program_without_its_own_clock_gets_its_wall_time() {
     let wall = plan.jobs[0].wall_s.expect("wall_s recorded");
     assert!((0.5..30.0).contains(&wall), "{wall}");
     let report = flotilla_results::report::build(
-        &[run_dir.clone()],
+        std::slice::from_ref(&run_dir),
         &flotilla_results::report::ReportOptions::default(),
     )
     .unwrap();
