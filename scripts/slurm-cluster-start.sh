@@ -1,21 +1,52 @@
 #!/usr/bin/env bash
-# slurm-cluster-start.sh - a single-node Slurm test cluster (munged + slurmctld + slurmd) without
-# systemd, for flotilla's SLURM launcher tests (tests/slurm.rs starts it and
-# slurm-cluster-stop.sh stops it).  Run as root on Debian.
+# slurm-cluster-start.sh - a Slurm test cluster (munged + slurmctld + one or more slurmd) without
+# systemd, for flotilla's SLURM launcher tests (tests/slurm.rs and tests/slurm_multinode.rs start
+# it; slurm-cluster-stop.sh stops it).  Run as root on Debian.
 #
-# Idempotent: installs the Debian packages only when missing, leaves alone a daemon whose recorded
-# PID is alive, and records the PID of every daemon it starts so that slurm-cluster-stop.sh stops
-# exactly those.  Exit status: 0 ready, 1 error, 3 cannot install (not root / no apt-get).
+# Shapes:
+#   SLURM_TEST_NODES=1 (default)  one slurmd on this host, under its own host name, at 127.0.0.1.
+#   SLURM_TEST_NODES=N (N >= 2)   N nodes, each a slurmd in its own network namespace and UTS
+#       namespace: node k is named fltnode<k> (its host name inside the namespace too), has the
+#       address 10.77.0.<10+k> (SLURM_TEST_SUBNET) on eth0, a veth pair onto the bridge flt-br0
+#       that this script creates (10.77.0.1, where slurmctld is reached), and its own spool
+#       directory, pid file and log ($RUN/state/slurmd-<node>, $RUN/slurmd-<node>.pid,
+#       $RUN/log/slurmd-<node>.log).  Host names resolve on every node through
+#       /etc/netns/<namespace>/hosts, bind-mounted over /etc/hosts in the node's own mount
+#       namespace (as `ip netns exec` does; not through it, because it also mounts a fresh /sys,
+#       which hides the cgroup file systems slurmd needs); slurmctld reaches the nodes by
+#       NodeAddr.  `ip netns exec flotilla-fltnode<k> CMD` runs CMD on a node's network.  Jobs' processes run inside their node's namespaces, so a
+#       rank sees its node's host name and address, and traffic between nodes crosses the
+#       bridge (a software switch in one kernel: the path of a real network, not its speed).
+#       Everything else (the file system, the repository, the binaries, .venv) is shared, as on
+#       a cluster with a shared file system.
+#   If a cluster of another shape started by this script is running, it is stopped (through
+#   slurm-cluster-stop.sh) and started again in the requested shape.
+#
+# Idempotent: installs the Debian packages (and iproute2 for the namespaces) only when missing,
+# leaves alone a daemon whose recorded PID is alive, and records the PID of every daemon it
+# starts, and every namespace, link and file it creates, so that slurm-cluster-stop.sh stops and
+# removes exactly those.  It refuses to overwrite a slurm.conf, gres.conf or namespace hosts file
+# it did not write, and to use a namespace or bridge it did not create.
+# Exit status: 0 ready, 1 error, 3 cannot install (not root / no apt-get).
+#
+# How long a start takes (2 cores, packages already installed): about 2 s for one node, about
+# 3 s for 2 or 3 nodes; a change of shape adds the stop (about 1 s).
 #
 # Env: SLURM_TEST_DIR        state, logs, pid files (default ${TMPDIR:-/tmp}/flotilla-slurm)
-#      SLURM_TEST_CPUS       CPUs declared for the node (default max(4,nproc); more than nproc
+#      SLURM_TEST_NODES      number of nodes (default 1: this host itself)
+#      SLURM_TEST_SUBNET     the first three octets of the nodes' /24 (default 10.77.0)
+#      SLURM_TEST_CPUS       CPUs declared for each node (default max(4,nproc); more than nproc
 #                            works because of SlurmdParameters=config_overrides)
 #      SLURM_TEST_MAX_ARRAY_SIZE  MaxArraySize (default 1001, Slurm's default)
-#      SLURM_TEST_GPUS       fake GPUs declared for the node (gres whose device files are links
+#      SLURM_TEST_GPUS       fake GPUs declared for each node (gres whose device files are links
 #                            to /dev/null), so that --gpus-per-node requests run and Slurm sets
 #                            CUDA_VISIBLE_DEVICES as on a GPU node (default 4; 0: none)
 #      SLURM_TEST_TIMEOUT    seconds allowed for each wait (default 60)
 #      SLURM_TEST_EXTRA_CONF extra lines appended to slurm.conf
+#      SLURM_CONF            where slurm.conf is written (default /etc/slurm/slurm.conf; gres.conf
+#                            beside it); every Slurm command and daemon reads the same variable
+#      SLURM_TEST_CTLD_PORT  slurmctld's port (default Slurm's, 6817): with SLURM_CONF and
+#                            SLURM_TEST_DIR, a second cluster beside the default one
 set -euo pipefail
 
 RUN=${SLURM_TEST_DIR:-${TMPDIR:-/tmp}/flotilla-slurm}
@@ -26,16 +57,27 @@ CPUS=${SLURM_TEST_CPUS:-$(( NPROC > 4 ? NPROC : 4 ))}
 MAX_ARRAY=${SLURM_TEST_MAX_ARRAY_SIZE:-1001}
 GPUS=${SLURM_TEST_GPUS:-4}
 MEM_MB=$(( $(awk '/^MemTotal:/{print $2}' /proc/meminfo) / 1024 * 9 / 10 ))
-CONF=/etc/slurm/slurm.conf
-GRES_CONF=/etc/slurm/gres.conf
+CONF=${SLURM_CONF:-/etc/slurm/slurm.conf}
+GRES_CONF=$(dirname "$CONF")/gres.conf
 MARK="# generated by flotilla scripts/slurm-cluster-start.sh"
+NODES=${SLURM_TEST_NODES:-1}
+SUBNET=${SLURM_TEST_SUBNET:-10.77.0}
+BRIDGE=flt-br0
 
 log() { echo "slurm-cluster-start: $*"; }
 die() { echo "slurm-cluster-start: ERROR: $*" >&2; exit "${2:-1}"; }
-alive() { # alive NAME: pid file exists and its PID is a live process called NAME
+alive() { # alive NAME [COMM]: $RUN/NAME.pid exists and its PID is a live process called COMM
   local f=$RUN/$1.pid
-  [[ -s $f ]] && [[ $(cat "/proc/$(<"$f")/comm" 2>/dev/null) == "$1" ]]
+  [[ -s $f ]] && [[ $(cat "/proc/$(<"$f")/comm" 2>/dev/null) == "${2:-$1}" ]]
 }
+# The nodes of a multi-node cluster: node k is fltnode<k> in the namespaces flotilla-fltnode<k>.
+node_name() { echo "fltnode$1"; }
+node_ns() { echo "flotilla-fltnode$1"; }
+node_addr() { echo "$SUBNET.$((10 + $1))"; }
+
+[[ $NODES =~ ^[1-9][0-9]?$ ]] || die "SLURM_TEST_NODES=$NODES: expected a node count from 1 to 99"
+[[ $SUBNET =~ ^[0-9]{1,3}\.[0-9]{1,3}\.[0-9]{1,3}$ ]] ||
+  die "SLURM_TEST_SUBNET=$SUBNET: expected the first three octets of a /24, e.g. 10.77.0"
 wait_for() { # wait_for DESCRIPTION CMD... : poll every 0.5 s, at most $TIMEOUT s
   local what=$1 i; shift
   for ((i = 0; i < TIMEOUT * 2; i++)); do "$@" >/dev/null 2>&1 && return 0; sleep 0.5; done
@@ -44,23 +86,80 @@ wait_for() { # wait_for DESCRIPTION CMD... : poll every 0.5 s, at most $TIMEOUT 
 }
 
 # 1. Packages.  A temporary policy-rc.d stops apt from starting the daemons through init.d.
+#    Several nodes also need iproute2 (ip netns, veth, bridge) and util-linux (nsenter, unshare).
 missing=0; for b in slurmctld slurmd sbatch munged; do command -v "$b" >/dev/null || missing=1; done
-if [[ $missing == 1 ]]; then
-  [[ $EUID -eq 0 ]] || die "Slurm is not installed and installing it needs root" 3
-  command -v apt-get >/dev/null || die "Slurm is not installed and there is no apt-get to install it" 3
-  log "installing slurmctld slurmd slurm-client munge"
+packages=()
+((missing)) && packages+=(slurmctld slurmd slurm-client munge)
+((NODES > 1)) && ! command -v ip >/dev/null && packages+=(iproute2)
+((NODES > 1)) && ! command -v nsenter >/dev/null && packages+=(util-linux)
+if ((${#packages[@]})); then
+  [[ $EUID -eq 0 ]] || die "${packages[*]} not installed and installing them needs root" 3
+  command -v apt-get >/dev/null || die "${packages[*]} not installed and there is no apt-get to install them" 3
+  log "installing ${packages[*]}"
   policy=/usr/sbin/policy-rc.d made_policy=0
   if [[ ! -e $policy ]]; then printf '#!/bin/sh\nexit 101\n' > $policy; chmod +x $policy; made_policy=1; fi
   export DEBIAN_FRONTEND=noninteractive
   ok=1
-  apt-get update -qq && apt-get install -y -qq --no-install-recommends slurmctld slurmd slurm-client munge >/dev/null || ok=0
+  apt-get update -qq && apt-get install -y -qq --no-install-recommends "${packages[@]}" >/dev/null || ok=0
   if [[ $made_policy == 1 ]]; then rm -f $policy; fi
   [[ $ok == 1 ]] || die "apt-get update/install failed (see messages above)" 3
 fi
 [[ $EUID -eq 0 ]] || die "starting the test cluster needs root" 3
-getent hosts "$NODE" >/dev/null || log "WARNING: hostname '$NODE' does not resolve (add '127.0.0.1 $NODE' to /etc/hosts)"
+((NODES > 1)) || getent hosts "$NODE" >/dev/null || log "WARNING: hostname '$NODE' does not resolve (add '127.0.0.1 $NODE' to /etc/hosts)"
 
-mkdir -p "$RUN"/{log,state/ctld,state/slurmd} /etc/slurm
+
+# A running cluster of another shape is stopped first (its slurm.conf lists other nodes).
+if alive slurmctld; then
+  running=$(cat "$RUN/nodes" 2>/dev/null || echo 1)
+  if [[ $running != "$NODES" ]]; then
+    log "a $running-node cluster is running; stopping it to start $NODES node(s)"
+    SLURM_TEST_DIR=$RUN bash "$(dirname "${BASH_SOURCE[0]}")/slurm-cluster-stop.sh" ||
+      die "could not stop the running $running-node cluster (see above)"
+  fi
+fi
+mkdir -p "$RUN"/{log,state/ctld,state/slurmd} "$(dirname "$CONF")"
+
+# 1b. The network of a multi-node cluster: a bridge holding the controller's address, and per
+#     node a network namespace joined to it by a veth pair (eth0 inside), and a hosts file.
+#     Whatever is created is recorded ($RUN/bridge, $RUN/netns.list) for slurm-cluster-stop.sh.
+if ((NODES > 1)); then
+  touch "$RUN/netns.list"
+  if ! ip link show "$BRIDGE" >/dev/null 2>&1; then
+    ip link add "$BRIDGE" type bridge || die "cannot create the bridge $BRIDGE (ip link add)"
+    echo "$BRIDGE" >"$RUN/bridge"
+    ip addr add "$SUBNET.1/24" dev "$BRIDGE"
+    ip link set "$BRIDGE" up
+  elif [[ $(cat "$RUN/bridge" 2>/dev/null) != "$BRIDGE" ]]; then
+    die "a link $BRIDGE exists that this script did not create; refusing to use it (remove it with 'ip link del $BRIDGE')"
+  fi
+  hosts="$MARK
+127.0.0.1 localhost
+$SUBNET.1 $NODE"
+  for ((k = 1; k <= NODES; k++)); do hosts+=$'\n'"$(node_addr $k) $(node_name $k)"; done
+  for ((k = 1; k <= NODES; k++)); do
+    ns=$(node_ns $k)
+    if ! ip netns list | grep -qE "^$ns( |$)"; then
+      ip netns add "$ns" || die "cannot create the network namespace $ns (ip netns add)"
+      echo "$ns" >>"$RUN/netns.list"
+      ip link add "flt-v$k" type veth peer name "flt-v${k}n"
+      ip link set "flt-v$k" master "$BRIDGE" up
+      ip link set "flt-v${k}n" netns "$ns"
+      ip -n "$ns" link set "flt-v${k}n" name eth0
+      ip -n "$ns" addr add "$(node_addr $k)/24" dev eth0
+      ip -n "$ns" link set eth0 up
+      ip -n "$ns" link set lo up
+    elif ! grep -qx "$ns" "$RUN/netns.list"; then
+      die "the network namespace $ns exists but this script did not create it; refusing to use it (remove it with 'ip netns del $ns')"
+    fi
+    f=/etc/netns/$ns/hosts
+    if [[ -s $f ]] && ! head -n 1 "$f" | grep -qF "$MARK"; then
+      die "$f exists and was not written by this script; refusing to overwrite it"
+    fi
+    [[ -d /etc/netns ]] || { mkdir /etc/netns && touch "$RUN/etc-netns"; }
+    mkdir -p "/etc/netns/$ns"
+    echo "$hosts" >"$f"
+  done
+fi
 
 # 2. Config (written only while slurmctld is not running; a slurm.conf this script did not write
 #    is never overwritten).
@@ -71,7 +170,8 @@ if ! alive slurmctld; then
   cat > "$CONF" <<CONF_EOF
 $MARK
 ClusterName=flotillatest
-SlurmctldHost=$NODE(127.0.0.1)
+SlurmctldHost=$NODE($( ((NODES > 1)) && echo "$SUBNET.1" || echo 127.0.0.1))
+$([[ -n ${SLURM_TEST_CTLD_PORT:-} ]] && echo "SlurmctldPort=$SLURM_TEST_CTLD_PORT")
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
@@ -80,11 +180,17 @@ CredType=cred/munge
 AuthInfo=cred_expire=10
 MailProg=/bin/true
 StateSaveLocation=$RUN/state/ctld
-SlurmdSpoolDir=$RUN/state/slurmd
 SlurmctldPidFile=$RUN/slurmctld.pid
-SlurmdPidFile=$RUN/slurmd.pid
 SlurmctldLogFile=$RUN/log/slurmctld.log
-SlurmdLogFile=$RUN/log/slurmd.log
+$(if ((NODES > 1)); then
+  echo "SlurmdSpoolDir=$RUN/state/slurmd-%n"
+  echo "SlurmdPidFile=$RUN/state/slurmd-%n.pid"
+  echo "SlurmdLogFile=$RUN/log/slurmd-%n.log"
+else
+  echo "SlurmdSpoolDir=$RUN/state/slurmd"
+  echo "SlurmdPidFile=$RUN/slurmd.pid"
+  echo "SlurmdLogFile=$RUN/log/slurmd.log"
+fi)
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 JobAcctGatherType=jobacct_gather/none
@@ -104,8 +210,17 @@ KillWait=5
 MinJobAge=600
 MaxArraySize=$MAX_ARRAY
 GresTypes=gpu
-NodeName=$NODE NodeAddr=127.0.0.1 CPUs=$CPUS RealMemory=$MEM_MB $( ((GPUS > 0)) && echo "Gres=gpu:$GPUS") State=UNKNOWN
-PartitionName=debug Nodes=$NODE Default=YES MaxTime=INFINITE State=UP
+$(if ((NODES > 1)); then
+  for ((k = 1; k <= NODES; k++)); do
+    echo "NodeName=$(node_name $k) NodeHostname=$(node_name $k) NodeAddr=$(node_addr $k) CPUs=$CPUS RealMemory=$((MEM_MB / NODES)) $( ((GPUS > 0)) && echo "Gres=gpu:$GPUS") State=UNKNOWN"
+  done
+  echo "PartitionName=debug Nodes=fltnode[1-$NODES] Default=YES MaxTime=INFINITE State=UP"
+  # A node whose slurmd stops answering is marked DOWN, and its jobs requeued, within ~30 s.
+  echo "SlurmdTimeout=20"
+else
+  echo "NodeName=$NODE NodeAddr=127.0.0.1 CPUs=$CPUS RealMemory=$MEM_MB $( ((GPUS > 0)) && echo "Gres=gpu:$GPUS") State=UNKNOWN"
+  echo "PartitionName=debug Nodes=$NODE Default=YES MaxTime=INFINITE State=UP"
+fi)
 ${SLURM_TEST_EXTRA_CONF:-}
 CONF_EOF
   if [[ -s $GRES_CONF ]] && ! head -n 1 "$GRES_CONF" | grep -qF "$MARK"; then
@@ -113,10 +228,14 @@ CONF_EOF
   fi
   mkdir -p "$RUN/fake-gpu"
   { echo "$MARK"
-    for ((i = 0; i < GPUS; i++)); do
-      ln -sfn /dev/null "$RUN/fake-gpu/gpu$i"
-      echo "NodeName=$NODE Name=gpu File=$RUN/fake-gpu/gpu$i"
+    if ((NODES > 1)); then names=$(for ((k = 1; k <= NODES; k++)); do node_name $k; done); else names=$NODE; fi
+    for n in $names; do
+      for ((i = 0; i < GPUS; i++)); do
+        ln -sfn /dev/null "$RUN/fake-gpu/gpu$i"
+        echo "NodeName=$n Name=gpu File=$RUN/fake-gpu/gpu$i"
+      done
     done; } > "$GRES_CONF"
+  echo "$NODES" >"$RUN/nodes"
 fi
 
 # 3. munged, as Debian's munge user (key created if missing).
@@ -135,8 +254,11 @@ else
   log "munged started (pid $(<"$RUN/munged.pid"))"
 fi
 
-# 4. slurmctld, then slurmd; both daemonize and write their pid files into $RUN.
-for d in slurmctld slurmd; do
+# 4. slurmctld, then slurmd; both daemonize and write their pid files into $RUN.  On several
+#    nodes each slurmd runs in the foreground (-D) in its node's namespaces, under its node's
+#    name and host name, and its PID is recorded as $RUN/slurmd-<node>.pid.
+daemons=(slurmctld); ((NODES > 1)) || daemons+=(slurmd)
+for d in "${daemons[@]}"; do
   if alive $d; then log "$d already running (pid $(<"$RUN/$d.pid"))"; continue; fi
   rm -f "$RUN/$d.pid"
   $d || die "$d failed to start (see $RUN/log/$d.log)"
@@ -147,10 +269,34 @@ for d in slurmctld slurmd; do
   log "$d started (pid $(<"$RUN/$d.pid"))"
 done
 
-# 5. Wait until the node is usable (clear a DRAIN/DOWN left over in saved state first).
-case $(sinfo -h -n "$NODE" -o %T 2>/dev/null) in
-  *drain*|*down*|*fail*) scontrol update nodename="$NODE" state=resume || true ;;
-esac
-wait_for "node $NODE to become idle ('sinfo -R' shows why not)" \
-  bash -c "sinfo -h -n '$NODE' -o %T | grep -Eq '^(idle|mixed|allocated)$'"
+if ((NODES > 1)); then
+  for ((k = 1; k <= NODES; k++)); do
+    name=$(node_name $k)
+    if alive "slurmd-$name" slurmd; then log "slurmd on $name already running (pid $(<"$RUN/slurmd-$name.pid"))"; continue; fi
+    mkdir -p "$RUN/state/slurmd-$name"
+    # nsenter rather than `ip netns exec`, which mounts a fresh /sys without the cgroup
+    # file systems that slurmd needs; the hosts file is bind-mounted in a private mount namespace.
+    ns=$(node_ns $k)
+    setsid nsenter --net="/run/netns/$ns" unshare --mount --uts sh -c \
+      'mount --bind "$2" /etc/hosts && hostname "$1" && exec slurmd -D -N "$1"' \
+      sh "$name" "/etc/netns/$ns/hosts" </dev/null >>"$RUN/log/slurmd-$name.out" 2>&1 &
+    echo $! >"$RUN/slurmd-$name.pid"
+    wait_for "slurmd on $name (pid $!)" alive "slurmd-$name" slurmd
+    log "slurmd on $name ($(node_addr $k)) started (pid $(<"$RUN/slurmd-$name.pid"))"
+  done
+  names=$(for ((k = 1; k <= NODES; k++)); do node_name $k; done)
+else
+  names=$NODE
+fi
+
+# 5. Wait until the nodes are usable (clear a DRAIN/DOWN left over in saved state first).
+for n in $names; do
+  case $(sinfo -h -n "$n" -o %T 2>/dev/null) in
+    *drain*|*down*|*fail*) scontrol update nodename="$n" state=resume || true ;;
+  esac
+done
+for n in $names; do
+  wait_for "node $n to become idle ('sinfo -R' shows why not)" \
+    bash -c "sinfo -h -n '$n' -o %T | grep -Eq '^(idle|mixed|allocated)$'"
+done
 log "cluster ready: $(sinfo -h -o '%P %a nodes=%D state=%T %N cpus=%c')"

@@ -10,6 +10,8 @@ mod common;
 mod compose;
 #[path = "common/launch.rs"]
 mod launch;
+#[path = "common/slurm_cluster.rs"]
+mod slurm_cluster;
 
 use common::{branin, copy_dir, ov, read_env};
 use flotilla_config::schema::{ComputeConfig, Launcher};
@@ -19,6 +21,7 @@ use flotilla_launch::slurm::{
     quote_task, render_script, sbatch_options, sbatch_quote, shell_quote, ScriptSpec, SlurmOptions,
 };
 use flotilla_launch::{TaskCommand, TaskExit};
+use slurm_cluster::Cluster;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -442,66 +445,6 @@ fn scripts_group_by_compute_and_split() {
 // the real cluster
 // ---------------------------------------------------------------------------------------------
 
-/// Stops the cluster at the end (also when the test panics), unless it was running before.
-struct Cluster {
-    stop: bool,
-}
-
-impl Cluster {
-    /// Starts the test cluster; `None` (after [`common::skip_or_fail`]) when it cannot be
-    /// installed or is skipped on purpose.
-    fn start() -> Option<Cluster> {
-        if std::env::var("FLOTILLA_SKIP_SLURM").is_ok_and(|v| v == "1") {
-            common::skip_or_fail(
-                "the real-Slurm tests: FLOTILLA_SKIP_SLURM=1 skips them on purpose (unset it)",
-            );
-            return None;
-        }
-        let script = Path::new(REPO).join("scripts/slurm-cluster-start.sh");
-        let was_running = Command::new("scontrol")
-            .arg("ping")
-            .output()
-            .map(|o| String::from_utf8_lossy(&o.stdout).contains("is UP"))
-            .unwrap_or(false);
-        let out = Command::new("bash")
-            .arg(&script)
-            .env("SLURM_TEST_MAX_ARRAY_SIZE", "4")
-            .output()
-            .expect("run slurm-cluster-start.sh");
-        let text = format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        match out.status.code() {
-            Some(0) => {}
-            Some(3) => {
-                common::skip_or_fail(&format!(
-                    "the real-Slurm tests: Slurm cannot be installed here (run the tests as root \
-                     on Debian with apt-get, which scripts/slurm-cluster-start.sh uses):\n{text}"
-                ));
-                return None;
-            }
-            _ => panic!("slurm-cluster-start.sh failed:\n{text}"),
-        }
-        println!("{text}");
-        Some(Cluster { stop: !was_running })
-    }
-}
-
-impl Drop for Cluster {
-    fn drop(&mut self) {
-        if self.stop {
-            let out = Command::new("bash")
-                .arg(Path::new(REPO).join("scripts/slurm-cluster-stop.sh"))
-                .output();
-            if let Ok(o) = out {
-                println!("{}", String::from_utf8_lossy(&o.stdout));
-            }
-        }
-    }
-}
-
 /// Prepares a run or sweep with the repository's conf tree.
 fn prepare(overrides: &[String], multirun: bool) -> rundir::PreparedRun {
     launch::prepare(&compose::composer(), overrides, multirun)
@@ -595,7 +538,7 @@ fn wait_for(what: &str, timeout: Duration, mut cond: impl FnMut() -> bool) {
 /// All cluster scenarios in one test, so that they never compete for the single node.
 #[test]
 fn real_cluster() {
-    let Some(_cluster) = Cluster::start() else {
+    let Some(_cluster) = Cluster::start(1, &[("SLURM_TEST_MAX_ARRAY_SIZE", "4")]) else {
         return;
     };
     // The scenarios train with `flotilla train` and submit with `flotilla run`.

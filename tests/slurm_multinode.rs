@@ -1,0 +1,494 @@
+//! The built-in trainer across nodes, on the multi-node Slurm test cluster that
+//! `scripts/slurm-cluster-start.sh` starts with `SLURM_TEST_NODES=2`: two slurmd, each in its
+//! own network and UTS namespace (host names `fltnode1`, `fltnode2`, addresses on a private
+//! bridge), so that a job's ranks on the second node reach the first only through the bridge.
+//!
+//! Through `flotilla run compute=slurm compute.nodes=2 compute.tasks_per_node=2` (4 ranks on the
+//! CPU backend): DDP and FSDP FULL_SHARD, SHARD_GRAD_OP and HYBRID_SHARD (shard within a node,
+//! replicate across) each give the loss and grad_norm of one process at every step (within
+//! 1e-5 relative, as crates/flotilla-train/tests/train_dist.rs on one host); every rank's log
+//! names its real host and node (`[rank 3] on host fltnode2: node 1 of 2, ...`) and the master
+//! as the first host of the node list; bytes cross the second node's link. The sharded
+//! checkpoint that FULL_SHARD wrote at step 10 on 2 nodes × 2 resumes on 1 node × 2 and on
+//! 2 nodes × 1 to the same curve.
+//!
+//! The user's own program across the same 2 nodes × 2: `examples/torchrun` (`ranks: per_node`,
+//! a bare `torchrun` per node) and `examples/ddp_gloo` (`ranks: per_task`, a plain gloo script):
+//! every process records RANK, LOCAL_RANK, NODE_RANK, WORLD_SIZE and its host, consistent with
+//! its place, MASTER_ADDR is the first node's host, and an all-reduce needs every rank.
+//!
+//! Skipped like tests/slurm.rs when the cluster cannot be installed (not root, no apt-get);
+//! a failure under `FLOTILLA_REQUIRE_ORACLES=1`.
+
+mod common;
+#[path = "common/slurm_cluster.rs"]
+mod slurm_cluster;
+
+use flotilla_contract::metrics::MetricsRow;
+use slurm_cluster::Cluster;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+const STEPS: usize = 30;
+/// Relative tolerance of every multi-process-vs-one-process comparison (fp32), as on one host.
+const TOL: f64 = 1e-5;
+/// The host-side end of the second node's veth pair (the start script's naming).
+const NODE2_LINK: &str = "flt-v2";
+
+/// The overrides every run shares: the tiny model on the built-in arithmetic data, unshuffled,
+/// fp32, 30 steps at a peak learning rate of 1e-3 (the single-host parity tests' settings).
+fn training(dir: &Path) -> Vec<String> {
+    let mut o: Vec<String> = [
+        "model=tiny",
+        "data=arithmetic",
+        "data.shuffle=false",
+        "trainer.device=cpu",
+        "trainer.global_batch_size=16",
+        "trainer.micro_batch_size=2",
+        "trainer.eval_every=0",
+        "trainer.log_every=10",
+        "trainer.checkpoint_every=0",
+        "trainer.keep_last_checkpoints=0",
+        "trainer.precision=32-true",
+        "trainer.lr=1e-3",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    o.push(format!("trainer.max_steps={STEPS}"));
+    o.push(format!("flotilla.run.dir={}", dir.display()));
+    o
+}
+
+/// `flotilla ARGS` in the repository (its config tree); panics unless it succeeded.
+fn flotilla(args: &[String]) -> String {
+    common::ok(common::flotilla_in(
+        &common::repo_root(),
+        &args.iter().map(String::as_str).collect::<Vec<_>>(),
+    ))
+}
+
+/// Submits one SLURM job of `nodes` × `per_node` ranks training into `dir`.
+fn submit(dir: &Path, nodes: usize, per_node: usize, extra: &[&str]) {
+    let mut args: Vec<String> = [
+        "run",
+        "compute=slurm",
+        "compute.gpus_per_node=0",
+        "compute.cpus_per_task=1",
+        "compute.mem_gb=null",
+        "compute.timeout_min=10",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    args.push(format!("compute.nodes={nodes}"));
+    args.push(format!("compute.tasks_per_node={per_node}"));
+    args.extend(training(dir));
+    args.extend(extra.iter().map(|s| s.to_string()));
+    flotilla(&args);
+}
+
+/// Polls `flotilla status --format json DIR` until its job has ended; its final state.
+fn wait_job(dir: &Path, limit: Duration) -> String {
+    let t0 = Instant::now();
+    loop {
+        let out = flotilla(&[
+            "status".into(),
+            "--format".into(),
+            "json".into(),
+            dir.display().to_string(),
+        ]);
+        let st: serde_json::Value = serde_json::from_str(&out).unwrap();
+        let state = st["jobs"][0]["state"].as_str().unwrap_or("").to_string();
+        if matches!(
+            state.as_str(),
+            "COMPLETED" | "FAILED" | "CANCELLED" | "TIMEOUT" | "NODE_FAIL" | "OUT_OF_MEMORY"
+        ) {
+            return state;
+        }
+        if t0.elapsed() > limit {
+            let _ = Command::new("squeue").args(["-t", "all"]).status();
+            panic!("{} not finished after {limit:?}: {st:#}", dir.display());
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+}
+
+fn read_rows(dir: &Path) -> Vec<MetricsRow> {
+    let path = dir.join("metrics.csv");
+    let mut reader =
+        csv::Reader::from_path(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    reader
+        .deserialize::<MetricsRow>()
+        .map(|r| r.unwrap_or_else(|e| panic!("{}: {e}", path.display())))
+        .collect()
+}
+
+fn rel(a: f64, b: f64) -> f64 {
+    if a == b {
+        0.0
+    } else {
+        (a - b).abs() / b.abs().max(f64::MIN_POSITIVE)
+    }
+}
+
+/// Every rank's log of a finished job, for failure messages.
+fn logs(dir: &Path) -> String {
+    let mut text = String::new();
+    let Ok(entries) = std::fs::read_dir(dir.join("logs")) else {
+        return text;
+    };
+    let mut paths: Vec<PathBuf> = entries.map(|e| e.unwrap().path()).collect();
+    paths.sort();
+    for p in paths {
+        text += &format!(
+            "--- {}\n{}\n",
+            p.display(),
+            std::fs::read_to_string(&p).unwrap_or_default()
+        );
+    }
+    text
+}
+
+/// The rows of `dir` (steps `first..30`) against the single process's: the same steps and
+/// learning rates, loss and grad_norm within [`TOL`]. Prints the worst errors.
+fn assert_matches(name: &str, dir: &Path, base: &[MetricsRow], first: usize) -> Vec<MetricsRow> {
+    let rows = read_rows(dir);
+    assert_eq!(
+        rows.iter().map(|r| r.step).collect::<Vec<_>>(),
+        (first as u64..STEPS as u64).collect::<Vec<_>>(),
+        "{name}: steps in metrics.csv"
+    );
+    let (mut loss_err, mut gn_err) = (0f64, 0f64);
+    for (ours, theirs) in rows.iter().zip(&base[first..]) {
+        assert_eq!(ours.lr, theirs.lr, "{name} step {}: lr", ours.step);
+        let (l, g) = (
+            rel(ours.loss, theirs.loss),
+            rel(ours.grad_norm, theirs.grad_norm),
+        );
+        assert!(
+            l <= TOL && g <= TOL,
+            "{name} step {}: loss {} vs {} ({l:.2e}), grad_norm {} vs {} ({g:.2e})",
+            ours.step,
+            ours.loss,
+            theirs.loss,
+            ours.grad_norm,
+            theirs.grad_norm
+        );
+        loss_err = loss_err.max(l);
+        gn_err = gn_err.max(g);
+    }
+    println!(
+        "  {name}: steps {first}..{STEPS} vs one process: max rel err loss {loss_err:.2e}, \
+         grad_norm {gn_err:.2e}"
+    );
+    rows
+}
+
+/// Each rank of a `nodes` × `per_node` job says where it ran: rank r is local rank
+/// `r % per_node` of node `r / per_node`, the ranks of one node share a host of the cluster,
+/// different nodes have different hosts, and the master is node 0's host (the first of the
+/// job's node list).
+fn assert_placement(name: &str, dir: &Path, nodes: usize, per_node: usize) {
+    let cluster_hosts = slurm_cluster::node_names(2);
+    let mut node_hosts: Vec<Option<String>> = vec![None; nodes];
+    let mut masters = vec![];
+    for rank in 0..nodes * per_node {
+        let path = dir.join(format!("logs/rank_{rank}.log"));
+        let log = std::fs::read_to_string(&path)
+            .unwrap_or_else(|e| panic!("{name}: {}: {e}", path.display()));
+        let prefix = format!("[rank {rank}] on host ");
+        let line = log
+            .lines()
+            .find_map(|l| l.strip_prefix(&prefix))
+            .unwrap_or_else(|| panic!("{name}: rank {rank} did not say where it runs:\n{log}"));
+        let (host, rest) = line.split_once(": ").unwrap();
+        let node = rank / per_node;
+        let want = format!(
+            "node {node} of {nodes}, local rank {} of {per_node}, master ",
+            rank % per_node
+        );
+        assert!(
+            rest.starts_with(&want),
+            "{name}: rank {rank}: {line:?}, want {want:?}"
+        );
+        assert!(
+            cluster_hosts.iter().any(|h| h == host),
+            "{name}: rank {rank} on {host:?}"
+        );
+        match &node_hosts[node] {
+            Some(h) => assert_eq!(h, host, "{name}: node {node}'s ranks on two hosts"),
+            None => node_hosts[node] = Some(host.to_string()),
+        }
+        masters.push(rest[want.len()..].rsplit_once(':').unwrap().0.to_string());
+    }
+    let hosts: Vec<String> = node_hosts.into_iter().map(Option::unwrap).collect();
+    let mut distinct = hosts.clone();
+    distinct.sort();
+    distinct.dedup();
+    assert_eq!(distinct.len(), nodes, "{name}: nodes on hosts {hosts:?}");
+    assert!(
+        masters.iter().all(|m| *m == hosts[0]),
+        "{name}: masters {masters:?}, want {} (node 0)",
+        hosts[0]
+    );
+    println!("  {name}: ranks on {hosts:?}, master {}", hosts[0]);
+}
+
+/// Bytes received plus sent on a host-side link (`/sys/class/net/LINK/statistics`).
+fn link_bytes(link: &str) -> u64 {
+    ["rx_bytes", "tx_bytes"]
+        .iter()
+        .map(|f| {
+            let p = format!("/sys/class/net/{link}/statistics/{f}");
+            std::fs::read_to_string(&p)
+                .unwrap_or_else(|e| panic!("{p}: {e}"))
+                .trim()
+                .parse::<u64>()
+                .unwrap()
+        })
+        .sum()
+}
+
+/// `flotilla run --config-dir conf ARGS` in the copy of an example, with the venv's `bin/`
+/// first in PATH (sbatch passes the environment on, so the job's `python` and `torchrun` are
+/// the venv's); the run directory is `dir`.
+fn submit_example(example: &Path, dir: &Path, args: &[&str]) {
+    let mut dirs = vec![common::venv_python().parent().unwrap().to_path_buf()];
+    dirs.extend(std::env::split_paths(
+        &std::env::var_os("PATH").unwrap_or_default(),
+    ));
+    let out = Command::new(common::flotilla_bin())
+        .args(["run", "--config-dir", "conf"])
+        .args(args)
+        .arg(format!("flotilla.run.dir={}", dir.display()))
+        .current_dir(example)
+        .env("PATH", std::env::join_paths(dirs).unwrap())
+        .env("PYTHONDONTWRITEBYTECODE", "1")
+        .env_remove("FLOTILLA_LOG")
+        .output()
+        .unwrap();
+    common::ok(out);
+}
+
+/// What the 4 processes of a user's program on 2 nodes × 2 recorded (`<prefix><rank>.json`):
+/// consistent ranks, node ranks and world size, the ranks of one node on one host of the
+/// cluster and the two nodes on different hosts, MASTER_ADDR the first node's host, and an
+/// all-reduce that needs every rank: `sum` (torchrun's worker sums the ranks, 0 + 1 + 2 + 3;
+/// ddp_gloo sums rank + 1, 1 + 2 + 3 + 4).
+fn assert_user_ranks(name: &str, dir: &Path, prefix: &str, sum: f64) {
+    let cluster_hosts = slurm_cluster::node_names(2);
+    let mut hosts = [None::<String>, None];
+    for rank in 0..4usize {
+        let path = dir.join(format!("{prefix}{rank}.json"));
+        let text = std::fs::read_to_string(&path)
+            .unwrap_or_else(|e| panic!("{name}: {}: {e}\n{}", path.display(), logs(dir)));
+        let seen: serde_json::Value = serde_json::from_str(&text).unwrap();
+        let env = |k: &str| seen["env"][k].as_str().map(str::to_string);
+        let node = rank / 2;
+        assert_eq!(env("RANK"), Some(rank.to_string()), "{name}: {seen:#}");
+        assert_eq!(
+            env("LOCAL_RANK"),
+            Some((rank % 2).to_string()),
+            "{name}: {seen:#}"
+        );
+        assert_eq!(env("WORLD_SIZE").as_deref(), Some("4"), "{name}: {seen:#}");
+        assert_eq!(env("NODE_RANK"), Some(node.to_string()), "{name}: {seen:#}");
+        assert_eq!(
+            env("GROUP_RANK"),
+            Some(node.to_string()),
+            "{name}: {seen:#}"
+        );
+        assert_eq!(seen["allreduce_sum"], sum, "{name}: {seen:#}");
+        let host = seen["host"].as_str().unwrap().to_string();
+        assert!(
+            cluster_hosts.contains(&host),
+            "{name}: rank {rank} on {host:?}"
+        );
+        match &hosts[node] {
+            Some(h) => assert_eq!(*h, host, "{name}: node {node}'s ranks on two hosts"),
+            None => hosts[node] = Some(host),
+        }
+        let master = env("MASTER_ADDR");
+        assert_eq!(master, hosts[0], "{name}: rank {rank}'s MASTER_ADDR");
+    }
+    assert_ne!(hosts[0], hosts[1], "{name}: both nodes on one host");
+    println!("  {name}: ranks on {hosts:?}, all_reduce {sum} on every rank");
+}
+
+/// All scenarios in one test: they share the cluster and the single-process baseline.
+#[test]
+fn built_in_trainer_across_two_nodes() {
+    let Some(_cluster) = Cluster::start(2, &[]) else {
+        return;
+    };
+    common::train_binary();
+    let t_all = Instant::now();
+    let tmp = tempfile::Builder::new()
+        .prefix("flotilla-multinode")
+        .tempdir_in(std::env::temp_dir())
+        .unwrap();
+    let root = tmp.path();
+    let link_before = link_bytes(NODE2_LINK);
+
+    // Four 2 × 2 jobs at once (the cluster runs two at a time: 4 CPUs per node, 1 per rank),
+    // and meanwhile the single process on this host.
+    let fsdp = |s: &'static str| vec!["trainer/dist=fsdp", s];
+    let cases: Vec<(&str, Vec<&str>, &str)> = vec![
+        ("ddp", vec!["trainer/dist=ddp"], "DDP, 4 ranks"),
+        (
+            "full_shard",
+            vec![
+                "trainer/dist=fsdp",
+                "trainer.dist.sharding_strategy=FULL_SHARD",
+                "trainer.dist.state_dict_type=sharded",
+                "trainer.checkpoint_every=10",
+            ],
+            "FSDP FULL_SHARD, 4 ranks",
+        ),
+        (
+            "shard_grad_op",
+            fsdp("trainer.dist.sharding_strategy=SHARD_GRAD_OP"),
+            "FSDP SHARD_GRAD_OP, 4 ranks",
+        ),
+        (
+            "hybrid_shard",
+            fsdp("trainer.dist.sharding_strategy=HYBRID_SHARD"),
+            "FSDP HYBRID_SHARD, 4 ranks",
+        ),
+    ];
+    for (name, extra, _) in &cases {
+        submit(&root.join(name), 2, 2, extra);
+    }
+    // The user's own programs, 2 nodes × 2 each: a bare `torchrun` per node (`ranks:
+    // per_node`) and a plain torch.distributed gloo script per rank (`ranks: per_task`).
+    let user = common::venv_imports("torch");
+    if user {
+        for ex in ["torchrun", "ddp_gloo"] {
+            common::copy_dir(
+                &common::repo_root().join("examples").join(ex),
+                &root.join(ex),
+            );
+        }
+        let shape = [
+            "compute.nodes=2",
+            "compute.tasks_per_node=2",
+            "compute.cpus_per_task=1",
+            "compute.mem_gb=null",
+        ];
+        let mut args = vec!["compute.launcher=slurm"];
+        args.extend(shape);
+        submit_example(&root.join("torchrun"), &root.join("torchrun_run"), &args);
+        let mut args = vec!["compute=slurm", "steps=3"];
+        args.extend(shape);
+        submit_example(&root.join("ddp_gloo"), &root.join("ddp_gloo_run"), &args);
+    } else {
+        common::skip_or_fail(&format!(
+            "the user-program scenarios: {} cannot import torch (run scripts/setup.sh)",
+            common::venv_python().display()
+        ));
+    }
+    let base_dir = root.join("one_process");
+    let mut args = vec![
+        "train".to_string(),
+        "--run-dir".into(),
+        base_dir.display().to_string(),
+        "trainer/dist=none".into(),
+        "compute.nodes=1".into(),
+        "compute.tasks_per_node=1".into(),
+    ];
+    args.extend(
+        training(&base_dir)
+            .into_iter()
+            .filter(|o| !o.starts_with("flotilla.run.dir")),
+    );
+    flotilla(&args);
+    let base = read_rows(&base_dir);
+    assert_eq!(base.len(), STEPS);
+    assert!(
+        base[STEPS - 1].loss < 0.75 * base[0].loss,
+        "the single process did not train: {base:?}"
+    );
+
+    for (name, _, mode) in &cases {
+        let dir = root.join(name);
+        let state = wait_job(&dir, Duration::from_secs(600));
+        assert_eq!(state, "COMPLETED", "{name}:\n{}", logs(&dir));
+        let rank0 = std::fs::read_to_string(dir.join("logs/rank_0.log")).unwrap();
+        assert!(rank0.contains(mode), "{name}: no {mode:?} in\n{rank0}");
+        assert_placement(name, &dir, 2, 2);
+        assert_matches(name, &dir, &base, 0);
+    }
+    if user {
+        for (name, prefix, sum) in [
+            ("torchrun_run", "worker_rank", 6.0),
+            ("ddp_gloo_run", "seen_rank", 10.0),
+        ] {
+            let dir = root.join(name);
+            let state = wait_job(&dir, Duration::from_secs(300));
+            assert_eq!(state, "COMPLETED", "{name}:\n{}", logs(&dir));
+            assert_user_ranks(name, &dir, prefix, sum);
+        }
+    }
+    // The ranks of node 2 live in another network namespace: what they exchanged with node 1
+    // crossed node 2's link. Four jobs of 30 steps each all-reduce (or reduce-scatter) at least
+    // one copy of the gradients per step: ~0.74M fp32 parameters.
+    let crossed = link_bytes(NODE2_LINK) - link_before;
+    let floor = 4 * STEPS as u64 * 740_000 * 4;
+    println!("  node 2's link carried {:.1} MB", crossed as f64 / 1e6);
+    assert!(
+        crossed >= floor,
+        "node 2's link carried {crossed} bytes, less than {floor}: did the collectives cross the bridge?"
+    );
+
+    // The sharded checkpoint of 2 × 2 resumes on 1 × 2 and on 2 × 1.
+    let ckpt = root.join("full_shard/checkpoints/step_10");
+    assert!(
+        ckpt.join("trainer_state.json").is_file(),
+        "{} is not a complete checkpoint",
+        ckpt.display()
+    );
+    assert!(ckpt.join("shard_00003.safetensors").is_file());
+    let resume = format!("trainer.resume={}", ckpt.display());
+    let shapes = [("resume_1x2", 1, 2), ("resume_2x1", 2, 1)];
+    for (name, nodes, per_node) in shapes {
+        submit(
+            &root.join(name),
+            nodes,
+            per_node,
+            &[
+                "trainer/dist=fsdp",
+                "trainer.dist.state_dict_type=sharded",
+                &resume,
+            ],
+        );
+    }
+    let mut curves = vec![];
+    for (name, nodes, per_node) in shapes {
+        let dir = root.join(name);
+        let state = wait_job(&dir, Duration::from_secs(600));
+        assert_eq!(state, "COMPLETED", "{name}:\n{}", logs(&dir));
+        let rank0 = std::fs::read_to_string(dir.join("logs/rank_0.log")).unwrap();
+        assert!(
+            rank0.contains("resuming from") && rank0.contains("(step 10)"),
+            "{name}: no resume in\n{rank0}"
+        );
+        assert_placement(name, &dir, nodes, per_node);
+        curves.push(assert_matches(name, &dir, &base, 10));
+    }
+    // The same world size (2) and strategy: the same sums in the same order, bit for bit.
+    for (a, b) in curves[0].iter().zip(&curves[1]) {
+        assert_eq!(
+            (a.loss.to_bits(), a.grad_norm.to_bits()),
+            (b.loss.to_bits(), b.grad_norm.to_bits()),
+            "step {}: 1 × 2 gave loss {} grad_norm {}, 2 × 1 loss {} grad_norm {}",
+            a.step,
+            a.loss,
+            a.grad_norm,
+            b.loss,
+            b.grad_norm
+        );
+    }
+    println!("multi-node trainer scenarios: {:.1?}", t_all.elapsed());
+}
