@@ -41,10 +41,15 @@ pub const STEP_KEY: &str = "step";
 /// Key of a packed job's record: the job array of allocations it was submitted to.
 pub const PACK_ARRAY_KEY: &str = "pack_array";
 
+/// Why an adaptive study refuses `compute.pack`.
+pub const ADAPTIVE_REFUSAL: &str = "an adaptive sweep submits each trial alone as it samples \
+     it, so there is no queue of jobs to pack; remove compute.pack (or use a grid sweep, whose \
+     jobs are all known at once)";
+
 /// How the jobs of one group (same `compute`, same task kind) are packed.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct PackShape {
-    /// `compute.pack`: slots (ranks) per allocation.
+    /// Slots (ranks) per allocation: `compute.pack`, or fewer when the group has fewer jobs.
     pub slots: usize,
     /// Ranks one job takes (`compute.tasks_per_node`).
     pub ranks_per_job: usize,
@@ -63,13 +68,14 @@ pub struct PackShape {
 pub fn pack_shape(compute: &ComputeConfig, jobs: usize) -> Option<PackShape> {
     let slots = compute.pack.filter(|&k| k >= 2)?;
     let ranks = compute.tasks_per_node.max(1);
-    let at_once = (slots / ranks).max(1);
+    // No more slots than jobs: a sweep of 2 asks for 2 slots' resources, not `pack`.
+    let at_once = (slots / ranks).max(1).min(jobs.max(1));
     let mut allocations = jobs.div_ceil(at_once).max(1);
     if compute.array_parallelism > 0 {
         allocations = allocations.min(compute.array_parallelism);
     }
     Some(PackShape {
-        slots,
+        slots: slots.min(at_once * ranks),
         ranks_per_job: ranks,
         jobs_at_once: at_once,
         allocations,
@@ -240,7 +246,7 @@ extern "C" fn on_term(_: libc::c_int) {
 /// How one allocation's loop ended.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct AllocationOutcome {
-    /// Jobs this run of the allocation completed, failed, put back in the queue.
+    /// Jobs this run of the allocation completed, failed (or cancelled), put back in the queue.
     pub completed: Vec<usize>,
     pub failed: Vec<usize>,
     pub requeued: Vec<usize>,
@@ -317,10 +323,16 @@ pub fn run_allocation(spec_path: &Path) -> Result<AllocationOutcome, SlurmError>
     let mut slot_of: BTreeMap<usize, usize> = BTreeMap::new();
     let mut out = AllocationOutcome::default();
     let mut stopping = false;
+    // A TERM before any USR2 (scancel, a preemption that does not requeue) cancels: the jobs it
+    // stops are not put back. After a USR2, a TERM is the time limit arriving.
+    let mut cancelled = false;
     loop {
         let usr2 = GOT_USR2.swap(false, Ordering::SeqCst);
         let term = GOT_TERM.swap(false, Ordering::SeqCst);
         if usr2 || term {
+            if term && !usr2 && !stopping {
+                cancelled = true;
+            }
             stopping = true;
             let sig = if term { libc::SIGTERM } else { libc::SIGUSR2 };
             eprintln!(
@@ -349,7 +361,7 @@ pub fn run_allocation(spec_path: &Path) -> Result<AllocationOutcome, SlurmError>
             let r = running.swap_remove(i);
             slot_of.remove(&r.num);
             let rc = status.code().unwrap_or(128 + status_signal(&status));
-            finish(&plan, &spec, &me, r, rc, &mut out)?;
+            finish(&plan, &spec, &me, r, rc, cancelled, &mut out)?;
         }
         // Fill free slots.
         while !stopping && running.len() < spec.jobs_at_once {
@@ -552,6 +564,11 @@ fn start_step(
     }
     if let Some(mem) = spec.mem_gb {
         cmd.arg(format!("--mem={mem}G"));
+    } else if let Some(mb) = step_memory_share_mb(
+        std::env::var("SLURM_MEM_PER_NODE").ok().as_deref(),
+        spec.jobs_at_once,
+    ) {
+        cmd.arg(format!("--mem={mb}M"));
     }
     let pick_gpu = if spec.gpus_per_node > 0 && !per_node {
         "if [[ -n ${CUDA_VISIBLE_DEVICES:-} ]]; then\n  \
@@ -603,28 +620,48 @@ fn start_step(
     })
 }
 
-/// Records how job step `r` ended (exit status `rc`): COMPLETED, FAILED with the reason from its
-/// logs, or back in the queue (REQUEUED) when it stopped on a signal after checkpointing; and the
-/// job's exit marker.
+/// How a job step that exited with `rc` ended, as an unpacked job's batch script decides:
+/// after the stop signal (`signalled`, and not `cancelled` by a TERM), the trainer that
+/// checkpointed ([`REQUEUE_EXIT_CODE`]) or the user's program (`user_task`), whatever its exit
+/// status, goes back in the queue (REQUEUED); a step stopped by a cancelling TERM is CANCELLED
+/// unless it completed; otherwise COMPLETED on 0, FAILED on anything else.
+pub fn step_end_state(rc: i32, signalled: bool, cancelled: bool, user_task: bool) -> JobState {
+    if signalled && !cancelled && (rc == i32::from(REQUEUE_EXIT_CODE) || user_task) {
+        JobState::Requeued
+    } else if rc == 0 {
+        JobState::Completed
+    } else if signalled && cancelled {
+        JobState::Cancelled
+    } else {
+        JobState::Failed
+    }
+}
+
+/// The memory (MB) of one job step when `compute.mem_gb` is not set but the allocation has a
+/// memory size per node (`SLURM_MEM_PER_NODE`, from the partition's default): its share among
+/// the `jobs_at_once` steps. Without it srun would ask that whole size for every step (it
+/// inherits `SLURM_MEM_PER_NODE`), and where memory is a consumable resource the steps would
+/// run one at a time.
+pub fn step_memory_share_mb(mem_per_node: Option<&str>, jobs_at_once: usize) -> Option<u64> {
+    let total: u64 = mem_per_node?.trim().parse().ok()?;
+    (total > 0).then(|| (total / jobs_at_once.max(1) as u64).max(1))
+}
+
+/// Records how job step `r` ended (exit status `rc`, see [`step_end_state`]): COMPLETED, FAILED
+/// with the reason from its logs, CANCELLED, or back in the queue (REQUEUED); and the job's exit
+/// marker.
 fn finish(
     plan: &PlanFile,
     spec: &PackSpec,
     me: &str,
     r: Running,
     rc: i32,
+    cancelled: bool,
     out: &mut AllocationOutcome,
 ) -> Result<(), SlurmError> {
     let mut r = r;
     record_step(plan, &mut r);
-    let interrupted =
-        r.signalled && (rc == i32::from(REQUEUE_EXIT_CODE) || spec.ranks.is_some() || rc >= 128);
-    let state = if interrupted {
-        JobState::Requeued
-    } else if rc == 0 {
-        JobState::Completed
-    } else {
-        JobState::Failed
-    };
+    let state = step_end_state(rc, r.signalled, cancelled, spec.ranks.is_some());
     eprintln!(
         "flotilla: job {} ended with status {rc} at {}: {state}",
         r.num,
@@ -644,8 +681,8 @@ fn finish(
     }
     match state {
         JobState::Completed => out.completed.push(r.num),
-        JobState::Failed => out.failed.push(r.num),
-        _ => out.requeued.push(r.num),
+        JobState::Requeued => out.requeued.push(r.num),
+        _ => out.failed.push(r.num),
     }
     Ok(())
 }
@@ -698,10 +735,44 @@ mod tests {
         c.gpus_per_node = 2;
         let s = pack_shape(&c, 5).unwrap();
         assert_eq!((s.allocations, s.jobs_at_once, s.gpus), (3, 2, 4));
+        // One job asks for its own slots only.
+        let s = pack_shape(&c, 1).unwrap();
+        assert_eq!(
+            (s.allocations, s.jobs_at_once, s.cpus, s.gpus),
+            (1, 1, 4, 2)
+        );
         c.array_parallelism = 2;
         assert_eq!(pack_shape(&c, 5).unwrap().allocations, 2);
         c.pack = Some(1);
         assert_eq!(pack_shape(&c, 5), None);
+    }
+
+    #[test]
+    fn step_ends() {
+        use JobState::*;
+        let requeue = i32::from(REQUEUE_EXIT_CODE);
+        // The trainer: requeued only when it checkpointed after the stop signal.
+        assert_eq!(step_end_state(requeue, true, false, false), Requeued);
+        assert_eq!(step_end_state(140, true, false, false), Failed);
+        assert_eq!(step_end_state(0, true, false, false), Completed);
+        assert_eq!(step_end_state(requeue, false, false, false), Failed);
+        // The user's program: requeued after the stop signal, whatever its status.
+        assert_eq!(step_end_state(0, true, false, true), Requeued);
+        assert_eq!(step_end_state(140, true, false, true), Requeued);
+        assert_eq!(step_end_state(3, false, false, true), Failed);
+        // A cancelling TERM: never requeued.
+        assert_eq!(step_end_state(143, true, true, true), Cancelled);
+        assert_eq!(step_end_state(requeue, true, true, false), Cancelled);
+        assert_eq!(step_end_state(0, true, true, true), Completed);
+    }
+
+    #[test]
+    fn step_memory() {
+        assert_eq!(step_memory_share_mb(None, 4), None);
+        assert_eq!(step_memory_share_mb(Some("0"), 4), None);
+        assert_eq!(step_memory_share_mb(Some("16000"), 4), Some(4000));
+        assert_eq!(step_memory_share_mb(Some("1001"), 2), Some(500));
+        assert_eq!(step_memory_share_mb(Some("junk"), 2), None);
     }
 
     #[test]

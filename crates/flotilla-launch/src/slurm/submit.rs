@@ -112,7 +112,7 @@ pub fn write_scripts(
     jobs: &[JobSpec],
     opts: &SlurmOptions,
 ) -> Result<Vec<Script>, SlurmError> {
-    write_scripts_as(plan, jobs, opts, plan.is_sweep())
+    write_scripts_as(plan, jobs, opts, plan.is_sweep(), false)
 }
 
 /// [`write_scripts`] with one batch job per job (no arrays), also in a sweep: how an adaptive
@@ -122,14 +122,18 @@ pub fn write_single_scripts(
     jobs: &[JobSpec],
     opts: &SlurmOptions,
 ) -> Result<Vec<Script>, SlurmError> {
-    write_scripts_as(plan, jobs, opts, false)
+    write_scripts_as(plan, jobs, opts, false, true)
 }
 
+/// `array`: a sweep's jobs go in job arrays (or packed allocations); `adaptive`: the trials of
+/// an adaptive study, submitted one at a time, which cannot be packed. A single run's one job is
+/// never packed.
 fn write_scripts_as(
     plan: &PlanFile,
     jobs: &[JobSpec],
     opts: &SlurmOptions,
     array: bool,
+    adaptive: bool,
 ) -> Result<Vec<Script>, SlurmError> {
     if jobs.is_empty() {
         return Ok(Vec::new());
@@ -182,14 +186,16 @@ fn write_scripts_as(
             (Some(_), Some(exec_task)) => exec_task,
             _ => &opts.task,
         };
-        if let Some(mut shape) = super::pack::pack_shape(compute, group.len()) {
-            if !array {
-                return Err(SlurmError::Parameter {
-                    key: "compute.pack".into(),
-                    message: "an adaptive sweep submits each trial alone as it samples it, so                               there is no queue of jobs to pack; remove compute.pack (or use a                               grid sweep, whose jobs are all known at once)"
-                        .into(),
-                });
-            }
+        let shape = array
+            .then(|| super::pack::pack_shape(compute, group.len()))
+            .flatten();
+        if adaptive && super::pack::pack_shape(compute, group.len()).is_some() {
+            return Err(SlurmError::Parameter {
+                key: "compute.pack".into(),
+                message: super::pack::ADAPTIVE_REFUSAL.into(),
+            });
+        }
+        if let Some(mut shape) = shape {
             shape.allocations = shape.allocations.min(max_array);
             let dirs = group
                 .iter()
