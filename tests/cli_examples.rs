@@ -151,6 +151,8 @@ struct ReadmeCommand {
     line: usize,
     text: String,
     dir: Option<String>,
+    /// The code block it is in (its opening line).
+    block: usize,
 }
 
 /// The `$ flotilla ...` commands of the README's code blocks, and the `flotilla ...` lines of
@@ -161,6 +163,7 @@ fn readme_commands() -> Vec<ReadmeCommand> {
     let mut out = Vec::new();
     let mut fence: Option<&str> = None;
     let mut dir = None;
+    let mut block = 0;
     let mut i = 0;
     while i < lines.len() {
         let line = lines[i];
@@ -169,6 +172,7 @@ fn readme_commands() -> Vec<ReadmeCommand> {
                 None => Some(lang.trim()),
                 Some(_) => None,
             };
+            block = i + 1;
             dir = None;
             i += 1;
             continue;
@@ -201,6 +205,7 @@ fn readme_commands() -> Vec<ReadmeCommand> {
                 line: start + 1,
                 text,
                 dir: dir.clone(),
+                block,
             });
         }
     }
@@ -322,7 +327,14 @@ fn every_readme_example_runs_on_the_shipped_config() {
     let mut failures = Vec::new();
     let mut skipped_by = vec![0usize; README_NOT_RUN.len()];
     let mut ran = 0;
+    // A block that runs `flotilla init` runs in an empty directory of its own.
+    let mut init_dirs: std::collections::HashMap<usize, PathBuf> = Default::default();
     for command in readme_commands() {
+        if command.text.starts_with("flotilla init") {
+            let d = tmp.path().join(format!("init-{}", command.block));
+            std::fs::create_dir_all(&d).unwrap();
+            init_dirs.insert(command.block, d);
+        }
         if let Some(k) = README_NOT_RUN
             .iter()
             .position(|(needle, _)| command.text.contains(needle))
@@ -331,6 +343,7 @@ fn every_readme_example_runs_on_the_shipped_config() {
             continue;
         }
         let cwd = match &command.dir {
+            _ if init_dirs.contains_key(&command.block) => init_dirs[&command.block].clone(),
             Some(d) => {
                 let copy = tmp.path().join(d);
                 if !copy.exists() {
