@@ -19,14 +19,16 @@ use std::time::{Duration, Instant};
 /// The job: records its start (time, devices, allocation, step, restart, the step count it
 /// starts from, rank), then per `$2`: `run` sleeps 2 s; `steps` counts 8 steps of 0.5 s in
 /// `steps` (resumed from it), exiting 75 on USR2 like a checkpointing trainer; `fail` exits 3
-/// when x is 5. Then writes metrics.csv (x·3 at step 0) and its end time.
+/// when x is 5, the first time. Then writes metrics.csv (x·3 at step 0) and its end time.
 const PROGRAM: &str = r#"#!/bin/bash
 x=$1 mode=$2 d=$FLOTILLA_JOB_DIR
 echo "start $(date +%s.%N) ${CUDA_VISIBLE_DEVICES:-none} $SLURM_JOB_ID $SLURM_STEP_ID ${SLURM_RESTART_COUNT:-0} $(cat "$d/steps" 2>/dev/null || echo 0) $RANK" >>"$d/seen"
 case $mode in
   run) sleep 2 ;;
   fail)
-    if [[ $x == 5 ]]; then echo "job x=5: something went wrong (boom)" >&2; exit 3; fi
+    if [[ $x == 5 && ! -e $d/failed ]]; then
+      touch "$d/failed"; echo "job x=5: something went wrong (boom)" >&2; exit 3
+    fi
     sleep 1 ;;
   steps)
     stop=0; trap 'stop=1' USR2
@@ -269,6 +271,28 @@ fn packed_sweeps_on_the_real_cluster() {
     assert!(!out.status.success() && err.contains("job 5"), "{err}");
     assert!(err.contains("FAILED"), "{err}");
     assert!(!chained.exists());
+    // --resume-sweep submits the failed job again, packed: a new allocation runs it as a job
+    // step; the completed jobs are not run again.
+    let before = seen(&sweep, 8);
+    let first_allocation = st["jobs"][5]["job_id"].as_str().unwrap().to_string();
+    let out = ok(flotilla(
+        &proj,
+        &["run", "--resume-sweep", &sweep.display().to_string()],
+    ));
+    println!("{out}");
+    let st = wait_terminal(&sweep, Duration::from_secs(120));
+    for j in st["jobs"].as_array().unwrap() {
+        assert_eq!(j["state"], "COMPLETED", "{st:#}");
+    }
+    let job5 = &st["jobs"][5];
+    assert!(job5["step"].is_u64(), "run as a job step: {job5:#}");
+    assert_ne!(job5["job_id"], first_allocation.as_str(), "{job5:#}");
+    let after = seen(&sweep, 8);
+    assert_eq!(
+        after.len(),
+        before.len() + 1,
+        "only job 5 ran again: {after:#?}"
+    );
 
     // 3. A preempted allocation (USR2 to its batch shell): the running jobs stop (exit 75),
     //    the allocation requeues, and every job completes exactly once, the stopped ones

@@ -74,10 +74,11 @@ pub fn resume(dir: &Path, opts: RunOptions) -> Result<RunReport, LaunchError> {
         };
         let in_flight = match kind {
             LauncherKind::Slurm => {
+                // A packed job waits in its array's queue without an id of its own.
                 matches!(
                     js.state,
                     JobState::Pending | JobState::Running | JobState::Requeued
-                ) && rec.job_id.is_some()
+                ) && (rec.job_id.is_some() || crate::slurm::pack::is_packed(rec))
             }
             LauncherKind::Local => js.state == JobState::Running,
         };

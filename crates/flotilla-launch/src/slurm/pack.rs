@@ -705,6 +705,30 @@ pub fn packed_state(recorded: JobState, allocation: Option<JobState>) -> Option<
     }
 }
 
+/// The state to show for a packed job no allocation has claimed yet (PENDING in its record),
+/// from the states the scheduler reports for the allocations of its array (`allocations`;
+/// `None`: the scheduler could not be asked): still PENDING while one of them is queued or
+/// running; once all have ended (or the scheduler has forgotten them) the job will never run:
+/// CANCELLED when an allocation was cancelled, otherwise UNKNOWN. `--resume-sweep` submits
+/// such a job again.
+pub fn unclaimed_state(recorded: JobState, allocations: Option<&[JobState]>) -> Option<JobState> {
+    if recorded != JobState::Pending {
+        return None;
+    }
+    let allocations = allocations?;
+    if allocations
+        .iter()
+        .any(|s| !s.is_terminal() && *s != JobState::Unknown)
+    {
+        return None;
+    }
+    Some(if allocations.contains(&JobState::Cancelled) {
+        JobState::Cancelled
+    } else {
+        JobState::Unknown
+    })
+}
+
 /// Is this record a job of a packed sweep?
 pub fn is_packed(rec: &JobRecord) -> bool {
     rec.extra.contains_key(PACK_ARRAY_KEY)
@@ -773,6 +797,20 @@ mod tests {
         assert_eq!(step_memory_share_mb(Some("16000"), 4), Some(4000));
         assert_eq!(step_memory_share_mb(Some("1001"), 2), Some(500));
         assert_eq!(step_memory_share_mb(Some("junk"), 2), None);
+    }
+
+    #[test]
+    fn unclaimed_states() {
+        use JobState::*;
+        assert_eq!(unclaimed_state(Pending, Some(&[Pending, Pending])), None);
+        assert_eq!(unclaimed_state(Pending, Some(&[Completed, Running])), None);
+        assert_eq!(unclaimed_state(Pending, None), None);
+        assert_eq!(
+            unclaimed_state(Pending, Some(&[Completed, Cancelled])),
+            Some(Cancelled)
+        );
+        assert_eq!(unclaimed_state(Pending, Some(&[])), Some(Unknown));
+        assert_eq!(unclaimed_state(Completed, Some(&[])), None);
     }
 
     #[test]

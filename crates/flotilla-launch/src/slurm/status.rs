@@ -29,7 +29,15 @@ pub fn status(dir: &Path) -> Result<RunStatus, SlurmError> {
         .jobs
         .iter()
         .filter(|j| located.only.is_none_or(|n| n == j.num))
-        .filter_map(|j| j.job_id.clone())
+        .filter_map(|j| {
+            // A packed job no allocation has claimed yet: ask about its array of allocations.
+            j.job_id.clone().or_else(|| {
+                j.extra
+                    .get(super::pack::PACK_ARRAY_KEY)
+                    .and_then(|v| v.as_str())
+                    .map(str::to_string)
+            })
+        })
         .collect();
     // `None`: squeue is not installed here; only the directories can tell.
     let live = match query(&ids) {
@@ -44,6 +52,17 @@ pub fn status(dir: &Path) -> Result<RunStatus, SlurmError> {
         Err(e) => return Err(e),
     };
     let lookup = |j: &JobRecord| -> Option<JobState> {
+        if super::pack::is_packed(j) && j.job_id.is_none() {
+            let array = j.extra.get(super::pack::PACK_ARRAY_KEY)?.as_str()?;
+            let prefix = format!("{array}_");
+            let allocations: Option<Vec<JobState>> = live.as_ref().map(|l| {
+                l.iter()
+                    .filter(|(id, _)| *id == array || id.starts_with(&prefix))
+                    .map(|(_, job)| job.state)
+                    .collect()
+            });
+            return super::pack::unclaimed_state(j.state, allocations.as_deref());
+        }
         let id = j.job_id.as_ref()?;
         if super::pack::is_packed(j) {
             // The packing loop keeps the record; the allocation tells only how it ended.
