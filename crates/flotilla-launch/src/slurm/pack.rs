@@ -1,5 +1,5 @@
 //! Packing a sweep into allocations (`compute.pack: K`): instead of one batch job per sweep job,
-//! [`write_pack_script`] renders one job array of allocations, each one node with `K` slots
+//! `write_pack_script` renders one job array of allocations, each one node with `K` slots
 //! (one rank each: its `cpus_per_task` and its share of the GPUs and memory), whose batch shell
 //! execs `flotilla pack-run SPEC` ([`run_allocation`], the packing loop). The loop takes the
 //! next PENDING job of its list from `sweep.json` (a claim under the plan's lock, so that
