@@ -280,8 +280,9 @@ impl RawOp {
     }
 }
 
-/// Errors of the communication layer. Messages name the peer (global rank and address) and
-/// the collective, e.g. `rank 1 (127.0.0.1:40123) closed the connection during all_reduce`.
+/// Errors of the communication layer. Messages name the peer (global rank, host and address)
+/// and the collective, e.g. `rank 1 (gpu-node-2, 10.0.0.3:40123) closed the connection during
+/// all_reduce`.
 #[derive(Debug, thiserror::Error)]
 pub enum CommError {
     #[error("rank {rank} ({addr}) closed the connection during {op}")]

@@ -1,6 +1,8 @@
 //! Connection set-up of a CPU group: choosing the address to listen on, publishing it in the
-//! store, and connecting every pair of ranks once (the lower rank accepts, the higher one
-//! connects and says hello with the group's hash and its rank).
+//! store with the rank's host name, and connecting every pair of ranks once (the lower rank
+//! accepts, the higher one connects and says hello with the group's hash and its rank). Each
+//! connection keeps its peer's host and address, which every error about that peer names
+//! (`rank 3 (fltnode2, 10.77.0.12:33683) closed the connection during all_reduce`).
 
 use std::io::{self, Read, Write};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream, ToSocketAddrs, UdpSocket};
@@ -13,15 +15,36 @@ use crate::store::KvStore;
 /// First field of the hello a connecting rank sends.
 const HELLO_MAGIC: u32 = 0xF107_C0DE;
 
-/// An established connection to a peer, and the peer's address for messages.
+/// An established connection to a peer, and the peer's host and address for messages.
 pub(super) struct Conn {
     pub(super) stream: TcpStream,
     pub(super) addr: String,
 }
 
-/// The store key under which `rank` of `group` publishes its address.
+/// The store key under which `rank` of `group` publishes `<ip:port> <host name>`.
 fn addr_key(group: &str, rank: usize) -> String {
     format!("cpu/{group}/addr/{rank}")
+}
+
+/// The value a rank publishes under [`addr_key`]: its listening address, then its host name.
+fn published(addr: SocketAddr, host: &str) -> String {
+    format!("{addr} {host}")
+}
+
+/// A published value split into the socket address and the name for messages
+/// (`fltnode2, 10.77.0.12:33683`; the bare address when no host was published).
+fn parse_published(value: &str) -> Option<(SocketAddr, String)> {
+    let (addr_s, host) = match value.split_once(' ') {
+        Some((a, h)) => (a, h.trim()),
+        None => (value, ""),
+    };
+    let addr: SocketAddr = addr_s.parse().ok()?;
+    let label = if host.is_empty() {
+        addr.to_string()
+    } else {
+        format!("{host}, {addr}")
+    };
+    Some((addr, label))
 }
 
 /// FNV-1a hash of a group name, which hellos carry so a stray connection is not mistaken for
@@ -94,15 +117,16 @@ pub(super) fn connect_mesh(
     let listener =
         TcpListener::bind((ip, 0)).map_err(|e| setup(format!("listening on {ip}: {e}")))?;
     let me = listener.local_addr().map_err(|e| setup(e.to_string()))?;
-    store.set(&addr_key(group, rank), me.to_string().as_bytes())?;
+    let host = flotilla_contract::host_name();
+    store.set(&addr_key(group, rank), published(me, &host).as_bytes())?;
     let deadline = Instant::now() + opts.timeout;
     let group_hash = fnv1a(group);
     let mut conns: Vec<Option<Conn>> = (0..n).map(|_| None).collect();
 
     for (q, conn) in conns.iter_mut().enumerate().skip(rank + 1) {
-        let addr_s = String::from_utf8_lossy(&store.get(&addr_key(group, q))?).into_owned();
-        let addr: SocketAddr = addr_s.parse().map_err(|_| {
-            CommError::Store(format!("bad address {addr_s:?} for rank {}", globals[q]))
+        let value = String::from_utf8_lossy(&store.get(&addr_key(group, q))?).into_owned();
+        let (addr, addr_s) = parse_published(&value).ok_or_else(|| {
+            CommError::Store(format!("bad address {value:?} for rank {}", globals[q]))
         })?;
         let mut stream = loop {
             match TcpStream::connect_timeout(&addr, Duration::from_secs(5).min(opts.timeout)) {
@@ -151,7 +175,8 @@ pub(super) fn connect_mesh(
                     );
                     continue;
                 }
-                let addr = String::from_utf8_lossy(&store.get(&addr_key(group, q))?).into_owned();
+                let value = String::from_utf8_lossy(&store.get(&addr_key(group, q))?).into_owned();
+                let addr = parse_published(&value).map_or(value, |(_, label)| label);
                 conns[q] = Some(Conn { stream: s, addr });
                 missing -= 1;
             }
@@ -191,5 +216,66 @@ mod tests {
         assert_eq!(route_ip(Some("127.0.0.1")), IpAddr::V4(Ipv4Addr::LOCALHOST));
         assert_eq!(route_ip(None), IpAddr::V4(Ipv4Addr::LOCALHOST));
         assert!(route_ip(Some("no-such-host.invalid")).is_loopback());
+    }
+
+    #[test]
+    fn published_address_carries_the_host_name() {
+        let addr: SocketAddr = "10.77.0.12:33683".parse().unwrap();
+        let (back, label) = parse_published(&published(addr, "fltnode2")).unwrap();
+        assert_eq!(back, addr);
+        assert_eq!(label, "fltnode2, 10.77.0.12:33683");
+        // A value without a host (an older peer) is the bare address.
+        assert_eq!(
+            parse_published("10.77.0.12:33683").unwrap().1,
+            "10.77.0.12:33683"
+        );
+        assert!(parse_published("fltnode2").is_none());
+    }
+
+    #[test]
+    fn every_connection_names_its_peer_host_and_address() {
+        use crate::store::MemoryStore;
+        let stores = MemoryStore::group(3);
+        let globals = [0, 1, 2];
+        let opts = CpuOptions {
+            listen_ip: Some(IpAddr::V4(Ipv4Addr::LOCALHOST)),
+            ..CpuOptions::default()
+        };
+        let host = flotilla_contract::host_name();
+        let meshes: Vec<Vec<Option<Conn>>> = std::thread::scope(|s| {
+            let handles: Vec<_> = stores
+                .iter()
+                .enumerate()
+                .map(|(rank, store)| {
+                    let opts = &opts;
+                    s.spawn(move || {
+                        connect_mesh(store.as_ref(), "g", rank, &globals, opts).unwrap()
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        for (rank, conns) in meshes.iter().enumerate() {
+            for (q, conn) in conns.iter().enumerate() {
+                let Some(conn) = conn else {
+                    assert_eq!(q, rank, "rank {rank} has no connection to {q}");
+                    continue;
+                };
+                let peer = meshes[q][rank]
+                    .as_ref()
+                    .unwrap()
+                    .stream
+                    .local_addr()
+                    .unwrap();
+                let (prefix, addr) = conn.addr.split_once(", ").unwrap();
+                assert_eq!(
+                    prefix, host,
+                    "rank {rank}'s label of rank {q}: {}",
+                    conn.addr
+                );
+                // The listening address the peer published: its IP, whatever the port.
+                assert_eq!(addr.parse::<SocketAddr>().unwrap().ip(), peer.ip());
+            }
+        }
     }
 }

@@ -29,8 +29,8 @@
 //! Tuning (environment): `FLOTILLA_CPU_CHUNK_BYTES` (default 1 MiB), `FLOTILLA_CPU_SMALL_BYTES`
 //! (default 64 KiB), `FLOTILLA_CPU_LISTEN_IP` (the address to listen on and advertise).
 //!
-//! Failures: a read or write error, EOF or timeout names the peer (`rank 2 (10.0.0.3:41234)
-//! closed the connection during all_reduce`); the communicator then shuts all its connections
+//! Failures: a read or write error, EOF or timeout names the peer's rank, host and address
+//! (`rank 2 (gpu-node-2, 10.0.0.3:41234) closed the connection during all_reduce`); the communicator then shuts all its connections
 //! so its other peers fail at once instead of waiting for their timeout, and every later
 //! operation returns `CommError::Aborted`.
 //!
