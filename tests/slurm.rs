@@ -50,6 +50,7 @@ fn slurm_compute() -> ComputeConfig {
         pack: None,
         signal_delay_s: 90,
         max_num_timeout: 3,
+        requeue: Some(true),
         setup: vec![],
         additional_parameters: Default::default(),
         template: None,

@@ -1000,6 +1000,11 @@ section! {
         signal_delay_s: u64,
         /// Requeues after a timeout before giving up.
         max_num_timeout: u32,
+        /// SLURM: `true` (`sbatch --requeue`): a job whose node fails, or that checkpointed
+        /// after the stop signal, is requeued and resumes from its checkpoint; `false`
+        /// (`--no-requeue`): such a job ends (NODE_FAIL, or FAILED with the failing rank's
+        /// error) and stays ended; `None`: the cluster's `JobRequeue` decides.
+        requeue: Option<bool> => "false",
         /// Shell lines run before the job starts; a single string is one line.
         setup: Vec<String> => "[]",
         /// Extra `#SBATCH --key=value` options.

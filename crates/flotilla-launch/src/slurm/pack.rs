@@ -204,7 +204,11 @@ pub(super) fn write_pack_script(
         "#SBATCH --signal=B:{STOP_SIGNAL}@{}",
         compute.signal_delay_s
     ));
-    line("#SBATCH --requeue".into());
+    match compute.requeue {
+        Some(true) => line("#SBATCH --requeue".into()),
+        Some(false) => line("#SBATCH --no-requeue".into()),
+        None => {}
+    }
     for option in sbatch_options(&compute.additional_parameters)? {
         line(format!("#SBATCH {option}"));
     }
