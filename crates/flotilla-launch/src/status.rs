@@ -64,13 +64,29 @@ pub fn status_text(st: &RunStatus) -> String {
         st.launcher.map_or("unknown launcher", LauncherKind::as_str),
         summary.join(", ")
     );
+    // The nodes column, only when the scheduler named a job's nodes.
+    let nodes_width = st
+        .jobs
+        .iter()
+        .filter_map(|j| j.nodes.as_ref().map(String::len))
+        .max()
+        .map(|w| w.max("nodes".len()));
+    let nodes_cell = |n: Option<&str>| match nodes_width {
+        Some(w) => format!("{:<w$}  ", n.unwrap_or("-")),
+        None => String::new(),
+    };
     out.push_str(&format!(
-        "{:>5}  {:<13} {:<12} {:>8}  {}\n",
-        "job", "state", "job id", "steps", "dir"
+        "{:>5}  {:<13} {:<12} {:>8}  {}{}\n",
+        "job",
+        "state",
+        "job id",
+        "steps",
+        nodes_cell(Some("nodes")),
+        "dir"
     ));
     for j in &st.jobs {
         out.push_str(&format!(
-            "{:>5}  {:<13} {:<12} {:>8}  {}{}\n",
+            "{:>5}  {:<13} {:<12} {:>8}  {}{}{}\n",
             j.num,
             j.state.as_str(),
             match (&j.job_id, j.step) {
@@ -79,6 +95,7 @@ pub fn status_text(st: &RunStatus) -> String {
                 (None, _) => "-".into(),
             },
             j.steps.map(|s| s.to_string()).unwrap_or_else(|| "-".into()),
+            nodes_cell(j.nodes.as_deref()),
             j.dir.display(),
             if j.final_model { "  (final/)" } else { "" }
         ));
@@ -92,7 +109,8 @@ pub fn status_text(st: &RunStatus) -> String {
 }
 
 /// The status as JSON: `{"dir", "sweep_dir", "launcher", "jobs": [{"num", "dir", "job_id",
-/// "state", "recorded", "steps", "final_model", "message"}]}`.
+/// "state", "recorded", "steps", "final_model", "message"}]}`, each job with `"step"` (a packed
+/// job's job step) and `"nodes"` (SLURM's node list) when known.
 pub fn status_json(st: &RunStatus) -> String {
     let mut s = serde_json::to_string(st).expect("status serialises");
     s.push('\n');

@@ -76,6 +76,10 @@ pub struct JobStatus {
     /// The job step that ran the job inside its allocation (`job_id`), for a packed sweep.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub step: Option<u64>,
+    /// The nodes the job runs or ran on, as the scheduler lists them (`fltnode[1-2]`); SLURM
+    /// only, while the scheduler remembers the job.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub nodes: Option<String>,
 }
 
 /// The status of a run or sweep directory.
@@ -179,6 +183,7 @@ pub fn read_status(
                 final_model: m.final_model,
                 message: None,
                 step: None,
+                nodes: None,
             }],
         });
     };
@@ -203,6 +208,7 @@ pub fn read_status(
                     .extra
                     .get(crate::slurm::pack::STEP_KEY)
                     .and_then(|v| v.as_u64()),
+                nodes: None,
             }
         })
         .collect();

@@ -17,6 +17,18 @@ pub struct LiveJob {
     pub raw: String,
     /// squeue's reason (`None`, `JobArrayTaskLimit`, `BeginTime`, ...), if any.
     pub reason: Option<String>,
+    /// The nodes the job runs or ran on, as the scheduler writes the list (`fltnode[1-2]`);
+    /// `None` while none is allocated.
+    pub nodes: Option<String>,
+}
+
+/// A node list field: `None` when empty or `None assigned` (sacct's word for a job that never
+/// ran).
+fn node_list(field: Option<&str>) -> Option<String> {
+    field
+        .map(str::trim)
+        .filter(|n| !n.is_empty() && *n != "None assigned" && *n != "(null)")
+        .map(str::to_string)
 }
 
 /// The array or job id an id belongs to (`123_4` → `123`).
@@ -46,7 +58,7 @@ pub fn expand_ids(field: &str) -> Vec<String> {
     out
 }
 
-/// Parses `squeue -h -o '%i|%T|%r'` output.
+/// Parses `squeue -h -o '%i|%T|%r|%N'` output (the node list may be absent).
 pub fn parse_squeue(text: &str) -> HashMap<String, LiveJob> {
     let mut out = HashMap::new();
     for line in text.lines() {
@@ -63,6 +75,7 @@ pub fn parse_squeue(text: &str) -> HashMap<String, LiveJob> {
             state: JobState::from_slurm(state),
             raw: state.trim().to_string(),
             reason,
+            nodes: node_list(f.next()),
         };
         for id in expand_ids(id.trim()) {
             out.insert(id, live.clone());
@@ -71,14 +84,16 @@ pub fn parse_squeue(text: &str) -> HashMap<String, LiveJob> {
     out
 }
 
-/// Parses `sacct -n -P -X -o JobID,State` output.
+/// Parses `sacct -n -P -X -o JobID,State,NodeList` output (the node list may be absent).
 pub fn parse_sacct(text: &str) -> HashMap<String, LiveJob> {
     let mut out = HashMap::new();
     for line in text.lines() {
         let Some((id, state)) = line.split_once('|') else {
             continue;
         };
-        let state = state.split('|').next().unwrap_or("").trim();
+        let mut rest = state.split('|');
+        let state = rest.next().unwrap_or("").trim();
+        let nodes = node_list(rest.next());
         for id in expand_ids(id.trim()) {
             out.insert(
                 id,
@@ -86,6 +101,7 @@ pub fn parse_sacct(text: &str) -> HashMap<String, LiveJob> {
                     state: JobState::from_slurm(state),
                     raw: state.to_string(),
                     reason: None,
+                    nodes: nodes.clone(),
                 },
             );
         }
@@ -107,7 +123,7 @@ pub fn query(ids: &[String]) -> Result<HashMap<String, LiveJob>, SlurmError> {
     let list = bases.join(",");
     let out = run_command(
         "squeue",
-        &["-j", &list, "-t", "all", "-h", "-o", "%i|%T|%r"],
+        &["-j", &list, "-t", "all", "-h", "-o", "%i|%T|%r|%N"],
     )?;
     let mut found = if out.status.success() {
         parse_squeue(&String::from_utf8_lossy(&out.stdout))
@@ -131,7 +147,7 @@ pub fn query(ids: &[String]) -> Result<HashMap<String, LiveJob>, SlurmError> {
         let list = missing.join(",");
         if let Ok(out) = run_command(
             "sacct",
-            &["-j", &list, "-n", "-P", "-X", "-o", "JobID,State"],
+            &["-j", &list, "-n", "-P", "-X", "-o", "JobID,State,NodeList"],
         ) {
             if out.status.success() {
                 for (id, live) in parse_sacct(&String::from_utf8_lossy(&out.stdout)) {
@@ -213,4 +229,23 @@ pub fn request_stop(id: &str) -> Result<(), SlurmError> {
 /// [`request_stop`] is over.
 pub fn cancel(id: &str) -> Result<(), SlurmError> {
     scancel(id, &[])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn node_lists_from_squeue_and_sacct() {
+        let q = parse_squeue("5_[2-3]|PENDING|Resources|\n5_0|RUNNING|None|fltnode[1-2]\n");
+        assert_eq!(q["5_0"].nodes.as_deref(), Some("fltnode[1-2]"));
+        assert_eq!(q["5_2"].nodes, None);
+        // Without the field (an older format): no node list.
+        assert_eq!(parse_squeue("9|RUNNING|None\n")["9"].nodes, None);
+        let a = parse_sacct("7|COMPLETED|fltnode[2-3]\n8|CANCELLED by 0|None assigned\n");
+        assert_eq!(a["7"].nodes.as_deref(), Some("fltnode[2-3]"));
+        assert_eq!(a["7"].state, JobState::Completed);
+        assert_eq!(a["8"].nodes, None);
+        assert_eq!(a["8"].state, JobState::Cancelled);
+    }
 }

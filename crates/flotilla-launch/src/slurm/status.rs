@@ -75,6 +75,15 @@ pub fn status(dir: &Path) -> Result<RunStatus, SlurmError> {
         })
     };
     let mut status = read_status(dir, &lookup)?;
+    if let Some(live) = &live {
+        for js in &mut status.jobs {
+            js.nodes = js
+                .job_id
+                .as_ref()
+                .and_then(|id| live.get(id))
+                .and_then(|l| l.nodes.clone());
+        }
+    }
 
     // Write changes back, with a log tail for failures.
     let mut changes: BTreeMap<usize, (JobState, Option<String>)> = BTreeMap::new();
