@@ -2,18 +2,23 @@
 //! profile), then fresh virtual environments outside the repository: one with only
 //! `torch==2.11.0` from PyPI and both wheels (`flotilla init`, `compose`, `plan -m`, `run
 //! --dry-run`, a short real `flotilla run` of the default job, `python -m flotilla`, and the
-//! libtorch the training binary loads), and one without torch (the CLI works; a missing
+//! libtorch the training binary loads, and `run compute=slurm` on the real test cluster of
+//! `scripts/slurm-cluster-start.sh`), and one without torch (the CLI works; a missing
 //! `flotilla-train`, a missing torch and a wrong torch version are errors naming the fix). Every
 //! command runs from a temporary directory with `LD_LIBRARY_PATH` unset and `PATH` holding only
 //! the environment's `bin/` and the system's directories.
 
 mod common;
+#[path = "common/slurm_cluster.rs"]
+mod slurm_cluster;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::OnceLock;
+use std::time::{Duration, Instant};
 
 use common::{ok, repo_root, skip_or_fail, target_profile_dir};
+use slurm_cluster::Cluster;
 
 /// The torch release the training binary is linked against.
 const TORCH_VERSION: &str = "2.11.0";
@@ -341,6 +346,70 @@ fn both_wheels_in_a_torch_environment_run_the_default_job_without_the_build_tree
     );
     assert!(job.join("final/model.safetensors").is_file());
     assert!(job.join("logs/rank_1.log").is_file());
+
+    // The same environment submitting to the real test cluster: the sbatch script runs the
+    // installed launcher, which finds torch on the compute node as it did here.
+    let Some(_cluster) = Cluster::start(1, &[]) else {
+        return;
+    };
+    let o = env.run(
+        "flotilla",
+        &[
+            "run",
+            "--format",
+            "json",
+            "compute=slurm",
+            "compute.tasks_per_node=2",
+            "compute.gpus_per_node=0",
+            "compute.cpus_per_task=1",
+            "compute.mem_gb=null",
+            "compute.timeout_min=5",
+            "trainer.max_steps=4",
+            "trainer.eval_every=2",
+        ],
+    );
+    assert!(
+        o.status.success(),
+        "flotilla run compute=slurm:\n{}",
+        stderr(&o)
+    );
+    let run: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    let job = env.work().join(run["jobs"][0]["dir"].as_str().unwrap());
+    assert!(run["jobs"][0]["job_id"].is_string(), "{run}");
+    let started = Instant::now();
+    let state = loop {
+        let shown = ok(env.run(
+            "flotilla",
+            &["status", "--format", "json", job.to_str().unwrap()],
+        ));
+        let shown: serde_json::Value = serde_json::from_str(&shown).unwrap();
+        let jobs = shown
+            .get("jobs")
+            .or_else(|| shown.get("status").and_then(|s| s.get("jobs")))
+            .unwrap_or_else(|| panic!("no jobs in {shown}"));
+        let state = jobs[0]["state"].as_str().unwrap().to_string();
+        if !["PENDING", "RUNNING", "REQUEUED", "UNKNOWN"].contains(&state.as_str()) {
+            break state;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(240),
+            "the Slurm job is still {state} after 240 s"
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    };
+    let rank0 = std::fs::read_to_string(job.join("logs/rank_0.log")).unwrap_or_default();
+    let logs: String = std::fs::read_dir(job.join("logs"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| {
+            let text = std::fs::read_to_string(e.path()).unwrap_or_default();
+            format!("--- {}:\n{text}\n", e.path().display())
+        })
+        .collect();
+    assert_eq!(state, "COMPLETED", "{logs}");
+    assert!(rank0.contains("done: 4 steps"), "{rank0}");
+    assert!(job.join("final/model.safetensors").is_file());
 }
 
 /// The minor version of the environment's Python.
