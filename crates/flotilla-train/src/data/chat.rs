@@ -42,7 +42,9 @@
 //! without per-document position ids.
 //!
 //! # Speed and the cache
-//! Records are parsed and encoded on every core (rayon). The result is stored in
+//! Records are parsed and encoded on every core (rayon), a chunk of records at a time, so a
+//! large file is never held parsed whole; each conversation's messages are converted to
+//! template values once for all the prefixes rendered. The result is stored in
 //! `.flotilla-cache/` beside the data file, keyed by the SHA-256 of the data file, the
 //! tokenizer files, the template, these settings (and today's date when the template calls
 //! `strftime_now`), so a changed input is never served stale; an unwritable directory only
@@ -194,14 +196,52 @@ fn place(json_array: bool, at: usize) -> String {
     }
 }
 
-/// The records of a chat file as `(line or record number, JSON text)`.
-fn split_records(path: &Path, bytes: &[u8]) -> Result<(bool, Vec<(usize, Value)>)> {
+/// The records of a chat file: the lines of a `.jsonl` file (parsed when they are encoded, a
+/// chunk at a time), or the items of a `.json` array.
+enum Records<'a> {
+    /// `(line number, line)` of each non-blank line.
+    Lines(Vec<(usize, &'a str)>),
+    Array(Vec<Value>),
+}
+
+impl Records<'_> {
+    fn len(&self) -> usize {
+        match self {
+            Records::Lines(l) => l.len(),
+            Records::Array(a) => a.len(),
+        }
+    }
+
+    fn is_array(&self) -> bool {
+        matches!(self, Records::Array(_))
+    }
+
+    /// Record `k`'s place (line or record number) and the record, or the error of a line that
+    /// is not JSON.
+    fn record(&self, k: usize, path: &Path) -> Result<(usize, std::borrow::Cow<'_, Value>)> {
+        match self {
+            Records::Array(items) => Ok((k + 1, std::borrow::Cow::Borrowed(&items[k]))),
+            Records::Lines(lines) => {
+                let (n, line) = lines[k];
+                serde_json::from_str(line)
+                    .map(|v| (n, std::borrow::Cow::Owned(v)))
+                    .map_err(|e| DataError::ChatRecord {
+                        path: path.to_path_buf(),
+                        place: format!(":{n}"),
+                        message: format!("invalid JSON: {e}"),
+                    })
+            }
+        }
+    }
+}
+
+/// Splits a chat file into its records.
+fn split_records<'a>(path: &Path, bytes: &'a [u8]) -> Result<Records<'a>> {
     let text = std::str::from_utf8(bytes).map_err(|e| DataError::NotUtf8 {
         path: path.to_path_buf(),
         offset: e.valid_up_to(),
     })?;
-    let is_array = path.extension().is_some_and(|e| e == "json");
-    if is_array {
+    if path.extension().is_some_and(|e| e == "json") {
         let value: Value = serde_json::from_str(text).map_err(|e| DataError::ChatRecord {
             path: path.to_path_buf(),
             place: format!(":{}", e.line()),
@@ -216,34 +256,15 @@ fn split_records(path: &Path, bytes: &[u8]) -> Result<(bool, Vec<(usize, Value)>
                     .into(),
             });
         };
-        return Ok((
-            true,
-            items
-                .into_iter()
-                .enumerate()
-                .map(|(i, v)| (i + 1, v))
-                .collect(),
-        ));
+        return Ok(Records::Array(items));
     }
-    let lines: Vec<(usize, &str)> = text
-        .lines()
-        .enumerate()
-        .filter(|(_, l)| !l.trim().is_empty())
-        .map(|(i, l)| (i + 1, l))
-        .collect();
-    let parsed: Vec<Result<(usize, Value)>> = lines
-        .par_iter()
-        .map(|&(n, line)| {
-            serde_json::from_str(line)
-                .map(|v| (n, v))
-                .map_err(|e| DataError::ChatRecord {
-                    path: path.to_path_buf(),
-                    place: format!(":{n}"),
-                    message: format!("invalid JSON: {e}"),
-                })
-        })
-        .collect();
-    Ok((false, parsed.into_iter().collect::<Result<_>>()?))
+    Ok(Records::Lines(
+        text.lines()
+            .enumerate()
+            .filter(|(_, l)| !l.trim().is_empty())
+            .map(|(i, l)| (i + 1, l))
+            .collect(),
+    ))
 }
 
 /// The messages of one record, in `{role, content}` form, with `data.system` prepended.
@@ -319,10 +340,12 @@ fn role_of(message: &Value) -> Option<&str> {
 }
 
 /// Byte spans of the rendered text that are trained, by the prefix rule (module docs).
+/// `values` are `messages` as template values, converted once for every prefix rendered.
 fn trained_spans(
     template: &ChatTemplate,
     added: &[String],
     messages: &[Value],
+    values: &[minijinja::Value],
     full: &str,
     train_on: TrainOn,
 ) -> std::result::Result<Vec<(usize, usize)>, String> {
@@ -346,9 +369,10 @@ fn trained_spans(
     if train_on == TrainOn::LastAssistant {
         turns.drain(..turns.len() - 1);
     }
+    let prefix = |n: usize| minijinja::Value::from(values[..n].to_vec());
     let mut spans = Vec::with_capacity(turns.len());
     for i in turns {
-        let before = template.try_render(&Value::Array(messages[..i].to_vec()), true)?;
+        let before = template.render_messages(prefix(i), true)?;
         if !full.starts_with(&before) {
             return Err(format!(
                 "the chat template renders the turns before assistant turn {} differently once \
@@ -357,7 +381,12 @@ fn trained_spans(
                 i + 1
             ));
         }
-        let upto = template.try_render(&Value::Array(messages[..=i].to_vec()), false)?;
+        let upto = if i + 1 == values.len() {
+            // the whole conversation: its render is `full` itself
+            full.to_owned()
+        } else {
+            template.render_messages(prefix(i + 1), false)?
+        };
         let end = outside_added_tokens(common_prefix_len(&upto, full), &[full, &upto], added);
         if end > before.len() {
             spans.push((before.len(), end));
@@ -430,8 +459,18 @@ pub fn encode_conversation(
     let Value::Array(list) = messages else {
         return Err("messages must be a list".into());
     };
-    let text = chat.template.try_render(messages, false)?;
-    let spans = trained_spans(&chat.template, &chat.added_tokens, list, &text, train_on)?;
+    let values: Vec<minijinja::Value> = list.iter().map(minijinja::Value::from_serialize).collect();
+    let text = chat
+        .template
+        .render_messages(minijinja::Value::from(values.clone()), false)?;
+    let spans = trained_spans(
+        &chat.template,
+        &chat.added_tokens,
+        list,
+        &values,
+        &text,
+        train_on,
+    )?;
     let (ids, starts) = chat
         .tokenizer
         .encode_with_offsets(&text)
@@ -462,6 +501,10 @@ fn encode_with(
     encode_conversation(chat, &messages, settings.train_on)
 }
 
+/// Records encoded at once: enough to keep every core busy, few enough that a large file is
+/// never held parsed and encoded whole.
+const CHUNK: usize = 4096;
+
 /// Reads and encodes the conversations of `path` (`key` names its config key).
 pub fn build(
     key: &str,
@@ -482,94 +525,62 @@ pub fn build(
         );
         return Ok((hit.0, hit.1));
     }
-    let (is_array, records) = split_records(path, &bytes)?;
-    if records.is_empty() {
+    let records = split_records(path, &bytes)?;
+    if records.len() == 0 {
         return Err(DataError::config(
             key,
             format!("{} has no records", path.display()),
         ));
     }
-    let encoded: Vec<(usize, std::result::Result<EncodedChat, String>)> = records
-        .par_iter()
-        .map(|(at, record)| {
-            let result = encode_with(chat, record, &settings);
-            (*at, result)
-        })
-        .collect();
     let pad = chat
         .tokenizer
         .pad_id()
         .or(chat.tokenizer.eos_id())
         .unwrap_or(0);
-    let mut stats = ChatStats {
-        records: records.len(),
-        ..Default::default()
+    let mut samples = Samples {
+        out: MaskedSequences::new(&format!("chat {}", path.display()), cfg.seq_len, pad),
+        stats: ChatStats {
+            records: records.len(),
+            ..Default::default()
+        },
+        settings: &settings,
+        window: (vec![], vec![], 0),
     };
-    let name = format!("chat {}", path.display());
-    let mut out = MaskedSequences::new(&name, cfg.seq_len, pad);
-    let limit = cfg.seq_len + 1;
-    let mut window: (Vec<u32>, Vec<bool>, usize) = (vec![], vec![], 0);
-    for (at, result) in encoded {
-        let e = match result {
-            Ok(e) => e,
-            Err(message) if settings.skip_bad_records => {
-                stats.skipped += 1;
-                if stats.skip_reasons.len() < 5 {
-                    stats.skip_reasons.push(format!(
-                        "{}{}: {message}",
-                        path.display(),
-                        place(is_array, at)
-                    ));
+    for first in (0..records.len()).step_by(CHUNK) {
+        let last = (first + CHUNK).min(records.len());
+        let encoded: Vec<Result<(usize, std::result::Result<EncodedTokens, String>)>> = (first
+            ..last)
+            .into_par_iter()
+            .map(|k| {
+                let (at, record) = records.record(k, path)?;
+                Ok((at, encode_tokens(chat, &record, &settings)))
+            })
+            .collect();
+        for item in encoded {
+            let (at, result) = item?;
+            match result {
+                Ok(e) => samples.add(e, at),
+                Err(message) if settings.skip_bad_records => {
+                    samples.stats.skipped += 1;
+                    if samples.stats.skip_reasons.len() < 5 {
+                        samples.stats.skip_reasons.push(format!(
+                            "{}{}: {message}",
+                            path.display(),
+                            place(records.is_array(), at)
+                        ));
+                    }
                 }
-                continue;
+                Err(message) => {
+                    return Err(DataError::ChatRecord {
+                        path: path.to_path_buf(),
+                        place: place(records.is_array(), at),
+                        message,
+                    })
+                }
             }
-            Err(message) => {
-                return Err(DataError::ChatRecord {
-                    path: path.to_path_buf(),
-                    place: place(is_array, at),
-                    message,
-                })
-            }
-        };
-        let (mut ids, mut trained) = (e.ids, e.trained);
-        if ids.len() > limit {
-            if settings.overflow == Overflow::Drop {
-                stats.dropped += 1;
-                continue;
-            }
-            ids.truncate(limit);
-            trained.truncate(limit);
-            if !trained.iter().skip(1).any(|&t| t) {
-                stats.dropped += 1;
-                continue;
-            }
-            stats.truncated += 1;
         }
-        stats.conversations += 1;
-        if !settings.packing {
-            out.push(&ids, &trained, at);
-            continue;
-        }
-        if window.0.len() + ids.len() > limit && !window.0.is_empty() {
-            out.push(&window.0, &window.1, window.2);
-            window = (vec![], vec![], 0);
-        }
-        if window.0.is_empty() {
-            window.2 = at;
-        } else {
-            trained[0] = false;
-        }
-        window.0.extend_from_slice(&ids);
-        window.1.extend_from_slice(&trained);
     }
-    if !window.0.is_empty() {
-        out.push(&window.0, &window.1, window.2);
-    }
-    stats.examples = out.len();
-    stats.tokens = out.num_tokens();
-    stats.trained_tokens = (0..out.len())
-        .map(|k| out.num_loss_tokens(k))
-        .sum::<Result<usize>>()?;
+    let (out, stats) = samples.finish()?;
     if stats.examples == 0 {
         return Err(DataError::config(
             key,
@@ -587,6 +598,86 @@ pub fn build(
         c.store(&out, &stats);
     }
     Ok((out, stats))
+}
+
+/// The tokens of one encoded conversation and which of them are trained.
+struct EncodedTokens {
+    ids: Vec<u32>,
+    trained: Vec<bool>,
+}
+
+fn encode_tokens(
+    chat: &ChatTokenizer,
+    record: &Value,
+    settings: &Settings<'_>,
+) -> std::result::Result<EncodedTokens, String> {
+    let e = encode_with(chat, record, settings)?;
+    Ok(EncodedTokens {
+        ids: e.ids,
+        trained: e.trained,
+    })
+}
+
+/// Encoded conversations becoming samples, in file order: cut or dropped for length, packed
+/// into windows when asked, counted.
+struct Samples<'a> {
+    out: MaskedSequences,
+    stats: ChatStats,
+    settings: &'a Settings<'a>,
+    /// The window being packed: ids, trained flags, the place of its first conversation.
+    window: (Vec<u32>, Vec<bool>, usize),
+}
+
+impl Samples<'_> {
+    fn add(&mut self, e: EncodedTokens, at: usize) {
+        let limit = self.settings.seq_len + 1;
+        let (mut ids, mut trained) = (e.ids, e.trained);
+        if ids.len() > limit {
+            if self.settings.overflow == Overflow::Drop {
+                self.stats.dropped += 1;
+                return;
+            }
+            ids.truncate(limit);
+            trained.truncate(limit);
+            if !trained.iter().skip(1).any(|&t| t) {
+                self.stats.dropped += 1;
+                return;
+            }
+            self.stats.truncated += 1;
+        }
+        self.stats.conversations += 1;
+        if !self.settings.packing {
+            self.out.push(&ids, &trained, at);
+            return;
+        }
+        let window = &mut self.window;
+        if window.0.len() + ids.len() > limit && !window.0.is_empty() {
+            self.out.push(&window.0, &window.1, window.2);
+            window.0.clear();
+            window.1.clear();
+        }
+        if window.0.is_empty() {
+            window.2 = at;
+        } else {
+            trained[0] = false;
+        }
+        window.0.extend_from_slice(&ids);
+        window.1.extend_from_slice(&trained);
+    }
+
+    fn finish(mut self) -> Result<(MaskedSequences, ChatStats)> {
+        if !self.window.0.is_empty() {
+            self.out.push(&self.window.0, &self.window.1, self.window.2);
+        }
+        let out = self.out;
+        let mut stats = self.stats;
+        stats.examples = out.len();
+        stats.tokens = out.num_tokens();
+        stats.trained_tokens = (0..out.len())
+            .map(|k| out.num_loss_tokens(k))
+            .sum::<Result<usize>>()?;
+        Ok((out, stats))
+    }
 }
 
 /// One line that says what preparation did (for logs and `data show`).

@@ -185,12 +185,22 @@ impl ChatTemplate {
         messages: &Json,
         add_generation_prompt: bool,
     ) -> std::result::Result<String, String> {
+        self.render_messages(Value::from_serialize(messages), add_generation_prompt)
+    }
+
+    /// Renders `messages`, already a template value (a list of message maps): the caller that
+    /// renders several prefixes of one conversation converts its messages once.
+    pub(crate) fn render_messages(
+        &self,
+        messages: Value,
+        add_generation_prompt: bool,
+    ) -> std::result::Result<String, String> {
         let template = self
             .env
             .get_template(TEMPLATE_NAME)
             .map_err(|e| describe(&e))?;
         let mut context: Vec<(String, Value)> = vec![
-            ("messages".into(), Value::from_serialize(messages)),
+            ("messages".into(), messages),
             (
                 "add_generation_prompt".into(),
                 Value::from(add_generation_prompt),
