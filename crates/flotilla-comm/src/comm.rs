@@ -306,6 +306,14 @@ pub enum CommError {
         #[source]
         source: std::io::Error,
     },
+    /// This rank lost a peer (`own`) after another rank, `first`, had already failed with
+    /// `cause` and shut its connections: the first failure is what went wrong.
+    #[error("{cause} (seen first by rank {first}; here: {own})")]
+    AfterPeerFailure {
+        first: usize,
+        cause: String,
+        own: Box<CommError>,
+    },
     #[error("invalid {op}: {msg}")]
     InvalidArgument { op: &'static str, msg: String },
     #[error("communicator unusable after an earlier failure: {0}")]

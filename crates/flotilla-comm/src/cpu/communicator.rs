@@ -131,6 +131,8 @@ impl CpuComm {
             poisoned: None,
             op: "setup",
             inline_ok: false,
+            store: store.clone(),
+            group: group.clone(),
         };
         let (tx, rx) = mpsc::channel::<Job>();
         let thread = std::thread::Builder::new()

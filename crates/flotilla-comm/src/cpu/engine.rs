@@ -1,7 +1,9 @@
 //! The engine of a CPU group, which runs on its communication thread: it takes jobs in
 //! submission order, picks the algorithm for each (direct exchange for small buffers, rings
 //! and chains for large ones), and after a failure poisons the group so every later job fails
-//! at once. The algorithms are in `direct.rs` and `ring.rs`, the point-to-point primitives in
+//! at once. The first rank to lose a peer records its error in the store before it shuts its
+//! connections; the ranks that then fail because of that shutdown report the recorded error
+//! (the rank and host really lost) rather than only the survivor that hung up on them. The algorithms are in `direct.rs` and `ring.rs`, the point-to-point primitives in
 //! `transport.rs`.
 //!
 //! # The algorithms' contract
@@ -15,7 +17,7 @@
 //! In return, an algorithm that succeeds has waited for every send it queued, so no writer
 //! thread reads the buffers after it returns.
 
-use std::sync::mpsc;
+use std::sync::{mpsc, Arc};
 use std::time::Duration;
 
 use half::{bf16, f16};
@@ -25,6 +27,7 @@ use super::kernels::Kernel;
 use super::scratch::Scratch;
 use super::transport::Peer;
 use crate::comm::{CommError, DType, OpKind, RawOp};
+use crate::store::KvStore;
 
 /// The state of a group's communication thread.
 pub(super) struct Engine {
@@ -47,6 +50,10 @@ pub(super) struct Engine {
     pub(super) op: &'static str,
     /// Whether the running algorithm may write small messages inline (see INLINE_WRITE_MAX).
     pub(super) inline_ok: bool,
+    /// The rendezvous store, where the first failure of the group is recorded.
+    pub(super) store: Arc<dyn KvStore>,
+    /// The group's store-level name (`g1`, `g1.0.3`, ...).
+    pub(super) group: String,
 }
 
 impl Engine {
@@ -61,19 +68,18 @@ impl Engine {
                     // buffers valid and untouched until the job's `Work` completes, that is
                     // until `complete` below, after `run` (and, on failure, `poison`).
                     let r = unsafe { self.run(&job.op) };
-                    if let Err(e) = &r {
-                        self.poison(e);
-                    }
-                    r
+                    r.map_err(|e| self.poison(e))
                 }
             };
             job.slot.complete(res);
         }
     }
 
-    /// After a failure: shut every connection (peers fail at once rather than at their
-    /// timeout), let the writers drain so no thread touches the caller's buffers any more.
-    fn poison(&mut self, e: &CommError) {
+    /// After a failure: record it (or learn the group's first failure, [`Engine::first_failure`]),
+    /// shut every connection (peers fail at once rather than at their timeout), let the writers
+    /// drain so no thread touches the caller's buffers any more. Returns the error to report.
+    fn poison(&mut self, e: CommError) -> CommError {
+        let e = self.first_failure(e);
         tracing::error!("collective failed: {e}");
         self.poisoned = Some(e.to_string());
         for p in self.peers.iter().flatten() {
@@ -81,6 +87,48 @@ impl Engine {
         }
         for p in self.peers.iter().flatten() {
             p.wait_drained();
+        }
+        e
+    }
+
+    /// A lost peer (`e`) as the group saw it first. The first rank to fail counts itself in
+    /// the store (`cpu/<group>/failures`) and records `<global rank>\n<error>` there
+    /// (`cpu/<group>/failure`) before it shuts its connections, so a rank that fails because
+    /// of that shutdown finds the record already written and reports it (with its own error
+    /// after it). A store that cannot be reached (its host, rank 0's, is the one lost) leaves
+    /// `e` as it is. Errors that are not about a peer are returned unchanged.
+    fn first_failure(&self, e: CommError) -> CommError {
+        if !matches!(
+            e,
+            CommError::PeerClosed { .. } | CommError::Timeout { .. } | CommError::Io { .. }
+        ) {
+            return e;
+        }
+        let me = self.store.rank();
+        let record = format!("cpu/{}/failure", self.group);
+        match self.store.add(&format!("cpu/{}/failures", self.group), 1) {
+            Ok(1) => {
+                let _ = self.store.set(&record, format!("{me}\n{e}").as_bytes());
+                e
+            }
+            Ok(_) => {
+                let Ok(value) = self.store.get(&record) else {
+                    return e;
+                };
+                let value = String::from_utf8_lossy(&value);
+                match value.split_once('\n') {
+                    Some((first, cause)) => match first.parse::<usize>() {
+                        Ok(first) if first != me => CommError::AfterPeerFailure {
+                            first,
+                            cause: cause.to_string(),
+                            own: Box::new(e),
+                        },
+                        _ => e,
+                    },
+                    None => e,
+                }
+            }
+            Err(_) => e,
         }
     }
 
@@ -193,5 +241,67 @@ impl Engine {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::comm::{CommunicatorExt, ReduceOp};
+    use crate::cpu::{CpuComm, CpuOptions};
+    use crate::store::MemoryStore;
+    use std::net::{IpAddr, Ipv4Addr};
+    use std::sync::Barrier;
+    use std::time::Duration;
+
+    /// Rank 3 of 4 leaves; the others' next all_reduce (a ring 0 → 1 → 2 → 3 → 0, where rank 1
+    /// talks only to ranks 0 and 2) fails on every survivor with an error that starts with rank
+    /// 3 and its host: rank 1 learns it from the store, not from the neighbour that hung up.
+    #[test]
+    fn every_survivor_names_the_rank_that_left() {
+        let stores = MemoryStore::group_with_timeout(4, Duration::from_secs(20));
+        let opts = CpuOptions {
+            timeout: Duration::from_secs(20),
+            listen_ip: Some(IpAddr::V4(Ipv4Addr::LOCALHOST)),
+            ..CpuOptions::default()
+        };
+        let host = flotilla_contract::host_name();
+        let left = Barrier::new(4);
+        let errors: Vec<Option<String>> = std::thread::scope(|s| {
+            let handles: Vec<_> = stores
+                .iter()
+                .enumerate()
+                .map(|(rank, store)| {
+                    let (opts, left) = (opts.clone(), &left);
+                    s.spawn(move || {
+                        let comm = CpuComm::new(store.clone(), opts).unwrap();
+                        let mut buf = vec![1.0f32; 1 << 20];
+                        comm.all_reduce(&mut buf, ReduceOp::Sum)
+                            .unwrap()
+                            .wait()
+                            .unwrap();
+                        assert_eq!(buf[0], 4.0);
+                        if rank == 3 {
+                            drop(comm);
+                            left.wait();
+                            return None;
+                        }
+                        left.wait();
+                        let r = comm
+                            .all_reduce(&mut buf, ReduceOp::Sum)
+                            .and_then(|w| w.wait());
+                        Some(r.expect_err("an all_reduce without rank 3").to_string())
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        for (rank, e) in errors.iter().enumerate().take(3) {
+            let e = e.as_ref().unwrap();
+            assert!(
+                e.starts_with(&format!("rank 3 ({host}, 127.0.0.1:")),
+                "rank {rank}: {e}"
+            );
+        }
+        assert!(errors[1].as_ref().unwrap().contains("seen first by rank"));
     }
 }

@@ -30,9 +30,12 @@
 //! (default 64 KiB), `FLOTILLA_CPU_LISTEN_IP` (the address to listen on and advertise).
 //!
 //! Failures: a read or write error, EOF or timeout names the peer's rank, host and address
-//! (`rank 2 (gpu-node-2, 10.0.0.3:41234) closed the connection during all_reduce`); the communicator then shuts all its connections
-//! so its other peers fail at once instead of waiting for their timeout, and every later
-//! operation returns `CommError::Aborted`.
+//! (`rank 2 (gpu-node-2, 10.0.0.3:41234) closed the connection during all_reduce`); the
+//! communicator then shuts all its connections so its other peers fail at once instead of
+//! waiting for their timeout, and every later operation returns `CommError::Aborted`. The
+//! first rank to fail records its error in the store before shutting; a peer that fails
+//! because of that shutdown reports the recorded error first (`CommError::AfterPeerFailure`),
+//! so every survivor names the rank really lost.
 //!
 //! Its parts, one file each: `communicator` ([`CpuComm`] and its jobs), `mesh` (connection
 //! set-up), `transport` (peers, their writer threads, and point-to-point send and receive),
