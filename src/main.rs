@@ -10,8 +10,8 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use commands::{
-    ComposeArgs, DiffArgs, ExecTaskArgs, ForwardArgs, PlanArgs, ReportArgs, RunArgs, StatusArgs,
-    PackRunArgs, StudyDriveArgs,
+    ComposeArgs, DiffArgs, ExecTaskArgs, ForwardArgs, PackRunArgs, PlanArgs, ReportArgs, RunArgs,
+    StatusArgs, StudyDriveArgs,
 };
 
 /// Composition allocates and frees many small trees; mimalloc does this faster than glibc's
