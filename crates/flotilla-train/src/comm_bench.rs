@@ -1,7 +1,10 @@
 //! `flotilla bench comm`: the collective-communication benchmark. [`run`] starts `--nprocs`
 //! local ranks (copies of the current executable in a hidden worker mode:
 //! `FLOTILLA_BENCH_WORKER=1` plus the torchrun variables of `flotilla_contract::rank::RankEnv`
-//! on a free port), each with its share of the cores; [`worker_main`] is that worker. Every
+//! on a free port), each with its share of the cores; [`worker_main`] is that worker. With
+//! `--ranks-from-env` the process is itself one rank of a world another launcher started
+//! (`srun -N2 --ntasks-per-node=2 flotilla bench comm --ranks-from-env`, or torchrun): the
+//! way to measure across nodes. Every
 //! rank times each iteration between two barriers; rank 0 takes, per iteration, the slowest
 //! rank's time, and prints per size the median of those with nccl-tests' bandwidths:
 //! algbw = bytes / time, busbw = algbw × 2(n−1)/n (all_reduce), × (n−1)/n (all_gather,
@@ -124,6 +127,12 @@ pub struct CommBenchArgs {
     /// Communication timeout in seconds.
     #[arg(long, default_value_t = 120)]
     pub timeout_s: u64,
+    /// Be one rank of a world that a launcher started (srun's SLURM_PROCID and friends, or
+    /// torchrun's RANK/WORLD_SIZE/MASTER_ADDR) instead of starting --nprocs local ranks: e.g.
+    /// `srun -N2 --ntasks-per-node=1 flotilla bench comm --ranks-from-env` across two nodes.
+    #[arg(long)]
+    #[serde(default)]
+    pub ranks_from_env: bool,
 }
 
 /// One line of the results.
@@ -208,6 +217,9 @@ pub fn run(args: &CommBenchArgs) -> anyhow::Result<()> {
     }
     for s in &args.sizes {
         parse_size(s)?;
+    }
+    if args.ranks_from_env {
+        return worker(args);
     }
     let exe = std::env::current_exe().context("locating the flotilla executable")?;
     let port = free_port().context("finding a free port for MASTER_PORT")?;
@@ -305,6 +317,12 @@ fn kill_all(children: &mut Vec<(usize, Child)>) {
 pub fn worker_main() -> anyhow::Result<()> {
     let args: CommBenchArgs =
         serde_json::from_str(&std::env::var(ARGS_ENV).context("FLOTILLA_BENCH_ARGS is not set")?)?;
+    worker(&args)
+}
+
+/// One rank of the benchmark, its place in the world read from the environment.
+fn worker(args: &CommBenchArgs) -> anyhow::Result<()> {
+    let args = args.clone();
     let info = discover_from_process().context("reading the rank from the environment")?;
     let (rank, world, local_rank) = (info.rank, info.world_size, info.local_rank);
     let host = info.master_addr.clone();
@@ -576,5 +594,13 @@ mod tests {
         let back: CommBenchArgs =
             serde_json::from_str(&serde_json::to_string(&c.args).unwrap()).unwrap();
         assert_eq!(back.sizes, c.args.sizes);
+        assert!(!c.args.ranks_from_env);
+        let c = Cli::parse_from(["x", "--ranks-from-env"]);
+        assert!(c.args.ranks_from_env);
+        // Arguments encoded without the flag (an older parent) read as local ranks.
+        let mut v = serde_json::to_value(&c.args).unwrap();
+        v.as_object_mut().unwrap().remove("ranks_from_env");
+        let back: CommBenchArgs = serde_json::from_value(v).unwrap();
+        assert!(!back.ranks_from_env);
     }
 }
