@@ -118,11 +118,14 @@ impl Engine {
                 let value = String::from_utf8_lossy(&value);
                 match value.split_once('\n') {
                     Some((first, cause)) => match first.parse::<usize>() {
-                        Ok(first) if first != me => CommError::AfterPeerFailure {
-                            first,
-                            cause: cause.to_string(),
-                            own: Box::new(e),
-                        },
+                        // Another rank failed first, and not merely on the same peer.
+                        Ok(first) if first != me && cause != e.to_string() => {
+                            CommError::AfterPeerFailure {
+                                first,
+                                cause: cause.to_string(),
+                                own: Box::new(e),
+                            }
+                        }
                         _ => e,
                     },
                     None => e,
