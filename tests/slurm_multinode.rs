@@ -28,7 +28,17 @@ use flotilla_contract::metrics::MetricsRow;
 use slurm_cluster::Cluster;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
+
+/// The tests of this file share the one test cluster (and change its shape or take a node
+/// down): they run one at a time.
+static CLUSTER: Mutex<()> = Mutex::new(());
+
+/// Takes [`CLUSTER`] for the rest of a test (also after another test panicked holding it).
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    CLUSTER.lock().unwrap_or_else(|e| e.into_inner())
+}
 
 const STEPS: usize = 30;
 /// Relative tolerance of every multi-process-vs-one-process comparison (fp32), as on one host.
@@ -154,7 +164,16 @@ fn logs(dir: &Path) -> String {
 /// The rows of `dir` (steps `first..30`) against the single process's: the same steps and
 /// learning rates, loss and grad_norm within [`TOL`]. Prints the worst errors.
 fn assert_matches(name: &str, dir: &Path, base: &[MetricsRow], first: usize) -> Vec<MetricsRow> {
-    let rows = read_rows(dir);
+    assert_rows(name, read_rows(dir), base, first)
+}
+
+/// As [`assert_matches`], for rows already read.
+fn assert_rows(
+    name: &str,
+    rows: Vec<MetricsRow>,
+    base: &[MetricsRow],
+    first: usize,
+) -> Vec<MetricsRow> {
     assert_eq!(
         rows.iter().map(|r| r.step).collect::<Vec<_>>(),
         (first as u64..STEPS as u64).collect::<Vec<_>>(),
@@ -191,7 +210,11 @@ fn assert_matches(name: &str, dir: &Path, base: &[MetricsRow], first: usize) -> 
 /// different nodes have different hosts, and the master is node 0's host (the first of the
 /// job's node list).
 fn assert_placement(name: &str, dir: &Path, nodes: usize, per_node: usize) {
-    let cluster_hosts = slurm_cluster::node_names(2);
+    let running: usize = std::fs::read_to_string(slurm_cluster::cluster_dir().join("nodes"))
+        .ok()
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or(2);
+    let cluster_hosts = slurm_cluster::node_names(running);
     let mut node_hosts: Vec<Option<String>> = vec![None; nodes];
     let mut masters = vec![];
     for rank in 0..nodes * per_node {
@@ -317,9 +340,36 @@ fn assert_user_ranks(name: &str, dir: &Path, prefix: &str, sum: f64) {
     println!("  {name}: ranks on {hosts:?}, all_reduce {sum} on every rank");
 }
 
+/// The curve of one process on this host (`flotilla train`, no scheduler), trained in `dir`:
+/// the baseline every multi-rank curve is compared with.
+fn one_process(dir: &Path) -> Vec<MetricsRow> {
+    let mut args = vec![
+        "train".to_string(),
+        "--run-dir".into(),
+        dir.display().to_string(),
+        "trainer/dist=none".into(),
+        "compute.nodes=1".into(),
+        "compute.tasks_per_node=1".into(),
+    ];
+    args.extend(
+        training(dir)
+            .into_iter()
+            .filter(|o| !o.starts_with("flotilla.run.dir")),
+    );
+    flotilla(&args);
+    let base = read_rows(dir);
+    assert_eq!(base.len(), STEPS);
+    assert!(
+        base[STEPS - 1].loss < 0.75 * base[0].loss,
+        "the single process did not train: {base:?}"
+    );
+    base
+}
+
 /// All scenarios in one test: they share the cluster and the single-process baseline.
 #[test]
 fn built_in_trainer_across_two_nodes() {
+    let _serial = serial();
     let Some(_cluster) = Cluster::start(2, &[]) else {
         return;
     };
@@ -389,27 +439,7 @@ fn built_in_trainer_across_two_nodes() {
             common::venv_python().display()
         ));
     }
-    let base_dir = root.join("one_process");
-    let mut args = vec![
-        "train".to_string(),
-        "--run-dir".into(),
-        base_dir.display().to_string(),
-        "trainer/dist=none".into(),
-        "compute.nodes=1".into(),
-        "compute.tasks_per_node=1".into(),
-    ];
-    args.extend(
-        training(&base_dir)
-            .into_iter()
-            .filter(|o| !o.starts_with("flotilla.run.dir")),
-    );
-    flotilla(&args);
-    let base = read_rows(&base_dir);
-    assert_eq!(base.len(), STEPS);
-    assert!(
-        base[STEPS - 1].loss < 0.75 * base[0].loss,
-        "the single process did not train: {base:?}"
-    );
+    let base = one_process(&root.join("one_process"));
 
     for (name, _, mode) in &cases {
         let dir = root.join(name);
@@ -491,4 +521,406 @@ fn built_in_trainer_across_two_nodes() {
         );
     }
     println!("multi-node trainer scenarios: {:.1?}", t_all.elapsed());
+}
+
+/// The processes (any node: the nodes share this host's process table) whose command line
+/// names `dir`: a job's ranks, its srun and its step's shells; with each, its program name
+/// (`/proc/PID/comm`) and command line.
+fn processes_of(dir: &Path) -> Vec<(u32, String, String)> {
+    let needle = dir.display().to_string();
+    let mut found = vec![];
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(raw) = std::fs::read(entry.path().join("cmdline")) else {
+            continue;
+        };
+        let cmd = String::from_utf8_lossy(&raw).replace('\0', " ");
+        if cmd.contains(&needle) {
+            let comm = std::fs::read_to_string(entry.path().join("comm")).unwrap_or_default();
+            found.push((pid, comm.trim().to_string(), cmd.trim().to_string()));
+        }
+    }
+    found
+}
+
+/// Loses node `k` as a power cut would: every process in its network namespace (its slurmd,
+/// the job steps' slurmstepd and their ranks) killed at once, with SIGKILL. Returns how many.
+fn kill_node(k: usize) -> usize {
+    let ns = format!("flotilla-fltnode{k}");
+    let mut killed = 0;
+    for _ in 0..20 {
+        let out = Command::new("ip")
+            .args(["netns", "pids", &ns])
+            .output()
+            .unwrap();
+        let pids: Vec<String> = String::from_utf8_lossy(&out.stdout)
+            .split_whitespace()
+            .map(str::to_string)
+            .collect();
+        if pids.is_empty() {
+            return killed;
+        }
+        killed += pids.len();
+        let _ = Command::new("kill").arg("-KILL").args(&pids).status();
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    panic!("processes of {ns} survive SIGKILL");
+}
+
+/// `flotilla status --format json DIR`'s first job.
+fn job_status(dir: &Path) -> serde_json::Value {
+    let out = flotilla(&[
+        "status".into(),
+        "--format".into(),
+        "json".into(),
+        dir.display().to_string(),
+    ]);
+    let st: serde_json::Value = serde_json::from_str(&out).unwrap();
+    st["jobs"][0].clone()
+}
+
+/// A node lost mid-step. Two 2 × 2 jobs run at once, `fail` with `compute.requeue=false` and
+/// `requeue` with the shipped `compute.requeue=true` and a checkpoint every 10 steps; once
+/// `requeue` has checkpointed step 10, node 2 loses every process (slurmd included). The ranks
+/// on node 1 fail at their next collective, naming a rank of node 2 and its host; no process
+/// of either job is left on any node within 60 s; `fail` ends NODE_FAIL with that error as its
+/// reason in `status` and `report`. `requeue` is requeued, waits for two nodes,
+/// and once node 2's slurmd is back runs again, resumes from step 10 and ends with the curve of
+/// one process.
+#[test]
+fn a_lost_node_fails_the_job_or_requeues_it() {
+    let _serial = serial();
+    let Some(_cluster) = Cluster::start(2, &[]) else {
+        return;
+    };
+    common::train_binary();
+    let t_all = Instant::now();
+    let tmp = tempfile::Builder::new()
+        .prefix("flotilla-multinode-fault")
+        .tempdir_in(std::env::temp_dir())
+        .unwrap();
+    let root = tmp.path();
+    let (fail, requeue) = (root.join("fail"), root.join("requeue"));
+    // The baseline first: the jobs share this host's CPUs.
+    let base = one_process(&root.join("one_process"));
+    // Long enough to be killed mid-run: the kill comes at step 10 of 30 of `requeue`, and
+    // `fail` runs 100000 steps.
+    submit(
+        &fail,
+        2,
+        2,
+        &[
+            "trainer/dist=ddp",
+            "trainer.max_steps=100000",
+            "trainer.log_every=1",
+            "compute.requeue=false",
+        ],
+    );
+    submit(
+        &requeue,
+        2,
+        2,
+        &[
+            "trainer/dist=ddp",
+            "trainer.checkpoint_every=10",
+            "trainer.keep_last_checkpoints=3",
+        ],
+    );
+    let script = std::fs::read_dir(fail.join("slurm"))
+        .unwrap()
+        .flatten()
+        .find(|e| e.path().extension().is_some_and(|x| x == "sbatch"))
+        .map(|e| std::fs::read_to_string(e.path()).unwrap())
+        .expect("fail's sbatch script");
+    assert!(script.contains("#SBATCH --no-requeue"), "{script}");
+
+    // Both running, `requeue` checkpointed at step 10.
+    let ckpt = requeue.join("checkpoints/step_10/trainer_state.json");
+    let t0 = Instant::now();
+    let fail_stepping = || {
+        std::fs::read_to_string(fail.join("logs/rank_0.log"))
+            .is_ok_and(|l| l.contains("step 5/100000"))
+    };
+    while !(ckpt.is_file() && fail_stepping()) {
+        assert!(
+            t0.elapsed() < Duration::from_secs(300),
+            "no checkpoint at step 10 after 300 s:\n{}\n{}",
+            logs(&requeue),
+            logs(&fail)
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let killed = kill_node(2);
+    let t_kill = Instant::now();
+    println!(
+        "  node 2 lost {:.1?} after the submissions: {killed} processes killed",
+        t0.elapsed()
+    );
+
+    // The surviving ranks exit at their next collective; srun, which waits for node 2's
+    // tasks, ends when Slurm marks node 2 down (SlurmdTimeout=20). Nothing of either job is
+    // left on any node within 60 s.
+    let mut ranks_gone = None;
+    loop {
+        let left: Vec<(u32, String, String)> = [&fail, &requeue]
+            .iter()
+            .flat_map(|d| processes_of(d))
+            .collect();
+        if ranks_gone.is_none() && !left.iter().any(|(_, comm, _)| comm == "flotilla-train") {
+            ranks_gone = Some(t_kill.elapsed());
+            println!(
+                "  the surviving ranks exited {:.1?} after the loss",
+                t_kill.elapsed()
+            );
+        }
+        if left.is_empty() {
+            break;
+        }
+        assert!(
+            t_kill.elapsed() < Duration::from_secs(60),
+            "60 s after node 2 was lost, processes remain: {left:#?}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    println!(
+        "  every process of both jobs ended {:.1?} after the loss",
+        t_kill.elapsed()
+    );
+
+    // The survivors on node 1 (ranks 0 and 1) name a rank of node 2 and its host.
+    for dir in [&fail, &requeue] {
+        for rank in 0..2 {
+            let log = std::fs::read_to_string(dir.join(format!("logs/rank_{rank}.log"))).unwrap();
+            assert!(
+                (log.contains("rank 2 (fltnode2, ") || log.contains("rank 3 (fltnode2, "))
+                    && log.contains("closed the connection"),
+                "{}: rank {rank} does not name the lost rank and its host:\n{log}",
+                dir.display()
+            );
+        }
+    }
+    let state = wait_job(&fail, Duration::from_secs(120));
+    let st = job_status(&fail);
+    let message = st["message"].as_str().unwrap_or_default().to_string();
+    println!(
+        "  fail: {state} {:.1?} after the loss, message:\n{message}",
+        t_kill.elapsed()
+    );
+    // Slurm's word for a job whose node failed; with --no-requeue it stays ended.
+    assert_eq!(state, "NODE_FAIL", "{st:#}");
+    assert!(
+        message.contains("(fltnode2, ") && message.contains("closed the connection"),
+        "fail's reason does not name the lost rank's host: {st:#}"
+    );
+    let report = flotilla(&["report".into(), fail.display().to_string()]);
+    assert!(
+        report.contains(&state) && report.contains("(fltnode2, "),
+        "report of fail:\n{report}"
+    );
+
+    // Node 2 comes back (its slurmd restarted; ReturnToService=2): `requeue` runs again.
+    let _back = Cluster::start(2, &[]).expect("node 2 back");
+    let t_back = Instant::now();
+    let state = wait_job(&requeue, Duration::from_secs(300));
+    assert_eq!(state, "COMPLETED", "requeue:\n{}", logs(&requeue));
+    println!(
+        "  requeue: COMPLETED {:.1?} after node 2 came back",
+        t_back.elapsed()
+    );
+    let rank0 = std::fs::read_to_string(requeue.join("logs/rank_0.log")).unwrap();
+    assert!(
+        rank0.contains("resuming from") && rank0.contains("(step 10)"),
+        "requeue: no resume from step 10 in\n{rank0}"
+    );
+    let batch = std::fs::read_dir(requeue.join("logs"))
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().ends_with(".out"))
+        .map(|e| std::fs::read_to_string(e.path()).unwrap())
+        .collect::<String>();
+    assert!(
+        batch.contains("(restart 1)"),
+        "requeue's batch log:\n{batch}"
+    );
+    // The rows the resumed run wrote: from its step 10 on (the lost run's steps 10.. before
+    // the loss, if it kept any, come first).
+    let mut rows = read_rows(&requeue);
+    let from = rows
+        .iter()
+        .rposition(|r| r.step == 10)
+        .expect("a row of step 10");
+    let resumed = rows.split_off(from);
+    assert_rows("requeued and resumed", resumed, &base, 10);
+    println!("node-loss scenarios: {:.1?}", t_all.elapsed());
+}
+
+/// A sweep of 2-node jobs on 3 nodes: `flotilla run -m` with 4 values submits one array of 4
+/// jobs of 2 whole nodes (`--exclusive`) × 1 rank, so that one job fits at a time (a second
+/// would need 2 of the 1 node left). Every job
+/// completes with a curve of its own; squeue never shows two of them running at once; every
+/// job ran on 2 distinct nodes of the 3, and `flotilla status` shows each job's node list (a
+/// nodes column, `"nodes"` in the JSON).
+#[test]
+fn a_sweep_of_two_node_jobs_on_three_nodes() {
+    let _serial = serial();
+    let Some(_cluster) = Cluster::start(3, &[]) else {
+        return;
+    };
+    common::train_binary();
+    let t_all = Instant::now();
+    let tmp = tempfile::Builder::new()
+        .prefix("flotilla-multinode-sweep")
+        .tempdir_in(std::env::temp_dir())
+        .unwrap();
+    let sweep = tmp.path().join("sweep");
+    let mut args: Vec<String> = [
+        "run",
+        "-m",
+        "compute=slurm",
+        "compute.gpus_per_node=0",
+        "compute.cpus_per_task=1",
+        "compute.mem_gb=null",
+        "compute.timeout_min=10",
+        "compute.nodes=2",
+        "compute.tasks_per_node=1",
+        "+compute.additional_parameters.exclusive=true",
+        "trainer/dist=ddp",
+        "trainer.max_steps=10",
+        "trainer.lr=1e-3,2e-3,3e-3,4e-3",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    args.extend(
+        training(&sweep)
+            .into_iter()
+            .filter(|o| !o.starts_with("flotilla.run.dir") && !o.starts_with("trainer.lr=")),
+    );
+    args.retain(|a| a != &format!("trainer.max_steps={STEPS}"));
+    args.push(format!("flotilla.sweep.dir={}", sweep.display()));
+    flotilla(&args);
+
+    // Watch the array: which of its tasks run, and on which nodes.
+    let plan: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(sweep.join("sweep.json")).unwrap()).unwrap();
+    let ids: Vec<String> = plan["jobs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|j| j["job_id"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(ids.len(), 4, "{plan:#}");
+    let array = ids[0].split('_').next().unwrap().to_string();
+    assert!(
+        ids.iter().all(|i| i.starts_with(&format!("{array}_"))),
+        "one array: {ids:?}"
+    );
+    let mut most_at_once = 0;
+    let mut seen_nodes: std::collections::BTreeMap<String, String> = Default::default();
+    let t0 = Instant::now();
+    loop {
+        let out = Command::new("squeue")
+            .args(["-j", &array, "-h", "-t", "RUNNING", "-o", "%i|%N"])
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).to_string();
+        let running: Vec<(String, String)> = text
+            .lines()
+            .filter_map(|l| l.split_once('|'))
+            .map(|(i, n)| (i.trim().to_string(), n.trim().to_string()))
+            .collect();
+        most_at_once = most_at_once.max(running.len());
+        for (id, nodes) in running {
+            seen_nodes.insert(id, nodes);
+        }
+        let st: serde_json::Value = serde_json::from_str(&flotilla(&[
+            "status".into(),
+            "--format".into(),
+            "json".into(),
+            sweep.display().to_string(),
+        ]))
+        .unwrap();
+        let states: Vec<&str> = st["jobs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|j| j["state"].as_str().unwrap())
+            .collect();
+        if states.iter().all(|s| *s == "COMPLETED") {
+            break;
+        }
+        assert!(
+            !states
+                .iter()
+                .any(|s| matches!(*s, "FAILED" | "CANCELLED" | "NODE_FAIL")),
+            "{st:#}"
+        );
+        assert!(
+            t0.elapsed() < Duration::from_secs(600),
+            "the sweep did not complete in 600 s: {st:#}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    println!("  squeue: at most {most_at_once} job(s) running at once; nodes {seen_nodes:?}");
+    assert_eq!(
+        most_at_once, 1,
+        "exclusive 2-node jobs on 3 nodes: one at a time"
+    );
+
+    let text = flotilla(&["status".into(), sweep.display().to_string()]);
+    println!("{text}");
+    let st: serde_json::Value = serde_json::from_str(&flotilla(&[
+        "status".into(),
+        "--format".into(),
+        "json".into(),
+        sweep.display().to_string(),
+    ]))
+    .unwrap();
+    let mut finals = vec![];
+    for job in st["jobs"].as_array().unwrap() {
+        let id = job["job_id"].as_str().unwrap();
+        let nodes = job["nodes"]
+            .as_str()
+            .unwrap_or_else(|| panic!("job {id} has no node list: {job:#}"));
+        // The scheduler's list expanded: 2 distinct nodes of the cluster.
+        let out = Command::new("scontrol")
+            .args(["show", "hostnames", nodes])
+            .output()
+            .unwrap();
+        let hosts: Vec<String> = String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .map(str::to_string)
+            .collect();
+        assert_eq!(hosts.len(), 2, "job {id} on {nodes}");
+        assert!(
+            hosts
+                .iter()
+                .all(|h| slurm_cluster::node_names(3).contains(h)),
+            "job {id} on {hosts:?}"
+        );
+        if let Some(seen) = seen_nodes.get(id) {
+            assert_eq!(seen, nodes, "job {id}: squeue said {seen}, status {nodes}");
+        }
+        let line = text
+            .lines()
+            .find(|l| l.contains(&format!(" {id} ")))
+            .unwrap_or_else(|| panic!("job {id} not in\n{text}"));
+        assert!(line.contains(nodes), "no node list in {line:?}");
+        let dir = PathBuf::from(job["dir"].as_str().unwrap());
+        let rows = read_rows(&dir);
+        assert_eq!(rows.len(), 10, "{}", dir.display());
+        assert_placement(id, &dir, 2, 1);
+        finals.push(rows[9].loss);
+    }
+    assert!(
+        text.lines().next().unwrap().contains("4 COMPLETED"),
+        "{text}"
+    );
+    // Four learning rates, four curves.
+    finals.sort_by(f64::total_cmp);
+    finals.dedup();
+    assert_eq!(finals.len(), 4, "final losses {finals:?}");
+    println!("sweep of 2-node jobs on 3 nodes: {:.1?}", t_all.elapsed());
 }
