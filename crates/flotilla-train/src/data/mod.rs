@@ -77,6 +77,7 @@ pub mod show;
 pub mod text;
 pub mod tokenizer;
 pub mod tokens;
+mod unicode_forms;
 
 use std::path::Path;
 use std::sync::Arc;

@@ -24,6 +24,7 @@ use tokenizers::pre_tokenizers::byte_level::ByteLevel;
 use tokenizers::AddedToken;
 
 use super::error::{DataError, Result};
+use super::unicode_forms::{already_in, unicode_forms, UnicodeForm};
 
 /// Padding token of the built-in tokenizers.
 pub const PAD: &str = "<pad>";
@@ -73,6 +74,9 @@ pub struct Tokenizer {
     /// Files saved beside `tokenizer.json` (a Hugging Face directory's `tokenizer_config.json`,
     /// `special_tokens_map.json`, `chat_template.jinja`), as `(name, bytes)`.
     companions: Vec<(String, Vec<u8>)>,
+    /// When the normalizer only applies Unicode forms: the same tokenizer without it, for texts
+    /// already in those forms (see `unicode_forms`).
+    without_normalizer: Option<(tokenizers::Tokenizer, Vec<UnicodeForm>)>,
 }
 
 /// The files of a Hugging Face tokenizer directory that travel with `tokenizer.json`.
@@ -169,6 +173,11 @@ impl Tokenizer {
             .map(|&i| i as usize + 1)
             .max()
             .unwrap_or(0);
+        let without_normalizer = inner.get_normalizer().and_then(unicode_forms).map(|forms| {
+            let mut plain = inner.clone();
+            plain.with_normalizer(None::<tokenizers::NormalizerWrapper>);
+            (plain, forms)
+        });
         Tokenizer {
             inner,
             kind,
@@ -177,6 +186,16 @@ impl Tokenizer {
             eos_id,
             id_limit,
             companions: vec![],
+            without_normalizer,
+        }
+    }
+
+    /// The tokenizer that encodes `text`: without its Unicode normalizer when the text is
+    /// already normalized (the same result, faster), else the whole one.
+    fn for_text(&self, text: &str) -> &tokenizers::Tokenizer {
+        match &self.without_normalizer {
+            Some((plain, forms)) if already_in(text, forms) => plain,
+            _ => &self.inner,
         }
     }
 
@@ -308,7 +327,7 @@ impl Tokenizer {
     /// Token ids of `text`, with no special tokens added by a post-processor.
     pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
         let enc = self
-            .inner
+            .for_text(text)
             .encode_fast(text, false)
             .map_err(|e| tok_err("encode", e))?;
         Ok(enc.get_ids().to_vec())
@@ -318,7 +337,7 @@ impl Tokenizer {
     /// tokens added by a post-processor).
     pub fn encode_with_offsets(&self, text: &str) -> Result<(Vec<u32>, Vec<usize>)> {
         let enc = self
-            .inner
+            .for_text(text)
             .encode(text, false)
             .map_err(|e| tok_err("encode", e))?;
         let starts = enc.get_offsets().iter().map(|o| o.0).collect();
@@ -473,6 +492,33 @@ mod tests {
         assert_eq!(
             (t.pad_id(), t.bos_id(), t.eos_id()),
             (Some(256), Some(257), Some(258))
+        );
+    }
+
+    #[test]
+    fn a_unicode_normalizer_is_skipped_only_where_it_changes_nothing() {
+        let mut inner = Tokenizer::byte().inner().clone();
+        inner.with_normalizer(Some(tokenizers::normalizers::unicode::NFC));
+        let t = Tokenizer::from_inner(inner, TokenizerKind::Byte, SpecialNames::default());
+        for text in [
+            "plain <eos> ascii",
+            "caf\u{e9} 🦀 日本",
+            "cafe\u{301} and e\u{301}t\u{e9}",
+            "\u{fb01}",
+        ] {
+            let whole = t.inner().encode(text, false).unwrap();
+            let starts: Vec<usize> = whole.get_offsets().iter().map(|o| o.0).collect();
+            assert_eq!(
+                t.encode_with_offsets(text).unwrap(),
+                (whole.get_ids().to_vec(), starts),
+                "{text:?}"
+            );
+            assert_eq!(t.encode(text).unwrap(), whole.get_ids(), "{text:?}");
+        }
+        // a decomposed é is composed by NFC: two bytes, where the raw text has three
+        assert_eq!(
+            t.encode("e\u{301}").unwrap(),
+            "\u{e9}".bytes().map(u32::from).collect::<Vec<_>>()
         );
     }
 
