@@ -17,8 +17,18 @@
 //! every process records RANK, LOCAL_RANK, NODE_RANK, WORLD_SIZE and its host, consistent with
 //! its place, MASTER_ADDR is the first node's host, and an all-reduce needs every rank.
 //!
-//! Skipped like tests/slurm.rs when the cluster cannot be installed (not root, no apt-get);
-//! a failure under `FLOTILLA_REQUIRE_ORACLES=1`.
+//! A DDP job preempted with SIGUSR2 after step 5: every rank checkpoints the same step, the
+//! job requeues itself and resumes to the uninterrupted job's rows, bit for bit.
+//!
+//! Faults ([`a_lost_node_fails_the_job_or_requeues_it`]): node 2 loses every process under two
+//! running jobs; the survivors name the lost rank and its host, nothing is left on any node,
+//! `compute.requeue=false` ends NODE_FAIL with that reason, the requeued job resumes from its
+//! checkpoint once node 2 is back. A sweep ([`a_sweep_of_two_node_jobs_on_three_nodes`]):
+//! 4 exclusive 2-node jobs on 3 nodes, one at a time, each job's node list in `status`.
+//!
+//! The tests take the cluster one at a time ([`serial`]). Skipped like tests/slurm.rs when the
+//! cluster cannot be installed (not root, no apt-get); a failure under
+//! `FLOTILLA_REQUIRE_ORACLES=1`.
 
 mod common;
 #[path = "common/slurm_cluster.rs"]
@@ -340,9 +350,9 @@ fn assert_user_ranks(name: &str, dir: &Path, prefix: &str, sum: f64) {
     println!("  {name}: ranks on {hosts:?}, all_reduce {sum} on every rank");
 }
 
-/// The curve of one process on this host (`flotilla train`, no scheduler), trained in `dir`:
-/// the baseline every multi-rank curve is compared with.
-fn one_process(dir: &Path) -> Vec<MetricsRow> {
+/// Starts one process on this host in the background (`flotilla train` in `dir`, no
+/// scheduler): the baseline every multi-rank curve is compared with ([`one_process_rows`]).
+fn start_one_process(dir: &Path) -> std::process::Child {
     let mut args = vec![
         "train".to_string(),
         "--run-dir".into(),
@@ -356,7 +366,26 @@ fn one_process(dir: &Path) -> Vec<MetricsRow> {
             .into_iter()
             .filter(|o| !o.starts_with("flotilla.run.dir")),
     );
-    flotilla(&args);
+    Command::new(common::flotilla_bin())
+        .args(&args)
+        .current_dir(common::repo_root())
+        .env_remove("FLOTILLA_LOG")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(dir.with_extension("log")).unwrap())
+        .spawn()
+        .expect("start flotilla train")
+}
+
+/// Waits for the process [`start_one_process`] started; its rows.
+fn one_process_rows(dir: &Path, child: std::process::Child) -> Vec<MetricsRow> {
+    let mut child = child;
+    let status = child.wait().unwrap();
+    assert!(
+        status.success(),
+        "flotilla train in {}: {status}\n{}",
+        dir.display(),
+        std::fs::read_to_string(dir.with_extension("log")).unwrap_or_default()
+    );
     let base = read_rows(dir);
     assert_eq!(base.len(), STEPS);
     assert!(
@@ -410,6 +439,16 @@ fn built_in_trainer_across_two_nodes() {
     ];
     for (name, extra, _) in &cases {
         submit(&root.join(name), 2, 2, extra);
+        if *name == "ddp" {
+            // The same job again, checkpointing every 5 steps (which changes no number), to be
+            // preempted (SIGUSR2) once it wrote step 5.
+            let mut extra = extra.clone();
+            extra.extend([
+                "trainer.checkpoint_every=5",
+                "trainer.keep_last_checkpoints=3",
+            ]);
+            submit(&root.join("preempted"), 2, 2, &extra);
+        }
     }
     // The user's own programs, 2 nodes × 2 each: a bare `torchrun` per node (`ranks:
     // per_node`) and a plain torch.distributed gloo script per rank (`ranks: per_task`).
@@ -439,7 +478,39 @@ fn built_in_trainer_across_two_nodes() {
             common::venv_python().display()
         ));
     }
-    let base = one_process(&root.join("one_process"));
+    let base_dir = root.join("one_process");
+    let baseline = start_one_process(&base_dir);
+
+    // A preemption of a 2-node job: SIGUSR2 to its batch shell once it wrote a checkpoint
+    // reaches every rank (srun forwards it to both nodes); each checkpoints the step the ranks
+    // agree on and exits 75, the job requeues itself and resumes. (Not on a line of the ranks'
+    // logs: srun writes them in bursts.)
+    let preempted = root.join("preempted");
+    let t0 = Instant::now();
+    let checkpointed = || {
+        std::fs::read_dir(preempted.join("checkpoints")).is_ok_and(|d| {
+            d.flatten()
+                .any(|e| e.path().join("trainer_state.json").is_file())
+        })
+    };
+    while !checkpointed() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(600),
+            "preempted: no checkpoint after 600 s:\n{}",
+            logs(&preempted)
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let id = job_status(&preempted)["job_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let sc = Command::new("scancel")
+        .args(["--signal=USR2", "--batch", &id])
+        .output()
+        .unwrap();
+    assert!(sc.status.success(), "{sc:?}");
+    let base = one_process_rows(&base_dir, baseline);
 
     for (name, _, mode) in &cases {
         let dir = root.join(name);
@@ -450,6 +521,51 @@ fn built_in_trainer_across_two_nodes() {
         assert_placement(name, &dir, 2, 2);
         assert_matches(name, &dir, &base, 0);
     }
+    let state = wait_job(&preempted, Duration::from_secs(600));
+    assert_eq!(state, "COMPLETED", "preempted:\n{}", logs(&preempted));
+    let batch = std::fs::read_to_string(preempted.join(format!("logs/slurm-{id}.out"))).unwrap();
+    assert!(
+        batch.contains("requeueing (restart 1"),
+        "preempted's batch log:\n{batch}"
+    );
+    let mut stopped_at = vec![];
+    for rank in 0..4 {
+        let log = std::fs::read_to_string(preempted.join(format!("logs/rank_{rank}.log"))).unwrap();
+        let line = log
+            .lines()
+            .find(|l| l.contains("stopped by SIGUSR2 at step "))
+            .unwrap_or_else(|| panic!("preempted: rank {rank} did not checkpoint:\n{log}"));
+        let step: u64 = line
+            .split("stopped by SIGUSR2 at step ")
+            .nth(1)
+            .and_then(|r| r.split(';').next())
+            .and_then(|s| s.parse().ok())
+            .unwrap_or_else(|| panic!("preempted: rank {rank}: {line}"));
+        stopped_at.push(step);
+    }
+    assert!(
+        stopped_at
+            .iter()
+            .all(|s| *s == stopped_at[0] && *s >= 5 && *s < STEPS as u64),
+        "preempted: ranks stopped at steps {stopped_at:?}"
+    );
+    // Stopped and resumed, the job's rows are the uninterrupted DDP job's, bit for bit.
+    let (whole, resumed) = (read_rows(&root.join("ddp")), read_rows(&preempted));
+    assert_eq!(resumed.len(), STEPS, "preempted: {resumed:?}");
+    for (a, b) in whole.iter().zip(&resumed) {
+        assert_eq!(
+            (a.step, a.loss.to_bits(), a.grad_norm.to_bits()),
+            (b.step, b.loss.to_bits(), b.grad_norm.to_bits()),
+            "preempted at step {}: step {} differs from the uninterrupted run",
+            stopped_at[0],
+            a.step
+        );
+    }
+    println!(
+        "  preempted: every rank checkpointed step {} on SIGUSR2, requeued, resumed: the \
+         uninterrupted curve bit for bit",
+        stopped_at[0]
+    );
     if user {
         for (name, prefix, sum) in [
             ("torchrun_run", "worker_rank", 6.0),
@@ -603,8 +719,9 @@ fn a_lost_node_fails_the_job_or_requeues_it() {
         .unwrap();
     let root = tmp.path();
     let (fail, requeue) = (root.join("fail"), root.join("requeue"));
-    // The baseline first: the jobs share this host's CPUs.
-    let base = one_process(&root.join("one_process"));
+    // The baseline meanwhile, on this host.
+    let base_dir = root.join("one_process");
+    let baseline = start_one_process(&base_dir);
     // Long enough to be killed mid-run: the kill comes at step 10 of 30 of `requeue`, and
     // `fail` runs 100000 steps.
     submit(
@@ -746,6 +863,7 @@ fn a_lost_node_fails_the_job_or_requeues_it() {
     );
     // The rows the resumed run wrote: from its step 10 on (the lost run's steps 10.. before
     // the loss, if it kept any, come first).
+    let base = one_process_rows(&base_dir, baseline);
     let mut rows = read_rows(&requeue);
     let from = rows
         .iter()
