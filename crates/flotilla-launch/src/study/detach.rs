@@ -233,10 +233,13 @@ mod tests {
 
     #[test]
     fn of_drivers_started_at_once_exactly_one_wins() {
-        let dir = tempfile::tempdir().unwrap();
-        // A dead driver's pid left behind.
-        std::fs::write(dir.path().join(PID_FILE), "999999999\n").unwrap();
         for _round in 0..5 {
+            // A fresh study each round: a child that another test of this process forks
+            // shares the winner's lock until it execs, so the same lock may outlive a drop by
+            // a moment.
+            let dir = tempfile::tempdir().unwrap();
+            // A dead driver's pid left behind.
+            std::fs::write(dir.path().join(PID_FILE), "999999999\n").unwrap();
             let n = 8;
             let barrier = std::sync::Arc::new(std::sync::Barrier::new(n));
             let wins: Vec<_> = (0..n)
