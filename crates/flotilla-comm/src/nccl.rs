@@ -26,7 +26,7 @@
 //! 2. the wheel next to the libtorch this process has loaded (`…/site-packages/torch/lib` →
 //!    `…/site-packages/nvidia/nccl/lib/libnccl.so.2`, found through `/proc/self/maps`), i.e. the
 //!    very NCCL libtorch_cuda uses;
-//! 3. the same under `$FLOTILLA_VENV` (or the venv this binary was built with);
+//! 3. the same under `$FLOTILLA_VENV`;
 //! 4. `libnccl.so.2` and then cudarc's names through the normal search path.
 
 use super::comm::{
@@ -291,13 +291,12 @@ pub fn nccl_candidates(
 
 fn process_candidates() -> Vec<PathBuf> {
     let maps = std::fs::read_to_string("/proc/self/maps").unwrap_or_default();
-    let mut venvs: Vec<PathBuf> = std::env::var_os("FLOTILLA_VENV")
+    // No path of the build machine is compiled in: an installed binary finds NCCL beside the
+    // libtorch it loaded, or through these variables.
+    let venvs: Vec<PathBuf> = std::env::var_os("FLOTILLA_VENV")
         .map(PathBuf::from)
         .into_iter()
         .collect();
-    if let Some(v) = option_env!("FLOTILLA_VENV") {
-        venvs.push(PathBuf::from(v));
-    }
     nccl_candidates(
         std::env::var_os("FLOTILLA_NCCL_LIBRARY"),
         &torch_lib_dirs(&maps),
