@@ -247,6 +247,10 @@ fn bad_study_settings_are_refused_before_anything_is_created() {
         (vec!["flotilla.sweeper.pruner=hyperband"], "asha"),
         (vec!["flotilla.sweeper.sampler=grid"], "interval"),
         (vec!["x=interval(5,1)"], "low <= high"),
+        (
+            vec!["+compute.launcher=slurm", "+compute.pack=4"],
+            "no queue of jobs to pack",
+        ),
     ] {
         let mut all = vec!["run", "-m", "flotilla.sweep.dir=study"];
         all.extend(args.iter().copied());

@@ -43,6 +43,15 @@ impl StudyDir {
         let dest = std::path::absolute(&dest).map_err(|e| io_err(Path::new(&dest), e))?;
         let provenance = provenance_for(composer, argv, None);
         let launcher = runs.compute.launcher;
+        if let Some(k) = runs.compute.pack.filter(|&k| k >= 2) {
+            if launcher == LauncherKind::Slurm {
+                return Err(ConfigError::Composition(format!(
+                    "compute.pack={k}: {}",
+                    crate::slurm::pack::ADAPTIVE_REFUSAL
+                ))
+                .into());
+            }
+        }
         let tmp = staging_dir(&dest)?;
         let built = (|| -> Result<bool, RunDirError> {
             let kept = snapshot::copy_config_dir(
