@@ -649,9 +649,10 @@ pub fn parallel_svg(report: &Report) -> Option<String> {
     }
     let _ = writeln!(
         svg.body,
-        "<text x=\"{:.1}\" y=\"{:.1}\" font-size=\"10\" text-anchor=\"middle\">colour</text>",
+        "<text x=\"{:.1}\" y=\"{:.1}\" font-size=\"10\" text-anchor=\"middle\">{}</text>",
         bx + bw / 2.0,
-        bar_top - 6.0
+        bar_top - 6.0,
+        escape(&report.metric)
     );
     Some(svg.finish())
 }
@@ -851,7 +852,8 @@ mod tests {
 
     #[test]
     fn parallel_axes_tick_data_values_mark_log_and_carry_a_colour_bar() {
-        let svg = parallel_svg(&grid()).unwrap();
+        let report = grid();
+        let svg = parallel_svg(&report).unwrap();
         let ticks = texts(&svg, "tick");
         // Each swept value once, as written; no padded ends.
         for value in [
@@ -878,6 +880,8 @@ mod tests {
         // The colour bar, best at the low end for a loss.
         assert!(svg.contains("class=\"colourbar\"") && svg.contains("url(#pc-colour)"));
         assert!(svg.contains(">best</text>") && svg.contains(">worst</text>"));
+        // titled with the metric it colours by
+        assert!(svg.contains(&format!(">{}</text>", report.metric)), "{svg}");
         // The best job's line is the darkest and drawn last.
         let last = &svg[last_line..];
         assert!(last.contains("<title>job 0: 0.6</title>"), "{last}");
