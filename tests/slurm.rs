@@ -1004,13 +1004,7 @@ fn cli_wait_terminal(dir: &Path, path: &std::ffi::OsStr, timeout: Duration) -> s
             &["status", "--format", "json", &dir.display().to_string()],
         );
         let st: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-        let done = st["jobs"].as_array().unwrap().iter().all(|j| {
-            j["state"]
-                .as_str()
-                .and_then(|s| s.parse::<JobState>().ok())
-                .is_some_and(JobState::is_terminal)
-        });
-        if done {
+        if slurm_cluster::all_jobs_terminal(&st) {
             return st;
         }
         if t0.elapsed() > timeout {

@@ -9,7 +9,6 @@ mod common;
 #[path = "common/slurm_cluster.rs"]
 mod slurm_cluster;
 
-use flotilla_launch::rundir::JobState;
 use slurm_cluster::Cluster;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -106,13 +105,7 @@ fn wait_terminal(dir: &Path, timeout: Duration) -> serde_json::Value {
     let t0 = Instant::now();
     loop {
         let st = status_json(dir);
-        let done = st["jobs"].as_array().unwrap().iter().all(|j| {
-            j["state"]
-                .as_str()
-                .and_then(|s| s.parse::<JobState>().ok())
-                .is_some_and(JobState::is_terminal)
-        });
-        if done {
+        if slurm_cluster::all_jobs_terminal(&st) {
             return st;
         }
         if t0.elapsed() > timeout {

@@ -1,7 +1,8 @@
 //! The real Slurm test cluster of `scripts/slurm-cluster-start.sh`, for the tests that submit
 //! to it: [`Cluster::start`] brings it up in the shape a test needs (one node, or several nodes
 //! in network namespaces) and stops it when dropped, unless a cluster of that shape was running
-//! before. Needs only `std` and `tests/common/mod.rs`; included with
+//! before; [`all_jobs_terminal`] reads a `flotilla status --format json` document. Needs `std`,
+//! `serde_json`, `flotilla-launch` and `tests/common/mod.rs`; included with
 //! `#[path = "common/slurm_cluster.rs"] mod slurm_cluster;` beside `mod common;`.
 
 #![allow(dead_code)]
@@ -99,4 +100,15 @@ impl Drop for Cluster {
             }
         }
     }
+}
+
+/// Whether every job of a `flotilla status --format json` document is in a terminal state.
+pub fn all_jobs_terminal(status: &serde_json::Value) -> bool {
+    use flotilla_launch::rundir::JobState;
+    status["jobs"].as_array().unwrap().iter().all(|j| {
+        j["state"]
+            .as_str()
+            .and_then(|s| s.parse::<JobState>().ok())
+            .is_some_and(JobState::is_terminal)
+    })
 }
