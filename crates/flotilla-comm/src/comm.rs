@@ -488,7 +488,7 @@ pub fn split_membership(colors_keys: &[(usize, usize)], me: usize) -> (Vec<usize
 /// The shard length of an in-place collective over `len` elements split across `n` ranks;
 /// `len` must be divisible by `n`.
 fn shard_len(op: &'static str, len: usize, n: usize) -> Result<usize, CommError> {
-    if len % n != 0 {
+    if !len.is_multiple_of(n) {
         return Err(CommError::invalid(
             op,
             format!("buffer of {len} elements is not divisible by the group size {n}"),

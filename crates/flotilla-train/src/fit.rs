@@ -192,7 +192,9 @@ pub fn fit(
         let last = done == opts.until;
         let at_end = done == trainer.schedule.max_steps;
         let eval = match &opts.eval {
-            Some(set) if opts.eval_every > 0 && (at_end || done % opts.eval_every == 0) => {
+            Some(set)
+                if opts.eval_every > 0 && (at_end || done.is_multiple_of(opts.eval_every)) =>
+            {
                 trainer.host.begin();
                 let metrics = trainer.evaluate(set)?;
                 trainer.host.end(HostPhase::Evaluation);
@@ -205,7 +207,7 @@ pub fn fit(
             m.write(&row)?;
         }
         let mut saved = None;
-        if last || (opts.checkpoint_every > 0 && done % opts.checkpoint_every == 0) {
+        if last || (opts.checkpoint_every > 0 && done.is_multiple_of(opts.checkpoint_every)) {
             trainer.host.begin();
             saved = Some(checkpoint::save(
                 trainer,

@@ -102,7 +102,7 @@ impl Progress {
     /// on evaluation rows.
     pub fn plain_line(&self, row: &MetricsRow) -> Option<String> {
         let done = row.step + 1;
-        (done % self.log_every == 0 || done == self.max_steps || row.eval_loss.is_some())
+        (done.is_multiple_of(self.log_every) || done == self.max_steps || row.eval_loss.is_some())
             .then(|| self.line(row))
     }
 

@@ -287,7 +287,7 @@ impl SafetensorsWriter {
             plan.push((name, kind, numel));
         }
         let mut json = serde_json::to_vec(&header).expect("a header serialises");
-        while json.len() % 8 != 0 {
+        while !json.len().is_multiple_of(8) {
             json.push(b' ');
         }
         let name = path

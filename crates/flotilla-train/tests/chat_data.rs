@@ -360,7 +360,13 @@ fn the_cache_is_used_and_never_stale() {
     let cache_dir = tmp.path().join(".flotilla-cache");
     let entries = || {
         std::fs::read_dir(&cache_dir)
-            .map(|d| d.count())
+            .map(|d| {
+                d.filter(|e| {
+                    e.as_ref()
+                        .is_ok_and(|e| e.path().extension().is_some_and(|x| x == "bin"))
+                })
+                .count()
+            })
             .unwrap_or(0)
     };
     assert_eq!(entries(), 1);
@@ -379,6 +385,62 @@ fn the_cache_is_used_and_never_stale() {
     let (all, _) = chat::build("data.path", &data, &cfg, &chat, true).unwrap();
     assert_ne!(all.sequence(0).1, changed.sequence(0).1);
     assert_eq!(entries(), 3);
+}
+
+/// A process that finds another preparing the same entry (holding its lock) waits, then reads
+/// what the other stored instead of preparing it again.
+#[test]
+fn ranks_prepare_an_entry_once() {
+    use std::os::unix::fs::MetadataExt;
+    let Some(dir) = require_tokenizers("ranks_prepare_an_entry_once") else {
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("chats.jsonl");
+    std::fs::copy(fixtures().join("conversations.jsonl"), &data).unwrap();
+    let mut cfg = chat_config(&dir.join("llama3"), &data, "");
+    cfg.skip_bad_records = true;
+    let chat = ChatTokenizer::open(&cfg, None).unwrap();
+    let (first, _) = chat::build("data.path", &data, &cfg, &chat, true).unwrap();
+    let cache_dir = tmp.path().join(".flotilla-cache");
+    let named = |ext: &str| {
+        std::fs::read_dir(&cache_dir)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .find(|p| p.extension().is_some_and(|x| x == ext))
+            .unwrap_or_else(|| panic!("no .{ext} file in {}", cache_dir.display()))
+    };
+    let (bin, lock) = (named("bin"), named("lock"));
+    let saved = tmp.path().join("saved.bin");
+    std::fs::rename(&bin, &saved).unwrap();
+    // Another rank is preparing: it holds the lock and there is no entry yet.
+    let other = std::fs::OpenOptions::new().write(true).open(&lock).unwrap();
+    other.lock().unwrap();
+    let waiting = std::thread::spawn({
+        let (data, cfg) = (data.clone(), cfg.clone());
+        move || {
+            let chat = ChatTokenizer::open(&cfg, None).unwrap();
+            chat::build("data.path", &data, &cfg, &chat, true)
+                .unwrap()
+                .0
+        }
+    });
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    assert!(
+        !waiting.is_finished(),
+        "prepared while another process held the entry's lock"
+    );
+    // The other rank stores its entry and lets go.
+    std::fs::copy(&saved, &bin).unwrap();
+    let stored = std::fs::metadata(&bin).unwrap().ino();
+    other.unlock().unwrap();
+    let got = waiting.join().unwrap();
+    assert_eq!(got, first);
+    assert_eq!(
+        std::fs::metadata(&bin).unwrap().ino(),
+        stored,
+        "the waiting process prepared and stored the entry again instead of reading it"
+    );
 }
 
 /// `flotilla-train data show --format json` prints the oracle's ids, and labels that are the

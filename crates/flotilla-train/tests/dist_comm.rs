@@ -1002,7 +1002,7 @@ fn ranks_as_threads_over_a_memory_store() {
                     .unwrap()
                     .wait()
                     .unwrap();
-                assert_eq!(b[0], if r % 2 == 0 { 2 } else { 1 });
+                assert_eq!(b[0], if r.is_multiple_of(2) { 2 } else { 1 });
             })
         })
         .collect();

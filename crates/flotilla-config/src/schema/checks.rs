@@ -438,7 +438,7 @@ impl Check<'_> {
             return;
         }
         let heads = m.num_attention_heads;
-        if m.hidden_size % heads != 0 {
+        if !m.hidden_size.is_multiple_of(heads) {
             self.invalid(
                 "model.hidden_size",
                 format!(
@@ -451,7 +451,7 @@ impl Check<'_> {
                     nearest_multiple(m.hidden_size, heads)
                 ),
             );
-        } else if m.head_dim() % 2 != 0 {
+        } else if !m.head_dim().is_multiple_of(2) {
             self.invalid(
                 "model.hidden_size",
                 format!(
@@ -468,9 +468,9 @@ impl Check<'_> {
             );
         }
         let kv = m.num_key_value_heads;
-        if heads % kv != 0 {
+        if !heads.is_multiple_of(kv) {
             let divisors: Vec<String> = (1..=heads)
-                .filter(|d| heads % d == 0)
+                .filter(|d| heads.is_multiple_of(*d))
                 .map(|d| d.to_string())
                 .collect();
             self.invalid(
@@ -530,7 +530,7 @@ impl Check<'_> {
             .unwrap_or(1);
         if global_ok && micro_ok {
             let per_step = t.micro_batch_size * world;
-            if t.global_batch_size % per_step != 0 {
+            if !t.global_batch_size.is_multiple_of(per_step) {
                 let problem = if world == 1 {
                     format!(
                         "{} is not divisible by trainer.micro_batch_size ({})",

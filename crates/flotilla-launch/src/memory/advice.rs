@@ -142,7 +142,10 @@ fn changes(job: &JobConfig) -> Vec<Change> {
     //    divisor that fits, else 1.
     let micro = job.trainer.micro_batch_size;
     if micro > 1 {
-        let divisors: Vec<usize> = (1..micro).rev().filter(|d| micro % d == 0).collect();
+        let divisors: Vec<usize> = (1..micro)
+            .rev()
+            .filter(|d| micro.is_multiple_of(*d))
+            .collect();
         let capacity = super::job_gpu(&job.compute).map(|g| g.bytes);
         let try_micro = |d: usize| {
             let mut j = job.clone();

@@ -396,18 +396,7 @@ impl PlanFile {
             .write(true)
             .open(&path)
             .map_err(|e| io_err(&path, e))?;
-        use std::os::fd::AsRawFd;
-        loop {
-            // SAFETY: flock on a descriptor this function owns.
-            let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) };
-            if rc == 0 {
-                break;
-            }
-            let e = std::io::Error::last_os_error();
-            if e.kind() != std::io::ErrorKind::Interrupted {
-                return Err(io_err(&path, e));
-            }
-        }
+        file.lock().map_err(|e| io_err(&path, e))?;
         Ok(PlanLock { _file: file })
     }
 }

@@ -44,7 +44,9 @@
 //! # Speed and the cache
 //! Records are parsed and encoded on every core (rayon), a chunk of records at a time, so a
 //! large file is never held parsed whole; each conversation's messages are converted to
-//! template values once for all the prefixes rendered. The result is stored in
+//! template values once for all the prefixes rendered. Tokenizing is most of the remaining
+//! work; byte-level BPE tokenizers (Llama 3, Qwen2) take the faster exact path of
+//! `byte_level_encoder`. The result is stored in
 //! `.flotilla-cache/` beside the data file, keyed by the SHA-256 of the data file, the
 //! tokenizer files, the template, these settings (and today's date when the template calls
 //! `strftime_now`), so a changed input is never served stale; an unwritable directory only
@@ -517,13 +519,23 @@ pub fn build(
     let settings = Settings::of(cfg);
     let cache =
         use_cache.then(|| super::chat_cache::CacheEntry::new(path, &bytes, chat, &settings));
-    if let Some(hit) = cache.as_ref().and_then(|c| c.load()) {
+    let cached = || {
+        let hit = cache.as_ref().and_then(|c| c.load())?;
         tracing::info!(
             "{}: prepared conversations read from {}",
             path.display(),
             hit.2.display()
         );
-        return Ok((hit.0, hit.1));
+        Some((hit.0, hit.1))
+    };
+    if let Some(hit) = cached() {
+        return Ok(hit);
+    }
+    // Held until this function returns: another rank preparing the same entry finishes first
+    // and this one reads what it stored.
+    let _preparing = cache.as_ref().and_then(|c| c.lock());
+    if let Some(hit) = _preparing.as_ref().and_then(|_| cached()) {
+        return Ok(hit);
     }
     let records = split_records(path, &bytes)?;
     if records.len() == 0 {

@@ -6,6 +6,10 @@
 //! A file is a magic line, a JSON header (the key, the counts, the sizes) and the flat arrays
 //! of [`MaskedSequences`]; it is written to a temporary name and renamed, so readers never see
 //! half a file, and anything that does not match on reading is ignored (and rebuilt).
+//!
+//! Ranks that share the data folder prepare an entry once: whoever first takes the entry's lock
+//! (`chat-<key>.lock`, an exclusive `flock`) prepares and stores it while the others wait, then
+//! read what it stored. The lock goes with its holder, so a rank that dies never blocks the rest.
 
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
@@ -84,6 +88,31 @@ impl CacheEntry {
             .join(CACHE_DIR);
         let file = dir.join(format!("chat-{}.bin", &key[..32]));
         CacheEntry { key, file }
+    }
+
+    /// Waits for this entry's lock and holds it until the returned file is dropped; `None` when
+    /// the lock cannot be taken (an unwritable folder, a file system without locks), which only
+    /// costs the waiting: each process then prepares for itself.
+    pub(crate) fn lock(&self) -> Option<std::fs::File> {
+        let dir = self.file.parent()?;
+        std::fs::create_dir_all(dir).ok()?;
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(self.file.with_extension("lock"))
+            .ok()?;
+        match file.try_lock() {
+            Ok(()) => return Some(file),
+            Err(std::fs::TryLockError::WouldBlock) => {}
+            Err(std::fs::TryLockError::Error(_)) => return None,
+        }
+        tracing::info!(
+            "waiting for another process that prepares {}",
+            self.file.display()
+        );
+        file.lock().ok()?;
+        Some(file)
     }
 
     /// The cached samples, their counts and the file, when a complete entry with this key is

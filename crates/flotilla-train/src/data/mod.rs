@@ -63,6 +63,7 @@
 
 pub mod arithmetic;
 pub mod batch;
+mod byte_level_encoder;
 pub mod chat;
 pub mod chat_cache;
 pub mod chat_template;

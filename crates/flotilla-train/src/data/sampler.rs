@@ -161,7 +161,7 @@ pub fn rank_rows(global: usize, rank: usize, world: usize) -> Result<Range<usize
             "rank {rank} is not in a world of size {world}"
         )));
     }
-    if global % world != 0 {
+    if !global.is_multiple_of(world) {
         return Err(DataError::BatchSplit(format!(
             "global batch size {global} is not divisible by world size {world}"
         )));
@@ -173,7 +173,7 @@ pub fn rank_rows(global: usize, rank: usize, world: usize) -> Result<Range<usize
 /// The micro-batches of `rows` (one rank's share): consecutive chunks of `micro` rows. The
 /// share must be a whole number of micro-batches.
 pub fn micro_batch_rows(rows: Range<usize>, micro: usize) -> Result<Vec<Range<usize>>> {
-    if micro == 0 || rows.len() % micro != 0 {
+    if micro == 0 || !rows.len().is_multiple_of(micro) {
         return Err(DataError::BatchSplit(format!(
             "a rank's {} rows do not split into micro-batches of {micro}",
             rows.len()

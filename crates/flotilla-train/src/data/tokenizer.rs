@@ -23,6 +23,7 @@ use tokenizers::models::TrainerWrapper;
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
 use tokenizers::AddedToken;
 
+use super::byte_level_encoder::ByteLevelEncoder;
 use super::error::{DataError, Result};
 use super::unicode_forms::{already_in, unicode_forms, UnicodeForm};
 
@@ -77,6 +78,9 @@ pub struct Tokenizer {
     /// When the normalizer only applies Unicode forms: the same tokenizer without it, for texts
     /// already in those forms (see `unicode_forms`).
     without_normalizer: Option<(tokenizers::Tokenizer, Vec<UnicodeForm>)>,
+    /// The faster encoder of a byte-level BPE pipeline, for texts encoded without a normalizer
+    /// (see `byte_level_encoder`); shared by the clones of this tokenizer.
+    byte_level: Option<std::sync::Arc<ByteLevelEncoder>>,
 }
 
 /// The files of a Hugging Face tokenizer directory that travel with `tokenizer.json`.
@@ -178,6 +182,16 @@ impl Tokenizer {
             plain.with_normalizer(None::<tokenizers::NormalizerWrapper>);
             (plain, forms)
         });
+        let byte_level = ByteLevelEncoder::recognise(&inner)
+            .filter(|encoder| {
+                let plain = match &without_normalizer {
+                    Some((plain, _)) => plain,
+                    None if inner.get_normalizer().is_none() => &inner,
+                    None => return false,
+                };
+                agrees_on_probe(encoder, plain)
+            })
+            .map(std::sync::Arc::new);
         Tokenizer {
             inner,
             kind,
@@ -187,6 +201,7 @@ impl Tokenizer {
             id_limit,
             companions: vec![],
             without_normalizer,
+            byte_level,
         }
     }
 
@@ -326,8 +341,14 @@ impl Tokenizer {
 
     /// Token ids of `text`, with no special tokens added by a post-processor.
     pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
-        let enc = self
-            .for_text(text)
+        let t = self.for_text(text);
+        if let Some(encoder) = self.byte_level_for(t) {
+            let e = encoder
+                .encode(t, text, false)
+                .map_err(|e| tok_err("encode", e))?;
+            return Ok(e.ids);
+        }
+        let enc = t
             .encode_fast(text, false)
             .map_err(|e| tok_err("encode", e))?;
         Ok(enc.get_ids().to_vec())
@@ -336,12 +357,24 @@ impl Tokenizer {
     /// Token ids of `text` with the byte offset in `text` where each token starts (no special
     /// tokens added by a post-processor).
     pub fn encode_with_offsets(&self, text: &str) -> Result<(Vec<u32>, Vec<usize>)> {
-        let enc = self
-            .for_text(text)
-            .encode(text, false)
-            .map_err(|e| tok_err("encode", e))?;
+        let t = self.for_text(text);
+        if let Some(encoder) = self.byte_level_for(t) {
+            let e = encoder
+                .encode(t, text, true)
+                .map_err(|e| tok_err("encode", e))?;
+            return Ok((e.ids, e.starts));
+        }
+        let enc = t.encode(text, false).map_err(|e| tok_err("encode", e))?;
         let starts = enc.get_offsets().iter().map(|o| o.0).collect();
         Ok((enc.get_ids().to_vec(), starts))
+    }
+
+    /// The byte-level encoder, when `t` (what [`for_text`](Self::for_text) chose) encodes
+    /// without a normalizer.
+    fn byte_level_for(&self, t: &tokenizers::Tokenizer) -> Option<&ByteLevelEncoder> {
+        self.byte_level
+            .as_deref()
+            .filter(|_| t.get_normalizer().is_none())
     }
 
     /// The text of `ids`; `skip_special` drops PAD/BOS/EOS and other special tokens.
@@ -474,6 +507,28 @@ where
             Ok(tok)
         }
     }
+}
+
+/// A text that exercises what the byte-level encoder computes (added tokens, spaces before
+/// and after them, runs of whitespace and newlines, multi-byte characters, digits): the encoder
+/// is used only when it gives `plain`'s ids and offsets on it.
+const PROBE: &str = "<|im_start|>user\n  Hello, world!\r\n\n\tcaf\u{e9} \u{1f980} \u{65e5}\u{672c} it's 12,345.6<|im_end|> <|eot_id|>\n\n  x  <|endoftext|><eos></s>";
+
+fn agrees_on_probe(encoder: &ByteLevelEncoder, plain: &tokenizers::Tokenizer) -> bool {
+    let (Ok(want), Ok(got)) = (
+        plain.encode(PROBE, false),
+        encoder.encode(plain, PROBE, true),
+    ) else {
+        return false;
+    };
+    let starts: Vec<usize> = want.get_offsets().iter().map(|o| o.0).collect();
+    let agrees = got.ids == want.get_ids() && got.starts == starts;
+    if !agrees {
+        tracing::debug!(
+            "the byte-level encoder disagrees with tokenizers on the probe text; using tokenizers"
+        );
+    }
+    agrees
 }
 
 #[cfg(test)]

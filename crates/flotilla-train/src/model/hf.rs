@@ -200,7 +200,7 @@ impl TryFrom<&HfLlamaConfig> for ModelConfig {
                 ),
             ));
         }
-        if hf.num_attention_heads == 0 || hf.hidden_size % hf.num_attention_heads != 0 {
+        if hf.num_attention_heads == 0 || !hf.hidden_size.is_multiple_of(hf.num_attention_heads) {
             return Err(bad(
                 "num_attention_heads",
                 format!(

@@ -105,7 +105,7 @@ fn fill_normal(key: u64, std: f64, start: usize, out: &mut [f32]) {
         let r = (-2.0 * unit_open(word(key, 2 * pair)).ln()).sqrt() * std;
         let theta = TAU * unit_open(word(key, 2 * pair + 1));
         let (sin, cos) = theta.sin_cos();
-        if i % 2 == 0 {
+        if i.is_multiple_of(2) {
             out[k] = (r * cos) as f32;
             k += 1;
             i += 1;

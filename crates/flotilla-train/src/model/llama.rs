@@ -431,7 +431,7 @@ fn validate(c: &ModelConfig) -> Result<(), ModelError> {
             return Err(invalid(field, "must be positive"));
         }
     }
-    if c.hidden_size % c.num_attention_heads != 0 {
+    if !c.hidden_size.is_multiple_of(c.num_attention_heads) {
         return Err(invalid(
             "num_attention_heads",
             format!(
@@ -440,7 +440,7 @@ fn validate(c: &ModelConfig) -> Result<(), ModelError> {
             ),
         ));
     }
-    if c.num_attention_heads % c.num_key_value_heads != 0 {
+    if !c.num_attention_heads.is_multiple_of(c.num_key_value_heads) {
         return Err(invalid(
             "num_key_value_heads",
             format!(
@@ -449,7 +449,7 @@ fn validate(c: &ModelConfig) -> Result<(), ModelError> {
             ),
         ));
     }
-    if c.head_dim() % 2 != 0 {
+    if !c.head_dim().is_multiple_of(2) {
         return Err(invalid(
             "hidden_size",
             format!(
