@@ -58,8 +58,8 @@ const SPACE: char = '\u{120}';
 
 /// The longest piece (in bytes) whose tokens are cached.
 const CACHED_PIECE: usize = 256;
-/// The most pieces a thread's cache holds; it starts again empty when full.
-const CACHED_PIECES: usize = 1 << 17;
+/// The most pieces a thread's cache holds (a few MB); it starts again empty when full.
+const CACHED_PIECES: usize = 1 << 16;
 
 /// One token of a piece: its id, where it starts and ends in the piece (bytes of the text,
 /// aligned to whole characters as `tokenizers` aligns them), and how many leading spaces its
@@ -80,6 +80,14 @@ type PieceCache = AHashMap<Box<[u8]>, Box<[PieceToken]>>;
 thread_local! {
     /// The tokens of the pieces this thread encoded, for the encoder whose id is first.
     static PIECES: RefCell<(u64, PieceCache)> = RefCell::new((u64::MAX, PieceCache::new()));
+}
+
+/// Frees the piece caches of the calling thread and of every thread of rayon's pool, once a
+/// large encoding job is over: a training process keeps its threads, not their caches.
+pub(crate) fn release_piece_caches() {
+    let release = || PIECES.with_borrow_mut(|(_, cache)| *cache = PieceCache::new());
+    release();
+    rayon::broadcast(|_| release());
 }
 
 /// Leading spaces of a token's value as `tokenizers`' `process_offsets` counts them.
@@ -458,6 +466,22 @@ mod tests {
         ];
         let bpe = Tokenizer::train_bpe(corpus.iter().cycle().take(50), 300).unwrap();
         compare(bpe.inner());
+    }
+
+    #[test]
+    fn repeated_pieces_are_cached_until_released() {
+        let t = llama3_like(Value::Null);
+        let fast = ByteLevelEncoder::recognise(&t).unwrap();
+        let cached =
+            || PIECES.with_borrow(|(owner, cache)| (*owner == fast.id).then(|| cache.len()));
+        let first = fast.encode(&t, "the cat as the hat", true).unwrap();
+        let pieces = cached().expect("this encoder's cache");
+        assert!(pieces >= 4, "{pieces} pieces cached");
+        let again = fast.encode(&t, "the cat as the hat", true).unwrap();
+        assert_eq!((first.ids, first.starts), (again.ids, again.starts));
+        assert_eq!(cached(), Some(pieces), "nothing new to cache");
+        release_piece_caches();
+        assert_eq!(cached(), Some(0));
     }
 
     #[test]

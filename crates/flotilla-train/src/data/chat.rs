@@ -592,6 +592,7 @@ pub fn build(
             }
         }
     }
+    super::byte_level_encoder::release_piece_caches();
     let (out, stats) = samples.finish()?;
     if stats.examples == 0 {
         return Err(DataError::config(
