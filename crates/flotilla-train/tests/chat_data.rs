@@ -344,31 +344,38 @@ fn packing_keeps_masks_and_never_trains_across_conversations() {
     }
 }
 
+/// The fixture conversations copied into a fresh folder (where their cache will go), and the
+/// llama3 tokenizer's chat config for them, skipping bad records.
+fn fixture_chats_in_tempdir(dir: &Path) -> (tempfile::TempDir, PathBuf, ChatData, ChatTokenizer) {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("chats.jsonl");
+    std::fs::copy(fixtures().join("conversations.jsonl"), &data).unwrap();
+    let mut cfg = chat_config(&dir.join("llama3"), &data, "");
+    cfg.skip_bad_records = true;
+    let chat = ChatTokenizer::open(&cfg, None).unwrap();
+    (tmp, data, cfg, chat)
+}
+
+/// The files with extension `ext` in the cache folder beside `data`.
+fn cache_files(data: &Path, ext: &str) -> Vec<PathBuf> {
+    let cache_dir = data.with_file_name(".flotilla-cache");
+    match std::fs::read_dir(&cache_dir) {
+        Ok(entries) => entries
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.extension().is_some_and(|x| x == ext))
+            .collect(),
+        Err(_) => vec![],
+    }
+}
+
 #[test]
 fn the_cache_is_used_and_never_stale() {
     let Some(dir) = require_tokenizers("the_cache_is_used_and_never_stale") else {
         return;
     };
-    let tmp = tempfile::tempdir().unwrap();
-    let data = tmp.path().join("chats.jsonl");
-    std::fs::copy(fixtures().join("conversations.jsonl"), &data).unwrap();
-    let tok = dir.join("llama3");
-    let mut cfg = chat_config(&tok, &data, "");
-    cfg.skip_bad_records = true;
-    let chat = ChatTokenizer::open(&cfg, None).unwrap();
+    let (_tmp, data, mut cfg, chat) = fixture_chats_in_tempdir(dir);
     let (first, stats) = chat::build("data.path", &data, &cfg, &chat, true).unwrap();
-    let cache_dir = tmp.path().join(".flotilla-cache");
-    let entries = || {
-        std::fs::read_dir(&cache_dir)
-            .map(|d| {
-                d.filter(|e| {
-                    e.as_ref()
-                        .is_ok_and(|e| e.path().extension().is_some_and(|x| x == "bin"))
-                })
-                .count()
-            })
-            .unwrap_or(0)
-    };
+    let entries = || cache_files(&data, "bin").len();
     assert_eq!(entries(), 1);
     let (again, again_stats) = chat::build("data.path", &data, &cfg, &chat, true).unwrap();
     assert_eq!((&first, &stats), (&again, &again_stats));
@@ -395,20 +402,12 @@ fn ranks_prepare_an_entry_once() {
     let Some(dir) = require_tokenizers("ranks_prepare_an_entry_once") else {
         return;
     };
-    let tmp = tempfile::tempdir().unwrap();
-    let data = tmp.path().join("chats.jsonl");
-    std::fs::copy(fixtures().join("conversations.jsonl"), &data).unwrap();
-    let mut cfg = chat_config(&dir.join("llama3"), &data, "");
-    cfg.skip_bad_records = true;
-    let chat = ChatTokenizer::open(&cfg, None).unwrap();
+    let (tmp, data, cfg, chat) = fixture_chats_in_tempdir(dir);
     let (first, _) = chat::build("data.path", &data, &cfg, &chat, true).unwrap();
-    let cache_dir = tmp.path().join(".flotilla-cache");
     let named = |ext: &str| {
-        std::fs::read_dir(&cache_dir)
-            .unwrap()
-            .map(|e| e.unwrap().path())
-            .find(|p| p.extension().is_some_and(|x| x == ext))
-            .unwrap_or_else(|| panic!("no .{ext} file in {}", cache_dir.display()))
+        let files = cache_files(&data, ext);
+        assert_eq!(files.len(), 1, "one .{ext} file in the cache: {files:?}");
+        files[0].clone()
     };
     let (bin, lock) = (named("bin"), named("lock"));
     let saved = tmp.path().join("saved.bin");

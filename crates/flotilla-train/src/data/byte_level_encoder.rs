@@ -12,10 +12,10 @@
 //! vocabulary's own splitting, the tokenizer's own regexes, its own BPE model and cache — and
 //! computes offsets by counting. Pre-tokenized pieces repeat (words, indentation, the
 //! template's own text), so each thread keeps what every piece of up to [`CACHED_PIECE`] bytes
-//! encoded to: a repeated piece costs one hash lookup. Any pipeline it does not recognise (a normalizer, Metaspace,
-//! a prefix space, truncation, padding, another post-processor) is left to `tokenizers`; a
-//! tokenizer is only given this encoder after it agreed with `tokenizers` on a probe text (see
-//! `Tokenizer::from_inner`).
+//! encoded to: a repeated piece costs one hash lookup. Any pipeline it does not recognise (a
+//! normalizer, Metaspace, a prefix space, truncation, padding, another post-processor) is left
+//! to `tokenizers`; a tokenizer is only given this encoder after it agreed with `tokenizers` on
+//! a probe text (see `Tokenizer::from_inner`).
 
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -533,8 +533,8 @@ pub fn build(
     }
     // Held until this function returns: another rank preparing the same entry finishes first
     // and this one reads what it stored.
-    let _preparing = cache.as_ref().and_then(|c| c.lock());
-    if let Some(hit) = _preparing.as_ref().and_then(|_| cached()) {
+    let preparing = cache.as_ref().and_then(|c| c.lock());
+    if let Some(hit) = preparing.as_ref().and_then(|_| cached()) {
         return Ok(hit);
     }
     let records = split_records(path, &bytes)?;
