@@ -38,15 +38,16 @@ impl AdamWConfig {
     /// The scalars of step `t` (1-based, after increment) at learning rate `lr`.
     pub(super) fn scalars(&self, t: u64, lr: f64) -> StepScalars {
         let [beta1, beta2] = self.betas;
-        let t = t as i32;
+        let t = t as f64;
         StepScalars {
             lr,
             weight_decay: self.weight_decay,
             beta1,
             beta2,
             eps: self.eps,
-            step_size: lr / (1.0 - beta1.powi(t)),
-            bc2_sqrt: (1.0 - beta2.powi(t)).sqrt(),
+            // As torch's `lr / (1 - beta1**step)` and `(1 - beta2**step) ** 0.5`, in f64.
+            step_size: lr / (1.0 - beta1.powf(t)),
+            bc2_sqrt: (1.0 - beta2.powf(t)).powf(0.5),
         }
     }
 }
@@ -85,11 +86,15 @@ pub(super) fn adamw_update(
             }
         }
     }
+    // torch's single-tensor AdamW kernel by kernel (`addcmul_` and `addcdiv_` with their
+    // `value` folded into the first operand, which is where the kernels apply it), so both
+    // round alike on any CPU: `lerp_`, `mul_(β2).addcmul_(g, g, value=1−β2)`,
+    // `denom = (v.sqrt() / bc2_sqrt).add_(eps)`, `p.addcdiv_(m, denom, value=−step_size)`.
     let _ = m.f_lerp_(&g, 1.0 - h.beta1)?;
     let _ = v.f_mul_scalar_(h.beta2)?;
-    let _ = v.f_add_(&(&g * &g * (1.0 - h.beta2)))?;
-    let denom = v.f_sqrt()?.f_div_scalar(h.bc2_sqrt)? + h.eps;
-    let _ = p.f_sub_(&(m.f_div(&denom)? * h.step_size))?;
+    let _ = v.f_addcmul_(&g.f_mul_scalar(1.0 - h.beta2)?, &g)?;
+    let denom = v.f_sqrt()?.f_div_scalar(h.bc2_sqrt)?.f_add_scalar_(h.eps)?;
+    let _ = p.f_addcdiv_(&m.f_mul_scalar(-h.step_size)?, &denom)?;
     Ok(())
 }
 
@@ -273,7 +278,8 @@ pub(super) fn scale_to_max_norm<'a>(
     if max_norm <= 0.0 {
         return Ok(());
     }
-    let coef = (max_norm / (total + 1e-6)).clamp_max(1.0);
+    // torch's `max_norm / (total + 1e-6)` is `reciprocal() * max_norm` on a tensor.
+    let coef = ((total + 1e-6).reciprocal() * max_norm).clamp_max(1.0);
     tch::no_grad(|| {
         for g in grads {
             let c = coef.f_to_device(g.device())?.f_to_kind(g.kind())?;

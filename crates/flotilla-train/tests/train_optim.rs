@@ -113,7 +113,10 @@ fn adamw_and_clip_match_torch() {
         worst = worst.max(rel(&st.exp_avg_sq, &want[&format!("exp_avg_sq.{i}")]));
     }
     eprintln!("adamw vs torch: max rel diff params/moments {worst:e}, norms {worst_norm:e}");
-    assert!(worst < 1e-6, "{worst:e}");
+    // flotilla runs torch's single-tensor AdamW kernel by kernel on the same libtorch, so the
+    // two agree to the bit on any CPU (they differed by up to 1.3e-6 when the update was
+    // written as other ops, whose rounding depends on the CPU's vector kernels).
+    assert!(worst <= 1e-7, "{worst:e}");
     assert!(worst_norm < 1e-6, "{worst_norm:e}");
 }
 
