@@ -3,7 +3,9 @@ LlamaForCausalLM, MistralForCausalLM and Qwen2ForCausalLM.
 
     make_hf_fixtures.py make OUT     small random models saved with save_pretrained (biases and
                                      norm weights random too), a token batch, and transformers'
-                                     logits and loss for it; writes OUT/manifest.json
+                                     logits and loss for it, and its logits for the batch as
+                                     packed rows (position ids restarting per sequence);
+                                     writes OUT/manifest.json
     make_hf_fixtures.py check FILE   FILE lists model directories flotilla saved with the
                                      logits flotilla computed and the class each must load as;
                                      loads each with AutoModelForCausalLM, checks the class and
@@ -114,6 +116,15 @@ FIXTURES = {
 }
 
 BATCH, SEQ = 2, 16
+# Where the sequences packed into each row start: position ids restart there, and transformers
+# then keeps each sequence's attention to itself.
+PACKED_STARTS = [[0, 5], [0, 3, 10]]
+
+
+def packed_positions():
+    return torch.tensor(
+        [[i - max(s for s in starts if s <= i) for i in range(SEQ)] for starts in PACKED_STARTS]
+    )
 
 
 def make(out):
@@ -157,14 +168,19 @@ def make(out):
         input_ids = torch.randint(0, config.vocab_size, (BATCH, SEQ), generator=gen)
         labels = input_ids.clone()
         labels[1, :3] = -100
+        positions = packed_positions()
         with torch.no_grad():
             result = ref(input_ids=input_ids, labels=labels)
+            # use_cache=False: transformers looks for packed sequences only without a cache.
+            packed = ref(input_ids=input_ids, position_ids=positions, use_cache=False)
         save_file(
             {
                 "input_ids": input_ids,
                 "labels": labels,
                 "logits": result.logits.float().contiguous(),
                 "loss": result.loss.float().reshape(1),
+                "positions": positions,
+                "packed_logits": packed.logits.float().contiguous(),
             },
             os.path.join(out, name, "reference.safetensors"),
         )

@@ -12,7 +12,7 @@ use tch::{Kind, Tensor};
 
 use super::TrainError;
 use crate::data::Batch;
-use crate::model::{vjp, Llama, Params};
+use crate::model::{vjp, Llama, Params, TokenInput};
 
 /// How the engine gets parameters and hands over gradients.
 pub trait Strategy {
@@ -198,7 +198,7 @@ impl<'m> Engine<'m> {
         let model = self.model;
         let units = model.units();
         let n = units.len();
-        let mut ctx = model.ctx(batch.input_ids.size()[1], batch.input_ids.device());
+        let mut ctx = model.ctx_for_input(&batch.model_input());
         ctx.dropout_seed = dropout_seed;
         let checkpoint = |i: usize| self.options.activation_checkpointing && i + 1 < n;
 
@@ -331,7 +331,7 @@ impl<'m> Engine<'m> {
 /// `release(unit)` follows each unit.
 pub fn forward_by_unit(
     model: &Llama,
-    inputs: &[Tensor],
+    inputs: &[TokenInput],
     params_for: &mut dyn FnMut(usize) -> Result<Vec<Tensor>, TrainError>,
     release: &mut dyn FnMut(usize) -> Result<(), TrainError>,
     on_logits: &mut dyn FnMut(usize, Tensor) -> Result<(), TrainError>,
@@ -339,11 +339,8 @@ pub fn forward_by_unit(
     let _guard = tch::no_grad_guard();
     let units = model.units();
     let n = units.len();
-    let ctxs: Vec<_> = inputs
-        .iter()
-        .map(|x| model.ctx(x.size()[1], x.device()))
-        .collect();
-    let mut xs: Vec<Option<Tensor>> = inputs.iter().map(|x| Some(x.shallow_clone())).collect();
+    let ctxs: Vec<_> = inputs.iter().map(|x| model.ctx_for_input(x)).collect();
+    let mut xs: Vec<Option<Tensor>> = inputs.iter().map(|x| Some(x.ids.shallow_clone())).collect();
     for (u, unit) in units.iter().enumerate() {
         let params = params_for(u)?;
         for (i, slot) in xs.iter_mut().enumerate() {

@@ -15,7 +15,8 @@ use super::host_memory::HostPhase;
 use super::preempt;
 use super::trainer::Trainer;
 use super::TrainError;
-use crate::data::{eval_batches, greedy_generate_in_step, ArithmeticTask, Dataset};
+use crate::data::{eval_batches, greedy_generate_in_step, ArithmeticTask, Batch, Dataset};
+use crate::model::TokenInput;
 use crate::tensor_comm::TensorCollectives;
 use flotilla_comm::comm::ReduceOp;
 use flotilla_config::schema::Resume;
@@ -56,10 +57,10 @@ impl Trainer {
             world,
             device,
         )?;
-        let inputs: Vec<Tensor> = batches
+        let inputs: Vec<TokenInput> = batches
             .micro_batches
             .iter()
-            .map(|b| b.input_ids.shallow_clone())
+            .map(Batch::model_input)
             .collect();
         let mut sum = 0.0;
         let (model, weights) = (&self.model, &mut self.weights);
@@ -94,7 +95,10 @@ impl Trainer {
                         crate::data::arithmetic::EOS_ID as i64,
                         device,
                         |x| -> Result<Option<Tensor>, TrainError> {
-                            let inputs: Vec<Tensor> = x.iter().map(|x| x.shallow_clone()).collect();
+                            let inputs: Vec<TokenInput> = x
+                                .iter()
+                                .map(|x| TokenInput::new(x.shallow_clone()))
+                                .collect();
                             let mut out = None;
                             weights.forward_eval(model, &inputs, &mut |_, logits| {
                                 out = Some(logits);

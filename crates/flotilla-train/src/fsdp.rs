@@ -53,7 +53,7 @@ use super::weights::{
 };
 use super::TrainError;
 use crate::data::StepBatches;
-use crate::model::{Llama, Params};
+use crate::model::{Llama, Params, TokenInput};
 use crate::tensor_comm::TensorCollectives;
 use flotilla_comm::comm::{Communicator, CommunicatorExt, ReduceOp, Work};
 use flotilla_config::schema::{AutoWrapPolicy, ShardingStrategy};
@@ -979,7 +979,7 @@ impl ParallelWeights for Fsdp {
     fn forward_eval(
         &mut self,
         model: &Llama,
-        inputs: &[Tensor],
+        inputs: &[TokenInput],
         on_logits: &mut dyn FnMut(usize, Tensor) -> Result<(), TrainError>,
     ) -> Result<(), TrainError> {
         let this = &*self;

@@ -24,7 +24,7 @@ use super::weights::{
 };
 use super::TrainError;
 use crate::data::StepBatches;
-use crate::model::{Llama, Params};
+use crate::model::{Llama, Params, TokenInput};
 use crate::tensor_comm::TensorCollectives;
 use flotilla_comm::comm::{Communicator, ReduceOp, Work};
 use flotilla_config::schema::DdpConfig;
@@ -249,7 +249,7 @@ impl ParallelWeights for Replicated {
     fn forward_eval(
         &mut self,
         model: &Llama,
-        inputs: &[Tensor],
+        inputs: &[TokenInput],
         on_logits: &mut dyn FnMut(usize, Tensor) -> Result<(), TrainError>,
     ) -> Result<(), TrainError> {
         let _guard = tch::no_grad_guard();
@@ -267,7 +267,7 @@ impl ParallelWeights for Replicated {
             }
             _ => {
                 for (i, x) in inputs.iter().enumerate() {
-                    on_logits(i, model.forward(&self.params, x)?)?;
+                    on_logits(i, model.forward_input(&self.params, x)?)?;
                 }
                 Ok(())
             }

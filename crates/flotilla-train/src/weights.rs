@@ -13,7 +13,7 @@ use super::fsdp_layout::GroupLayout;
 use super::param_source::TensorSource;
 use super::TrainError;
 use crate::data::StepBatches;
-use crate::model::{Llama, Params};
+use crate::model::{Llama, Params, TokenInput};
 
 /// Bytes a rank holds for training state.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
@@ -197,7 +197,7 @@ pub trait ParallelWeights {
     fn forward_eval(
         &mut self,
         model: &Llama,
-        inputs: &[Tensor],
+        inputs: &[TokenInput],
         on_logits: &mut dyn FnMut(usize, Tensor) -> Result<(), TrainError>,
     ) -> Result<(), TrainError>;
 }

@@ -63,7 +63,7 @@ fn chat_config(tokenizer: &Path, path: &Path, yaml: &str) -> ChatData {
     let text = format!(
         "kind: chat\npath: {}\neval_path: null\ntokenizer: {}\nchat_template: null\n\
          format: messages\nmessages_key: messages\nsystem: null\ntrain_on: assistant\n\
-         overflow: truncate\npacking: false\nskip_bad_records: false\nseq_len: 4096\n\
+         overflow: truncate\npacking: false\npacked_attention: conversation\nskip_bad_records: false\nseq_len: 4096\n\
          shuffle: false\nnum_workers: 0\n{yaml}",
         path.display(),
         tokenizer.display()

@@ -141,7 +141,7 @@ fn run_rank(job: &JobConfig, comm: Option<Arc<dyn Communicator>>) -> Held {
         weights
             .forward_eval(
                 &llama,
-                &[batch.micro_batches[0].input_ids.shallow_clone()],
+                &[batch.micro_batches[0].model_input()],
                 &mut |_, _| Ok(()),
             )
             .unwrap();

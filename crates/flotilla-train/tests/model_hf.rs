@@ -3,7 +3,8 @@
 //! with `save_pretrained` (tied and untied, GQA/MHA/MQA, llama3 rope scaling, legacy
 //! config.json, sharded, f16, bf16, Llama with attention biases, Mistral with a sliding window,
 //! Qwen2 with random q/k/v biases, tied and untied) and transformers' logits and loss for a
-//! token batch; flotilla loads each, matches the logits and the loss, saves its own directory,
+//! token batch, and its logits for the batch as packed rows (position ids restarting at each
+//! sequence); flotilla loads each, matches the logits, the loss and the packed logits, saves its own directory,
 //! and transformers loads that as the same class and matches flotilla's logits. Mistral and
 //! Qwen2 bases also train through `flotilla-train` with `model.init_from`: `final/` loads in
 //! transformers as the same class with flotilla's logits, and a `data.seq_len` beyond
@@ -20,7 +21,9 @@ use std::process::Command;
 use std::time::Instant;
 
 use flotilla_config::schema::ModelConfig;
-use flotilla_train::model::{causal_lm_loss, load_hf, save_hf, Llama, ModelError, Params};
+use flotilla_train::model::{
+    causal_lm_loss, load_hf, save_hf, Llama, ModelError, Params, TokenInput,
+};
 use tch::{Device, Kind, Tensor};
 
 fn oracle_script() -> PathBuf {
@@ -131,6 +134,25 @@ fn transformers_oracle_both_directions() {
                 "{name}: logits err {err:.3e}, loss err {loss_err:.3e}"
             ));
         }
+        // The same batch as packed rows: position ids restarting at each sequence.
+        let packed_input = TokenInput {
+            ids: tokens.shallow_clone(),
+            positions: Some(reference["positions"].shallow_clone()),
+        };
+        let packed = model.forward_input(&params, &packed_input).unwrap();
+        let packed_err = max_rel_err(&packed, &reference["packed_logits"]);
+        let unpacked_err = max_rel_err(&logits, &reference["packed_logits"]);
+        eprintln!(
+            "{name:<26} packed rows: max rel logits err {packed_err:.2e} (unpacked logits are \
+             {unpacked_err:.2e} away)"
+        );
+        if packed_err > tol {
+            failures.push(format!("{name}: packed logits err {packed_err:.3e}"));
+        }
+        assert!(
+            unpacked_err > 10.0 * tol,
+            "{name}: packing changes the logits by only {unpacked_err:.2e}"
+        );
         if !biases.is_empty() {
             // The fixture must exercise the biases: without them the logits are far off.
             let mut no_bias = Params::new();

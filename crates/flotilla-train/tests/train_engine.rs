@@ -27,14 +27,35 @@ fn batch(rows: i64, t: i64, seed: i64) -> Batch {
     Batch {
         input_ids,
         labels,
+        positions: None,
         num_loss_tokens: n,
     }
+}
+
+/// `b` with rows packing sequences: row 0 of 5 and `T - 5` tokens, row 1 of 3, 4 and the rest,
+/// the others one sequence each.
+fn packed(mut b: Batch) -> Batch {
+    let (rows, t) = (b.input_ids.size()[0], b.input_ids.size()[1]);
+    let mut positions = vec![];
+    for r in 0..rows {
+        let starts: &[i64] = match r {
+            0 => &[0, 5],
+            1 => &[0, 3, 7],
+            _ => &[0],
+        };
+        for i in 0..t {
+            let begin = starts.iter().rev().find(|&&s| s <= i).unwrap();
+            positions.push(i - begin);
+        }
+    }
+    b.positions = Some(Tensor::from_slice(&positions).reshape([rows, t]));
+    b
 }
 
 /// Whole-graph reference: loss_sum / tokens, one backward.
 fn reference(model: &Llama, params: &Params, b: &Batch, tokens: u64) -> (f64, Params) {
     let leaves = params.requiring_grad();
-    let logits = model.forward(&leaves, &b.input_ids).unwrap();
+    let logits = model.forward_input(&leaves, &b.model_input()).unwrap();
     let loss = b.loss_sum(&logits) / tokens as f64;
     let names: Vec<&str> = leaves.names().collect();
     let wrt: Vec<&Tensor> = names.iter().map(|n| leaves.get(n).unwrap()).collect();
@@ -78,10 +99,21 @@ fn engine_matches_whole_graph_backward() {
     for tied in [true, false] {
         let model = Llama::new(&tiny(tied)).unwrap();
         let params = model.init_params(5, Device::Cpu, Kind::Float);
-        let b = batch(4, 12, 1);
-        let tokens = b.num_loss_tokens;
-        let (ref_loss, ref_grads) = reference(&model, &params, &b, tokens);
-        for ckpt in [false, true] {
+        let whole_rows = reference(&model, &params, &batch(4, 12, 1), 1).0;
+        for (b, ckpt) in [
+            (batch(4, 12, 1), false),
+            (batch(4, 12, 1), true),
+            (packed(batch(4, 12, 1)), false),
+            (packed(batch(4, 12, 1)), true),
+        ] {
+            let tokens = b.num_loss_tokens;
+            let (ref_loss, ref_grads) = reference(&model, &params, &b, tokens);
+            if b.positions.is_some() {
+                // The packed rows attend differently: the loss must change (by ~5e-5 here, a
+                // random tiny model being nearly indifferent to context).
+                let sum = reference(&model, &params, &b, 1).0;
+                assert!((sum - whole_rows).abs() > 1e-5 * whole_rows.abs());
+            }
             let engine = Engine::new(
                 &model,
                 EngineOptions {
@@ -97,7 +129,11 @@ fn engine_matches_whole_graph_backward() {
                 .forward_backward(&mut strat, std::slice::from_ref(&b), tokens)
                 .unwrap();
             let d = max_diff(&grads, &ref_grads);
-            eprintln!("tied={tied} ckpt={ckpt}: loss {loss} vs {ref_loss}, max grad diff {d:e}");
+            let packed = b.positions.is_some();
+            eprintln!(
+                "tied={tied} ckpt={ckpt} packed={packed}: loss {loss} vs {ref_loss}, max grad \
+                 diff {d:e}"
+            );
             assert!((loss - ref_loss).abs() <= 1e-6 * ref_loss.abs());
             assert!(d <= 1e-7, "max grad diff {d:e}");
             // gradients_ready: every unit once, in reverse order, with its owned params.
@@ -123,6 +159,7 @@ fn accumulation_over_two_micro_batches_equals_one_batch() {
             let labels = whole.labels.narrow(0, r.start, r.end - r.start);
             Batch {
                 input_ids: whole.input_ids.narrow(0, r.start, r.end - r.start),
+                positions: None,
                 num_loss_tokens: labels.ne(IGNORE_INDEX).sum(Kind::Int64).int64_value(&[]) as u64,
                 labels,
             }

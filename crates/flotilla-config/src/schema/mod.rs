@@ -45,7 +45,7 @@ pub use types::{
     ArithmeticData, AutoWrapPolicy, Backend, BackwardPrefetch, ChatData, ChatFormat, ComputeConfig,
     ConfigArg, DataConfig, DataKind, DdpConfig, Device, DistConfig, DistMode, Dtype, FsdpConfig,
     JobConfig, JsonlData, Launcher, LoraConfig, LoraModule, LrSchedule, ModelConfig, Overflow,
-    PeftConfig, PeftMethod, Precision, Resume, RopeScaling, RopeType, SavedModule,
+    PackedAttention, PeftConfig, PeftMethod, Precision, Resume, RopeScaling, RopeType, SavedModule,
     ShardingStrategy, StateDictType, TaskConfig, TaskRanks, TextData, TokenDtype, TokenizerSpec,
     TokensData, TrainOn, TrainerConfig,
 };

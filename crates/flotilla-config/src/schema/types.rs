@@ -232,6 +232,14 @@ choice! {
 }
 
 choice! {
+    /// What a token of a packed window attends to (`data.packed_attention`): its own
+    /// conversation only, with positions restarting at each conversation (`conversation`, as
+    /// transformers treats packed `position_ids`), or every earlier token of the window
+    /// (`window`: plain causal attention, no mask).
+    pub enum PackedAttention { Conversation = "conversation", Window = "window" }
+}
+
+choice! {
     /// Element type of a pre-tokenized file.
     pub enum TokenDtype { Uint16 = "uint16", Uint32 = "uint32" }
 }
@@ -881,6 +889,9 @@ section! {
         overflow: Overflow,
         /// Several conversations per window (loss masks kept).
         packing: bool,
+        /// With packing: `conversation` (attention and positions within each conversation) or
+        /// `window` (causal over the whole window).
+        packed_attention: PackedAttention,
         /// Skip (and count) records the template rejects or that have nothing to train,
         /// instead of stopping at the first.
         skip_bad_records: bool,

@@ -10,6 +10,7 @@ use tch::{Device, Kind, Reduction, Tensor};
 use super::dataset::{Dataset, Sample, IGNORE_INDEX};
 use super::error::{DataError, Result};
 use super::sampler::{eval_rows, micro_batch_rows, rank_rows, Sampler, SamplerState};
+use crate::model::TokenInput;
 
 /// One micro-batch.
 #[derive(Debug)]
@@ -19,6 +20,9 @@ pub struct Batch {
     /// `[M, T]` int64 targets of each position (already shifted: `labels[:, t]` is the token
     /// that should follow `input_ids[:, ..=t]`), [`IGNORE_INDEX`] where there is no loss.
     pub labels: Tensor,
+    /// `[M, T]` int64 position ids when a row packs several sequences that must not see each
+    /// other (see [`Sample::positions`]); rows that do not are `0..T`. `None` when no row does.
+    pub positions: Option<Tensor>,
     /// Labels other than [`IGNORE_INDEX`] in this micro-batch.
     pub num_loss_tokens: u64,
 }
@@ -30,16 +34,28 @@ impl Batch {
         let t = samples.first().map_or(0, |s| s.input_ids.len()) as i64;
         let mut inputs = Vec::with_capacity((m * t) as usize);
         let mut labels = Vec::with_capacity((m * t) as usize);
+        let packed = samples.iter().any(|s| s.positions.is_some());
+        let mut positions = Vec::with_capacity(if packed { (m * t) as usize } else { 0 });
         let mut count = 0u64;
         for s in samples {
-            if s.input_ids.len() as i64 != t || s.labels.len() as i64 != t {
+            let lengths = [
+                Some(s.input_ids.len()),
+                Some(s.labels.len()),
+                s.positions.as_ref().map(Vec::len),
+            ];
+            if let Some(other) = lengths.into_iter().flatten().find(|&n| n as i64 != t) {
                 return Err(DataError::BatchSplit(format!(
-                    "samples of different lengths in one batch ({} and {t})",
-                    s.input_ids.len()
+                    "samples of different lengths in one batch ({other} and {t})"
                 )));
             }
             inputs.extend_from_slice(&s.input_ids);
             labels.extend_from_slice(&s.labels);
+            if packed {
+                match &s.positions {
+                    Some(p) => positions.extend_from_slice(p),
+                    None => positions.extend(0..t),
+                }
+            }
             count += s.num_loss_tokens() as u64;
         }
         let to = |v: &[i64]| -> Result<Tensor> {
@@ -50,8 +66,17 @@ impl Batch {
         Ok(Batch {
             input_ids: to(&inputs)?,
             labels: to(&labels)?,
+            positions: if packed { Some(to(&positions)?) } else { None },
             num_loss_tokens: count,
         })
+    }
+
+    /// The model's input: the ids and, for packed rows, their positions.
+    pub fn model_input(&self) -> TokenInput {
+        TokenInput {
+            ids: self.input_ids.shallow_clone(),
+            positions: self.positions.as_ref().map(Tensor::shallow_clone),
+        }
     }
 
     /// Rows in the batch (`M`).

@@ -37,9 +37,12 @@
 //! With `packing: true` conversations are placed, in order, into windows of `seq_len + 1`
 //! tokens (a conversation that does not fit in what is left of a window starts the next);
 //! each keeps its mask, and the first token of each is never a target (it is not predicted
-//! from the previous conversation). Attention is causal over the whole window, so a token
-//! attends to earlier conversations of its window, as with transformers' default packing
-//! without per-document position ids.
+//! from the previous conversation). With `packed_attention: conversation` (the default) each
+//! conversation's positions restart at 0 and its tokens attend only to its own earlier tokens,
+//! exactly as if it were alone (transformers' rule for packed `position_ids`; the model builds
+//! the block-diagonal mask); with `window` attention is causal over the whole window, so a
+//! token also attends to the earlier conversations of its window (no mask: the fused causal
+//! kernel, cheaper on long windows).
 //!
 //! # Speed and the cache
 //! Records are parsed and encoded on every core (rayon), a chunk of records at a time, so a
@@ -54,7 +57,7 @@
 
 use std::path::{Path, PathBuf};
 
-use flotilla_config::schema::{ChatData, ChatFormat, Overflow, TrainOn};
+use flotilla_config::schema::{ChatData, ChatFormat, Overflow, PackedAttention, TrainOn};
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
@@ -507,8 +510,21 @@ fn encode_with(
 /// never held parsed and encoded whole.
 const CHUNK: usize = 4096;
 
-/// Reads and encodes the conversations of `path` (`key` names its config key).
+/// Reads and encodes the conversations of `path` (`key` names its config key), from the cache
+/// when it holds them.
 pub fn build(
+    key: &str,
+    path: &Path,
+    cfg: &ChatData,
+    chat: &ChatTokenizer,
+    use_cache: bool,
+) -> Result<(MaskedSequences, ChatStats)> {
+    let (mut out, stats) = prepare(key, path, cfg, chat, use_cache)?;
+    out.isolate(cfg.packing && cfg.packed_attention == PackedAttention::Conversation);
+    Ok((out, stats))
+}
+
+fn prepare(
     key: &str,
     path: &Path,
     cfg: &ChatData,
@@ -556,7 +572,7 @@ pub fn build(
             ..Default::default()
         },
         settings: &settings,
-        window: (vec![], vec![], 0),
+        window: Window::default(),
     };
     for first in (0..records.len()).step_by(CHUNK) {
         let last = (first + CHUNK).min(records.len());
@@ -637,8 +653,30 @@ struct Samples<'a> {
     out: MaskedSequences,
     stats: ChatStats,
     settings: &'a Settings<'a>,
-    /// The window being packed: ids, trained flags, the place of its first conversation.
-    window: (Vec<u32>, Vec<bool>, usize),
+    /// The window being packed.
+    window: Window,
+}
+
+/// A window being packed: its ids and trained flags, where each conversation starts, and the
+/// line of its first.
+#[derive(Default)]
+struct Window {
+    ids: Vec<u32>,
+    trained: Vec<bool>,
+    starts: Vec<usize>,
+    line: usize,
+}
+
+impl Window {
+    /// Moves the window's conversations into `out` as one sequence, leaving it empty.
+    fn flush(&mut self, out: &mut MaskedSequences) {
+        if !self.ids.is_empty() {
+            out.push_packed(&self.ids, &self.trained, &self.starts, self.line);
+        }
+        self.ids.clear();
+        self.trained.clear();
+        self.starts.clear();
+    }
 }
 
 impl Samples<'_> {
@@ -664,24 +702,21 @@ impl Samples<'_> {
             return;
         }
         let window = &mut self.window;
-        if window.0.len() + ids.len() > limit && !window.0.is_empty() {
-            self.out.push(&window.0, &window.1, window.2);
-            window.0.clear();
-            window.1.clear();
+        if window.ids.len() + ids.len() > limit {
+            window.flush(&mut self.out);
         }
-        if window.0.is_empty() {
-            window.2 = at;
+        if window.ids.is_empty() {
+            window.line = at;
         } else {
             trained[0] = false;
         }
-        window.0.extend_from_slice(&ids);
-        window.1.extend_from_slice(&trained);
+        window.starts.push(window.ids.len());
+        window.ids.extend_from_slice(&ids);
+        window.trained.extend_from_slice(&trained);
     }
 
     fn finish(mut self) -> Result<(MaskedSequences, ChatStats)> {
-        if !self.window.0.is_empty() {
-            self.out.push(&self.window.0, &self.window.1, self.window.2);
-        }
+        self.window.flush(&mut self.out);
         let out = self.out;
         let mut stats = self.stats;
         stats.examples = out.len();

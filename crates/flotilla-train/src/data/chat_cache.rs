@@ -4,8 +4,9 @@
 //! tokenizer directory's `tokenizer.json` and its companions, the template's source, the
 //! settings (and today's date when the template calls `strftime_now`), and a format version.
 //! A file is a magic line, a JSON header (the key, the counts, the sizes) and the flat arrays
-//! of [`MaskedSequences`]; it is written to a temporary name and renamed, so readers never see
-//! half a file, and anything that does not match on reading is ignored (and rebuilt).
+//! of [`MaskedSequences`] (bounds, lines, conversation starts, ids, mask); it is written to a
+//! temporary name and renamed, so readers never see half a file, and anything that does not
+//! match on reading is ignored (and rebuilt).
 //!
 //! Ranks that share the data folder prepare an entry once: whoever first takes the entry's lock
 //! (`chat-<key>.lock`, an exclusive `flock`) prepares and stores it while the others wait, then
@@ -20,7 +21,7 @@ use sha2::{Digest, Sha256};
 use super::chat::{ChatStats, ChatTokenizer};
 use super::masked::MaskedSequences;
 
-const MAGIC: &[u8] = b"FLOTILLA-CHAT-CACHE 1\n";
+const MAGIC: &[u8] = b"FLOTILLA-CHAT-CACHE 2\n";
 /// The folder beside the data file that holds the cache.
 pub const CACHE_DIR: &str = ".flotilla-cache";
 
@@ -32,6 +33,8 @@ struct Header {
     seq_len: usize,
     pad_id: u32,
     sequences: usize,
+    /// Conversations (entries of `MaskedSequences::starts`).
+    conversations: usize,
     tokens: usize,
 }
 
@@ -140,6 +143,10 @@ impl CacheEntry {
             .into_iter()
             .map(|b| b as usize)
             .collect();
+        out.starts = read_u64s(&mut f, header.conversations)?
+            .into_iter()
+            .map(|b| b as usize)
+            .collect();
         let mut ids = vec![0u8; header.tokens * 4];
         f.read_exact(&mut ids).ok()?;
         out.ids = ids
@@ -176,6 +183,7 @@ impl CacheEntry {
             seq_len: data.seq_len,
             pad_id: data.pad_id,
             sequences: data.lines.len(),
+            conversations: data.starts.len(),
             tokens: data.ids.len(),
         })?;
         let tmp = self
@@ -189,7 +197,7 @@ impl CacheEntry {
             for b in &data.bounds {
                 f.write_all(&(*b as u64).to_le_bytes())?;
             }
-            for l in &data.lines {
+            for l in data.lines.iter().chain(&data.starts) {
                 f.write_all(&(*l as u64).to_le_bytes())?;
             }
             for id in &data.ids {

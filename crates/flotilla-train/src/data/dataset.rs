@@ -13,6 +13,10 @@ pub const IGNORE_INDEX: i64 = -100;
 pub struct Sample {
     pub input_ids: Vec<i64>,
     pub labels: Vec<i64>,
+    /// The position id of each input when the sample packs several sequences that must not
+    /// see each other: a position that does not follow its predecessor by one starts a new
+    /// sequence (transformers' packed `position_ids`). `None`: positions `0..T`, one sequence.
+    pub positions: Option<Vec<i64>>,
 }
 
 impl Sample {

@@ -88,7 +88,11 @@ impl Dataset for SequenceDataset {
                 labels[i] = s[i + 1] as i64;
             }
         }
-        Ok(Sample { input_ids, labels })
+        Ok(Sample {
+            input_ids,
+            labels,
+            positions: None,
+        })
     }
 
     fn num_loss_tokens(&self, index: usize) -> Result<usize> {

@@ -7,10 +7,10 @@
 //! Numerics follow transformers' `modeling_llama.py`: RMSNorm upcasts to fp32, normalises,
 //! casts back and multiplies by the weight; rotary tables are computed in fp32 (rotate-half
 //! convention, `rope_theta`, optional `llama3` frequency scaling) and cast to the activation
-//! dtype; attention is causal `scaled_dot_product_attention` with grouped-query heads; the MLP
-//! is SwiGLU; the attention projections carry biases where the architecture has them
-//! (`ModelConfig::attention_biases`), the MLP never. Parameter names are [`super::names`]'s; files are
-//! [`super::hf`]'s.
+//! dtype; attention is causal `scaled_dot_product_attention` with grouped-query heads (within
+//! each sequence of a packed row: [`packed_attention_mask`]); the MLP is SwiGLU; the attention
+//! projections carry biases where the architecture has them (`ModelConfig::attention_biases`),
+//! the MLP never. Parameter names are [`super::names`]'s; files are [`super::hf`]'s.
 
 use tch::{Device, Kind, Reduction, Tensor};
 
@@ -19,7 +19,7 @@ use flotilla_config::schema::{
 };
 
 use super::names::{LayerWeight, LoraFactor, ParamName};
-use super::{ForwardCtx, Init, ModelError, ParamSpec, Params, Unit};
+use super::{ForwardCtx, Init, ModelError, ParamSpec, Params, TokenInput, Unit};
 
 /// The architecture: config, parameter table and units. Holds no tensors (it is `Send + Sync`);
 /// parameters live in a [`Params`] or wherever the trainer keeps them.
@@ -306,15 +306,35 @@ impl Llama {
         ForwardCtx {
             cos: emb.cos(),
             sin: emb.sin(),
+            attention_mask: None,
             dropout_seed: None,
+        }
+    }
+
+    /// The forward context of `input`: its positions' rotary tables and, for packed rows, the
+    /// mask that keeps each sequence to itself.
+    pub fn ctx_for_input(&self, input: &TokenInput) -> ForwardCtx {
+        match &input.positions {
+            None => self.ctx(input.ids.size()[1], input.ids.device()),
+            Some(positions) => {
+                let mut ctx = self.ctx_for_positions(positions);
+                ctx.attention_mask = Some(packed_attention_mask(positions));
+                ctx
+            }
         }
     }
 
     /// Whole-graph forward: token ids `[B, T]` to logits `[B, T, vocab]`, running the units in
     /// order on one autograd graph.
     pub fn forward(&self, params: &Params, tokens: &Tensor) -> Result<Tensor, ModelError> {
+        self.forward_input(params, &TokenInput::new(tokens.shallow_clone()))
+    }
+
+    /// [`Llama::forward`] of token ids with their position ids when rows are packed.
+    pub fn forward_input(&self, params: &Params, input: &TokenInput) -> Result<Tensor, ModelError> {
+        let tokens = &input.ids;
         self.check_window("the input length", tokens.size()[1] as usize)?;
-        let ctx = self.ctx(tokens.size()[1], tokens.device());
+        let ctx = self.ctx_for_input(input);
         let mut x = tokens.shallow_clone();
         for (i, unit) in self.units.iter().enumerate() {
             x = unit.forward(&self.unit_params(i, params)?, &x, &ctx);
@@ -551,6 +571,21 @@ fn rope_tables(ctx: &ForwardCtx, kind: Kind) -> (Tensor, Tensor) {
     (shape(&ctx.cos), shape(&ctx.sin))
 }
 
+/// The attention mask of packed rows, `[B, 1, T, T]` from position ids `[B, T]`: a position
+/// that does not follow its predecessor by one starts a new sequence (as transformers'
+/// `find_packed_sequence_indices`), and a query attends to the keys of its own sequence up to
+/// itself.
+pub fn packed_attention_mask(positions: &Tensor) -> Tensor {
+    let t = positions.size()[1];
+    let device = positions.device();
+    let starts = (positions.narrow(1, 1, t - 1) - positions.narrow(1, 0, t - 1)).ne(1);
+    let first = Tensor::zeros([positions.size()[0], 1], (Kind::Bool, device));
+    let sequence = Tensor::cat(&[first, starts], 1).cumsum(1, Kind::Int64);
+    let same = sequence.unsqueeze(2).eq_tensor(&sequence.unsqueeze(1));
+    let causal = Tensor::ones([t, t], (Kind::Bool, device)).tril(0);
+    same.logical_and(&causal).unsqueeze(1)
+}
+
 fn linear(x: &Tensor, w: &Tensor) -> Tensor {
     x.linear::<&Tensor>(w, None)
 }
@@ -702,7 +737,14 @@ impl Block {
         let gqa = self.num_kv_heads != self.num_heads;
         let (t_q, t_k) = (q.size()[2], k.size()[2]);
         let attn = if t_q == t_k {
-            Tensor::scaled_dot_product_attention::<&Tensor>(q, k, v, None, 0.0, true, None, gqa)
+            match &ctx.attention_mask {
+                Some(mask) => {
+                    Tensor::scaled_dot_product_attention(q, k, v, Some(mask), 0.0, false, None, gqa)
+                }
+                None => Tensor::scaled_dot_product_attention::<&Tensor>(
+                    q, k, v, None, 0.0, true, None, gqa,
+                ),
+            }
         } else {
             // Query i sits at position t_k - t_q + i and sees keys 0 ..= t_k - t_q + i (one
             // query sees them all: no mask).
@@ -794,6 +836,49 @@ mod tests {
             attention_bias: None,
             sliding_window: None,
         }
+    }
+
+    #[test]
+    fn a_packed_sequence_sees_only_itself() {
+        let model = Llama::new(&tiny(false, 2)).unwrap();
+        // A larger init than the default so that context visibly matters.
+        let init = model.init_params(3, Device::Cpu, Kind::Float);
+        let mut params = Params::new();
+        for (n, t) in init.iter() {
+            params.insert(n, t * 8.0);
+        }
+        tch::manual_seed(4);
+        let ids = Tensor::randint(48, [2, 12], (Kind::Int64, Device::Cpu));
+        // Row 0 packs sequences of 5 and 7 tokens; row 1 is one sequence.
+        let positions: Vec<i64> = (0..5).chain(0..7).chain(0..12).collect();
+        let input = TokenInput {
+            ids: ids.shallow_clone(),
+            positions: Some(Tensor::from_slice(&positions).reshape([2, 12])),
+        };
+        let packed = model.forward_input(&params, &input).unwrap();
+        let alone = |row: i64, start: i64, len: i64| {
+            let x = ids.narrow(0, row, 1).narrow(1, start, len);
+            model.forward(&params, &x).unwrap()
+        };
+        // Relative to the largest logit.
+        let diff = |a: &Tensor, b: &Tensor| {
+            (a - b).abs().max().double_value(&[]) / b.abs().max().double_value(&[])
+        };
+        let of = |row: i64, start: i64, len: i64| packed.narrow(0, row, 1).narrow(1, start, len);
+        for (row, start, len) in [(0, 0, 5), (0, 5, 7), (1, 0, 12)] {
+            let d = diff(&of(row, start, len), &alone(row, start, len));
+            assert!(d < 1e-5, "row {row} from {start}: {d:e}");
+        }
+        // Unpacked, the second sequence of row 0 would see the first: far from alone.
+        let whole = model.forward(&params, &ids).unwrap();
+        let seen = diff(&whole.narrow(0, 0, 1).narrow(1, 5, 7), &alone(0, 5, 7));
+        assert!(seen > 1e-2, "{seen}");
+
+        let mask = packed_attention_mask(input.positions.as_ref().unwrap());
+        assert_eq!(mask.size(), [2, 1, 12, 12]);
+        let row0 = Vec::<bool>::try_from(mask.get(0).get(0).get(6).to_kind(Kind::Bool)).unwrap();
+        let want: Vec<bool> = (0..12).map(|j| (5..=6).contains(&j)).collect();
+        assert_eq!(row0, want, "query 6 of row 0 sees keys 5 and 6");
     }
 
     #[test]

@@ -42,7 +42,7 @@ pub use hf::{
     HfLlamaConfig, HfWeights,
 };
 pub use init::Init;
-pub use llama::{causal_lm_loss, causal_lm_loss_sum, KvCache, Llama};
+pub use llama::{causal_lm_loss, causal_lm_loss_sum, packed_attention_mask, KvCache, Llama};
 pub use names::{LayerWeight, ParamName};
 
 /// Errors of model construction, loading and saving. Each names its culprit: the file, the
@@ -167,14 +167,47 @@ impl ParamSpec {
     }
 }
 
+/// The input of a forward: token ids `[B, T]` and, when rows pack several sequences that must
+/// not see each other, their position ids `[B, T]`. A position that does not follow its
+/// predecessor by one starts a new sequence, which attends only to itself and sees its own
+/// positions (transformers' rule for packed `position_ids`). Without position ids every row
+/// is one sequence at positions `0..T`.
+#[derive(Debug)]
+pub struct TokenInput {
+    pub ids: Tensor,
+    pub positions: Option<Tensor>,
+}
+
+impl TokenInput {
+    /// One sequence per row.
+    pub fn new(ids: Tensor) -> Self {
+        TokenInput {
+            ids,
+            positions: None,
+        }
+    }
+
+    /// Another handle on the same tensors.
+    pub fn shallow_clone(&self) -> Self {
+        TokenInput {
+            ids: self.ids.shallow_clone(),
+            positions: self.positions.as_ref().map(Tensor::shallow_clone),
+        }
+    }
+}
+
 /// Per-forward context shared by every unit of one micro-batch: the rotary tables for the
 /// positions of the batch, in fp32 (each block casts them to its compute dtype, as
-/// transformers does). Build it with [`Llama::ctx`] or [`Llama::ctx_for_positions`].
+/// transformers does), and the attention mask of packed rows. Build it with [`Llama::ctx`],
+/// [`Llama::ctx_for_positions`] or [`Llama::ctx_for_input`].
 #[derive(Debug)]
 pub struct ForwardCtx {
     /// `[T, head_dim]` (positions shared by the batch) or `[B, T, head_dim]`.
     pub cos: Tensor,
     pub sin: Tensor,
+    /// `[B, 1, T, T]`, true where a query (row) may attend to a key (column): causal within
+    /// each packed sequence. `None`: causal over the whole row.
+    pub attention_mask: Option<Tensor>,
     /// Training with dropout: the seed of this micro-batch's masks. `None`: no dropout
     /// (evaluation, generation).
     pub dropout_seed: Option<u64>,
