@@ -14,7 +14,9 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use flotilla_config::schema::{ChatData, ChatFormat, DataConfig, Overflow, TrainOn};
+use flotilla_config::schema::{
+    ChatData, ChatFormat, DataConfig, Overflow, PackedAttention, TrainOn,
+};
 use flotilla_train::data::chat::{self, encode_record};
 use flotilla_train::data::{self, ChatTokenizer, DataOptions, Dataset};
 use serde_json::Value;
@@ -325,12 +327,40 @@ fn packing_keeps_masks_and_never_trains_across_conversations() {
     assert_eq!(all(&plain).0, all(&packed).0);
     assert_eq!(plain_stats.trained_tokens, packed_stats.trained_tokens);
     assert_eq!(all(&plain).1, all(&packed).1);
+    // Each window's conversations start where the unpacked ones do, and (packed_attention:
+    // conversation, the default) its sample's positions restart there.
+    let mut plain_lengths = (0..plain.len()).map(|k| plain.sequence(k).0.len());
+    let mut windows_with_several = 0;
     for k in 0..packed.len() {
         let (s, _) = packed.sequence(k);
         assert!(s.len() <= cfg.seq_len + 1);
         let sample = packed.get(k).unwrap();
         assert_eq!(sample.num_loss_tokens(), packed.num_loss_tokens(k).unwrap());
+        let starts = packed.conversation_starts(k);
+        let mut end = 0;
+        for (i, &start) in starts.iter().enumerate() {
+            assert_eq!(start, end, "window {k}, conversation {i}");
+            end += plain_lengths.next().unwrap();
+        }
+        assert_eq!(end, s.len(), "window {k}");
+        match &sample.positions {
+            None => assert_eq!(starts.len(), 1, "window {k}"),
+            Some(positions) => {
+                windows_with_several += 1;
+                for (i, &p) in positions.iter().enumerate() {
+                    let begin = starts.iter().rev().find(|&&b| b <= i).unwrap();
+                    assert_eq!(p, (i - begin) as i64, "window {k}, input {i}");
+                }
+            }
+        }
     }
+    assert!(windows_with_several > 0);
+    // packed_attention: window: the same windows, attention over each whole.
+    cfg.packed_attention = PackedAttention::Window;
+    let (across, _) = chat::build("data.path", &data, &cfg, &chat, false).unwrap();
+    assert_eq!(all(&across), all(&packed));
+    assert!((0..across.len()).all(|k| across.get(k).unwrap().positions.is_none()));
+    cfg.packed_attention = PackedAttention::Conversation;
     // Overflow: drop leaves long conversations out, truncate cuts them.
     cfg.packing = false;
     cfg.seq_len = 100;
@@ -392,6 +422,19 @@ fn the_cache_is_used_and_never_stale() {
     let (all, _) = chat::build("data.path", &data, &cfg, &chat, true).unwrap();
     assert_ne!(all.sequence(0).1, changed.sequence(0).1);
     assert_eq!(entries(), 3);
+    // Packed windows come back with where their conversations start.
+    cfg.packing = true;
+    let (packed, _) = chat::build("data.path", &data, &cfg, &chat, true).unwrap();
+    assert_eq!(entries(), 4);
+    let (cached, _) = chat::build("data.path", &data, &cfg, &chat, true).unwrap();
+    assert_eq!(cached, packed);
+    assert!((0..cached.len()).any(|k| cached.conversation_starts(k).len() > 1));
+    // packed_attention changes how samples are read, not what is stored.
+    cfg.packed_attention = PackedAttention::Window;
+    let (window, _) = chat::build("data.path", &data, &cfg, &chat, true).unwrap();
+    assert_eq!(entries(), 4);
+    assert!((0..window.len()).all(|k| window.get(k).unwrap().positions.is_none()));
+    assert!((0..cached.len()).any(|k| cached.get(k).unwrap().positions.is_some()));
 }
 
 /// A process that finds another preparing the same entry (holding its lock) waits, then reads
