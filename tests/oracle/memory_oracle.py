@@ -5,8 +5,10 @@ parameters left out).
 
     memory_oracle.py CASES
 
-CASES is a JSON list of [BATCH, SEQ, DTYPE, HIDDEN, INTERMEDIATE, HEADS, KV_HEADS, VOCAB]
-(DTYPE float32 or bfloat16). Measures, for each, one micro-batch of BATCH x SEQ tokens:
+CASES is a JSON list of [BATCH, SEQ, DTYPE, HIDDEN, INTERMEDIATE, HEADS, KV_HEADS, VOCAB,
+PACKED] (DTYPE float32 or bfloat16; PACKED true: every row packs three sequences, with position
+ids restarting at each and the boolean block-diagonal causal mask transformers makes of them).
+Measures, for each, one micro-batch of BATCH x SEQ tokens:
 
 - block: one transformers LlamaDecoderLayer (sdpa attention, rotary tables for positions
   0..SEQ-1 as flotilla computes them once per micro-batch), the storages saved between its
@@ -57,7 +59,7 @@ class Saved:
         return sum(storages.values())
 
 
-def measure(b, t, dtype, h, inter, heads, kv, vocab):
+def measure(b, t, dtype, h, inter, heads, kv, vocab, packed=False):
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype]
     torch.manual_seed(0)
     config = LlamaConfig(
@@ -73,13 +75,21 @@ def measure(b, t, dtype, h, inter, heads, kv, vocab):
     layer = LlamaDecoderLayer(config, 0).to(dtype)
     rotary = LlamaRotaryEmbedding(config)
     positions = torch.arange(t)[None]
+    mask = None
+    if packed:
+        starts = [0, t // 3, 2 * t // 3]
+        row = [i - max(s for s in starts if s <= i) for i in range(t)]
+        positions = torch.tensor([row] * b)
+        sequence = torch.tensor([sum(i >= s for s in starts) for i in range(t)])
+        same = sequence[:, None] == sequence[None, :]
+        mask = (same & torch.ones(t, t, dtype=torch.bool).tril())[None, None].expand(b, 1, t, t)
 
     def block_input():
         return torch.randn(b, t, h, dtype=dtype, requires_grad=True)
 
     def run_block(x):
         cos, sin = rotary(x, positions)
-        out = layer(x, attention_mask=None, position_ids=positions, position_embeddings=(cos, sin))
+        out = layer(x, attention_mask=mask, position_ids=positions, position_embeddings=(cos, sin))
         return out[0] if isinstance(out, tuple) else out
 
     x = block_input()

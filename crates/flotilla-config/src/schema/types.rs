@@ -912,6 +912,13 @@ impl DataConfig {
         }
     }
 
+    /// Whether samples pack several sequences that attend only to themselves (chat data with
+    /// `packing` and `packed_attention: conversation`): the model then takes position ids and
+    /// an attention mask per row.
+    pub fn isolates_packed_sequences(&self) -> bool {
+        matches!(self, DataConfig::Chat(d) if d.packing && d.packed_attention == PackedAttention::Conversation)
+    }
+
     pub fn seq_len(&self) -> usize {
         match self {
             DataConfig::Arithmetic(d) => d.seq_len,

@@ -437,8 +437,12 @@ pub struct Activations {
     pub tokens: u64,
     /// The head's input and its final norm's saved tensors.
     pub head: u64,
-    /// The rotary tables shared by every block (fp32 `cos`/`sin`).
+    /// The rotary tables shared by every block (fp32 `cos`/`sin`; a table per row when rows
+    /// are packed).
     pub rotary: u64,
+    /// Packed rows ([`DataConfig::isolates_packed_sequences`]): their int64 position ids and
+    /// boolean attention mask `[M, 1, T, T]`, held for the micro-batch.
+    pub packing: u64,
     pub logits: u64,
     /// log-softmax's fp32 output and the shifted targets.
     pub loss: u64,
@@ -469,17 +473,25 @@ impl Activations {
         // Per token: norm; q, k, v after rotary as SDPA saves them, its output and fp32
         // log-sum-exp; the residual into the second norm (saved in fp32 by it); the second
         // norm; the SwiGLU gate, its SiLU, the up projection and their product.
+        // Packed rows attend under a mask, with the KV heads repeated to the query heads.
+        let packed = job.data.isolates_packed_sequences();
+        let kv_saved = if packed { nh * hd } else { kv };
         let saved_tok =
-            norm + (h + 2 * kv + h) * a + 4 * nh + 4 * h + (2 * h * a + 4) + 4 * inter * a;
+            norm + (h + 2 * kv_saved + h) * a + 4 * nh + 4 * h + (2 * h * a + 4) + 4 * inter * a;
+        // Packed rows have rotary tables of their own, and each block's attention saves the
+        // additive bias SDPA makes of their boolean mask, in the compute dtype.
+        let tables = if packed { micro } else { 1 };
+        let mask_bias = if packed { micro * t * t * a } else { 0 };
         // Below fp32 each block casts the rotary tables to its dtype and keeps the casts.
-        let block_rotary = if a == 4 { 0 } else { 2 * t * hd * a };
+        let block_rotary = if a == 4 { 0 } else { 2 * tables * t * hd * a };
         let rows = micro * t.saturating_sub(1);
         Self {
             block_input: n * h * a,
-            block_saved: n * saved_tok + block_rotary,
+            block_saved: n * saved_tok + block_rotary + mask_bias,
             tokens: n * 8,
             head: n * (h * a + norm),
-            rotary: 2 * t * hd * 4,
+            rotary: 2 * tables * t * hd * 4,
+            packing: if packed { n * 8 + micro * t * t } else { 0 },
             logits: n * vocab * a,
             loss: rows * vocab * 4 + rows * 8,
             loss_backward: 2 * rows * vocab * 4,
@@ -490,6 +502,11 @@ impl Activations {
     /// One block with its input.
     pub fn block(&self) -> u64 {
         self.block_input + self.block_saved
+    }
+
+    /// What every block of the micro-batch reads: the rotary tables and the packing mask.
+    pub fn shared(&self) -> u64 {
+        self.rotary + self.packing
     }
 }
 
@@ -827,7 +844,7 @@ impl<'a> Step<'a> {
         let (m, big) = (self.m, self.units.total());
         let act = self.act;
         let kept_upto = |u: usize| -> u64 { (0..=u).map(|v| self.kept(v)).sum() };
-        let kept_all = kept_upto(n - 1) + act.rotary;
+        let kept_all = kept_upto(n - 1) + act.shared();
         let recompute = if self.checkpointing {
             act.block_saved
         } else {
@@ -907,7 +924,7 @@ impl<'a> Step<'a> {
                         None => trained_after(u) + trained(u) + tied_embed,
                     };
                     mo.add(TermKind::Grads, grads * 4);
-                    mo.add(TermKind::Activations, kept_upto(u) + act.rotary);
+                    mo.add(TermKind::Activations, kept_upto(u) + act.shared());
                     mo.add(TermKind::Recompute, recompute);
                     // In fp32 the block's weight gradients are copied into their buckets.
                     let copied = match buckets {
@@ -962,7 +979,7 @@ impl<'a> Step<'a> {
                     mo.add(TermKind::Grads, accumulated);
                     mo.add(TermKind::GradAccumulators, (trained(u) + tied_embed) * 4);
                     mo.add(TermKind::UnshardedGrads, unsharded_at(u));
-                    mo.add(TermKind::Activations, kept_upto(u) + act.rotary);
+                    mo.add(TermKind::Activations, kept_upto(u) + act.shared());
                     mo.add(TermKind::Recompute, recompute);
                     mo.add(TermKind::BackwardWorkspace, act.block_backward);
                     if worst.as_ref().is_none_or(|w| mo.total() > w.total()) {

@@ -4,11 +4,9 @@
 use super::*;
 use flotilla_config::schema::{validate, ModelConfig};
 
-/// A job: the tiny preset (vocabulary 32, hidden 128, MLP 352, 4 layers, 4 heads, 2 KV heads,
-/// tied), micro batch 4 of 32 tokens, fp32, one process on one H100, with `extra` (YAML lines
-/// `section: {key: value}` replacing whole sections) laid over it.
-pub(crate) fn job(extra: &str) -> JobConfig {
-    let base = "
+/// A job but its data: the tiny preset (vocabulary 32, hidden 128, MLP 352, 4 layers, 4 heads,
+/// 2 KV heads, tied), micro batch 4 of 32 tokens, fp32, one process on one H100.
+const BASE: &str = "
 seed: 1
 model: {name: tiny, vocab_size: 32, hidden_size: 128, intermediate_size: 352,
   num_hidden_layers: 4, num_attention_heads: 4, num_key_value_heads: 2,
@@ -19,14 +17,25 @@ trainer: {dist: {mode: none}, max_steps: 10, global_batch_size: 4, micro_batch_s
   betas: [0.9, 0.95], eps: 1.0e-8, grad_clip: 1.0, precision: 32-true, device: cuda,
   eval_every: 0, eval_batches: 1, checkpoint_every: 0, keep_last_checkpoints: 0,
   resume: never, log_every: 1, activation_checkpointing: false, seed: 7}
-data: {kind: arithmetic, digits: 2, num_train: 100, num_eval: 0, seed: 0, seq_len: 32,
-  shuffle: false, num_workers: 0}
 compute: {launcher: local, nodes: 1, tasks_per_node: 1, gpus_per_node: 1, cpus_per_task: 1,
   mem_gb: null, timeout_min: 10, partition: null, account: null, qos: null, constraint: null,
   array_parallelism: 1, signal_delay_s: 90, max_num_timeout: 1, setup: [],
   additional_parameters: {}, template: null, max_parallel: 1, gpu_type: h100,
   gpu_mem_gb: null, check_memory: true}
 ";
+
+/// The data of [`job`]'s jobs.
+const ARITHMETIC_DATA: &str =
+    "data: {kind: arithmetic, digits: 2, num_train: 100, num_eval: 0, seed: 0, seq_len: 32,
+  shuffle: false, num_workers: 0}";
+
+/// [`BASE`] on arithmetic data, with `extra` (YAML lines `section: {key: value}` replacing
+/// whole sections) laid over it.
+pub(crate) fn job(extra: &str) -> JobConfig {
+    job_from(&format!("{BASE}{ARITHMETIC_DATA}"), extra)
+}
+
+fn job_from(base: &str, extra: &str) -> JobConfig {
     let mut root = flotilla_config::yaml::load_str(base, "base").unwrap();
     if !extra.trim().is_empty() {
         let over = flotilla_config::yaml::load_str(extra, "extra").unwrap();
@@ -183,6 +192,53 @@ fn activations_per_block_and_loss_by_hand() {
         c.tokens + 4 * c.block_input + c.head + c.rotary
     );
     assert_eq!(largest(&ac, TermKind::Recompute), c.block_saved);
+}
+
+#[test]
+fn packed_rows_hold_their_tables_their_mask_and_a_bias_per_block() {
+    let chat = |packing: bool, attention: &str, precision: &str| {
+        let data = format!(
+            "data: {{kind: chat, path: chats.jsonl, eval_path: null, tokenizer: tok,
+  chat_template: null, format: messages, messages_key: messages, system: null,
+  train_on: assistant, overflow: truncate, packing: {packing}, packed_attention: {attention},
+  skip_bad_records: false, seq_len: 32, shuffle: false, num_workers: 0}}"
+        );
+        Step::new(&job_from(
+            &format!("{BASE}{data}"),
+            &format!("trainer: {{precision: {precision}}}"),
+        ))
+        .act
+    };
+    let (m, t, n) = (4, 32, 4 * 32);
+    let plain = chat(false, "conversation", "32-true");
+    // Packing with attention over the window needs nothing more.
+    let window = chat(true, "window", "32-true");
+    assert_eq!(
+        (window.block(), window.shared()),
+        (plain.block(), plain.shared())
+    );
+    // Isolated sequences: a rotary table per row, the position ids and the boolean mask; each
+    // block keeps SDPA's fp32 bias made of the mask, and its keys and values repeated from 2
+    // KV heads to the 4 query heads (2 x 64 more elements a token).
+    let packed = chat(true, "conversation", "32-true");
+    assert_eq!(packed.rotary, m * plain.rotary);
+    assert_eq!(packed.packing, n * 8 + m * t * t);
+    let repeated_kv = n * 2 * 64;
+    assert_eq!(
+        packed.block_saved,
+        plain.block_saved + (m * t * t + repeated_kv) * 4
+    );
+    // bf16: the bias, the keys and values, and each block's casts of the per-row tables in
+    // bf16.
+    let plain = chat(false, "conversation", "bf16-mixed");
+    let packed = chat(true, "conversation", "bf16-mixed");
+    let table_casts = 2 * t * 32 * 2;
+    assert_eq!(
+        packed.block_saved,
+        plain.block_saved + (m - 1) * table_casts + (m * t * t + repeated_kv) * 2
+    );
+    // The peak holds them: the loss moment keeps every block's bias and the shared terms.
+    assert!(packed.shared() > plain.shared());
 }
 
 #[test]

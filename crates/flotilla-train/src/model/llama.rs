@@ -739,7 +739,28 @@ impl Block {
         let attn = if t_q == t_k {
             match &ctx.attention_mask {
                 Some(mask) => {
-                    Tensor::scaled_dot_product_attention(q, k, v, Some(mask), 0.0, false, None, gqa)
+                    // With a mask the fused GPU kernels take no grouped-query heads (SDPA would
+                    // fall back to the math kernel, which holds [B, heads, T, T]): the KV heads
+                    // are repeated instead, as transformers does.
+                    let repeat = self.num_heads / self.num_kv_heads;
+                    let (k, v) = if gqa {
+                        (
+                            k.repeat_interleave_self_int(repeat, 1, None),
+                            v.repeat_interleave_self_int(repeat, 1, None),
+                        )
+                    } else {
+                        (k.shallow_clone(), v.shallow_clone())
+                    };
+                    Tensor::scaled_dot_product_attention(
+                        q,
+                        &k,
+                        &v,
+                        Some(mask),
+                        0.0,
+                        false,
+                        None,
+                        false,
+                    )
                 }
                 None => Tensor::scaled_dot_product_attention::<&Tensor>(
                     q, k, v, None, 0.0, true, None, gqa,
