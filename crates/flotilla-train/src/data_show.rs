@@ -76,8 +76,15 @@ pub fn run(
             Some(line) => format!(" · {} line {line}", data_path(&job.data)),
             None => String::new(),
         };
+        let packed = match &e.position_ids {
+            Some(p) => format!(
+                " · {} conversations, each attending only to itself",
+                p.iter().filter(|&&p| p == 0).count()
+            ),
+            None => String::new(),
+        };
         out.push_str(&format!(
-            "── example {} of {total}{source} · {} tokens · {trained} trained ──\n",
+            "── example {} of {total}{source} · {} tokens · {trained} trained{packed} ──\n",
             k + 1,
             e.input_ids.len(),
         ));

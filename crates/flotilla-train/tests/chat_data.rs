@@ -496,7 +496,7 @@ fn data_show_prints_what_the_model_sees() {
     let data = tmp.path().join("chats.jsonl");
     std::fs::copy(fixtures().join("conversations.jsonl"), &data).unwrap();
     let tok = dir.join("phi3");
-    let run = |format: &str| {
+    let run_with = |format: &str, extra: &[&str]| {
         let out = Command::new(common::target_profile_dir().join("flotilla-train"))
             .current_dir(common::repo_root())
             .args([
@@ -510,6 +510,7 @@ fn data_show_prints_what_the_model_sees() {
                 "model.vocab_size=1024",
                 "model.max_position_embeddings=4096",
             ])
+            .args(extra)
             .output()
             .unwrap();
         assert!(
@@ -519,6 +520,7 @@ fn data_show_prints_what_the_model_sees() {
         );
         String::from_utf8(out.stdout).unwrap()
     };
+    let run = |format: &str| run_with(format, &[]);
     let shown: Value = serde_json::from_str(&run("json")).unwrap();
     let expected: Vec<Value> = oracle(&tok, &data, &[])
         .into_iter()
@@ -554,6 +556,35 @@ fn data_show_prints_what_the_model_sees() {
         .sum();
     assert_eq!(summary["examples"].as_u64(), Some(expected.len() as u64));
     assert_eq!(summary["trained_tokens"].as_u64(), Some(trained as u64));
+    assert!(examples.iter().all(|e| e.get("position_ids").is_none()));
+
+    // Packed: the first window holds the first conversations one after another, with the
+    // position ids the model trains them at (restarting at each).
+    let packed = ["data.packing=true"];
+    let shown: Value = serde_json::from_str(&run_with("json", &packed)).unwrap();
+    let window = &shown["examples"][0];
+    let ids: Vec<i64> = serde_json::from_value(window["input_ids"].clone()).unwrap();
+    let positions: Vec<i64> = serde_json::from_value(window["position_ids"].clone()).unwrap();
+    let (mut want_ids, mut want_positions, mut held) = (vec![], vec![], 0);
+    for conversation in &expected {
+        let c: Vec<i64> = serde_json::from_value(conversation["input_ids"].clone()).unwrap();
+        if want_ids.len() + c.len() > ids.len() {
+            break;
+        }
+        want_positions.extend(0..c.len() as i64);
+        want_ids.extend(c);
+        held += 1;
+    }
+    assert!(held > 1, "the first window packs {held} conversation");
+    assert_eq!(ids, want_ids);
+    assert_eq!(positions, want_positions);
+    let text = run_with("text", &packed);
+    assert!(
+        text.contains(&format!(
+            "{held} conversations, each attending only to itself ──"
+        )),
+        "{text}"
+    );
 
     // The text form, as a person reads it: trained spans bracketed, and the summary line.
     let text = run("text");

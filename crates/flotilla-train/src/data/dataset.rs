@@ -35,6 +35,9 @@ pub struct Example {
     pub trained: Vec<bool>,
     /// The line (or record) of the data file it came from, where the dataset knows it.
     pub source: Option<usize>,
+    /// Each id's position when the example packs sequences that see only themselves
+    /// ([`Sample::positions`]); `None`: one sequence at positions `0..`.
+    pub positions: Option<Vec<i64>>,
 }
 
 /// A list of fixed-length samples with random access.
@@ -81,6 +84,7 @@ pub trait Dataset: Send + Sync {
             ids,
             trained,
             source: None,
+            positions: None,
         })
     }
 

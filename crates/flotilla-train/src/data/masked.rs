@@ -88,10 +88,10 @@ impl MaskedSequences {
             .collect()
     }
 
-    /// The position of each of the `T` inputs of sequence `index` when it packs several
-    /// conversations and they are isolated: counting from each conversation's first token,
-    /// the padding continuing the last.
-    fn positions(&self, index: usize) -> Option<Vec<i64>> {
+    /// The positions of the first `len` tokens of sequence `index` (padding included) when it
+    /// packs several conversations and they are isolated: counting from each conversation's
+    /// first token, the padding continuing the last.
+    fn positions(&self, index: usize, len: usize) -> Option<Vec<i64>> {
         if !self.isolate {
             return None;
         }
@@ -99,10 +99,10 @@ impl MaskedSequences {
         if starts.len() < 2 {
             return None;
         }
-        let mut positions = Vec::with_capacity(self.seq_len);
+        let mut positions = Vec::with_capacity(len);
         let mut next = starts.iter().skip(1).peekable();
         let mut begin = 0;
-        for i in 0..self.seq_len {
+        for i in 0..len {
             if next.peek() == Some(&&i) {
                 begin = i;
                 next.next();
@@ -146,7 +146,7 @@ impl Dataset for MaskedSequences {
         Ok(Sample {
             input_ids,
             labels,
-            positions: self.positions(index),
+            positions: self.positions(index, t),
         })
     }
 
@@ -169,6 +169,7 @@ impl Dataset for MaskedSequences {
             ids: ids.to_vec(),
             trained,
             source: Some(self.lines[index]),
+            positions: self.positions(index, ids.len()),
         })
     }
 
@@ -224,6 +225,8 @@ mod tests {
         // The first token of each later conversation is not a target.
         assert_eq!(s.labels, vec![5, 2, -100, 6, 7, 2, -100, 3]);
         assert_eq!(s.positions, Some(vec![0, 1, 2, 0, 1, 2, 3, 0]));
+        let e = d.example(1).unwrap();
+        assert_eq!(e.positions, Some(vec![0, 1, 2, 0, 1, 2, 3, 0, 1]));
         assert_eq!(d.get(0).unwrap().positions, None, "one conversation");
         assert_eq!(d.get(2).unwrap().positions, None, "one conversation");
 

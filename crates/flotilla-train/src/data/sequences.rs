@@ -111,6 +111,7 @@ impl Dataset for SequenceDataset {
             ids: s.clone(),
             trained: (0..s.len()).map(|j| j >= from).collect(),
             source: None,
+            positions: None,
         })
     }
 

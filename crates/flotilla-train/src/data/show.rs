@@ -2,7 +2,8 @@
 //! (the ids, which of them carry loss, the text they decode to) and a summary of the whole set,
 //! as text for a person (trained spans highlighted, masked ones dimmed) or as JSON
 //! (`{"examples": [{"text", "input_ids", "labels"}], "summary": {...}}`, `labels` being the
-//! ids with -100 where no loss is taken, in transformers' unshifted convention).
+//! ids with -100 where no loss is taken, in transformers' unshifted convention, and
+//! `position_ids` for a packed window whose conversations see only themselves).
 
 use serde::Serialize;
 
@@ -81,6 +82,10 @@ pub struct ShownExample {
     /// The line (or record number) of the data file it came from.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub source: Option<usize>,
+    /// Each id's position when the example packs conversations that see only themselves
+    /// (transformers' packed `position_ids`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub position_ids: Option<Vec<i64>>,
     #[serde(skip)]
     pub example: Example,
 }
@@ -106,6 +111,7 @@ pub fn show(data: &Data, num: usize) -> Result<Shown> {
             input_ids: example.ids.clone(),
             labels,
             source: example.source,
+            position_ids: example.positions.clone(),
             example,
         });
     }
