@@ -720,3 +720,92 @@ fn a_short_chat_fine_tune_learns_and_keeps_the_template() {
     assert!(template.source().contains("<|im_start|>"));
     assert!(final_dir.join("tokenizer.json").is_file());
 }
+
+/// Packed conversations that see only themselves score exactly as unpacked ones: with the
+/// weights left alone (one step at lr 1e-30), the evaluation loss over the same 40 held-out
+/// conversations is the same whether they are packed or not, and different when packed
+/// windows attend across their conversations.
+#[test]
+fn packed_conversations_score_as_if_alone() {
+    if require_tokenizers("packed_conversations_score_as_if_alone").is_none() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let made = Command::new(common::venv_python())
+        .arg(common::repo_root().join("examples/chat/make_example.py"))
+        .arg(tmp.path())
+        .output()
+        .unwrap();
+    assert!(
+        made.status.success(),
+        "{}",
+        String::from_utf8_lossy(&made.stderr)
+    );
+    let chats = tmp.path().join("chats.jsonl");
+    let held_out: String = std::fs::read_to_string(&chats)
+        .unwrap()
+        .lines()
+        .take(40)
+        .map(|l| format!("{l}\n"))
+        .collect();
+    let eval = tmp.path().join("eval.jsonl");
+    std::fs::write(&eval, held_out).unwrap();
+    let eval_loss = |name: &str, packing: &[&str]| -> f64 {
+        let run_dir = tmp.path().join(name);
+        let out = Command::new(common::target_profile_dir().join("flotilla-train"))
+            .current_dir(common::repo_root())
+            .arg("train")
+            .arg("--run-dir")
+            .arg(&run_dir)
+            .arg(format!(
+                "model.init_from={}",
+                tmp.path().join("base").display()
+            ))
+            .args(["data=chat", "data.seq_len=256"])
+            .arg(format!("data.path={}", chats.display()))
+            .arg(format!("data.eval_path={}", eval.display()))
+            .args([
+                "trainer.max_steps=1",
+                "trainer.lr=1e-30",
+                "trainer.warmup_steps=0",
+            ])
+            .args(["trainer.eval_every=1", "trainer.eval_batches=40"])
+            .args(["trainer.micro_batch_size=8", "trainer.global_batch_size=8"])
+            .args(["trainer.checkpoint_every=0", "compute.tasks_per_node=1"])
+            .args(packing)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let mut reader = csv::Reader::from_path(run_dir.join("metrics.csv")).unwrap();
+        let headers = reader.headers().unwrap().clone();
+        let col = headers.iter().position(|h| h == "eval_loss").unwrap();
+        let row = reader.records().last().unwrap().unwrap();
+        row[col].parse().unwrap()
+    };
+    // The held-out conversations really are packed, several to a window.
+    let mut cfg = chat_config(&tmp.path().join("base"), &eval, "");
+    cfg.seq_len = 256;
+    cfg.packing = true;
+    let chat = ChatTokenizer::open(&cfg, None).unwrap();
+    let (windows, _) = chat::build("data.eval_path", &eval, &cfg, &chat, false).unwrap();
+    assert!(windows.len() <= 20, "{} windows", windows.len());
+    let alone = eval_loss("alone", &[]);
+    let packed = eval_loss("packed", &["data.packing=true"]);
+    let across = eval_loss(
+        "across",
+        &["data.packing=true", "data.packed_attention=window"],
+    );
+    let rel = |a: f64| (a - alone).abs() / alone;
+    eprintln!(
+        "eval loss: alone {alone}, packed {packed} (rel {:.1e}), packed attending across {across} \
+         (rel {:.1e})",
+        rel(packed),
+        rel(across)
+    );
+    assert!(rel(packed) < 1e-6);
+    assert!(rel(across) > 1e-4);
+}
