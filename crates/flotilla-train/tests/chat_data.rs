@@ -6,7 +6,8 @@
 //! add_special_tokens=False)` and the trained mask of the prefix rule. flotilla must give the
 //! same text, the same ids and the same mask for every conversation and every `train_on`, and
 //! fail exactly where the template raises. Then the pipeline as a user meets it: `flotilla-train
-//! data show`, the cache, bad records, packing, and a short training run.
+//! data show`, the cache, bad records, packing (packed conversations score as if alone), and a
+//! short training run.
 
 #[path = "../../../tests/common/mod.rs"]
 mod common;
