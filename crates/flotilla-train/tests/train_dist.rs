@@ -25,6 +25,8 @@
 //!   is untouched, nothing unfinished outlives the next checkpoint, and the same command
 //!   resumes from the latest complete one exactly;
 //! - DDP with a bucket per unit gives the rows of one 25 MB bucket bit for bit;
+//! - packed chat conversations (each attending only to itself): FSDP FULL_SHARD on 2 ranks
+//!   equals one process in loss, grad_norm and evaluation loss;
 //! - LoRA (a PEFT adapter over a transformers base): DDP and FSDP FULL_SHARD equal one process,
 //!   checkpoints hold only the adapter, a resume is exact (and across world sizes from FSDP's
 //!   sharded checkpoint), `final/` is a PEFT adapter directory.
@@ -153,11 +155,6 @@ fn read_tensors(path: &Path) -> BTreeMap<String, Tensor> {
 /// of the common ones; checks every rank exited 0 and that rank 0 announced `mode` (e.g.
 /// `FSDP FULL_SHARD, 3 ranks`), so an override that did not take effect cannot pass.
 fn train(name: &str, shape: Shape, micro: usize, mode: &str, extra: &[&str]) -> Run {
-    let dir = root().join(name);
-    // A fresh directory: a leftover checkpoint would be resumed.
-    if dir.exists() {
-        std::fs::remove_dir_all(&dir).unwrap();
-    }
     let mut args: Vec<String> = [
         "--config-dir".to_string(),
         conf_dir().display().to_string(),
@@ -184,8 +181,19 @@ fn train(name: &str, shape: Shape, micro: usize, mode: &str, extra: &[&str]) -> 
     ]
     .into();
     args.extend(extra.iter().map(|s| s.to_string()));
+    train_with(name, shape, mode, &args)
+}
+
+/// A world of `shape` running `flotilla-train train` with `args` in a fresh directory `name`;
+/// rank 0 must announce `mode`.
+fn train_with(name: &str, shape: Shape, mode: &str, args: &[String]) -> Run {
+    let dir = root().join(name);
+    // A fresh directory: a leftover checkpoint would be resumed.
+    if dir.exists() {
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
     let start = Instant::now();
-    let world = world::train(exe(), name, shape, &dir, &root().join("logs"), &args);
+    let world = world::train(exe(), name, shape, &dir, &root().join("logs"), args);
     let done = world.wait(WORLD_LIMIT);
     done.assert_success();
     assert!(
@@ -417,6 +425,87 @@ fn ddp_two_ranks_matches_one_process() {
         &["trainer/dist=ddp", "trainer.dist.bucket_cap_mb=0.0001"],
     );
     assert_rows_identical(&per_unit, &run);
+}
+
+/// Packed conversations, each attending only to itself (chat data, `data.packing=true`): a
+/// 2-rank FSDP FULL_SHARD run, whose evaluation walks the units a group at a time, equals one
+/// process in loss, grad_norm and evaluation loss.
+#[test]
+fn fsdp_trains_and_evaluates_packed_conversations_as_one_process() {
+    let example = root().join("packed_chat");
+    if !example.join("chats.jsonl").exists() {
+        let made = Command::new(common::venv_python())
+            .arg(common::repo_root().join("examples/chat/make_example.py"))
+            .arg(&example)
+            .output()
+            .unwrap();
+        assert!(
+            made.status.success(),
+            "{}",
+            String::from_utf8_lossy(&made.stderr)
+        );
+    }
+    let chats = std::fs::read_to_string(example.join("chats.jsonl")).unwrap();
+    let held_out: String = chats.lines().take(40).map(|l| format!("{l}\n")).collect();
+    std::fs::write(example.join("eval.jsonl"), held_out).unwrap();
+    let args = |extra: &[&str]| -> Vec<String> {
+        let mut a: Vec<String> = vec![
+            "--config-dir".into(),
+            conf_dir().display().to_string(),
+            format!("model.init_from={}", example.join("base").display()),
+            "data=chat".into(),
+            format!("data.path={}", example.join("chats.jsonl").display()),
+            format!("data.eval_path={}", example.join("eval.jsonl").display()),
+            "data.packing=true".into(),
+            "data.seq_len=256".into(),
+            "data.shuffle=false".into(),
+            "trainer.device=cpu".into(),
+            "trainer.max_steps=12".into(),
+            "trainer.global_batch_size=8".into(),
+            "trainer.micro_batch_size=2".into(),
+            "trainer.eval_every=6".into(),
+            "trainer.eval_batches=8".into(),
+            "trainer.log_every=6".into(),
+            "trainer.checkpoint_every=0".into(),
+            "trainer.precision=32-true".into(),
+            "trainer.lr=1e-3".into(),
+        ];
+        a.extend(extra.iter().map(|s| s.to_string()));
+        a
+    };
+    let one = train_with(
+        "packed_chat_one",
+        Shape::single_node(1),
+        "single process",
+        &args(&["trainer/dist=none", "compute.tasks_per_node=1"]),
+    );
+    let sharded = train_with(
+        "packed_chat_fsdp_2",
+        Shape::single_node(2),
+        "FSDP FULL_SHARD, 2 ranks",
+        &args(&[
+            "trainer/dist=fsdp",
+            "trainer.dist.sharding_strategy=FULL_SHARD",
+            "compute.tasks_per_node=2",
+        ]),
+    );
+    assert_eq!(one.rows.len(), 12);
+    assert_eq!(sharded.rows.len(), 12);
+    let evals = one.rows.iter().filter(|r| r.eval_loss.is_some()).count();
+    assert_eq!(evals, 2, "evaluations at steps 6 and 12");
+    let mut worst = 0f64;
+    for (ours, theirs) in sharded.rows.iter().zip(&one.rows) {
+        let mut pairs = vec![(ours.loss, theirs.loss), (ours.grad_norm, theirs.grad_norm)];
+        if let (Some(a), Some(b)) = (ours.eval_loss, theirs.eval_loss) {
+            pairs.push((a, b));
+        }
+        assert_eq!(ours.eval_loss.is_some(), theirs.eval_loss.is_some());
+        for (a, b) in pairs {
+            worst = worst.max(rel(a, b));
+        }
+    }
+    eprintln!("[packed chat] FSDP FULL_SHARD 2 ranks vs one process: max rel err {worst:.2e}");
+    assert!(worst <= TOL, "{worst:e}");
 }
 
 #[test]
