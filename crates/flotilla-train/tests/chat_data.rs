@@ -176,6 +176,15 @@ fn every_family_renders_tokenizes_and_masks_like_transformers() {
     let mut total = 0;
     for family in FAMILIES {
         let tok = dir.join(family);
+        // The families whose pipelines have a faster exact encoder use it, so these
+        // comparisons check it against transformers.
+        let chat = ChatTokenizer::open(&chat_config(&tok, &data, ""), None).unwrap();
+        let want = match *family {
+            "llama3" | "qwen2.5" => Some("byte-level"),
+            "mistral" | "llama2" | "phi3" => Some("metaspace"),
+            _ => None,
+        };
+        assert_eq!(chat.tokenizer.fast_encoder(), want, "{family}");
         for (train_on, arg) in [
             (TrainOn::Assistant, "assistant"),
             (TrainOn::All, "all"),

@@ -57,29 +57,29 @@ const GPT2_PATTERN: &str =
 const SPACE: char = '\u{120}';
 
 /// The longest piece (in bytes) whose tokens are cached.
-const CACHED_PIECE: usize = 256;
+pub(super) const CACHED_PIECE: usize = 256;
 /// The most pieces a thread's cache holds (a few MB); it starts again empty when full.
-const CACHED_PIECES: usize = 1 << 16;
+pub(super) const CACHED_PIECES: usize = 1 << 16;
 
 /// One token of a piece: its id, where it starts and ends in the piece (bytes of the text,
 /// aligned to whole characters as `tokenizers` aligns them), and how many leading spaces its
 /// value has (what an offset-trimming post-processor skips).
 #[derive(Clone, Copy)]
-struct PieceToken {
-    id: u32,
-    start: u32,
-    end: u32,
-    leading: u32,
+pub(super) struct PieceToken {
+    pub(super) id: u32,
+    pub(super) start: u32,
+    pub(super) end: u32,
+    pub(super) leading: u32,
 }
 
-static NEXT_ENCODER_ID: AtomicU64 = AtomicU64::new(0);
+pub(super) static NEXT_ENCODER_ID: AtomicU64 = AtomicU64::new(0);
 
 /// The tokens of pieces, by the piece's bytes.
-type PieceCache = AHashMap<Box<[u8]>, Box<[PieceToken]>>;
+pub(super) type PieceCache = AHashMap<Box<[u8]>, Box<[PieceToken]>>;
 
 thread_local! {
     /// The tokens of the pieces this thread encoded, for the encoder whose id is first.
-    static PIECES: RefCell<(u64, PieceCache)> = RefCell::new((u64::MAX, PieceCache::new()));
+    pub(super) static PIECES: RefCell<(u64, PieceCache)> = RefCell::new((u64::MAX, PieceCache::new()));
 }
 
 /// Frees the piece caches of the calling thread and of every thread of rayon's pool, once a
@@ -137,33 +137,15 @@ impl ByteLevelEncoder {
         with_starts: bool,
     ) -> tokenizers::Result<Encoded> {
         let model = tokenizer.get_model();
-        let segments = tokenizer
-            .get_added_vocabulary()
-            .extract_and_normalize(None::<&NormalizerWrapper>, text);
-        let mut out = TokenSink {
-            ids: Vec::with_capacity(text.len() / 3),
-            starts: Vec::new(),
-            with_starts,
-            trim: self.trim,
-        };
         let mut pieces: Vec<(usize, usize)> = Vec::new();
         let mut scratch: Vec<(usize, usize)> = Vec::new();
         let mut byte_level = String::new();
-        PIECES.with_borrow_mut(|(owner, cache)| {
-            if *owner != self.id {
-                *owner = self.id;
-                cache.clear();
-            }
-            for (segment, (base, _), tokens) in
-                segments.get_splits(OffsetReferential::Original, OffsetType::Byte)
-            {
-                if let Some(tokens) = tokens {
-                    for t in tokens {
-                        let leading = leading_spaces(&t.value);
-                        out.push(t.id, base + t.offsets.0, base + t.offsets.1, leading);
-                    }
-                    continue;
-                }
+        encode_segments(
+            tokenizer,
+            text,
+            self.id,
+            (with_starts, self.trim),
+            |segment, base, cache, out| {
                 self.split_segment(segment, &mut pieces, &mut scratch);
                 for &(a, b) in &pieces {
                     let piece = &segment.as_bytes()[a..b];
@@ -185,13 +167,9 @@ impl ByteLevelEncoder {
                         cache.insert(piece.into(), tokens.into_boxed_slice());
                     }
                 }
-            }
-            Ok::<(), tokenizers::Error>(())
-        })?;
-        Ok(Encoded {
-            ids: out.ids,
-            starts: out.starts,
-        })
+                Ok(())
+            },
+        )
     }
 
     /// Runs the model on one piece of text (its bytes mapped to byte-level characters in
@@ -273,12 +251,63 @@ impl ByteLevelEncoder {
     }
 }
 
+/// Encodes `text` segment by segment: `tokenizer`'s added tokens as they are, every text
+/// between them through `encode_segment(segment, its offset in text, piece cache, sink)`, with
+/// this thread's piece cache (emptied first when encoder `id` did not use it last).
+/// `(with_starts, trim)` configure the [`TokenSink`].
+pub(super) fn encode_segments(
+    tokenizer: &tokenizers::Tokenizer,
+    text: &str,
+    id: u64,
+    (with_starts, trim): (bool, Option<bool>),
+    mut encode_segment: impl FnMut(
+        &str,
+        usize,
+        &mut PieceCache,
+        &mut TokenSink,
+    ) -> tokenizers::Result<()>,
+) -> tokenizers::Result<Encoded> {
+    let segments = tokenizer
+        .get_added_vocabulary()
+        .extract_and_normalize(None::<&NormalizerWrapper>, text);
+    let mut out = TokenSink {
+        ids: Vec::with_capacity(text.len() / 3),
+        starts: Vec::new(),
+        with_starts,
+        trim,
+    };
+    PIECES.with_borrow_mut(|(owner, cache)| {
+        if *owner != id {
+            *owner = id;
+            cache.clear();
+        }
+        for (segment, (base, _), tokens) in
+            segments.get_splits(OffsetReferential::Original, OffsetType::Byte)
+        {
+            match tokens {
+                Some(tokens) => {
+                    for t in tokens {
+                        let leading = leading_spaces(&t.value);
+                        out.push(t.id, base + t.offsets.0, base + t.offsets.1, leading);
+                    }
+                }
+                None => encode_segment(segment, base, cache, &mut out)?,
+            }
+        }
+        Ok::<(), tokenizers::Error>(())
+    })?;
+    Ok(Encoded {
+        ids: out.ids,
+        starts: out.starts,
+    })
+}
+
 /// Where encoded tokens go: ids, and start offsets as the post-processor leaves them.
-struct TokenSink {
-    ids: Vec<u32>,
-    starts: Vec<usize>,
-    with_starts: bool,
-    trim: Option<bool>,
+pub(super) struct TokenSink {
+    pub(super) ids: Vec<u32>,
+    pub(super) starts: Vec<usize>,
+    pub(super) with_starts: bool,
+    pub(super) trim: Option<bool>,
 }
 
 impl TokenSink {
@@ -287,7 +316,7 @@ impl TokenSink {
         self.push(t.id, start, end, t.leading);
     }
 
-    fn push(&mut self, id: u32, start: usize, end: usize, leading: u32) {
+    pub(super) fn push(&mut self, id: u32, start: usize, end: usize, leading: u32) {
         let index = self.ids.len();
         self.ids.push(id);
         if !self.with_starts {

@@ -71,6 +71,7 @@ pub mod dataset;
 pub mod error;
 pub mod jsonl;
 pub mod masked;
+mod metaspace_encoder;
 pub mod rng;
 pub mod sampler;
 pub mod sequences;

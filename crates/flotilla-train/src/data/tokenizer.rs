@@ -23,8 +23,9 @@ use tokenizers::models::TrainerWrapper;
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
 use tokenizers::AddedToken;
 
-use super::byte_level_encoder::ByteLevelEncoder;
+use super::byte_level_encoder::{ByteLevelEncoder, Encoded};
 use super::error::{DataError, Result};
+use super::metaspace_encoder::MetaspaceEncoder;
 use super::unicode_forms::{already_in, unicode_forms, UnicodeForm};
 
 /// Padding token of the built-in tokenizers.
@@ -78,9 +79,38 @@ pub struct Tokenizer {
     /// When the normalizer only applies Unicode forms: the same tokenizer without it, for texts
     /// already in those forms (see `unicode_forms`).
     without_normalizer: Option<(tokenizers::Tokenizer, Vec<UnicodeForm>)>,
-    /// The faster encoder of a byte-level BPE pipeline, for texts encoded without a normalizer
-    /// (see `byte_level_encoder`); shared by the clones of this tokenizer.
-    byte_level: Option<std::sync::Arc<ByteLevelEncoder>>,
+    /// The faster encoder of a byte-level or SentencePiece-style BPE pipeline, for texts
+    /// encoded without a normalizer (see `byte_level_encoder`, `metaspace_encoder`); shared by
+    /// the clones of this tokenizer.
+    fast: Option<std::sync::Arc<FastEncoder>>,
+}
+
+/// An encoder that gives `tokenizers`' ids and start offsets for the pipelines it recognises,
+/// faster.
+enum FastEncoder {
+    /// Boxed: its byte table is 4 KB.
+    ByteLevel(Box<ByteLevelEncoder>),
+    Metaspace(MetaspaceEncoder),
+}
+
+impl FastEncoder {
+    fn recognise(tokenizer: &tokenizers::Tokenizer) -> Option<Self> {
+        ByteLevelEncoder::recognise(tokenizer)
+            .map(|e| FastEncoder::ByteLevel(Box::new(e)))
+            .or_else(|| MetaspaceEncoder::recognise(tokenizer).map(FastEncoder::Metaspace))
+    }
+
+    fn encode(
+        &self,
+        tokenizer: &tokenizers::Tokenizer,
+        text: &str,
+        with_starts: bool,
+    ) -> tokenizers::Result<Encoded> {
+        match self {
+            FastEncoder::ByteLevel(e) => e.encode(tokenizer, text, with_starts),
+            FastEncoder::Metaspace(e) => e.encode(tokenizer, text, with_starts),
+        }
+    }
 }
 
 /// The files of a Hugging Face tokenizer directory that travel with `tokenizer.json`.
@@ -182,7 +212,7 @@ impl Tokenizer {
             plain.with_normalizer(None::<tokenizers::NormalizerWrapper>);
             (plain, forms)
         });
-        let byte_level = ByteLevelEncoder::recognise(&inner)
+        let fast = FastEncoder::recognise(&inner)
             .filter(|encoder| {
                 let plain = match &without_normalizer {
                     Some((plain, _)) => plain,
@@ -201,7 +231,7 @@ impl Tokenizer {
             id_limit,
             companions: vec![],
             without_normalizer,
-            byte_level,
+            fast,
         }
     }
 
@@ -342,7 +372,7 @@ impl Tokenizer {
     /// Token ids of `text`, with no special tokens added by a post-processor.
     pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
         let t = self.for_text(text);
-        if let Some(encoder) = self.byte_level_for(t) {
+        if let Some(encoder) = self.fast_for(t) {
             let e = encoder
                 .encode(t, text, false)
                 .map_err(|e| tok_err("encode", e))?;
@@ -358,7 +388,7 @@ impl Tokenizer {
     /// tokens added by a post-processor).
     pub fn encode_with_offsets(&self, text: &str) -> Result<(Vec<u32>, Vec<usize>)> {
         let t = self.for_text(text);
-        if let Some(encoder) = self.byte_level_for(t) {
+        if let Some(encoder) = self.fast_for(t) {
             let e = encoder
                 .encode(t, text, true)
                 .map_err(|e| tok_err("encode", e))?;
@@ -369,10 +399,10 @@ impl Tokenizer {
         Ok((enc.get_ids().to_vec(), starts))
     }
 
-    /// The byte-level encoder, when `t` (what [`for_text`](Self::for_text) chose) encodes
-    /// without a normalizer.
-    fn byte_level_for(&self, t: &tokenizers::Tokenizer) -> Option<&ByteLevelEncoder> {
-        self.byte_level
+    /// The fast encoder, when `t` (what [`for_text`](Self::for_text) chose) encodes without a
+    /// normalizer.
+    fn fast_for(&self, t: &tokenizers::Tokenizer) -> Option<&FastEncoder> {
+        self.fast
             .as_deref()
             .filter(|_| t.get_normalizer().is_none())
     }
@@ -382,6 +412,16 @@ impl Tokenizer {
         self.inner
             .decode(ids, skip_special)
             .map_err(|e| tok_err("decode", e))
+    }
+
+    /// Which faster exact encoder this tokenizer uses for texts its normalizer leaves alone:
+    /// `byte-level` (GPT-2, Llama 3, Qwen2 pipelines), `metaspace` (Llama 2, Mistral, Phi-3),
+    /// or `None` (`tokenizers` itself).
+    pub fn fast_encoder(&self) -> Option<&'static str> {
+        self.fast.as_deref().map(|e| match e {
+            FastEncoder::ByteLevel(_) => "byte-level",
+            FastEncoder::Metaspace(_) => "metaspace",
+        })
     }
 
     /// One more than the largest id this tokenizer produces: the model's vocabulary must be at
@@ -509,12 +549,12 @@ where
     }
 }
 
-/// A text that exercises what the byte-level encoder computes (added tokens, spaces before
-/// and after them, runs of whitespace and newlines, multi-byte characters, digits): the encoder
-/// is used only when it gives `plain`'s ids and offsets on it.
-const PROBE: &str = "<|im_start|>user\n  Hello, world!\r\n\n\tcaf\u{e9} \u{1f980} \u{65e5}\u{672c} it's 12,345.6<|im_end|> <|eot_id|>\n\n  x  <|endoftext|><eos></s>";
+/// A text that exercises what the fast encoders compute (added tokens, spaces before and after
+/// them, runs of whitespace and newlines, multi-byte characters, digits, a literal `▁`): an
+/// encoder is used only when it gives `plain`'s ids and offsets on it.
+const PROBE: &str = "<|im_start|>user\n  Hello, world!\r\n\n\tcaf\u{e9} \u{1f980} \u{65e5}\u{672c} it's 12,345.6<|im_end|> <|eot_id|>\n\n  x  <|endoftext|><eos></s> [INST] a \u{2581}b\u{2581} [/INST]<s>  ";
 
-fn agrees_on_probe(encoder: &ByteLevelEncoder, plain: &tokenizers::Tokenizer) -> bool {
+fn agrees_on_probe(encoder: &FastEncoder, plain: &tokenizers::Tokenizer) -> bool {
     let (Ok(want), Ok(got)) = (
         plain.encode(PROBE, false),
         encoder.encode(plain, PROBE, true),
@@ -525,7 +565,7 @@ fn agrees_on_probe(encoder: &ByteLevelEncoder, plain: &tokenizers::Tokenizer) ->
     let agrees = got.ids == want.get_ids() && got.starts == starts;
     if !agrees {
         tracing::debug!(
-            "the byte-level encoder disagrees with tokenizers on the probe text; using tokenizers"
+            "the fast encoder disagrees with tokenizers on the probe text; using tokenizers"
         );
     }
     agrees
