@@ -51,7 +51,10 @@ impl MetaspaceEncoder {
         let ModelWrapper::BPE(bpe) = tokenizer.get_model() else {
             return None;
         };
+        // `ignore_merges` looks a whole word up in the vocabulary first: a piece of the word
+        // could be found where the whole would have been merged.
         let plain_bpe = bpe.dropout.is_none_or(|p| p == 0.0)
+            && !bpe.ignore_merges
             && bpe.continuing_subword_prefix.is_none()
             && bpe.end_of_word_suffix.is_none();
         if !plain_bpe {
@@ -359,5 +362,11 @@ mod tests {
     fn a_vocabulary_that_merges_across_words_is_left_to_tokenizers() {
         assert!(MetaspaceEncoder::recognise(&llama2_like(&["o▁w"])).is_none());
         assert!(MetaspaceEncoder::recognise(&llama2_like(&["▁▁x"])).is_some());
+        // So is a model that looks whole words up before merging.
+        let mut json: Value =
+            serde_json::from_str(&llama2_like(&[]).to_string(false).unwrap()).unwrap();
+        json["model"]["ignore_merges"] = json!(true);
+        let tok: tokenizers::Tokenizer = json.to_string().parse().unwrap();
+        assert!(MetaspaceEncoder::recognise(&tok).is_none());
     }
 }
