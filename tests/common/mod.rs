@@ -2,8 +2,8 @@
 //! `serde_json` and `flotilla_contract`: the repository's root and config tree, overrides, the
 //! environment a task wrote, a free port, the Python oracles and [`skip_or_fail`] for a
 //! missing one, the `flotilla` and `flotilla-train` binaries of this build, running a command
-//! that must succeed, copying a project tree, and the Branin function the adaptive-sweep
-//! objectives compute.
+//! that must succeed, copying a project tree, the README's chat example, and the Branin
+//! function the adaptive-sweep objectives compute.
 //!
 //! The root tests include it with `mod common;`, a crate's tests with
 //! `#[path = "../../../tests/common/mod.rs"] mod common;`. Helpers with heavier dependencies
@@ -122,6 +122,25 @@ pub fn venv_imports(modules: &str) -> bool {
 /// The venv python, if transformers and safetensors import there.
 pub fn oracle_python() -> Option<PathBuf> {
     venv_imports("transformers, safetensors").then(venv_python)
+}
+
+/// The README's chat example in `dir`, made by `examples/chat/make_example.py` (a tiny random
+/// Llama in `base/` with a ChatML tokenizer, 2000 conversations in `chats.jsonl`), with its
+/// first 40 conversations also in `eval.jsonl` as held-out data.
+pub fn make_chat_example(dir: &Path) {
+    let made = Command::new(venv_python())
+        .arg(repo_root().join("examples/chat/make_example.py"))
+        .arg(dir)
+        .output()
+        .unwrap();
+    assert!(
+        made.status.success(),
+        "{}",
+        String::from_utf8_lossy(&made.stderr)
+    );
+    let chats = std::fs::read_to_string(dir.join("chats.jsonl")).unwrap();
+    let held_out: String = chats.lines().take(40).map(|l| format!("{l}\n")).collect();
+    std::fs::write(dir.join("eval.jsonl"), held_out).unwrap();
 }
 
 /// The directory of this build's binaries (`target/<profile>`): the test executable runs from

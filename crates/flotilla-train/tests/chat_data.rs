@@ -660,6 +660,42 @@ fn chat_data_needs_a_tokenizer_directory() {
     assert!(err.contains("has no tokenizer.json"), "{err}");
 }
 
+/// Trains on the chat example in `example` ([`common::make_chat_example`]: its base and its
+/// conversations) in `run_dir` with `args` laid over, through `flotilla-train train`; the
+/// run's standard error and its metrics rows.
+fn train_on_chat_example(
+    example: &Path,
+    run_dir: &Path,
+    args: &[&str],
+) -> (String, Vec<flotilla_train::MetricsRow>) {
+    let out = Command::new(common::target_profile_dir().join("flotilla-train"))
+        .current_dir(common::repo_root())
+        .arg("train")
+        .arg("--run-dir")
+        .arg(run_dir)
+        .arg(format!(
+            "model.init_from={}",
+            example.join("base").display()
+        ))
+        .arg("data=chat")
+        .arg(format!(
+            "data.path={}",
+            example.join("chats.jsonl").display()
+        ))
+        .args(args)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "{stderr}");
+    let path = run_dir.join("metrics.csv");
+    let rows = csv::Reader::from_path(&path)
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+        .deserialize()
+        .map(|r| r.unwrap_or_else(|e| panic!("{}: {e}", path.display())))
+        .collect();
+    (stderr, rows)
+}
+
 /// The README's example, short: a base made by examples/chat/make_example.py, trained on its
 /// conversations through `flotilla-train train`; the loss falls and `final/` is a tokenizer
 /// directory with the chat template, as transformers needs it.
@@ -669,56 +705,25 @@ fn a_short_chat_fine_tune_learns_and_keeps_the_template() {
         return;
     }
     let tmp = tempfile::tempdir().unwrap();
-    let made = Command::new(common::venv_python())
-        .arg(common::repo_root().join("examples/chat/make_example.py"))
-        .arg(tmp.path())
-        .output()
-        .unwrap();
-    assert!(
-        made.status.success(),
-        "{}",
-        String::from_utf8_lossy(&made.stderr)
-    );
+    common::make_chat_example(tmp.path());
     let run_dir = tmp.path().join("run");
-    let out = Command::new(common::target_profile_dir().join("flotilla-train"))
-        .current_dir(common::repo_root())
-        .arg("train")
-        .arg("--run-dir")
-        .arg(&run_dir)
-        .arg(format!(
-            "model.init_from={}",
-            tmp.path().join("base").display()
-        ))
-        .arg("data=chat")
-        .arg(format!(
-            "data.path={}",
-            tmp.path().join("chats.jsonl").display()
-        ))
-        .args([
+    let (stderr, rows) = train_on_chat_example(
+        tmp.path(),
+        &run_dir,
+        &[
             "data.seq_len=128",
             "trainer.max_steps=40",
             "trainer.warmup_steps=5",
-        ])
-        .args([
             "trainer.eval_every=0",
             "trainer.checkpoint_every=0",
             "trainer.log_every=1",
-        ])
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{stderr}");
+        ],
+    );
     assert!(
         stderr.contains("chat data: 2000 records: 2000 conversations in 2000 examples"),
         "{stderr}"
     );
-    let mut reader = csv::Reader::from_path(run_dir.join("metrics.csv")).unwrap();
-    let headers = reader.headers().unwrap().clone();
-    let loss_col = headers.iter().position(|h| h == "loss").unwrap();
-    let losses: Vec<f64> = reader
-        .records()
-        .filter_map(|r| r.ok()?.get(loss_col)?.parse().ok())
-        .collect();
+    let losses: Vec<f64> = rows.iter().map(|r| r.loss).collect();
     assert!(losses.len() >= 40, "{losses:?}");
     let (first, last) = (losses[0], losses[losses.len() - 1]);
     assert!(last < first * 0.5, "loss {first} -> {last}");
@@ -741,60 +746,28 @@ fn packed_conversations_score_as_if_alone() {
         return;
     }
     let tmp = tempfile::tempdir().unwrap();
-    let made = Command::new(common::venv_python())
-        .arg(common::repo_root().join("examples/chat/make_example.py"))
-        .arg(tmp.path())
-        .output()
-        .unwrap();
-    assert!(
-        made.status.success(),
-        "{}",
-        String::from_utf8_lossy(&made.stderr)
-    );
-    let chats = tmp.path().join("chats.jsonl");
-    let held_out: String = std::fs::read_to_string(&chats)
-        .unwrap()
-        .lines()
-        .take(40)
-        .map(|l| format!("{l}\n"))
-        .collect();
+    common::make_chat_example(tmp.path());
     let eval = tmp.path().join("eval.jsonl");
-    std::fs::write(&eval, held_out).unwrap();
+    let eval_path = format!("data.eval_path={}", eval.display());
     let eval_loss = |name: &str, packing: &[&str]| -> f64 {
-        let run_dir = tmp.path().join(name);
-        let out = Command::new(common::target_profile_dir().join("flotilla-train"))
-            .current_dir(common::repo_root())
-            .arg("train")
-            .arg("--run-dir")
-            .arg(&run_dir)
-            .arg(format!(
-                "model.init_from={}",
-                tmp.path().join("base").display()
-            ))
-            .args(["data=chat", "data.seq_len=256"])
-            .arg(format!("data.path={}", chats.display()))
-            .arg(format!("data.eval_path={}", eval.display()))
-            .args([
-                "trainer.max_steps=1",
-                "trainer.lr=1e-30",
-                "trainer.warmup_steps=0",
-            ])
-            .args(["trainer.eval_every=1", "trainer.eval_batches=40"])
-            .args(["trainer.micro_batch_size=8", "trainer.global_batch_size=8"])
-            .args(["trainer.checkpoint_every=0", "compute.tasks_per_node=1"])
-            .args(packing)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let mut reader = csv::Reader::from_path(run_dir.join("metrics.csv")).unwrap();
-        let headers = reader.headers().unwrap().clone();
-        let col = headers.iter().position(|h| h == "eval_loss").unwrap();
-        let row = reader.records().last().unwrap().unwrap();
-        row[col].parse().unwrap()
+        let mut args = vec![
+            "data.seq_len=256",
+            eval_path.as_str(),
+            "trainer.max_steps=1",
+            "trainer.lr=1e-30",
+            "trainer.warmup_steps=0",
+            "trainer.eval_every=1",
+            "trainer.eval_batches=40",
+            "trainer.micro_batch_size=8",
+            "trainer.global_batch_size=8",
+            "trainer.checkpoint_every=0",
+            "compute.tasks_per_node=1",
+        ];
+        args.extend(packing);
+        let (_, rows) = train_on_chat_example(tmp.path(), &tmp.path().join(name), &args);
+        rows.last()
+            .and_then(|r| r.eval_loss)
+            .expect("an evaluation")
     };
     // The held-out conversations really are packed, several to a window.
     let mut cfg = chat_config(&tmp.path().join("base"), &eval, "");

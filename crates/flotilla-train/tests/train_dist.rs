@@ -433,21 +433,7 @@ fn ddp_two_ranks_matches_one_process() {
 #[test]
 fn fsdp_trains_and_evaluates_packed_conversations_as_one_process() {
     let example = root().join("packed_chat");
-    if !example.join("chats.jsonl").exists() {
-        let made = Command::new(common::venv_python())
-            .arg(common::repo_root().join("examples/chat/make_example.py"))
-            .arg(&example)
-            .output()
-            .unwrap();
-        assert!(
-            made.status.success(),
-            "{}",
-            String::from_utf8_lossy(&made.stderr)
-        );
-    }
-    let chats = std::fs::read_to_string(example.join("chats.jsonl")).unwrap();
-    let held_out: String = chats.lines().take(40).map(|l| format!("{l}\n")).collect();
-    std::fs::write(example.join("eval.jsonl"), held_out).unwrap();
+    common::make_chat_example(&example);
     let args = |extra: &[&str]| -> Vec<String> {
         let mut a: Vec<String> = vec![
             "--config-dir".into(),
