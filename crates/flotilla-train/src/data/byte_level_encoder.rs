@@ -57,9 +57,9 @@ const GPT2_PATTERN: &str =
 const SPACE: char = '\u{120}';
 
 /// The longest piece (in bytes) whose tokens are cached.
-pub(super) const CACHED_PIECE: usize = 256;
+const CACHED_PIECE: usize = 256;
 /// The most pieces a thread's cache holds (a few MB); it starts again empty when full.
-pub(super) const CACHED_PIECES: usize = 1 << 16;
+const CACHED_PIECES: usize = 1 << 16;
 
 /// One token of a piece: its id, where it starts and ends in the piece (bytes of the text,
 /// aligned to whole characters as `tokenizers` aligns them), and how many leading spaces its
@@ -79,7 +79,7 @@ pub(super) type PieceCache = AHashMap<Box<[u8]>, Box<[PieceToken]>>;
 
 thread_local! {
     /// The tokens of the pieces this thread encoded, for the encoder whose id is first.
-    pub(super) static PIECES: RefCell<(u64, PieceCache)> = RefCell::new((u64::MAX, PieceCache::new()));
+    static PIECES: RefCell<(u64, PieceCache)> = RefCell::new((u64::MAX, PieceCache::new()));
 }
 
 /// Frees the piece caches of the calling thread and of every thread of rayon's pool, once a
@@ -160,12 +160,7 @@ impl ByteLevelEncoder {
                     for t in &tokens {
                         out.push_piece_token(at, t);
                     }
-                    if piece.len() <= CACHED_PIECE {
-                        if cache.len() >= CACHED_PIECES {
-                            cache.clear();
-                        }
-                        cache.insert(piece.into(), tokens.into_boxed_slice());
-                    }
+                    remember(cache, piece, &tokens);
                 }
                 Ok(())
             },
@@ -302,12 +297,23 @@ pub(super) fn encode_segments(
     })
 }
 
+/// Keeps the tokens of `piece` in `cache` when the piece is short enough to be worth it (the
+/// cache starts again empty when full).
+pub(super) fn remember(cache: &mut PieceCache, piece: &[u8], tokens: &[PieceToken]) {
+    if piece.len() <= CACHED_PIECE {
+        if cache.len() >= CACHED_PIECES {
+            cache.clear();
+        }
+        cache.insert(piece.into(), tokens.into());
+    }
+}
+
 /// Where encoded tokens go: ids, and start offsets as the post-processor leaves them.
 pub(super) struct TokenSink {
-    pub(super) ids: Vec<u32>,
-    pub(super) starts: Vec<usize>,
-    pub(super) with_starts: bool,
-    pub(super) trim: Option<bool>,
+    ids: Vec<u32>,
+    starts: Vec<usize>,
+    with_starts: bool,
+    trim: Option<bool>,
 }
 
 impl TokenSink {

@@ -19,8 +19,7 @@ use std::sync::atomic::Ordering;
 use tokenizers::{Model, ModelWrapper};
 
 use super::byte_level_encoder::{
-    encode_segments, Encoded, PieceCache, PieceToken, TokenSink, CACHED_PIECE, CACHED_PIECES,
-    NEXT_ENCODER_ID,
+    encode_segments, remember, Encoded, PieceCache, PieceToken, TokenSink, NEXT_ENCODER_ID,
 };
 
 /// When `Metaspace` puts a `▁` before a segment that does not start with one.
@@ -181,12 +180,7 @@ impl MetaspaceEncoder {
                         leading: 0,
                     })
                     .collect::<Vec<_>>();
-                if piece.len() <= CACHED_PIECE {
-                    if cache.len() >= CACHED_PIECES {
-                        cache.clear();
-                    }
-                    cache.insert(piece.as_bytes().into(), fresh.clone().into_boxed_slice());
-                }
+                remember(cache, piece.as_bytes(), &fresh);
                 &fresh
             }
         };
