@@ -3,7 +3,7 @@
 # flotilla links against (torch 2.11.0 <-> tch 0.24.0), hydra-core, the oracle the config
 # tests compare against, and transformers + safetensors, the oracle the model tests compare
 # against, peft, the oracle of the LoRA tests, and tensorboard, the oracle that reads the event
-# files back; then .venv/libtorch pointing at the wheel's torch/ folder;
+# files back (installed with uv, see below); then .venv/libtorch pointing at the wheel's torch/ folder;
 # on Debian (as root) also fonts-dejavu-core, the font of `flotilla report --plot`'s PNG figures.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -14,6 +14,7 @@ TRANSFORMERS_VERSION=5.23.0
 SAFETENSORS_VERSION=0.8.0
 TENSORBOARD_VERSION=2.21.0
 PEFT_VERSION=0.21.2
+UV_VERSION=0.13.9
 PYTHON=${PYTHON:-python3}
 
 if ! command -v cargo >/dev/null 2>&1; then
@@ -33,9 +34,15 @@ installed transformers "$TRANSFORMERS_VERSION" || want+=("transformers==$TRANSFO
 installed safetensors "$SAFETENSORS_VERSION" || want+=("safetensors==$SAFETENSORS_VERSION")
 installed tensorboard "$TENSORBOARD_VERSION" || want+=("tensorboard==$TENSORBOARD_VERSION")
 installed peft "$PEFT_VERSION" || want+=("peft==$PEFT_VERSION")
+# uv keeps one unpacked copy of each wheel in its cache and hardlinks environments to it:
+# torch and its CUDA libraries (4.5 GB) are on disk once however many environments hold them
+# (the wheels' test makes a fresh one with this uv), and no wheel archive is kept beside them.
+if ! installed uv "$UV_VERSION"; then
+    .venv/bin/python -m pip install --quiet --disable-pip-version-check "uv==$UV_VERSION"
+fi
 if [ ${#want[@]} -gt 0 ]; then
     echo "setup: installing ${want[*]} into .venv"
-    .venv/bin/python -m pip install --quiet --disable-pip-version-check "${want[@]}"
+    .venv/bin/uv pip install --quiet --python .venv/bin/python "${want[@]}"
 fi
 
 # `flotilla report --plot` draws the PNG figures' text with a system font.

@@ -23,23 +23,23 @@ use slurm_cluster::Cluster;
 /// The torch release the training binary is linked against.
 const TORCH_VERSION: &str = "2.11.0";
 
-/// The built wheels: (`flotilla`, `flotilla-train`), in a directory that lives as long as the
-/// test binary.
+/// The built wheels: (`flotilla`, `flotilla-train`).
 struct Wheels {
-    _dir: tempfile::TempDir,
     cli: PathBuf,
     train: PathBuf,
 }
 
 /// Builds the wheels once per test binary, with the profile this test was built with (so the
-/// dev build `cargo test` made is reused).
+/// dev build `cargo test` made is reused), into `wheels/` of the build's scratch directory
+/// (replaced on each run, so nothing is left in the system's temporary directory).
 fn wheels() -> &'static Wheels {
     static WHEELS: OnceLock<Wheels> = OnceLock::new();
     WHEELS.get_or_init(|| {
-        let dir = tempfile::Builder::new()
-            .prefix("flotilla-wheels-")
-            .tempdir()
-            .unwrap();
+        let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("wheels");
+        if dir.exists() {
+            std::fs::remove_dir_all(&dir).unwrap();
+        }
+        std::fs::create_dir_all(&dir).unwrap();
         let profile = match target_profile_dir().file_name().and_then(|n| n.to_str()) {
             Some("debug") => "dev",
             Some(other) => other,
@@ -48,7 +48,7 @@ fn wheels() -> &'static Wheels {
         .to_string();
         let out = Command::new(repo_root().join("scripts/build-wheels.sh"))
             .args(["--profile", &profile, "--out"])
-            .arg(dir.path())
+            .arg(&dir)
             .current_dir(repo_root())
             .env_remove("LD_LIBRARY_PATH")
             .output()
@@ -60,7 +60,7 @@ fn wheels() -> &'static Wheels {
             String::from_utf8_lossy(&out.stderr)
         );
         let find = |prefix: &str| {
-            std::fs::read_dir(dir.path())
+            std::fs::read_dir(&dir)
                 .unwrap()
                 .map(|e| e.unwrap().path())
                 .find(|p| {
@@ -68,15 +68,11 @@ fn wheels() -> &'static Wheels {
                         .and_then(|n| n.to_str())
                         .is_some_and(|n| n.starts_with(prefix) && n.ends_with(".whl"))
                 })
-                .unwrap_or_else(|| panic!("no {prefix}*.whl in {}", dir.path().display()))
+                .unwrap_or_else(|| panic!("no {prefix}*.whl in {}", dir.display()))
         };
         let cli = find("flotilla-0.1.0-py3-none-");
         let train = find("flotilla_train-0.1.0-py3-none-");
-        Wheels {
-            _dir: dir,
-            cli,
-            train,
-        }
+        Wheels { cli, train }
     })
 }
 
@@ -155,6 +151,31 @@ impl Env {
             .unwrap_or_else(|e| panic!("cannot start {program}: {e}"))
     }
 
+    /// Installs `torch==TORCH_VERSION` from PyPI. With the uv that `scripts/setup.sh` puts in
+    /// the repository's `.venv`, and that uv's cache, the environment's 4.5 GB of torch and CUDA
+    /// libraries are hardlinks to the copy the cache already holds for `.venv`, not a second copy
+    /// (pip would download the wheels again and unpack them beside them); without it, pip.
+    fn install_torch(&self) -> Output {
+        let requirement = format!("torch=={TORCH_VERSION}");
+        let uv = repo_root().join(".venv/bin/uv");
+        if !uv.is_file() {
+            return self.pip_install(&[requirement.as_ref()]);
+        }
+        let cache = ok(Command::new(&uv).args(["cache", "dir"]).output());
+        let mut cmd = self.command(uv.to_str().unwrap());
+        cmd.args(["pip", "install", "--quiet", "--python"])
+            .arg(self.bin().join("python"))
+            .arg(&requirement)
+            .env("UV_CACHE_DIR", cache.trim())
+            .env("UV_LINK_MODE", "hardlink");
+        for var in ["UV_INDEX_URL", "UV_DEFAULT_INDEX", "UV_NATIVE_TLS"] {
+            if let Some(value) = std::env::var_os(var) {
+                cmd.env(var, value);
+            }
+        }
+        cmd.output().unwrap()
+    }
+
     fn pip_install(&self, args: &[&std::ffi::OsStr]) -> Output {
         self.command("python")
             .args(["-m", "pip", "install", "--quiet"])
@@ -187,7 +208,7 @@ fn failed(o: Output, what: &str) -> String {
 fn both_wheels_in_a_torch_environment_run_the_default_job_without_the_build_tree() {
     let wheels = wheels();
     let env = Env::new("torch-env");
-    let torch = env.pip_install(&[format!("torch=={TORCH_VERSION}").as_ref()]);
+    let torch = env.install_torch();
     if !torch.status.success() {
         skip_or_fail(&format!(
             "cannot install torch=={TORCH_VERSION} from PyPI into a fresh environment (the \
