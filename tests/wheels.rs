@@ -161,7 +161,10 @@ impl Env {
         if !uv.is_file() {
             return self.pip_install(&[requirement.as_ref()]);
         }
-        let cache = ok(Command::new(&uv).args(["cache", "dir"]).output());
+        let cache = ok(Command::new(&uv)
+            .args(["cache", "dir"])
+            .output()
+            .expect("uv starts"));
         let mut cmd = self.command(uv.to_str().unwrap());
         cmd.args(["pip", "install", "--quiet", "--python"])
             .arg(self.bin().join("python"))

@@ -392,7 +392,225 @@ def family_specs():
         ("phi3", phi3),
         ("llama2", llama2),
         ("no_template", no_template),
-    ]
+    ] + template_specs()
+
+
+_TRAINED = {}
+
+
+def trained_byte_level(split_pattern, nfc):
+    """A fresh copy of the byte-level tokenizer trained for (split_pattern, nfc): the training is
+    done once and shared by the families that only differ in their added tokens and template."""
+    key = (split_pattern, nfc)
+    if key not in _TRAINED:
+        _TRAINED[key] = byte_level_tokenizer(split_pattern, 700, nfc).to_str()
+    return Tokenizer.from_str(_TRAINED[key])
+
+
+# More real templates, each on a tiny tokenizer of its model's kind (byte-level BPE, or "▁" spaces
+# with byte fallback) with the special tokens its template writes registered as added tokens, and
+# the named tokens (bos_token, eos_token, ...) of its model's tokenizer_config.json:
+# (directory, template file, pipeline, added tokens, named tokens).
+DEEPSEEK_TOKENS = [
+    "<｜begin▁of▁sentence｜>",
+    "<｜end▁of▁sentence｜>",
+    "<｜User｜>",
+    "<｜Assistant｜>",
+    "<think>",
+    "</think>",
+    "<｜tool▁calls▁begin｜>",
+    "<｜tool▁calls▁end｜>",
+    "<｜tool▁call▁begin｜>",
+    "<｜tool▁call▁end｜>",
+    "<｜tool▁outputs▁begin｜>",
+    "<｜tool▁outputs▁end｜>",
+    "<｜tool▁output▁begin｜>",
+    "<｜tool▁output▁end｜>",
+    "<｜tool▁sep｜>",
+]
+DEEPSEEK_NAMED = {
+    "bos_token": "<｜begin▁of▁sentence｜>",
+    "eos_token": "<｜end▁of▁sentence｜>",
+    "pad_token": "<｜end▁of▁sentence｜>",
+    "unk_token": None,
+}
+LLAMA3_TOKENS = [
+    "<|begin_of_text|>",
+    "<|end_of_text|>",
+    "<|start_header_id|>",
+    "<|end_header_id|>",
+    "<|eom_id|>",
+    "<|eot_id|>",
+    "<|python_tag|>",
+]
+PHI3_TOKENS = ["<|endoftext|>", "<|assistant|>", "<|system|>", "<|end|>", "<|user|>"]
+TEMPLATE_FAMILIES = [
+    ("deepseek-r1-distill", "deepseek-r1-distill-qwen.jinja", "qwen2", DEEPSEEK_TOKENS, DEEPSEEK_NAMED),
+    ("deepseek-r1", "deepseek-r1.jinja", "llama3", DEEPSEEK_TOKENS, DEEPSEEK_NAMED),
+    (
+        "llama3.2",
+        "llama-3.2-instruct.jinja",
+        "llama3",
+        LLAMA3_TOKENS,
+        {"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>"},
+    ),
+    (
+        "gemma3",
+        "gemma-3-it.jinja",
+        "gemma",
+        ["<pad>", "<eos>", "<bos>", "<unk>", "<mask>", "<start_of_turn>", "<end_of_turn>", "<start_of_image>"],
+        {"bos_token": "<bos>", "eos_token": "<eos>", "pad_token": "<pad>", "unk_token": "<unk>"},
+    ),
+    (
+        "phi4",
+        "phi-4.jinja",
+        "llama3",
+        ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|im_sep|>"],
+        {"bos_token": "<|endoftext|>", "eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"},
+    ),
+    (
+        "phi4-mini",
+        "phi-4-mini-instruct.jinja",
+        "llama3",
+        PHI3_TOKENS + ["<|tool|>", "<|/tool|>", "<|tool_call|>", "<|/tool_call|>", "<|tool_response|>"],
+        {"bos_token": "<|endoftext|>", "eos_token": "<|endoftext|>", "pad_token": "<|endoftext|>"},
+    ),
+    (
+        "phi3.5",
+        "phi-3.5-mini-instruct.jinja",
+        "metaspace",
+        ["<unk>", "<s>", "</s>"] + PHI3_TOKENS,
+        {"bos_token": "<s>", "eos_token": "<|endoftext|>", "pad_token": "<|endoftext|>", "unk_token": "<unk>"},
+    ),
+    (
+        "mistral-nemo",
+        "mistral-nemo-instruct-2407.jinja",
+        "llama3",
+        [
+            "<unk>",
+            "<s>",
+            "</s>",
+            "[INST]",
+            "[/INST]",
+            "[AVAILABLE_TOOLS]",
+            "[/AVAILABLE_TOOLS]",
+            "[TOOL_RESULTS]",
+            "[/TOOL_RESULTS]",
+            "[TOOL_CALLS]",
+        ],
+        {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"},
+    ),
+    (
+        "qwen3",
+        "qwen3.jinja",
+        "qwen2",
+        [
+            "<|endoftext|>",
+            "<|im_start|>",
+            "<|im_end|>",
+            "<tool_call>",
+            "</tool_call>",
+            "<tool_response>",
+            "</tool_response>",
+            "<think>",
+            "</think>",
+        ],
+        {"bos_token": None, "eos_token": "<|im_end|>", "pad_token": "<|endoftext|>", "unk_token": None},
+    ),
+    (
+        "command-r7b",
+        "command-r7b-12-2024.jinja",
+        "llama3",
+        [
+            "<PAD>",
+            "<UNK>",
+            "<BOS_TOKEN>",
+            "<EOS_TOKEN>",
+            "<|START_OF_TURN_TOKEN|>",
+            "<|END_OF_TURN_TOKEN|>",
+            "<|SYSTEM_TOKEN|>",
+            "<|USER_TOKEN|>",
+            "<|CHATBOT_TOKEN|>",
+            "<|START_RESPONSE|>",
+            "<|END_RESPONSE|>",
+            "<|START_THINKING|>",
+            "<|END_THINKING|>",
+            "<|START_ACTION|>",
+            "<|END_ACTION|>",
+            "<|START_TOOL_RESULT|>",
+            "<|END_TOOL_RESULT|>",
+        ],
+        {"bos_token": "<BOS_TOKEN>", "eos_token": "<|END_OF_TURN_TOKEN|>", "pad_token": "<PAD>", "unk_token": "<UNK>"},
+    ),
+    (
+        "granite3.2",
+        "granite-3.2-instruct.jinja",
+        "llama3",
+        ["<|end_of_text|>", "<|start_of_role|>", "<|end_of_role|>", "<|tool_call|>"],
+        {"bos_token": "<|end_of_text|>", "eos_token": "<|end_of_text|>", "pad_token": "<|end_of_text|>"},
+    ),
+    (
+        "falcon3",
+        "falcon3-instruct.jinja",
+        "llama3",
+        [
+            "<|endoftext|>",
+            "<|system|>",
+            "<|user|>",
+            "<|assistant|>",
+            "<tool_call>",
+            "</tool_call>",
+            "<tool_response>",
+            "</tool_response>",
+        ],
+        {"bos_token": None, "eos_token": "<|endoftext|>", "pad_token": "<|endoftext|>"},
+    ),
+    (
+        "olmo",
+        "olmo-7b-0724-instruct.jinja",
+        "llama3",
+        ["<|endoftext|>", "<|padding|>", "<|user|>", "<|assistant|>"],
+        {"bos_token": None, "eos_token": "<|endoftext|>", "pad_token": "<|padding|>", "unk_token": None},
+    ),
+    (
+        "glm4",
+        "glm-4-9b-chat.jinja",
+        "qwen2",
+        ["<|endoftext|>", "[gMASK]", "<sop>", "<|system|>", "<|user|>", "<|assistant|>", "<|observation|>"],
+        {"bos_token": None, "eos_token": "<|endoftext|>", "pad_token": "<|endoftext|>"},
+    ),
+]
+
+
+def template_specs():
+    def spec(template_file, pipeline, specials, named):
+        def build():
+            if pipeline == "gemma":
+                tok = sentencepiece_tokenizer(specials, 600, prepend_scheme="never")
+                tokenizer_class = "GemmaTokenizer"
+            elif pipeline == "metaspace":
+                tok = sentencepiece_tokenizer(["<unk>", "<s>", "</s>"], 600, prepend_scheme="first")
+                tokenizer_class = "LlamaTokenizer"
+            else:
+                tok = trained_byte_level(LLAMA3_SPLIT if pipeline == "llama3" else QWEN2_SPLIT, pipeline == "qwen2")
+                tokenizer_class = "PreTrainedTokenizerFast"
+            add_specials(tok, specials)
+            cfg = dict(named)
+            cfg.update(
+                {
+                    "chat_template": template(template_file),
+                    "clean_up_tokenization_spaces": False,
+                    "model_max_length": 131072,
+                    "tokenizer_class": tokenizer_class,
+                }
+            )
+            if pipeline in ("gemma", "metaspace"):
+                cfg.update({"add_bos_token": False, "add_eos_token": False, "legacy": False})
+            return tok, cfg, None
+
+        return build
+
+    return [(name, spec(*rest)) for name, *rest in TEMPLATE_FAMILIES]
 
 
 SAMPLE = [
