@@ -505,11 +505,7 @@ fn built_in_trainer_across_two_nodes() {
         .as_str()
         .unwrap()
         .to_string();
-    let sc = Command::new("scancel")
-        .args(["--signal=USR2", "--batch", &id])
-        .output()
-        .unwrap();
-    assert!(sc.status.success(), "{sc:?}");
+    preempt_held(&preempted, &id, 4);
     let base = one_process_rows(&base_dir, baseline);
 
     for (name, _, mode) in &cases {
@@ -659,6 +655,76 @@ fn processes_of(dir: &Path) -> Vec<(u32, String, String)> {
         }
     }
     found
+}
+
+/// SIGUSR2 to job `id` (its run directory `dir`) as Slurm sends it ahead of a time limit:
+/// `scancel --signal=USR2 --batch`, to the batch shell, which forwards it to the step's `ranks`
+/// processes. The ranks are held still (SIGSTOP) from before the scancel until the signal is
+/// pending in every one of them, then let go (SIGCONT): however long the signal takes through
+/// slurmctld, slurmd, the batch shell and srun on a loaded machine, the ranks cannot finish
+/// their remaining steps before it arrives.
+fn preempt_held(dir: &Path, id: &str, ranks: usize) {
+    let t0 = Instant::now();
+    let pids: Vec<String> = loop {
+        let pids: Vec<String> = processes_of(dir)
+            .into_iter()
+            .filter(|(_, comm, _)| comm == "flotilla-train")
+            .map(|(pid, _, _)| pid.to_string())
+            .collect();
+        if pids.len() == ranks {
+            break pids;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "{}: {} of {ranks} ranks running:\n{}",
+            dir.display(),
+            pids.len(),
+            logs(dir)
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let signal_all = |signal: &str| {
+        let st = Command::new("kill")
+            .arg(signal)
+            .args(&pids)
+            .status()
+            .unwrap();
+        assert!(st.success(), "kill {signal} {pids:?}");
+    };
+    signal_all("-STOP");
+    let sc = Command::new("scancel")
+        .args(["--signal=USR2", "--batch", id])
+        .output()
+        .unwrap();
+    assert!(sc.status.success(), "{sc:?}");
+    // SIGUSR2 is signal 12: bit 11 of the pending masks in /proc/PID/status.
+    let pending = |pid: &String| {
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+        status.lines().any(|l| {
+            (l.starts_with("ShdPnd:") || l.starts_with("SigPnd:"))
+                && l.split_whitespace()
+                    .nth(1)
+                    .and_then(|mask| u64::from_str_radix(mask, 16).ok())
+                    .is_some_and(|mask| mask & (1 << 11) != 0)
+        })
+    };
+    let t1 = Instant::now();
+    while !pids.iter().all(pending) {
+        if t1.elapsed() > Duration::from_secs(120) {
+            signal_all("-CONT");
+            panic!(
+                "{}: SIGUSR2 not pending in every rank {pids:?} 120 s after scancel:\n{}",
+                dir.display(),
+                logs(dir)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    signal_all("-CONT");
+    println!(
+        "  preempted: SIGUSR2 reached all {ranks} ranks {:.1?} after scancel",
+        t1.elapsed()
+    );
 }
 
 /// Loses node `k` as a power cut would: every process in its network namespace (its slurmd,

@@ -2,7 +2,8 @@
 and tokenizes for each conversation of a JSONL file, and which tokens carry loss.
 
 usage:
-  chat_oracle.py --tokenizer DIR --data FILE [--train-on assistant|all|last_assistant]
+  chat_oracle.py --tokenizer DIR [--tokenizer DIR2 ...] --data FILE
+                 [--train-on assistant|all|last_assistant]
                  [--messages-key KEY] [--sharegpt] [--add-generation-prompt] [--show]
 
 DIR is a Hugging Face tokenizer directory (tests/oracle/make_chat_tokenizers.py writes tiny ones);
@@ -10,9 +11,18 @@ FILE has one JSON object per line. Prints one JSON object per conversation on st
 
   {"line": N, "text": T, "input_ids": [...], "trained": [0/1 per token]}
   {"line": N, "error": MESSAGE}
+  {"line": N, "error": MESSAGE, "kind": "raised" | "render"}
 
 N is the 1-based line number in FILE (blank lines are skipped but counted). A tokenizer directory
-without a chat template is an error of the whole run (exit status 1, nothing on stdout).
+without a chat template is an error of the whole run (exit status 1, nothing on stdout). With
+several --tokenizer options, FILE is processed with each in turn (one Python start-up for all),
+and every line also has "tokenizer": DIR.
+
+"kind" says where an error of a render came from: "raised" when the template called
+raise_exception(MESSAGE) (a reader of the template must stop with MESSAGE), "render" for any other
+error of Jinja or Python while rendering (an undefined attribute, str + list, iterating None ...:
+a reader must stop too, though its words are its own). Errors of the rules below (no 'KEY' list,
+no assistant turn, not prefix-stable) have no "kind".
 
   T         = tokenizer.apply_chat_template(messages, tokenize=False,
                                             add_generation_prompt=--add-generation-prompt)
@@ -141,11 +151,20 @@ def turn_end(tok, upto, text, text_added):
     return n
 
 
+class RenderError(ConversationError):
+    def __init__(self, message, kind):
+        super().__init__(message)
+        self.kind = kind
+
+
 def render(tok, messages, generation_prompt):
+    from jinja2.exceptions import TemplateError
+
     try:
         return tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation_prompt)
     except Exception as e:  # the template's own errors (raise_exception) and Jinja's
-        raise ConversationError(str(e)) from e
+        # raise_exception raises TemplateError itself; Jinja's own errors are its subclasses.
+        raise RenderError(str(e), "raised" if type(e) is TemplateError else "render") from e
 
 
 def assistant_spans(tok, messages, text, text_added, which):
@@ -213,7 +232,7 @@ def show(text, offsets, trained):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--tokenizer", required=True, help="Hugging Face tokenizer directory")
+    ap.add_argument("--tokenizer", required=True, action="append", help="Hugging Face tokenizer directory")
     ap.add_argument("--data", required=True, help="JSONL file of conversations")
     ap.add_argument("--train-on", choices=["assistant", "all", "last_assistant"], default="assistant")
     ap.add_argument("--messages-key", default=None, help='"messages" ("conversations" with --sharegpt)')
@@ -227,14 +246,22 @@ def main():
 
     from transformers import AutoTokenizer
 
-    if not os.path.isdir(args.tokenizer):
-        sys.exit(f"chat_oracle: no tokenizer directory {args.tokenizer}")
-    tok = AutoTokenizer.from_pretrained(args.tokenizer)
-    if tok.chat_template is None:
-        sys.exit(f"chat_oracle: {args.tokenizer} has no chat template")
-    if not tok.is_fast:
-        sys.exit(f"chat_oracle: {args.tokenizer} did not load as a fast tokenizer (offsets need one)")
+    toks = []
+    for path in args.tokenizer:
+        if not os.path.isdir(path):
+            sys.exit(f"chat_oracle: no tokenizer directory {path}")
+        tok = AutoTokenizer.from_pretrained(path)
+        if tok.chat_template is None:
+            sys.exit(f"chat_oracle: {path} has no chat template")
+        if not tok.is_fast:
+            sys.exit(f"chat_oracle: {path} did not load as a fast tokenizer (offsets need one)")
+        toks.append((path, tok))
+    for path, tok in toks:
+        run(tok, path if len(toks) > 1 else None, args)
 
+
+def run(tok, name, args):
+    tagged = {} if name is None else {"tokenizer": name}
     with open(args.data, encoding="utf-8") as f:
         for n, line in enumerate(f, start=1):
             if not line.strip():
@@ -249,13 +276,15 @@ def main():
                 if args.show:
                     print(f"--- line {n}: error: {e}")
                 else:
-                    print(json.dumps({"line": n, "error": str(e)}, ensure_ascii=False))
+                    kind = {"kind": e.kind} if isinstance(e, RenderError) else {}
+                    print(json.dumps({"line": n, "error": str(e), **kind, **tagged}, ensure_ascii=False))
                 continue
             if args.show:
                 print(f"--- line {n}: {len(ids)} tokens, {sum(trained)} trained")
                 print(show(text, offsets, trained))
             else:
-                print(json.dumps({"line": n, "text": text, "input_ids": ids, "trained": trained}, ensure_ascii=False))
+                line = {"line": n, "text": text, "input_ids": ids, "trained": trained, **tagged}
+                print(json.dumps(line, ensure_ascii=False))
 
 
 if __name__ == "__main__":

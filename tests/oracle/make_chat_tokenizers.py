@@ -16,6 +16,12 @@ Writes, in a few seconds and without any download:
                       as {"__type": "AddedToken", "content": ...} objects, as that model's config has them
   OUTDIR/no_template/ a byte-level tokenizer with no chat template at all (for error tests)
 
+and one directory per template of TEMPLATE_FAMILIES below (DeepSeek-R1 and its Qwen distill,
+Llama 3.2, Gemma 3, Phi-4, Phi-4 mini, Phi-3.5, Mistral Nemo, Qwen3, Command R7B, Granite 3.2,
+Falcon3, OLMo, GLM-4): that template (a tokenizer_config.json string) on a tokenizer of its
+model's kind, byte-level (sharing the llama3 or qwen2.5 vocabulary) or "▁" spaces with byte fallback
+(Gemma 3, Phi-3.5), with the special tokens the template writes added.
+
 Each directory has a tokenizer.json built with the `tokenizers` library (a small BPE trained on
 the short English corpus below, so the vocabularies are tiny -- 700 to 870 tokens -- but the
 pipelines -- regex split + ByteLevel, or "▁" for spaces + byte fallback -- are those of the real
@@ -666,8 +672,10 @@ def check(name, out):
         raise SystemExit(f"{out}: expected apply_chat_template to fail")
     texts = list(STRESS)
     texts.append(hf.apply_chat_template(SAMPLE, tokenize=False, add_generation_prompt=True))
-    fixtures = TEMPLATES.parent / "chat" / "conversations.jsonl"
-    if fixtures.exists():
+    for fixtures in ("conversations.jsonl", "template_cases.jsonl"):
+        fixtures = TEMPLATES.parent / "chat" / fixtures
+        if not fixtures.exists():
+            continue
         for line in fixtures.read_text(encoding="utf-8").splitlines():
             try:
                 texts.append(hf.apply_chat_template(json.loads(line)["messages"], tokenize=False))

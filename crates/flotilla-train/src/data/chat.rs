@@ -11,7 +11,9 @@
 //!
 //! # The text and the tokens
 //! The conversation is rendered by [`ChatTemplate`] exactly as transformers'
-//! `apply_chat_template(messages, tokenize=False)` renders it, and the text is tokenized with
+//! `apply_chat_template(messages, tokenize=False)` renders it (a message's keys whose value is
+//! null are left out, and its reasoning is also under `reasoning_content`, as transformers
+//! passes them), and the text is tokenized with
 //! no special tokens added (the template writes them), as `tokenizer(text,
 //! add_special_tokens=False)` does.
 //!
@@ -62,7 +64,7 @@ use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
-use super::chat_template::ChatTemplate;
+use super::chat_template::{message_value, ChatTemplate};
 use super::dataset::Dataset;
 use super::error::{DataError, Result};
 use super::masked::MaskedSequences;
@@ -464,7 +466,7 @@ pub fn encode_conversation(
     let Value::Array(list) = messages else {
         return Err("messages must be a list".into());
     };
-    let values: Vec<minijinja::Value> = list.iter().map(minijinja::Value::from_serialize).collect();
+    let values: Vec<minijinja::Value> = list.iter().map(message_value).collect();
     let text = chat
         .template
         .render_messages(minijinja::Value::from(values.clone()), false)?;

@@ -158,10 +158,14 @@ impl ChatTemplate {
         env.set_lstrip_blocks(true);
         env.set_keep_trailing_newline(false);
         env.set_auto_escape_callback(|_| minijinja::AutoEscape::None);
-        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        env.set_unknown_method_callback(python::method);
+        env.set_formatter(python::format);
         env.add_function("raise_exception", raise_exception);
         env.add_function("strftime_now", strftime_now);
         env.add_filter("tojson", tojson);
+        env.add_filter("string", python::string_filter);
+        env.add_filter("trim", python::trim_filter);
+        env.add_filter("indent", python::indent_filter);
         env.add_template_owned(TEMPLATE_NAME, without_generation_tags(&source))
             .map_err(|e| template_error(origin, format!("does not parse: {}", describe(&e))))?;
         Ok(ChatTemplate {
@@ -185,7 +189,11 @@ impl ChatTemplate {
         messages: &Json,
         add_generation_prompt: bool,
     ) -> std::result::Result<String, String> {
-        self.render_messages(Value::from_serialize(messages), add_generation_prompt)
+        let messages = match messages {
+            Json::Array(list) => Value::from(list.iter().map(message_value).collect::<Vec<_>>()),
+            other => Value::from_serialize(other),
+        };
+        self.render_messages(messages, add_generation_prompt)
     }
 
     /// Renders `messages`, already a template value (a list of message maps): the caller that
@@ -232,6 +240,39 @@ impl ChatTemplate {
             .find(|(k, _)| k == key)
             .map(|(_, v)| v.as_str())
     }
+}
+
+/// Where transformers looks for a message's reasoning, in order (`_REASONING_FIELDS`).
+const REASONING_FIELDS: [&str; 3] = ["reasoning_content", "thinking", "reasoning"];
+
+/// One message as transformers' `apply_chat_template` hands it to the template: its keys whose
+/// value is null left out (an OpenAI-style `"tool_calls": null` must not make `'tool_calls' in
+/// message` true), then, when it has a reasoning under `reasoning_content`, `thinking` or
+/// `reasoning` (the first of them that is not null), that reasoning also under
+/// `reasoning_content` (what templates read) and, unless the message has its own, `thinking`,
+/// in the order Python's `{"thinking": r, **message, "reasoning_content": r}` gives the keys.
+pub(crate) fn message_value(message: &Json) -> Value {
+    let Json::Object(map) = message else {
+        return Value::from_serialize(message);
+    };
+    let present: Vec<(&String, &Json)> = map.iter().filter(|(_, v)| !v.is_null()).collect();
+    let reasoning = REASONING_FIELDS.iter().find_map(|f| {
+        present
+            .iter()
+            .find(|(k, _)| k.as_str() == *f)
+            .map(|(_, v)| *v)
+    });
+    let mut out = serde_json::Map::with_capacity(present.len() + 2);
+    if let Some(r) = reasoning {
+        out.insert("thinking".to_string(), r.clone());
+    }
+    for (k, v) in present {
+        out.insert(k.clone(), v.clone());
+    }
+    if let Some(r) = reasoning {
+        out.insert("reasoning_content".to_string(), r.clone());
+    }
+    Value::from_serialize(&out)
 }
 
 /// A template error as one line: what the template raised, or what failed and where.
@@ -282,6 +323,12 @@ fn tojson(value: Value, kwargs: Kwargs) -> std::result::Result<String, Error> {
     let separators: Option<Vec<String>> = kwargs.get("separators")?;
     let ensure_ascii: Option<bool> = kwargs.get("ensure_ascii")?;
     kwargs.assert_all_used()?;
+    if value.is_undefined() {
+        return Err(Error::new(
+            ErrorKind::InvalidOperation,
+            "tojson: Object of type Undefined is not JSON serializable",
+        ));
+    }
     let json = serde_json::to_value(&value)
         .map_err(|e| Error::new(ErrorKind::InvalidOperation, format!("tojson: {e}")))?;
     let (item, key) = match separators.as_deref() {
@@ -464,6 +511,366 @@ fn without_generation_tags(source: &str) -> String {
     out
 }
 
+/// Python's behaviour where minijinja's differs, for what chat templates use: `str()` of a
+/// value (`{{ x }}`, the `string` filter, what `trim` and `indent` read), `str.strip`,
+/// `lstrip`, `rstrip`, `isspace` and `split()` with Python's whitespace, `str.splitlines` with
+/// Python's line boundaries, and jinja2's `indent`.
+mod python {
+    use std::fmt::Write as _;
+
+    use minijinja::value::{from_args, Kwargs, Value, ValueKind};
+    use minijinja::{Error, ErrorKind, Output, State};
+    use serde_json::Value as Json;
+
+    /// Python's whitespace (`str.isspace`): Rust's, and the information separators
+    /// U+001C..U+001F.
+    pub(super) fn is_space(c: char) -> bool {
+        c.is_whitespace() || ('\u{1c}'..='\u{1f}').contains(&c)
+    }
+
+    /// Python's line boundaries (`str.splitlines`).
+    fn is_line_break(c: char) -> bool {
+        matches!(
+            c,
+            '\n' | '\r'
+                | '\u{0b}'
+                | '\u{0c}'
+                | '\u{1c}'
+                | '\u{1d}'
+                | '\u{1e}'
+                | '\u{85}'
+                | '\u{2028}'
+                | '\u{2029}'
+        )
+    }
+
+    /// `s.splitlines(keepends)`.
+    pub(super) fn splitlines(s: &str, keepends: bool) -> Vec<&str> {
+        let mut out = vec![];
+        let mut start = 0;
+        let mut chars = s.char_indices().peekable();
+        while let Some((i, c)) = chars.next() {
+            if is_line_break(c) {
+                let mut end = i + c.len_utf8();
+                if c == '\r' && chars.peek().is_some_and(|&(_, n)| n == '\n') {
+                    chars.next();
+                    end += 1;
+                }
+                out.push(if keepends {
+                    &s[start..end]
+                } else {
+                    &s[start..i]
+                });
+                start = end;
+            }
+        }
+        if start < s.len() {
+            out.push(&s[start..]);
+        }
+        out
+    }
+
+    /// `s.strip(chars)`, `lstrip` or `rstrip` (`which`).
+    fn strip<'a>(s: &'a str, chars: Option<&str>, which: &str) -> &'a str {
+        let stripped = |c: char| match chars {
+            Some(set) => set.contains(c),
+            None => is_space(c),
+        };
+        match which {
+            "lstrip" => s.trim_start_matches(stripped),
+            "rstrip" => s.trim_end_matches(stripped),
+            _ => s.trim_matches(stripped),
+        }
+    }
+
+    /// `s.split(sep, maxsplit)`.
+    fn split(s: &str, sep: Option<&str>, maxsplit: Option<i64>) -> Result<Value, Error> {
+        let limit = maxsplit.and_then(|n| usize::try_from(n).ok());
+        let parts: Vec<&str> = match sep {
+            Some("") => {
+                return Err(Error::new(
+                    ErrorKind::InvalidOperation,
+                    "split: empty separator",
+                ))
+            }
+            Some(sep) => match limit {
+                Some(n) => s.splitn(n + 1, sep).collect(),
+                None => s.split(sep).collect(),
+            },
+            None => {
+                // Runs of whitespace separate; none at either end makes an empty part.
+                let mut parts = vec![];
+                let mut rest = s.trim_start_matches(is_space);
+                while !rest.is_empty() {
+                    if limit == Some(parts.len()) {
+                        parts.push(rest);
+                        break;
+                    }
+                    let end = rest.find(is_space).unwrap_or(rest.len());
+                    parts.push(&rest[..end]);
+                    rest = rest[end..].trim_start_matches(is_space);
+                }
+                parts
+            }
+        };
+        Ok(Value::from_iter(parts.into_iter().map(Value::from)))
+    }
+
+    /// The string methods whose Python meaning minijinja-contrib's pycompat does not give;
+    /// everything else goes to pycompat.
+    pub(super) fn method(
+        state: &State,
+        value: &Value,
+        method: &str,
+        args: &[Value],
+    ) -> Result<Value, Error> {
+        if let Some(s) = value.as_str() {
+            match method {
+                "strip" | "lstrip" | "rstrip" => {
+                    let (chars,): (Option<&str>,) = from_args(args)?;
+                    return Ok(Value::from(strip(s, chars, method)));
+                }
+                "isspace" => {
+                    let () = from_args(args)?;
+                    return Ok(Value::from(!s.is_empty() && s.chars().all(is_space)));
+                }
+                "split" => {
+                    let (sep, maxsplit): (Option<&str>, Option<i64>) = from_args(args)?;
+                    return split(s, sep, maxsplit);
+                }
+                "splitlines" => {
+                    let (keepends,): (Option<bool>,) = from_args(args)?;
+                    let lines = splitlines(s, keepends.unwrap_or(false));
+                    return Ok(Value::from_iter(lines.into_iter().map(Value::from)));
+                }
+                _ => {}
+            }
+        }
+        minijinja_contrib::pycompat::unknown_method_callback(state, value, method, args)
+    }
+
+    /// `{{ value }}`: what jinja2 writes, `str(value)`.
+    pub(super) fn format(out: &mut Output, _state: &State, value: &Value) -> Result<(), Error> {
+        let written = match value.as_str() {
+            Some(s) => out.write_str(s),
+            None => out.write_str(&str_of(value)),
+        };
+        written.map_err(|_| Error::from(ErrorKind::WriteFailure))
+    }
+
+    /// jinja2's `string` filter: `str(value)`.
+    pub(super) fn string_filter(value: &Value) -> Value {
+        match value.as_str() {
+            Some(_) => value.clone(),
+            None => Value::from(str_of(value)),
+        }
+    }
+
+    /// jinja2's `trim(value, chars=None)`: `str(value).strip(chars)`.
+    pub(super) fn trim_filter(value: &Value, chars: Option<String>) -> Value {
+        let text = str_of(value);
+        Value::from(strip(&text, chars.as_deref(), "strip"))
+    }
+
+    /// jinja2's `indent(s, width=4, first=False, blank=False)` (`width` may be a string, the
+    /// indentation itself): the lines of `str(s)` after the first (all with `first`) are
+    /// indented, blank lines only with `blank`; the lines are Python's (`splitlines`) and are
+    /// joined with `\n`.
+    pub(super) fn indent_filter(
+        value: &Value,
+        width: Option<Value>,
+        first: Option<bool>,
+        blank: Option<bool>,
+        kwargs: Kwargs,
+    ) -> Result<Value, Error> {
+        let width = match width {
+            Some(w) => Some(w),
+            None => kwargs.get::<Option<Value>>("width")?,
+        };
+        let first = match first {
+            Some(f) => f,
+            None => kwargs.get::<Option<bool>>("first")?.unwrap_or(false),
+        };
+        let blank = match blank {
+            Some(b) => b,
+            None => kwargs.get::<Option<bool>>("blank")?.unwrap_or(false),
+        };
+        kwargs.assert_all_used()?;
+        let indention = match &width {
+            None => "    ".to_string(),
+            Some(w) => match w.as_str() {
+                Some(s) => s.to_string(),
+                None => {
+                    let n = usize::try_from(w.clone()).map_err(|_| {
+                        Error::new(ErrorKind::InvalidOperation, "indent: bad width")
+                    })?;
+                    " ".repeat(n)
+                }
+            },
+        };
+        let mut text = str_of(value);
+        text.push('\n');
+        let lines = splitlines(&text, false);
+        let mut out = String::new();
+        if blank {
+            out.push_str(&lines.join(&format!("\n{indention}")));
+        } else {
+            let mut lines = lines.into_iter();
+            out.push_str(lines.next().unwrap_or_default());
+            for line in lines {
+                out.push('\n');
+                if !line.is_empty() {
+                    out.push_str(&indention);
+                }
+                out.push_str(line);
+            }
+        }
+        if first {
+            out.insert_str(0, &indention);
+        }
+        Ok(Value::from(out))
+    }
+
+    /// Python's `str(value)` for the values a template sees: a string itself, `None`, `True`
+    /// and `False`, numbers as Python writes them, lists and dicts as their `repr`; undefined
+    /// is empty (jinja2's `Undefined`).
+    pub(super) fn str_of(value: &Value) -> String {
+        match value.as_str() {
+            Some(s) => s.to_string(),
+            None if value.is_undefined() => String::new(),
+            None => {
+                let mut out = String::new();
+                write_repr(value, &mut out);
+                out
+            }
+        }
+    }
+
+    fn write_repr(value: &Value, out: &mut String) {
+        match value.kind() {
+            ValueKind::Undefined => {}
+            ValueKind::None => out.push_str("None"),
+            ValueKind::Bool => out.push_str(if value.is_true() { "True" } else { "False" }),
+            ValueKind::Number => match serde_json::to_value(value) {
+                Ok(Json::Number(n)) if n.is_f64() => {
+                    let f = n.as_f64().unwrap_or(f64::NAN);
+                    out.push_str(&if f.is_nan() {
+                        "nan".to_string()
+                    } else if f.is_infinite() {
+                        if f > 0.0 { "inf" } else { "-inf" }.to_string()
+                    } else {
+                        super::py_float(f)
+                    })
+                }
+                _ => out.push_str(&value.to_string()),
+            },
+            ValueKind::String => write_str_repr(value.as_str().unwrap_or_default(), out),
+            ValueKind::Seq | ValueKind::Iterable => {
+                out.push('[');
+                if let Ok(items) = value.try_iter() {
+                    for (i, item) in items.enumerate() {
+                        if i > 0 {
+                            out.push_str(", ");
+                        }
+                        write_repr(&item, out);
+                    }
+                }
+                out.push(']');
+            }
+            ValueKind::Map => {
+                out.push('{');
+                if let Ok(keys) = value.try_iter() {
+                    for (i, key) in keys.enumerate() {
+                        if i > 0 {
+                            out.push_str(", ");
+                        }
+                        write_repr(&key, out);
+                        out.push_str(": ");
+                        write_repr(&value.get_item(&key).unwrap_or_default(), out);
+                    }
+                }
+                out.push('}');
+            }
+            _ => {
+                let _ = write!(out, "{value}");
+            }
+        }
+    }
+
+    /// Python's `repr` of a string: in single quotes unless it holds a single quote and no
+    /// double one, with `\\`, `\n`, `\r`, `\t`, the quote and the characters Python does not
+    /// print escaped.
+    fn write_str_repr(s: &str, out: &mut String) {
+        let quote = if s.contains('\'') && !s.contains('"') {
+            '"'
+        } else {
+            '\''
+        };
+        out.push(quote);
+        for c in s.chars() {
+            match c {
+                '\\' => out.push_str("\\\\"),
+                '\n' => out.push_str("\\n"),
+                '\r' => out.push_str("\\r"),
+                '\t' => out.push_str("\\t"),
+                c if c == quote => {
+                    out.push('\\');
+                    out.push(c);
+                }
+                c if !is_printable(c) => {
+                    let n = c as u32;
+                    let _ = match n {
+                        0..=0xff => write!(out, "\\x{n:02x}"),
+                        0x100..=0xffff => write!(out, "\\u{n:04x}"),
+                        _ => write!(out, "\\U{n:08x}"),
+                    };
+                }
+                c => out.push(c),
+            }
+        }
+        out.push(quote);
+    }
+
+    /// The assigned characters Python's `str.isprintable` refuses (Unicode 14, Python 3.11):
+    /// controls (Cc), formats (Cf), private use (Co), and the separators (Zl, Zp, Zs) but the
+    /// space. (Python also escapes unassigned code points; they are written as they are here.)
+    const NOT_PRINTABLE: &[(u32, u32)] = &[
+        (0x0, 0x1f),
+        (0x7f, 0xa0),
+        (0xad, 0xad),
+        (0x600, 0x605),
+        (0x61c, 0x61c),
+        (0x6dd, 0x6dd),
+        (0x70f, 0x70f),
+        (0x890, 0x891),
+        (0x8e2, 0x8e2),
+        (0x1680, 0x1680),
+        (0x180e, 0x180e),
+        (0x2000, 0x200f),
+        (0x2028, 0x202f),
+        (0x205f, 0x2064),
+        (0x2066, 0x206f),
+        (0x3000, 0x3000),
+        (0xe000, 0xf8ff),
+        (0xfeff, 0xfeff),
+        (0xfff9, 0xfffb),
+        (0x110bd, 0x110bd),
+        (0x110cd, 0x110cd),
+        (0x13430, 0x13438),
+        (0x1bca0, 0x1bca3),
+        (0x1d173, 0x1d17a),
+        (0xe0001, 0xe0001),
+        (0xe0020, 0xe007f),
+        (0xf0000, 0xffffd),
+        (0x100000, 0x10fffd),
+    ];
+
+    fn is_printable(c: char) -> bool {
+        let n = c as u32;
+        !NOT_PRINTABLE.iter().any(|&(a, b)| a <= n && n <= b)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -525,6 +932,89 @@ mod tests {
         );
         let msgs = json!([{"content": "a"}, {"content": "b"}, {"content": "c"}]);
         assert_eq!(t.render(&msgs, false).unwrap(), "<a><b>");
+    }
+
+    #[test]
+    fn messages_reach_the_template_as_transformers_passes_them() {
+        // Null keys left out; the reasoning also under `thinking` and `reasoning_content`.
+        let t = template("{% for m in messages %}{{ m | tojson }}\n{% endfor %}");
+        let msgs = json!([
+            {"role": "user", "content": "hi", "name": null},
+            {"role": "assistant", "content": "yo", "reasoning": "think", "tool_calls": null},
+            {"role": "assistant", "thinking": "mine", "content": "x", "reasoning_content": "r"}
+        ]);
+        assert_eq!(
+            t.render(&msgs, false).unwrap(),
+            "{\"role\": \"user\", \"content\": \"hi\"}\n\
+             {\"thinking\": \"think\", \"role\": \"assistant\", \"content\": \"yo\", \
+             \"reasoning\": \"think\", \"reasoning_content\": \"think\"}\n\
+             {\"thinking\": \"mine\", \"role\": \"assistant\", \"content\": \"x\", \
+             \"reasoning_content\": \"r\"}\n"
+        );
+        let t = template("{{ 'tool_calls' in messages[0] }}");
+        let msgs = json!([{"role": "assistant", "content": "a", "tool_calls": null}]);
+        assert_eq!(t.render(&msgs, false).unwrap(), "False");
+    }
+
+    /// The expected texts are what transformers' jinja2 environment renders.
+    #[test]
+    fn values_strings_and_lines_behave_as_in_python() {
+        let render = |source: &str, content: &str| {
+            template(source)
+                .render(&json!([{"role": "user", "content": content}]), false)
+                .unwrap()
+        };
+        assert_eq!(
+            render(
+                "{{ none }}|{{ true }}|{{ [1, 'a', none, {'k': 2.0, \"it's\": 1e-7}] }}|\
+                 {{ 3|string }}|{{ x }}|{{ 2.5 }}",
+                ""
+            ),
+            "None|True|[1, 'a', None, {'k': 2.0, \"it's\": 1e-07}]|3||2.5"
+        );
+        let c = "{% set s = messages[0].content %}";
+        assert_eq!(
+            render(
+                &format!("{c}[{{{{ s.strip() }}}}][{{{{ s|trim }}}}][{{{{ s.lstrip() }}}}][{{{{ s.rstrip('\u{1f}') }}}}]"),
+                "\u{1c} a \u{1f}"
+            ),
+            "[a][a][a \u{1f}][\u{1c} a ]"
+        );
+        assert_eq!(
+            render(
+                &format!("{c}{{{{ s.splitlines() }}}}{{{{ s.splitlines(true) }}}}{{{{ ''.splitlines() }}}}"),
+                "a\rb\r\nc\u{0b}d\u{2028}e\n"
+            ),
+            "['a', 'b', 'c', 'd', 'e']['a\\r', 'b\\r\\n', 'c\\x0b', 'd\\u2028', 'e\\n'][]"
+        );
+        assert_eq!(
+            render(
+                &format!("{c}{{{{ s.split() }}}}{{{{ s.split(none, 1) }}}}{{{{ s.split(' ') }}}}{{{{ s.split(' ', 1) }}}}"),
+                " a  b\u{1f}c "
+            ),
+            "['a', 'b', 'c']['a', 'b\\x1fc ']['', 'a', '', 'b\\x1fc', '']['', 'a  b\\x1fc ']"
+        );
+        assert_eq!(
+            render(
+                &format!("{c}[{{{{ s|indent }}}}][{{{{ s|indent(2, true) }}}}][{{{{ s|indent(width='> ', first=true, blank=true) }}}}][{{{{ 'x'|indent }}}}]"),
+                "a\n\nb\n"
+            ),
+            "[a\n\n    b\n][  a\n\n  b\n][> a\n> \n> b\n> ][x]"
+        );
+        assert_eq!(
+            render("{{ ''.isspace() }}{{ '\u{1c}'.isspace() }}", ""),
+            "FalseTrue"
+        );
+        let t = template("{{ messages[0].content|trim }}");
+        let parts = json!([{"role": "user", "content": [{"type": "text", "text": "It's \"x\"\n\u{e9}\u{200b}"}]}]);
+        assert_eq!(
+            t.render(&parts, false).unwrap(),
+            "[{'type': 'text', 'text': 'It\\'s \"x\"\\n\u{e9}\\u200b'}]"
+        );
+        let err = template("{{ x|tojson }}")
+            .render(&json!([]), false)
+            .unwrap_err();
+        assert!(err.to_string().contains("not JSON serializable"), "{err}");
     }
 
     #[test]
