@@ -486,6 +486,10 @@ fn built_in_trainer_across_two_nodes() {
     // agree on and exits 75, the job requeues itself and resumes. (Not on a line of the ranks'
     // logs: srun writes them in bursts.)
     let preempted = root.join("preempted");
+    let id = job_status(&preempted)["job_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
     let t0 = Instant::now();
     let checkpointed = || {
         std::fs::read_dir(preempted.join("checkpoints")).is_ok_and(|d| {
@@ -501,10 +505,6 @@ fn built_in_trainer_across_two_nodes() {
         );
         std::thread::sleep(Duration::from_millis(20));
     }
-    let id = job_status(&preempted)["job_id"]
-        .as_str()
-        .unwrap()
-        .to_string();
     preempt_held(&preempted, &id, 4);
     let base = one_process_rows(&base_dir, baseline);
 
