@@ -490,22 +490,13 @@ fn built_in_trainer_across_two_nodes() {
         .as_str()
         .unwrap()
         .to_string();
-    let t0 = Instant::now();
     let checkpointed = || {
         std::fs::read_dir(preempted.join("checkpoints")).is_ok_and(|d| {
             d.flatten()
                 .any(|e| e.path().join("trainer_state.json").is_file())
         })
     };
-    while !checkpointed() {
-        assert!(
-            t0.elapsed() < Duration::from_secs(600),
-            "preempted: no checkpoint after 600 s:\n{}",
-            logs(&preempted)
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    preempt_held(&preempted, &id, 4);
+    preempt_held(&preempted, &id, 4, checkpointed);
     let base = one_process_rows(&base_dir, baseline);
 
     for (name, _, mode) in &cases {
@@ -659,68 +650,79 @@ fn processes_of(dir: &Path) -> Vec<(u32, String, String)> {
 
 /// SIGUSR2 to job `id` (its run directory `dir`) as Slurm sends it ahead of a time limit:
 /// `scancel --signal=USR2 --batch`, to the batch shell, which forwards it to the step's `ranks`
-/// processes. The ranks are held still (SIGSTOP) from before the scancel until the signal is
-/// pending in every one of them, then let go (SIGCONT): however long the signal takes through
-/// slurmctld, slurmd, the batch shell and srun on a loaded machine, the ranks cannot finish
-/// their remaining steps before it arrives.
-fn preempt_held(dir: &Path, id: &str, ranks: usize) {
+/// processes. Its steps take milliseconds, so the ranks are held still (SIGSTOP) the moment
+/// `ready` (a checkpoint written, so their handlers are installed), and let go (SIGCONT) once
+/// the signal is pending in every one of them: however long it takes through slurmctld,
+/// slurmd, the batch shell and srun on a loaded machine, the ranks cannot finish their
+/// remaining steps before it arrives.
+fn preempt_held(dir: &Path, id: &str, ranks: usize, ready: impl Fn() -> bool) {
     let t0 = Instant::now();
-    let pids: Vec<String> = loop {
-        let pids: Vec<String> = processes_of(dir)
+    let waited = |what: &str| {
+        assert!(
+            t0.elapsed() < Duration::from_secs(600),
+            "{}: {what} after 600 s:\n{}",
+            dir.display(),
+            logs(dir)
+        );
+    };
+    let pids: Vec<libc::pid_t> = loop {
+        let pids: Vec<libc::pid_t> = processes_of(dir)
             .into_iter()
             .filter(|(_, comm, _)| comm == "flotilla-train")
-            .map(|(pid, _, _)| pid.to_string())
+            .map(|(pid, _, _)| pid as libc::pid_t)
             .collect();
         if pids.len() == ranks {
             break pids;
         }
-        assert!(
-            t0.elapsed() < Duration::from_secs(60),
-            "{}: {} of {ranks} ranks running:\n{}",
-            dir.display(),
-            pids.len(),
-            logs(dir)
-        );
+        waited(&format!("{} of {ranks} ranks running", pids.len()));
         std::thread::sleep(Duration::from_millis(20));
     };
-    let signal_all = |signal: &str| {
-        let st = Command::new("kill")
-            .arg(signal)
-            .args(&pids)
-            .status()
-            .unwrap();
-        assert!(st.success(), "kill {signal} {pids:?}");
+    while !ready() {
+        waited("not ready to be signalled");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let signal_all = |signal: libc::c_int| {
+        for &pid in &pids {
+            // SAFETY: kill(2) with a live pid of this job and a standard signal number.
+            let rc = unsafe { libc::kill(pid, signal) };
+            assert_eq!(
+                rc,
+                0,
+                "kill({pid}, {signal}): {}",
+                std::io::Error::last_os_error()
+            );
+        }
     };
-    signal_all("-STOP");
+    signal_all(libc::SIGSTOP);
     let sc = Command::new("scancel")
         .args(["--signal=USR2", "--batch", id])
         .output()
         .unwrap();
     assert!(sc.status.success(), "{sc:?}");
-    // SIGUSR2 is signal 12: bit 11 of the pending masks in /proc/PID/status.
-    let pending = |pid: &String| {
+    // Bit SIGUSR2 - 1 of a pending mask in /proc/PID/status.
+    let pending = |pid: &libc::pid_t| {
         let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
         status.lines().any(|l| {
             (l.starts_with("ShdPnd:") || l.starts_with("SigPnd:"))
                 && l.split_whitespace()
                     .nth(1)
                     .and_then(|mask| u64::from_str_radix(mask, 16).ok())
-                    .is_some_and(|mask| mask & (1 << 11) != 0)
+                    .is_some_and(|mask| mask & (1 << (libc::SIGUSR2 - 1)) != 0)
         })
     };
     let t1 = Instant::now();
     while !pids.iter().all(pending) {
         if t1.elapsed() > Duration::from_secs(120) {
-            signal_all("-CONT");
+            signal_all(libc::SIGCONT);
             panic!(
                 "{}: SIGUSR2 not pending in every rank {pids:?} 120 s after scancel:\n{}",
                 dir.display(),
                 logs(dir)
             );
         }
-        std::thread::sleep(Duration::from_millis(20));
+        std::thread::sleep(Duration::from_millis(5));
     }
-    signal_all("-CONT");
+    signal_all(libc::SIGCONT);
     println!(
         "  preempted: SIGUSR2 reached all {ranks} ranks {:.1?} after scancel",
         t1.elapsed()
