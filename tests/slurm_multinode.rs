@@ -513,7 +513,8 @@ fn built_in_trainer_across_two_nodes() {
     let batch = std::fs::read_to_string(preempted.join(format!("logs/slurm-{id}.out"))).unwrap();
     assert!(
         batch.contains("requeueing (restart 1"),
-        "preempted's batch log:\n{batch}"
+        "preempted: not requeued:\n{}",
+        logs(&preempted)
     );
     let mut stopped_at = vec![];
     for rank in 0..4 {
@@ -694,6 +695,8 @@ fn preempt_held(dir: &Path, id: &str, ranks: usize, ready: impl Fn() -> bool) {
         }
     };
     signal_all(libc::SIGSTOP);
+    let held_at = std::fs::read_to_string(dir.join("metrics.csv"))
+        .map_or(0, |t| t.lines().count().saturating_sub(1));
     let sc = Command::new("scancel")
         .args(["--signal=USR2", "--batch", id])
         .output()
@@ -724,7 +727,8 @@ fn preempt_held(dir: &Path, id: &str, ranks: usize, ready: impl Fn() -> bool) {
     }
     signal_all(libc::SIGCONT);
     println!(
-        "  preempted: SIGUSR2 reached all {ranks} ranks {:.1?} after scancel",
+        "  preempted: ranks held after {held_at} rows; SIGUSR2 reached all {ranks} {:.1?} after \
+         scancel",
         t1.elapsed()
     );
 }
