@@ -486,17 +486,13 @@ fn built_in_trainer_across_two_nodes() {
     // agree on and exits 75, the job requeues itself and resumes. (Not on a line of the ranks'
     // logs: srun writes them in bursts.)
     let preempted = root.join("preempted");
-    let id = job_status(&preempted)["job_id"]
-        .as_str()
-        .unwrap()
-        .to_string();
     let checkpointed = || {
         std::fs::read_dir(preempted.join("checkpoints")).is_ok_and(|d| {
             d.flatten()
                 .any(|e| e.path().join("trainer_state.json").is_file())
         })
     };
-    preempt_held(&preempted, &id, 4, checkpointed);
+    let id = preempt_held(&preempted, 4, checkpointed);
     let base = one_process_rows(&base_dir, baseline);
 
     for (name, _, mode) in &cases {
@@ -649,14 +645,14 @@ fn processes_of(dir: &Path) -> Vec<(u32, String, String)> {
     found
 }
 
-/// SIGUSR2 to job `id` (its run directory `dir`) as Slurm sends it ahead of a time limit:
+/// SIGUSR2 to the job of run directory `dir` as Slurm sends it ahead of a time limit:
 /// `scancel --signal=USR2 --batch`, to the batch shell, which forwards it to the step's `ranks`
-/// processes. Its steps take milliseconds, so the ranks are held still (SIGSTOP) the moment
-/// `ready` (a checkpoint written, so their handlers are installed), and let go (SIGCONT) once
-/// the signal is pending in every one of them: however long it takes through slurmctld,
-/// slurmd, the batch shell and srun on a loaded machine, the ranks cannot finish their
-/// remaining steps before it arrives.
-fn preempt_held(dir: &Path, id: &str, ranks: usize, ready: impl Fn() -> bool) {
+/// processes; returns the job's id. A step takes a fraction of a second, while `flotilla
+/// status` and the signal's way through slurmctld, slurmd, the batch shell and srun can take
+/// seconds on a loaded machine: so the ranks are held still (SIGSTOP) the moment `ready` (a
+/// checkpoint written, so their handlers are installed), and let go (SIGCONT) once the signal is
+/// pending in every one of them. They cannot finish their remaining steps before it arrives.
+fn preempt_held(dir: &Path, ranks: usize, ready: impl Fn() -> bool) -> String {
     let t0 = Instant::now();
     let waited = |what: &str| {
         assert!(
@@ -697,8 +693,9 @@ fn preempt_held(dir: &Path, id: &str, ranks: usize, ready: impl Fn() -> bool) {
     signal_all(libc::SIGSTOP);
     let held_at = std::fs::read_to_string(dir.join("metrics.csv"))
         .map_or(0, |t| t.lines().count().saturating_sub(1));
+    let id = job_status(dir)["job_id"].as_str().unwrap().to_string();
     let sc = Command::new("scancel")
-        .args(["--signal=USR2", "--batch", id])
+        .args(["--signal=USR2", "--batch", &id])
         .output()
         .unwrap();
     assert!(sc.status.success(), "{sc:?}");
@@ -731,6 +728,7 @@ fn preempt_held(dir: &Path, id: &str, ranks: usize, ready: impl Fn() -> bool) {
          scancel",
         t1.elapsed()
     );
+    id
 }
 
 /// Loses node `k` as a power cut would: every process in its network namespace (its slurmd,
