@@ -439,16 +439,6 @@ fn built_in_trainer_across_two_nodes() {
     ];
     for (name, extra, _) in &cases {
         submit(&root.join(name), 2, 2, extra);
-        if *name == "ddp" {
-            // The same job again, checkpointing every 5 steps (which changes no number), to be
-            // preempted (SIGUSR2) once it wrote step 5.
-            let mut extra = extra.clone();
-            extra.extend([
-                "trainer.checkpoint_every=5",
-                "trainer.keep_last_checkpoints=3",
-            ]);
-            submit(&root.join("preempted"), 2, 2, &extra);
-        }
     }
     // The user's own programs, 2 nodes × 2 each: a bare `torchrun` per node (`ranks:
     // per_node`) and a plain torch.distributed gloo script per rank (`ranks: per_task`).
@@ -485,7 +475,16 @@ fn built_in_trainer_across_two_nodes() {
     // reaches every rank (srun forwards it to both nodes); each checkpoints the step the ranks
     // agree on and exits 75, the job requeues itself and resumes. (Not on a line of the ranks'
     // logs: srun writes them in bursts.)
+    // The DDP job again, checkpointing every 5 steps (which changes no number), to be preempted
+    // (SIGUSR2) once it wrote a checkpoint. Submitted last, so that its steps are not spent
+    // while this test submits the others.
     let preempted = root.join("preempted");
+    let mut extra = cases[0].1.clone();
+    extra.extend([
+        "trainer.checkpoint_every=5",
+        "trainer.keep_last_checkpoints=3",
+    ]);
+    submit(&preempted, 2, 2, &extra);
     let checkpointed = || {
         std::fs::read_dir(preempted.join("checkpoints")).is_ok_and(|d| {
             d.flatten()
