@@ -644,87 +644,118 @@ fn processes_of(dir: &Path) -> Vec<(u32, String, String)> {
     found
 }
 
-/// SIGUSR2 to the job of run directory `dir` as Slurm sends it ahead of a time limit:
-/// `scancel --signal=USR2 --batch`, to the batch shell, which forwards it to the step's `ranks`
-/// processes; returns the job's id. A step takes a fraction of a second, while `flotilla
-/// status` and the signal's way through slurmctld, slurmd, the batch shell and srun can take
-/// seconds on a loaded machine: so the ranks are held still (SIGSTOP) the moment `ready` (a
-/// checkpoint written, so their handlers are installed), and let go (SIGCONT) once the signal is
-/// pending in every one of them. They cannot finish their remaining steps before it arrives.
-fn preempt_held(dir: &Path, ranks: usize, ready: impl Fn() -> bool) -> String {
-    let t0 = Instant::now();
-    let waited = |what: &str| {
-        assert!(
-            t0.elapsed() < Duration::from_secs(600),
-            "{}: {what} after 600 s:\n{}",
-            dir.display(),
-            logs(dir)
-        );
-    };
-    let pids: Vec<libc::pid_t> = loop {
-        let pids: Vec<libc::pid_t> = processes_of(dir)
-            .into_iter()
-            .filter(|(_, comm, _)| comm == "flotilla-train")
-            .map(|(pid, _, _)| pid as libc::pid_t)
-            .collect();
-        if pids.len() == ranks {
-            break pids;
+/// The `flotilla-train` processes of a job (run directory `dir`), held still with SIGSTOP.
+/// A step takes a fraction of a second, while `flotilla status`, the test's polling and Slurm's
+/// signals can take seconds on a loaded machine: a job held at the right step cannot run past
+/// the point a scenario needs while the test acts on it.
+struct HeldRanks {
+    pids: Vec<libc::pid_t>,
+    /// Rows in the job's metrics.csv when it was held.
+    rows: usize,
+}
+
+impl HeldRanks {
+    /// Finds the job's `ranks` processes, then holds them the moment `ready` (polled every
+    /// millisecond).
+    fn when(dir: &Path, ranks: usize, ready: impl Fn() -> bool) -> HeldRanks {
+        let t0 = Instant::now();
+        let waited = |what: &str| {
+            assert!(
+                t0.elapsed() < Duration::from_secs(600),
+                "{}: {what} after 600 s:\n{}",
+                dir.display(),
+                logs(dir)
+            );
+        };
+        let pids: Vec<libc::pid_t> = loop {
+            let pids: Vec<libc::pid_t> = processes_of(dir)
+                .into_iter()
+                .filter(|(_, comm, _)| comm == "flotilla-train")
+                .map(|(pid, _, _)| pid as libc::pid_t)
+                .collect();
+            if pids.len() == ranks {
+                break pids;
+            }
+            waited(&format!("{} of {ranks} ranks running", pids.len()));
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        while !ready() {
+            waited("not ready");
+            std::thread::sleep(Duration::from_millis(1));
         }
-        waited(&format!("{} of {ranks} ranks running", pids.len()));
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    while !ready() {
-        waited("not ready to be signalled");
-        std::thread::sleep(Duration::from_millis(1));
+        let mut held = HeldRanks { pids, rows: 0 };
+        held.signal(libc::SIGSTOP);
+        held.rows = std::fs::read_to_string(dir.join("metrics.csv"))
+            .map_or(0, |t| t.lines().count().saturating_sub(1));
+        held
     }
-    let signal_all = |signal: libc::c_int| {
-        for &pid in &pids {
-            // SAFETY: kill(2) with a live pid of this job and a standard signal number.
+
+    /// Sends `signal` to every held process still alive.
+    fn signal(&self, signal: libc::c_int) {
+        for &pid in &self.pids {
+            // SAFETY: kill(2) with a pid of this job and a standard signal number.
             let rc = unsafe { libc::kill(pid, signal) };
-            assert_eq!(
-                rc,
-                0,
-                "kill({pid}, {signal}): {}",
-                std::io::Error::last_os_error()
+            let error = std::io::Error::last_os_error();
+            assert!(
+                rc == 0 || error.raw_os_error() == Some(libc::ESRCH),
+                "kill({pid}, {signal}): {error}"
             );
         }
-    };
-    signal_all(libc::SIGSTOP);
-    let held_at = std::fs::read_to_string(dir.join("metrics.csv"))
-        .map_or(0, |t| t.lines().count().saturating_sub(1));
+    }
+
+    /// Whether `signal` is pending in every held process (/proc/PID/status's masks).
+    fn pending(&self, signal: libc::c_int) -> bool {
+        self.pids.iter().all(|pid| {
+            let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+            status.lines().any(|l| {
+                (l.starts_with("ShdPnd:") || l.starts_with("SigPnd:"))
+                    && l.split_whitespace()
+                        .nth(1)
+                        .and_then(|mask| u64::from_str_radix(mask, 16).ok())
+                        .is_some_and(|mask| mask & (1 << (signal - 1)) != 0)
+            })
+        })
+    }
+}
+
+impl Drop for HeldRanks {
+    /// Lets the processes go on (SIGCONT), also when the test fails while holding them.
+    fn drop(&mut self) {
+        for &pid in &self.pids {
+            // SAFETY: as in `signal`; a process that has gone is no error here.
+            unsafe { libc::kill(pid, libc::SIGCONT) };
+        }
+    }
+}
+
+/// SIGUSR2 to the job of run directory `dir` as Slurm sends it ahead of a time limit:
+/// `scancel --signal=USR2 --batch`, to the batch shell, which forwards it to the step's `ranks`
+/// processes; returns the job's id. The ranks are held the moment `ready` (a checkpoint
+/// written, so their handlers are installed) and let go once the signal is pending in every one
+/// of them: however long its way through slurmctld, slurmd, the batch shell and srun takes,
+/// they cannot finish their remaining steps before it arrives.
+fn preempt_held(dir: &Path, ranks: usize, ready: impl Fn() -> bool) -> String {
+    let held = HeldRanks::when(dir, ranks, ready);
     let id = job_status(dir)["job_id"].as_str().unwrap().to_string();
     let sc = Command::new("scancel")
         .args(["--signal=USR2", "--batch", &id])
         .output()
         .unwrap();
     assert!(sc.status.success(), "{sc:?}");
-    // Bit SIGUSR2 - 1 of a pending mask in /proc/PID/status.
-    let pending = |pid: &libc::pid_t| {
-        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-        status.lines().any(|l| {
-            (l.starts_with("ShdPnd:") || l.starts_with("SigPnd:"))
-                && l.split_whitespace()
-                    .nth(1)
-                    .and_then(|mask| u64::from_str_radix(mask, 16).ok())
-                    .is_some_and(|mask| mask & (1 << (libc::SIGUSR2 - 1)) != 0)
-        })
-    };
     let t1 = Instant::now();
-    while !pids.iter().all(pending) {
-        if t1.elapsed() > Duration::from_secs(120) {
-            signal_all(libc::SIGCONT);
-            panic!(
-                "{}: SIGUSR2 not pending in every rank {pids:?} 120 s after scancel:\n{}",
-                dir.display(),
-                logs(dir)
-            );
-        }
+    while !held.pending(libc::SIGUSR2) {
+        assert!(
+            t1.elapsed() < Duration::from_secs(120),
+            "{}: SIGUSR2 not pending in every rank {:?} 120 s after scancel:\n{}",
+            dir.display(),
+            held.pids,
+            logs(dir)
+        );
         std::thread::sleep(Duration::from_millis(5));
     }
-    signal_all(libc::SIGCONT);
     println!(
-        "  preempted: ranks held after {held_at} rows; SIGUSR2 reached all {ranks} {:.1?} after \
-         scancel",
+        "  preempted: ranks held after {} rows; SIGUSR2 reached all {ranks} {:.1?} after scancel",
+        held.rows,
         t1.elapsed()
     );
     id
@@ -822,23 +853,26 @@ fn a_lost_node_fails_the_job_or_requeues_it() {
         .expect("fail's sbatch script");
     assert!(script.contains("#SBATCH --no-requeue"), "{script}");
 
-    // Both running, `requeue` checkpointed at step 10.
+    // Both running, `requeue` checkpointed at step 10 and held there (it must not reach step
+    // 20, or finish, while `fail`'s log comes through srun's bursts).
     let ckpt = requeue.join("checkpoints/step_10/trainer_state.json");
     let t0 = Instant::now();
+    let held = HeldRanks::when(&requeue, 4, || ckpt.is_file());
     let fail_stepping = || {
         std::fs::read_to_string(fail.join("logs/rank_0.log"))
             .is_ok_and(|l| l.contains("step 5/100000"))
     };
-    while !(ckpt.is_file() && fail_stepping()) {
+    while !fail_stepping() {
         assert!(
             t0.elapsed() < Duration::from_secs(300),
-            "no checkpoint at step 10 after 300 s:\n{}\n{}",
-            logs(&requeue),
+            "fail: not at step 5 after 300 s:\n{}",
             logs(&fail)
         );
         std::thread::sleep(Duration::from_millis(20));
     }
     let killed = kill_node(2);
+    // Node 1's ranks of `requeue` go on, into a collective with the lost node.
+    drop(held);
     let t_kill = Instant::now();
     println!(
         "  node 2 lost {:.1?} after the submissions: {killed} processes killed",

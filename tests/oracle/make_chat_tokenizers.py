@@ -18,7 +18,7 @@ Writes, in a few seconds and without any download:
 
 and one directory per template of TEMPLATE_FAMILIES below (DeepSeek-R1 and its Qwen distill,
 Llama 3.2, Gemma 3, Phi-4, Phi-4 mini, Phi-3.5, Mistral Nemo, Qwen3, Command R7B, Granite 3.2,
-Falcon3, OLMo, GLM-4): that template (a tokenizer_config.json string) on a tokenizer of its
+Falcon3, Falcon 7B instruct, Functionary medium v3.1, OLMo, GLM-4): that template (a tokenizer_config.json string) on a tokenizer of its
 model's kind, byte-level (sharing the llama3 or qwen2.5 vocabulary) or "▁" spaces with byte fallback
 (Gemma 3, Phi-3.5), with the special tokens the template writes added.
 
@@ -577,6 +577,20 @@ TEMPLATE_FAMILIES = [
         "llama3",
         ["<|endoftext|>", "<|padding|>", "<|user|>", "<|assistant|>"],
         {"bos_token": None, "eos_token": "<|endoftext|>", "pad_token": "<|padding|>", "unk_token": None},
+    ),
+    (
+        "falcon-7b",
+        "falcon-7b-instruct.jinja",
+        "llama3",
+        ["<|endoftext|>"],
+        {"bos_token": None, "eos_token": "<|endoftext|>", "pad_token": None, "unk_token": None},
+    ),
+    (
+        "functionary-v3.1",
+        "functionary-medium-v3.1.jinja",
+        "llama3",
+        LLAMA3_TOKENS,
+        {"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>"},
     ),
     (
         "glm4",

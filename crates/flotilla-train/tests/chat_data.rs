@@ -254,6 +254,8 @@ const TEMPLATE_FAMILIES: &[&str] = &[
     "command-r7b",
     "granite3.2",
     "falcon3",
+    "falcon-7b",
+    "functionary-v3.1",
     "olmo",
     "glm4",
 ];

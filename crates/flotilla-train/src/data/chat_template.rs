@@ -166,7 +166,16 @@ impl ChatTemplate {
         env.add_filter("string", python::string_filter);
         env.add_filter("trim", python::trim_filter);
         env.add_filter("indent", python::indent_filter);
-        env.add_template_owned(TEMPLATE_NAME, without_generation_tags(&source))
+        env.add_test("none", python::is_none);
+        use minijinja::filters;
+        python::none_as_empty(&mut env, "select", Value::from_function(filters::select));
+        python::none_as_empty(&mut env, "reject", Value::from_function(filters::reject));
+        python::none_as_empty(&mut env, "map", Value::from_function(filters::map));
+        let (select, reject) = (filters::selectattr, filters::rejectattr);
+        python::none_as_empty(&mut env, "selectattr", Value::from_function(select));
+        python::none_as_empty(&mut env, "rejectattr", Value::from_function(reject));
+        let text = without_generation_tags(&jinja_newlines(&source));
+        env.add_template_owned(TEMPLATE_NAME, text)
             .map_err(|e| template_error(origin, format!("does not parse: {}", describe(&e))))?;
         Ok(ChatTemplate {
             env,
@@ -213,8 +222,8 @@ impl ChatTemplate {
                 "add_generation_prompt".into(),
                 Value::from(add_generation_prompt),
             ),
-            ("tools".into(), Value::from(())),
-            ("documents".into(), Value::from(())),
+            ("tools".into(), python::none()),
+            ("documents".into(), python::none()),
         ];
         for (k, v) in &self.special_tokens {
             context.push((k.clone(), Value::from(v.as_str())));
@@ -329,6 +338,11 @@ fn tojson(value: Value, kwargs: Kwargs) -> std::result::Result<String, Error> {
             "tojson: Object of type Undefined is not JSON serializable",
         ));
     }
+    let value = if python::is_none(&value) {
+        Value::from(())
+    } else {
+        value
+    };
     let json = serde_json::to_value(&value)
         .map_err(|e| Error::new(ErrorKind::InvalidOperation, format!("tojson: {e}")))?;
     let (item, key) = match separators.as_deref() {
@@ -469,6 +483,17 @@ fn py_float(f: f64) -> String {
     }
 }
 
+/// The template with its line breaks as jinja2's lexer reads them: `\r\n` and a lone `\r`
+/// become `\n` (its `newline_sequence`), in the text and in string literals alike, so that a
+/// template holding a raw `\r\n` in `replace('\r\n', '\n')` replaces `\n` by `\n` there.
+fn jinja_newlines(source: &str) -> std::borrow::Cow<'_, str> {
+    if source.contains('\r') {
+        std::borrow::Cow::Owned(source.replace("\r\n", "\n").replace('\r', "\n"))
+    } else {
+        std::borrow::Cow::Borrowed(source)
+    }
+}
+
 /// The template with transformers' `{% generation %}`/`{% endgeneration %}` markers (which
 /// only track assistant spans there) turned into a block that always renders its content.
 fn without_generation_tags(source: &str) -> String {
@@ -518,9 +543,62 @@ fn without_generation_tags(source: &str) -> String {
 mod python {
     use std::fmt::Write as _;
 
-    use minijinja::value::{from_args, Kwargs, Value, ValueKind};
+    use minijinja::value::{from_args, Kwargs, Rest, Value, ValueKind};
     use minijinja::{Error, ErrorKind, Output, State};
     use serde_json::Value as Json;
+
+    /// Python's `None` where transformers passes it to every template, as `tools` and
+    /// `documents` when there are none: false, `is none`, written `None` and `null` by
+    /// `tojson` like minijinja's none, but not iterable (minijinja iterates none as an empty
+    /// list, jinja2 raises `'NoneType' object is not iterable`), so a template that loops over
+    /// its tools unguarded fails as it does in transformers.
+    #[derive(Debug)]
+    struct PyNone;
+
+    impl minijinja::value::Object for PyNone {
+        fn repr(self: &std::sync::Arc<Self>) -> minijinja::value::ObjectRepr {
+            minijinja::value::ObjectRepr::Plain
+        }
+
+        fn is_true(self: &std::sync::Arc<Self>) -> bool {
+            false
+        }
+
+        fn render(
+            self: &std::sync::Arc<Self>,
+            f: &mut std::fmt::Formatter<'_>,
+        ) -> std::fmt::Result {
+            f.write_str("None")
+        }
+    }
+
+    pub(super) fn none() -> Value {
+        Value::from_object(PyNone)
+    }
+
+    /// The builtin filter `name` taking [`none()`] as an empty list, as jinja2's `select`,
+    /// `selectattr`, `reject`, `rejectattr` and `map` take any false value (`if value:` before
+    /// they iterate): `tools | selectattr(...)` is empty when there are no tools.
+    pub(super) fn none_as_empty(
+        env: &mut minijinja::Environment<'static>,
+        name: &'static str,
+        builtin: Value,
+    ) {
+        env.add_filter(name, move |state: &State, args: Rest<Value>| {
+            let mut args = args.0;
+            if let Some(first) = args.first_mut() {
+                if is_none(first) {
+                    *first = Value::from(());
+                }
+            }
+            builtin.call(state, &args)
+        });
+    }
+
+    /// The `none` test: minijinja's none or [`none()`].
+    pub(super) fn is_none(value: &Value) -> bool {
+        value.is_none() || value.downcast_object_ref::<PyNone>().is_some()
+    }
 
     /// Python's whitespace (`str.isspace`): Rust's, and the information separators
     /// U+001C..U+001F.
