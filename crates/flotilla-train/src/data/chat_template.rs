@@ -989,10 +989,11 @@ mod tests {
 
     #[test]
     fn tojson_matches_python_json_dumps() {
-        let t = template("{{ messages[0] | tojson }}|{{ messages[0] | tojson(indent=2) }}");
+        // (Nested: a message's own null keys are left out before the template sees it.)
+        let t = template("{{ messages[0].x | tojson }}|{{ messages[0].x | tojson(indent=2) }}");
         let out = t
             .render(
-                &json!([{"b": [1, 2.5, "é\n\"x\""], "a": {}, "c": null, "d": 1e-5}]),
+                &json!([{"x": {"b": [1, 2.5, "é\n\"x\""], "a": {}, "c": null, "d": 1e-5}}]),
                 false,
             )
             .unwrap();
@@ -1093,6 +1094,31 @@ mod tests {
             .render(&json!([]), false)
             .unwrap_err();
         assert!(err.to_string().contains("not JSON serializable"), "{err}");
+    }
+
+    #[test]
+    fn tools_and_documents_are_python_none() {
+        let render = |source: &str| template(source).render(&json!([]), false);
+        assert_eq!(
+            render(
+                "{{ tools }}|{{ tools is none }}|{{ tools is not none }}|{{ tools is defined }}|\
+                 {{ not tools }}|{{ tools|tojson }}|{{ tools|string }}|{{ tools is iterable }}|\
+                 {{ tools|selectattr('type', 'equalto', 'x')|list }}|{{ documents|map(attribute='x')|list }}"
+            )
+            .unwrap(),
+            "None|True|False|True|True|null|None|False|[]|[]"
+        );
+        // jinja2: TypeError: 'NoneType' object is not iterable.
+        let err = render("{% for t in tools %}{{ t }}{% endfor %}").unwrap_err();
+        assert!(err.to_string().contains("not iterable"), "{err}");
+    }
+
+    #[test]
+    fn line_breaks_are_read_as_jinja2_reads_them() {
+        // A raw CR LF in a string literal is a LF to jinja2, so this replace changes nothing.
+        let t = template("{{ messages[0].content.replace('\r\n', '\n') }}\r\n|\r|");
+        let msgs = json!([{"role": "user", "content": "a\r\nb"}]);
+        assert_eq!(t.render(&msgs, false).unwrap(), "a\r\nb\n|\n|");
     }
 
     #[test]
