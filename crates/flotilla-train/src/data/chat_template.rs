@@ -8,9 +8,22 @@
 //! (minijinja-contrib's pycompat), `raise_exception(msg)`, `strftime_now(fmt)`, and a `tojson`
 //! that writes what Python's `json.dumps(x, ensure_ascii=False, ...)` writes. transformers'
 //! `{% generation %}` blocks are rendered as their content. A render sees `messages`,
-//! `add_generation_prompt`, `tools` and `documents` (none), and the special tokens of
+//! `add_generation_prompt`, `tools` and `documents` (None), and the special tokens of
 //! `tokenizer_config.json` (`bos_token`, `eos_token`, `unk_token`, `pad_token`, ...) as
-//! strings, as transformers passes them.
+//! strings, as transformers passes them; each message as `apply_chat_template` hands it over
+//! (its null keys left out, its reasoning also under `reasoning_content`: `message_value`).
+//!
+//! Where minijinja and transformers' jinja2 (Python) differ on what templates use, Python's
+//! behaviour is the one given (module `python`): `{{ x }}`, `string`, `trim` and `indent` write
+//! a value as Python's `str()` does (`None`, `True`, a list of content parts as its `repr`);
+//! `strip`, `lstrip`, `rstrip`, `isspace`, `split()` and `trim` take Python's whitespace (with
+//! U+001C..U+001F); `splitlines` Python's line boundaries; `indent` is jinja2's; `tools` and
+//! `documents` are a None that cannot be iterated (jinja2 raises) but that `select`,
+//! `selectattr`, `reject`, `rejectattr` and `map` take as empty; `tojson` of an undefined value
+//! fails; and the source's line breaks are read as jinja2 reads them (CR LF and CR as LF, in
+//! string literals too). Known differences that remain: `~` writes none and booleans as
+//! minijinja does (`none`, `true`), `x == none` is false for `tools`, and Python's `repr`
+//! escapes unassigned code points, which are written as they are here.
 
 use std::path::{Path, PathBuf};
 
