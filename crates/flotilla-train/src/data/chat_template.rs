@@ -20,10 +20,16 @@
 //! U+001C..U+001F); `splitlines` Python's line boundaries; `indent` is jinja2's; `tools` and
 //! `documents` are a None that cannot be iterated (jinja2 raises) but that `select`,
 //! `selectattr`, `reject`, `rejectattr` and `map` take as empty; `tojson` of an undefined value
-//! fails; and the source's line breaks are read as jinja2 reads them (CR LF and CR as LF, in
-//! string literals too). Known differences that remain: `~` writes none and booleans as
-//! minijinja does (`none`, `true`), `x == none` is false for `tools`, and Python's `repr`
-//! escapes unassigned code points, which are written as they are here.
+//! fails, its `length` is 0 and its `first` and `last` undefined; `find`, `rfind` and `count`
+//! count characters as Python does, `split` and `rsplit` take `sep`/`maxsplit` by name, and
+//! `str.join` joins strings only; the tests `number` (booleans are), `sequence` (strings and
+//! dicts are) and `iterable` (None is not) are jinja2's; and the source's line breaks are read
+//! as jinja2 reads them (CR LF and CR as LF, in string literals too). Known differences that
+//! remain: `~` writes none and booleans as minijinja does (`none`, `true`); `x == none` is
+//! false for `tools`; `a and b` is a boolean, not an operand; `dict.items()` pairs are
+//! written as lists, not tuples; `%` string formatting, the filters `wordcount` and `int` of a
+//! non-number string, and the methods `partition`, `zfill`, `center` and `expandtabs` fail;
+//! and Python's `repr` escapes unassigned code points, which are written as they are here.
 
 use std::path::{Path, PathBuf};
 
@@ -180,6 +186,13 @@ impl ChatTemplate {
         env.add_filter("trim", python::trim_filter);
         env.add_filter("indent", python::indent_filter);
         env.add_test("none", python::is_none);
+        env.add_test("number", python::is_number);
+        env.add_test("sequence", python::is_sequence);
+        env.add_test("iterable", python::is_iterable);
+        env.add_filter("length", python::length_filter);
+        env.add_filter("count", python::length_filter);
+        env.add_filter("first", python::first_filter);
+        env.add_filter("last", python::last_filter);
         use minijinja::filters;
         python::none_as_empty(&mut env, "select", Value::from_function(filters::select));
         python::none_as_empty(&mut env, "reject", Value::from_function(filters::reject));
@@ -707,6 +720,86 @@ mod python {
         Ok(Value::from_iter(parts.into_iter().map(Value::from)))
     }
 
+    /// `s.rsplit(sep, maxsplit)`: [`split`] from the right.
+    fn rsplit(s: &str, sep: Option<&str>, maxsplit: Option<i64>) -> Result<Value, Error> {
+        let limit = maxsplit.and_then(|n| usize::try_from(n).ok());
+        let mut parts: Vec<&str> = match sep {
+            Some("") => {
+                return Err(Error::new(
+                    ErrorKind::InvalidOperation,
+                    "rsplit: empty separator",
+                ))
+            }
+            Some(sep) => match limit {
+                Some(n) => s.rsplitn(n + 1, sep).collect(),
+                None => s.rsplit(sep).collect(),
+            },
+            None => {
+                let mut parts = vec![];
+                let mut rest = s.trim_end_matches(is_space);
+                while !rest.is_empty() {
+                    if limit == Some(parts.len()) {
+                        parts.push(rest);
+                        break;
+                    }
+                    let start = rest
+                        .char_indices()
+                        .rev()
+                        .find(|&(_, c)| is_space(c))
+                        .map_or(0, |(i, c)| i + c.len_utf8());
+                    parts.push(&rest[start..]);
+                    rest = rest[..start].trim_end_matches(is_space);
+                }
+                parts
+            }
+        };
+        parts.reverse();
+        Ok(Value::from_iter(parts.into_iter().map(Value::from)))
+    }
+
+    /// jinja2's `length` (and `count`): an undefined value has length 0.
+    pub(super) fn length_filter(value: &Value) -> Result<usize, Error> {
+        if value.is_undefined() {
+            return Ok(0);
+        }
+        minijinja::filters::length(value)
+    }
+
+    /// jinja2's `first`: undefined for an undefined value (it iterates as empty).
+    pub(super) fn first_filter(value: &Value) -> Result<Value, Error> {
+        if value.is_undefined() {
+            return Ok(Value::UNDEFINED);
+        }
+        minijinja::filters::first(value)
+    }
+
+    /// jinja2's `last`: undefined for an undefined value.
+    pub(super) fn last_filter(value: Value) -> Result<Value, Error> {
+        if value.is_undefined() {
+            return Ok(Value::UNDEFINED);
+        }
+        minijinja::filters::last(value)
+    }
+
+    /// jinja2's `number` test: `isinstance(value, Number)`, which booleans are.
+    pub(super) fn is_number(value: &Value) -> bool {
+        matches!(value.kind(), ValueKind::Number | ValueKind::Bool)
+    }
+
+    /// jinja2's `sequence` test (it has a length and an index): strings, lists, dicts, and
+    /// undefined.
+    pub(super) fn is_sequence(value: &Value) -> bool {
+        matches!(
+            value.kind(),
+            ValueKind::String | ValueKind::Seq | ValueKind::Map | ValueKind::Undefined
+        )
+    }
+
+    /// jinja2's `iterable` test: `iter(value)` works, which it does not on None.
+    pub(super) fn is_iterable(value: &Value) -> bool {
+        !is_none(value) && value.try_iter().is_ok()
+    }
+
     /// The string methods whose Python meaning minijinja-contrib's pycompat does not give;
     /// everything else goes to pycompat.
     pub(super) fn method(
@@ -725,9 +818,65 @@ mod python {
                     let () = from_args(args)?;
                     return Ok(Value::from(!s.is_empty() && s.chars().all(is_space)));
                 }
-                "split" => {
-                    let (sep, maxsplit): (Option<&str>, Option<i64>) = from_args(args)?;
-                    return split(s, sep, maxsplit);
+                "split" | "rsplit" => {
+                    let (sep, maxsplit, kwargs): (Option<&str>, Option<i64>, Kwargs) =
+                        from_args(args)?;
+                    let sep = match sep {
+                        Some(sep) => Some(sep),
+                        None => kwargs.get::<Option<&str>>("sep")?,
+                    };
+                    let maxsplit = match maxsplit {
+                        Some(n) => Some(n),
+                        None => kwargs.get::<Option<i64>>("maxsplit")?,
+                    };
+                    kwargs.assert_all_used()?;
+                    return if method == "split" {
+                        split(s, sep, maxsplit)
+                    } else {
+                        rsplit(s, sep, maxsplit)
+                    };
+                }
+                "count" => {
+                    let (sub,): (&str,) = from_args(args)?;
+                    let n = if sub.is_empty() {
+                        s.chars().count() + 1
+                    } else {
+                        s.matches(sub).count()
+                    };
+                    return Ok(Value::from(n));
+                }
+                "find" | "rfind" => {
+                    // Python counts characters, not bytes.
+                    let (sub,): (&str,) = from_args(args)?;
+                    let at = if method == "find" {
+                        s.find(sub)
+                    } else {
+                        s.rfind(sub)
+                    };
+                    return Ok(Value::from(
+                        at.map_or(-1, |b| s[..b].chars().count() as i64),
+                    ));
+                }
+                "join" => {
+                    // Python joins strings only.
+                    let (items,): (&Value,) = from_args(args)?;
+                    let mut parts = vec![];
+                    for item in items.try_iter()? {
+                        match item.as_str() {
+                            Some(part) => parts.push(part.to_string()),
+                            None => {
+                                return Err(Error::new(
+                                    ErrorKind::InvalidOperation,
+                                    format!(
+                                        "sequence item {}: expected str instance, {} found",
+                                        parts.len(),
+                                        item.kind()
+                                    ),
+                                ))
+                            }
+                        }
+                    }
+                    return Ok(Value::from(parts.join(s)));
                 }
                 "splitlines" => {
                     let (keepends,): (Option<bool>,) = from_args(args)?;
@@ -1107,6 +1256,26 @@ mod tests {
             .render(&json!([]), false)
             .unwrap_err();
         assert!(err.to_string().contains("not JSON serializable"), "{err}");
+    }
+
+    /// The expected texts are what transformers' jinja2 environment renders.
+    #[test]
+    fn filters_tests_and_methods_behave_as_in_jinja2() {
+        let t = template(
+            "{{ x|length }}|{{ x|first }}|{{ x|last }}|{{ 'héllo'.find('l') }}|\
+             {{ 'héllo'.rfind('l') }}|{{ 'abc'.count('') }}|{{ 'aaa'.count('aa') }}|\
+             {{ 'a,b,c'.rsplit(',', 1) }}|{{ '  a  b '.rsplit(none, 1) }}|\
+             {{ 'aXbXc'.split('X', maxsplit=1) }}|{{ true is number }}|{{ 'x' is sequence }}|\
+             {{ {} is sequence }}|{{ none is iterable }}",
+        );
+        assert_eq!(
+            t.render(&json!([]), false).unwrap(),
+            "0|||2|3|4|1|['a,b', 'c']|['  a', 'b']|['a', 'bXc']|True|True|True|False"
+        );
+        let err = template("{{ ', '.join([1]) }}")
+            .render(&json!([]), false)
+            .unwrap_err();
+        assert!(err.to_string().contains("expected str instance"), "{err}");
     }
 
     #[test]
