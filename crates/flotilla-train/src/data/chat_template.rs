@@ -297,17 +297,27 @@ pub(crate) fn message_value(message: &Json) -> Value {
             .find(|(k, _)| k.as_str() == *f)
             .map(|(_, v)| *v)
     });
-    let mut out = serde_json::Map::with_capacity(present.len() + 2);
+    let mut entries: Vec<(&str, &Json)> = Vec::with_capacity(present.len() + 2);
     if let Some(r) = reasoning {
-        out.insert("thinking".to_string(), r.clone());
+        entries.push(("thinking", r));
     }
     for (k, v) in present {
-        out.insert(k.clone(), v.clone());
+        match k.as_str() {
+            // Its own `thinking` keeps the first place, with its own value.
+            "thinking" if reasoning.is_some() => entries[0].1 = v,
+            "reasoning_content" => entries.push((k, reasoning.unwrap_or(v))),
+            _ => entries.push((k, v)),
+        }
     }
     if let Some(r) = reasoning {
-        out.insert("reasoning_content".to_string(), r.clone());
+        if map.get("reasoning_content").is_none_or(Json::is_null) {
+            entries.push(("reasoning_content", r));
+        }
     }
-    Value::from_serialize(&out)
+    entries
+        .into_iter()
+        .map(|(k, v)| (Value::from(k), Value::from_serialize(v)))
+        .collect()
 }
 
 /// A template error as one line: what the template raised, or what failed and where.
