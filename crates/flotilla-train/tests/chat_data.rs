@@ -207,26 +207,29 @@ fn every_family_renders_tokenizes_and_masks_like_transformers() {
         return;
     };
     let data = fixtures().join("conversations.jsonl");
-    let mut total = 0;
     for family in FAMILIES {
-        let tok = dir.join(family);
         // The families whose pipelines have a faster exact encoder use it, so these
         // comparisons check it against transformers.
-        let chat = ChatTokenizer::open(&chat_config(&tok, &data, ""), None).unwrap();
+        let chat = ChatTokenizer::open(&chat_config(&dir.join(family), &data, ""), None).unwrap();
         let want = match *family {
             "llama3" | "qwen2.5" => Some("byte-level"),
             "mistral" | "llama2" | "phi3" => Some("metaspace"),
             _ => None,
         };
         assert_eq!(chat.tokenizer.fast_encoder(), want, "{family}");
-        for (train_on, arg) in [
-            (TrainOn::Assistant, "assistant"),
-            (TrainOn::All, "all"),
-            (TrainOn::LastAssistant, "last_assistant"),
-        ] {
-            let mut cfg = chat_config(&tok, &data, "");
+    }
+    let mut total = 0;
+    for (train_on, arg) in [
+        (TrainOn::Assistant, "assistant"),
+        (TrainOn::All, "all"),
+        (TrainOn::LastAssistant, "last_assistant"),
+    ] {
+        let args = ["--train-on", arg];
+        let (dirs, expected) = oracle_by_family(dir, FAMILIES, &data, &args);
+        for ((family, tok), expected) in FAMILIES.iter().zip(&dirs).zip(&expected) {
+            let mut cfg = chat_config(tok, &data, "");
             cfg.train_on = train_on;
-            let (same, errors) = compare(family, &tok, &data, &cfg, &["--train-on", arg]);
+            let (same, errors) = compare_with(family, &data, &cfg, &args, expected);
             eprintln!("{family} {arg}: {same} conversations identical, {errors} errors agreed");
             assert!(
                 same >= 5,
@@ -236,6 +239,30 @@ fn every_family_renders_tokenizes_and_masks_like_transformers() {
         }
     }
     assert!(total > 200, "{total}");
+}
+
+/// The oracle's lines for `data` with each family's tokenizer under `dir` (one oracle run for
+/// all): the tokenizer directories, and each one's lines.
+fn oracle_by_family(
+    dir: &Path,
+    families: &[&str],
+    data: &Path,
+    args: &[&str],
+) -> (Vec<PathBuf>, Vec<Vec<Value>>) {
+    let dirs: Vec<PathBuf> = families.iter().map(|f| dir.join(f)).collect();
+    let paths: Vec<&Path> = dirs.iter().map(PathBuf::as_path).collect();
+    let lines = oracle_lines(&paths, data, args);
+    let expected = dirs
+        .iter()
+        .map(|tok| {
+            lines
+                .iter()
+                .filter(|l| l["tokenizer"].as_str() == tok.to_str())
+                .cloned()
+                .collect()
+        })
+        .collect();
+    (dirs, expected)
 }
 
 /// The tiny tokenizers that carry more real templates, one each (make_chat_tokenizers.py's
@@ -286,21 +313,14 @@ fn more_templates_render_tokenize_and_mask_like_transformers() {
     }
     std::fs::write(&data, text).unwrap();
     let families: Vec<&str> = FAMILIES.iter().chain(TEMPLATE_FAMILIES).copied().collect();
-    let dirs: Vec<PathBuf> = families.iter().map(|f| dir.join(f)).collect();
-    let paths: Vec<&Path> = dirs.iter().map(PathBuf::as_path).collect();
     for (train_on, arg) in [(TrainOn::All, "all"), (TrainOn::Assistant, "assistant")] {
         let args = ["--train-on", arg];
-        let lines = oracle_lines(&paths, &data, &args);
+        let (dirs, expected) = oracle_by_family(dir, &families, &data, &args);
         let mut total = 0;
-        for (family, tok) in families.iter().zip(&dirs) {
-            let expected: Vec<Value> = lines
-                .iter()
-                .filter(|l| l["tokenizer"].as_str() == tok.to_str())
-                .cloned()
-                .collect();
+        for ((family, tok), expected) in families.iter().zip(&dirs).zip(&expected) {
             let mut cfg = chat_config(tok, &data, "");
             cfg.train_on = train_on;
-            let (same, errors) = compare_with(family, &data, &cfg, &args, &expected);
+            let (same, errors) = compare_with(family, &data, &cfg, &args, expected);
             eprintln!("{family} {arg}: {same} conversations identical, {errors} errors agreed");
             if train_on == TrainOn::All {
                 assert!(
