@@ -21,7 +21,10 @@ use sha2::{Digest, Sha256};
 use super::chat::{ChatStats, ChatTokenizer};
 use super::masked::MaskedSequences;
 
-const MAGIC: &[u8] = b"FLOTILLA-CHAT-CACHE 2\n";
+/// The format and the renderer's version: part of every key, so a cache written by an earlier
+/// renderer (3: messages reach the template as transformers passes them, values print as
+/// Python prints them) is never served.
+const MAGIC: &[u8] = b"FLOTILLA-CHAT-CACHE 3\n";
 /// The folder beside the data file that holds the cache.
 pub const CACHE_DIR: &str = ".flotilla-cache";
 
