@@ -490,32 +490,15 @@ impl PyJson {
     }
 }
 
-/// A float as Python's `repr` writes it (`1.0`, `0.5`, `1e-05`, `1e+16`).
+/// A float as Python's `json.dumps` writes it: `NaN` and `(-)Infinity`, else its `repr`
+/// (`1.0`, `0.5`, `1e-05`, `1e+16`).
 fn py_float(f: f64) -> String {
     if f.is_nan() {
-        return "NaN".into();
-    }
-    if f.is_infinite() {
-        return if f > 0.0 { "Infinity" } else { "-Infinity" }.into();
-    }
-    let exp = if f == 0.0 {
-        0
+        "NaN".into()
+    } else if f.is_infinite() {
+        if f > 0.0 { "Infinity" } else { "-Infinity" }.into()
     } else {
-        f.abs().log10().floor() as i32
-    };
-    if (-4..16).contains(&exp) {
-        let s = format!("{f}");
-        if s.contains('.') {
-            s
-        } else {
-            format!("{s}.0")
-        }
-    } else {
-        // Shortest round-trip digits in scientific form, Python's exponent style.
-        let s = format!("{f:e}");
-        let (mantissa, e) = s.split_once('e').unwrap_or((&s, "0"));
-        let e: i32 = e.parse().unwrap_or(0);
-        format!("{mantissa}e{}{:02}", if e < 0 { '-' } else { '+' }, e.abs())
+        flotilla_config::node::python_float_repr(f)
     }
 }
 

@@ -425,16 +425,9 @@ fn write_repr(value: &Value, out: &mut String) {
         ValueKind::None => out.push_str("None"),
         ValueKind::Bool => out.push_str(if value.is_true() { "True" } else { "False" }),
         ValueKind::Number => match serde_json::to_value(value) {
-            Ok(Json::Number(n)) if n.is_f64() => {
-                let f = n.as_f64().unwrap_or(f64::NAN);
-                out.push_str(&if f.is_nan() {
-                    "nan".to_string()
-                } else if f.is_infinite() {
-                    if f > 0.0 { "inf" } else { "-inf" }.to_string()
-                } else {
-                    super::py_float(f)
-                })
-            }
+            Ok(Json::Number(n)) if n.is_f64() => out.push_str(
+                &flotilla_config::node::python_float_repr(n.as_f64().unwrap_or(f64::NAN)),
+            ),
             _ => out.push_str(&value.to_string()),
         },
         ValueKind::String => write_str_repr(value.as_str().unwrap_or_default(), out),
