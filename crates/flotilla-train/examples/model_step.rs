@@ -10,7 +10,7 @@
 use std::time::Instant;
 
 use flotilla_config::schema::ModelConfig;
-use flotilla_train::model::{causal_lm_loss, vjp, Llama};
+use flotilla_train::model::{causal_lm_loss, vjp, CausalLm};
 use tch::{Device, Kind, Tensor};
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -28,7 +28,7 @@ fn main() {
     let path = format!("{}/conf/model/{preset}.yaml", env!("CARGO_MANIFEST_DIR"));
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
     let config: ModelConfig = serde_yaml::from_str(&text).unwrap_or_else(|e| panic!("{path}: {e}"));
-    let model = Llama::new(&config).unwrap();
+    let model = CausalLm::new(&config).unwrap();
     let params = model
         .init_params(0, Device::Cpu, Kind::Float)
         .requiring_grad();

@@ -10,14 +10,15 @@ use std::sync::Arc;
 
 use tch::Tensor;
 
-use super::checkpoint::{self, TrainerState};
-use super::host_memory::HostPhase;
-use super::preempt;
-use super::trainer::Trainer;
-use super::TrainError;
+use crate::checkpoint::{self, TrainerState};
 use crate::data::{eval_batches, greedy_generate_in_step, ArithmeticTask, Batch, Dataset};
+use crate::error::TrainError;
+use crate::host_memory::HostPhase;
 use crate::model::TokenInput;
-use crate::tensor_comm::TensorCollectives;
+use crate::objective::next_token_loss_sum;
+use crate::parallel::tensor_comm::TensorCollectives;
+use crate::preempt;
+use crate::trainer::Trainer;
 use flotilla_comm::comm::ReduceOp;
 use flotilla_config::schema::Resume;
 use flotilla_contract::metrics::{EvalMetrics, MetricsRow, MetricsWriter};
@@ -43,7 +44,7 @@ impl Trainer {
     /// (under FSDP a group gathered at a time, every rank in step), and the sums are
     /// all-reduced, so every rank returns the same figures.
     ///
-    /// [`ParallelWeights::forward_eval`]: super::weights::ParallelWeights::forward_eval
+    /// [`ParallelWeights::forward_eval`]: crate::parallel::weights::ParallelWeights::forward_eval
     pub fn evaluate(&mut self, eval: &EvalSet<'_>) -> Result<EvalMetrics, TrainError> {
         let device = self.device;
         let (rank, world) = self.rank_world();
@@ -65,9 +66,7 @@ impl Trainer {
         let mut sum = 0.0;
         let (model, weights) = (&self.model, &mut self.weights);
         weights.forward_eval(model, &inputs, &mut |i, logits| {
-            sum += batches.micro_batches[i]
-                .loss_sum(&logits)
-                .f_double_value(&[])?;
+            sum += next_token_loss_sum(&logits, &batches.micro_batches[i]).f_double_value(&[])?;
             Ok(())
         })?;
         drop(inputs);

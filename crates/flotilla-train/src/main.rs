@@ -11,8 +11,8 @@ use std::process::ExitCode;
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use flotilla_config::{ComposeOptions, Composer};
-use flotilla_train::comm_bench;
-use flotilla_train::task_error::TaskError;
+use flotilla_train::commands::comm_bench;
+use flotilla_train::commands::task_error::TaskError;
 
 /// Data preparation (tokenizing with offsets, rendering chat templates) allocates and frees
 /// many small strings and vectors on every core; mimalloc does this much faster than glibc's
@@ -58,7 +58,7 @@ enum Command {
     /// Generate text from a trained model (a run's final/ or a checkpoint), with a key/value
     /// cache; greedy by default, or seeded sampling.
     #[command(after_help = GENERATE_EXAMPLES)]
-    Generate(flotilla_train::generate::GenerateArgs),
+    Generate(flotilla_train::commands::generate::GenerateArgs),
     /// Benchmarks that other tools rely on.
     Bench {
         #[command(subcommand)]
@@ -119,12 +119,12 @@ struct DataShowArgs {
     #[arg(long, default_value_t = 3)]
     num: usize,
     /// `text` for a person, `json` for programs.
-    #[arg(long, value_enum, default_value_t = flotilla_train::data_show::Format::Text)]
-    format: flotilla_train::data_show::Format,
+    #[arg(long, value_enum, default_value_t = flotilla_train::commands::data_show::Format::Text)]
+    format: flotilla_train::commands::data_show::Format,
     /// Colours on a terminal: auto (when stdout is one), always, never (trained spans then
     /// stand between ⟦ and ⟧).
-    #[arg(long, value_enum, default_value_t = flotilla_train::data_show::ColorChoice::Auto)]
-    color: flotilla_train::data_show::ColorChoice,
+    #[arg(long, value_enum, default_value_t = flotilla_train::commands::data_show::ColorChoice::Auto)]
+    color: flotilla_train::commands::data_show::ColorChoice,
     /// Overrides: key=value, group=option, ... (as for `flotilla run`).
     #[arg(allow_hyphen_values = true)]
     overrides: Vec<String>,
@@ -145,8 +145,8 @@ enum BenchCommand {
 }
 
 fn main() -> ExitCode {
-    flotilla_train::task::init_logging();
-    flotilla_train::torch_guard::install_panic_hook();
+    flotilla_train::commands::train::init_logging();
+    flotilla_train::error::torch_guard::install_panic_hook();
     // A rank started by `flotilla bench comm` runs the benchmark body and nothing else.
     if std::env::var_os(comm_bench::WORKER_ENV).is_some() {
         return exit_with(comm_bench::worker_main().map_err(TaskError::from));
@@ -161,10 +161,12 @@ fn main() -> ExitCode {
         Command::Data {
             what: DataCommand::Show(args),
         } => data_show(args),
-        Command::Generate(args) => flotilla_train::generate::run(&args).map_err(|e| match e {
-            e if e.is_usage() => TaskError::Usage(e.into()),
-            e => TaskError::Other(e.into()),
-        }),
+        Command::Generate(args) => {
+            flotilla_train::commands::generate::run(&args).map_err(|e| match e {
+                e if e.is_usage() => TaskError::Usage(e.into()),
+                e => TaskError::Other(e.into()),
+            })
+        }
         Command::Bench {
             what: BenchCommand::Comm(args),
         } => comm_bench::run(&args).map_err(TaskError::from),
@@ -209,7 +211,7 @@ fn train(args: TrainArgs) -> Result<(), TaskError> {
         config_name,
     })?;
     let composed = composer.compose(&args.overrides)?;
-    flotilla_train::task::train_in_run_dir(&composed, &args.run_dir, args.prepared)
+    flotilla_train::commands::train::train_in_run_dir(&composed, &args.run_dir, args.prepared)
 }
 
 fn data_show(args: DataShowArgs) -> Result<(), TaskError> {
@@ -218,7 +220,8 @@ fn data_show(args: DataShowArgs) -> Result<(), TaskError> {
         config_name: args.config_name,
     })?;
     let composed = composer.compose(&args.overrides)?;
-    let out = flotilla_train::data_show::run(&composed, args.num, args.format, args.color)?;
+    let out =
+        flotilla_train::commands::data_show::run(&composed, args.num, args.format, args.color)?;
     print!("{out}");
     Ok(())
 }
@@ -229,16 +232,15 @@ fn consolidate(
     base: Option<&std::path::Path>,
 ) -> anyhow::Result<()> {
     match base {
-        Some(base) => {
-            flotilla_train::lora::merge_into_base(checkpoint, base, out).with_context(|| {
+        Some(base) => flotilla_train::state::peft::merge_into_base(checkpoint, base, out)
+            .with_context(|| {
                 format!(
                     "merging the adapter {} into {} as {}",
                     checkpoint.display(),
                     base.display(),
                     out.display()
                 )
-            })?
-        }
+            })?,
         None => flotilla_train::checkpoint::consolidate(checkpoint, out).with_context(|| {
             format!(
                 "consolidating {} into {}",

@@ -2,7 +2,7 @@
 //! SIGTERM (what it sends at the limit or on `scancel`) ask a run to stop. [`install`] sets
 //! handlers that only store to static atomics (async-signal-safe); the training loop polls
 //! [`requested`] after each step, writes a checkpoint and returns [`PreemptError::Stopped`],
-//! which `flotilla train` reports ([`crate::task_error::TaskError::exit_status`]) with exit status
+//! which `flotilla train` reports ([`crate::commands::task_error::TaskError::exit_status`]) with exit status
 //! [`EXIT_CODE`] so that a launcher can requeue the same command, which resumes from that
 //! checkpoint. A multi-rank run must agree on the step it stops at: reduce [`requested`] over
 //! the ranks (a rank that learns of a stop from its peers records it with [`request`]). This

@@ -12,17 +12,17 @@ use std::time::Instant;
 
 use tch::{Device, Tensor};
 
-use super::engine::{Engine, EngineOptions};
-use super::host_memory::{HostPeaks, HostPhase};
-use super::loss_scale::LossScaler;
-use super::parallelize::{parallelize, DistContext, Parallelized};
-use super::param_source::TensorSource;
-use super::schedule::Schedule;
-use super::weights::{MemoryReport, ParallelWeights};
-use super::TrainError;
 use crate::data::DataLoader;
-use crate::model::{Llama, Params};
-use crate::tensor_comm::TensorCollectives;
+use crate::error::TrainError;
+use crate::host_memory::{HostPeaks, HostPhase};
+use crate::model::{CausalLm, Params};
+use crate::optim::loss_scale::LossScaler;
+use crate::optim::schedule::Schedule;
+use crate::parallel::engine::{Engine, EngineOptions};
+use crate::parallel::parallelize::{parallelize, DistContext, Parallelized};
+use crate::parallel::tensor_comm::TensorCollectives;
+use crate::parallel::weights::{MemoryReport, ParallelWeights};
+use crate::state::param_source::TensorSource;
 use flotilla_comm::comm::{Communicator, ReduceOp};
 use flotilla_config::schema::{self, DistConfig, Precision, TrainerConfig};
 use flotilla_contract::metrics::{MetricsRow, MetricsWriter};
@@ -38,7 +38,7 @@ pub fn torch_device(device: schema::Device) -> Device {
 
 /// A trainer over a data loader: one process, or one rank of a DDP/FSDP job.
 pub struct Trainer {
-    pub(super) model: Llama,
+    pub(super) model: CausalLm,
     pub(super) weights: Box<dyn ParallelWeights>,
     pub(super) dist: Option<DistContext>,
     pub(super) schedule: Schedule,
@@ -60,7 +60,7 @@ impl Trainer {
     /// `device` in the master dtype of `trainer.precision`). `trainer.dist` may be `ddp` or
     /// `fsdp` (then it runs as a world of one).
     pub fn new(
-        model: Llama,
+        model: CausalLm,
         params: &dyn TensorSource,
         config: &TrainerConfig,
         loader: DataLoader,
@@ -74,7 +74,7 @@ impl Trainer {
     /// `sync_module_states`); FSDP ranks read only their shards of it. Collective when `dist`
     /// is given.
     pub fn distributed(
-        model: Llama,
+        model: CausalLm,
         params: &dyn TensorSource,
         config: &TrainerConfig,
         loader: DataLoader,
@@ -113,7 +113,7 @@ impl Trainer {
         })
     }
 
-    pub fn model(&self) -> &Llama {
+    pub fn model(&self) -> &CausalLm {
         &self.model
     }
 
@@ -185,7 +185,7 @@ impl Trainer {
     }
 
     fn step_unmeasured(&mut self) -> Result<MetricsRow, TrainError> {
-        crate::torch_guard::set_step(self.step);
+        crate::error::torch_guard::set_step(self.step);
         let t0 = Instant::now();
         let batches = self.loader.next_step()?;
         let mut options = self.options;
@@ -218,7 +218,7 @@ impl Trainer {
             .iter()
             .map(|b| b.input_ids.numel() as i64)
             .sum();
-        let stop_here = super::preempt::requested();
+        let stop_here = crate::preempt::requested();
         let (loss, stop, world) = match &self.dist {
             Some(d) if d.comm.world_size() > 1 => {
                 // The loss travels as an f32 pair (value, rounding remainder) so that its sum

@@ -17,6 +17,7 @@ use flotilla_train::data::{
     DataLoader, DataOptions, Dataset, SamplerState, SequenceDataset, Tokenizer, TokensDataset,
     IGNORE_INDEX,
 };
+use flotilla_train::objective::next_token_loss_sum;
 use tch::{Device, Kind, Tensor};
 
 // ------------------------------------------------------------------------------------------
@@ -281,8 +282,8 @@ fn rank_split_gives_the_same_global_batch_and_loss_for_any_world_size() {
                     for mb in &step.micro_batches {
                         let logits = table.index_select(0, &mb.input_ids.reshape([-1]));
                         let logits = logits.reshape([mb.rows(), 12, 23]);
-                        total +=
-                            mb.loss_sum(&logits).double_value(&[]) / step.global_loss_tokens as f64;
+                        total += next_token_loss_sum(&logits, mb).double_value(&[])
+                            / step.global_loss_tokens as f64;
                     }
                 }
                 assert_eq!(counts.len(), 1, "every rank sees the same global count");

@@ -13,7 +13,7 @@ mod world;
 use flotilla_comm::comm::{CommError, Communicator, CommunicatorExt, Element, ReduceOp, Work};
 use flotilla_comm::cpu::{CpuComm, CpuOptions};
 use flotilla_comm::store::{KvStore, MemoryStore, Store, StoreConfig};
-use flotilla_train::tensor_comm::TensorCollectives;
+use flotilla_train::parallel::tensor_comm::TensorCollectives;
 use half::{bf16, f16};
 use std::fmt::Debug;
 use std::sync::Arc;

@@ -17,9 +17,10 @@ use std::process::{Command, Output};
 use std::time::Duration;
 
 use flotilla_config::schema::ModelConfig;
+use flotilla_train::commands::generate::prompt_ids;
 use flotilla_train::data::tokenizer::Tokenizer;
-use flotilla_train::generate::prompt_ids;
-use flotilla_train::model::{save_hf, HfLlamaConfig, Llama};
+use flotilla_train::model::{CausalLm, HfLlamaConfig};
+use flotilla_train::state::hf_weights::save_hf;
 use serde_json::{json, Value};
 use tch::{Device, Kind};
 
@@ -318,7 +319,7 @@ fn byte_model(dir: &Path, max_positions: usize) {
     .to_string();
     let hf = HfLlamaConfig::from_json(&text, Path::new("config.json")).unwrap();
     let config = ModelConfig::try_from(&hf).unwrap();
-    let model = Llama::new(&config).unwrap();
+    let model = CausalLm::new(&config).unwrap();
     let params = model.init_params(9, Device::Cpu, Kind::Float);
     save_hf(dir, &model, &params, Kind::Float).unwrap();
     Tokenizer::byte().save(dir.join("tokenizer.json")).unwrap();

@@ -31,9 +31,10 @@ use std::process::Command;
 
 use flotilla_config::schema::{DataConfig, LoraConfig, TrainerConfig};
 use flotilla_train::data::{self, BatchLayout, DataLoader, DataOptions};
-use flotilla_train::lora::{self, PeftAdapter, MERGED_DIR};
-use flotilla_train::model::{read_model_config, save_hf, HfWeights, Llama};
-use flotilla_train::param_source::Overlay;
+use flotilla_train::model::{read_model_config, CausalLm};
+use flotilla_train::state::hf_weights::{save_hf, HfWeights};
+use flotilla_train::state::param_source::Overlay;
+use flotilla_train::state::peft::{self, PeftAdapter, MERGED_DIR};
 use flotilla_train::{MetricsRow, Trainer};
 use tch::{Device, Kind, Tensor};
 
@@ -115,7 +116,7 @@ fn loader(t: &TrainerConfig) -> DataLoader {
 /// flotilla's trainer over the fixture's base with the fixture's adapter.
 fn trainer(dir: &Path, lora: &LoraConfig, t: &TrainerConfig) -> Trainer {
     let base_cfg = read_model_config(dir.join("base")).unwrap();
-    let model = Llama::with_lora(&base_cfg, Some(lora)).unwrap();
+    let model = CausalLm::with_lora(&base_cfg, Some(lora)).unwrap();
     let (_, hf) = HfWeights::open(dir.join("base")).unwrap();
     let adapter = PeftAdapter::open(&dir.join("adapter"), &model, lora).unwrap();
     let source = Overlay {
@@ -182,11 +183,11 @@ fn lora_training_matches_pytorch_and_peft() {
         }
         // The trained adapter, tensor by tensor, against PEFT's.
         let theirs: Vec<(String, Tensor)> =
-            Tensor::read_safetensors(out.join(lora::ADAPTER_WEIGHTS)).unwrap();
+            Tensor::read_safetensors(out.join(peft::ADAPTER_WEIGHTS)).unwrap();
         let ours = tr.weights().full_params().unwrap();
         let mut dw = 0f64;
         for (key, t) in &theirs {
-            let name = key.strip_prefix(lora::PEFT_PREFIX).unwrap();
+            let name = key.strip_prefix(peft::PEFT_PREFIX).unwrap();
             dw = dw.max(tensor_err(ours.get(name).unwrap(), t));
         }
         eprintln!(
@@ -212,7 +213,7 @@ fn lora_training_matches_pytorch_and_peft() {
     }
 }
 
-fn logits(model: &Llama, params: &flotilla_train::model::Params, tokens: &Tensor) -> Tensor {
+fn logits(model: &CausalLm, params: &flotilla_train::model::Params, tokens: &Tensor) -> Tensor {
     tch::no_grad(|| model.forward(params, tokens).unwrap())
 }
 
@@ -247,10 +248,10 @@ fn final_adapter_loads_in_peft_and_merged_model_in_transformers_with_equal_logit
     tr.run(3, None).unwrap();
     let fin = dir.join("final");
     let base = dir.join("base").display().to_string();
-    lora::save_adapter(&tr, &fin, &lora, Some(&base), None).unwrap();
+    flotilla_train::checkpoint::save_adapter(&tr, &fin, &lora, Some(&base), None).unwrap();
 
     let config: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(fin.join(lora::ADAPTER_CONFIG)).unwrap())
+        serde_json::from_str(&std::fs::read_to_string(fin.join(peft::ADAPTER_CONFIG)).unwrap())
             .unwrap();
     assert_eq!(config["peft_type"], "LORA");
     assert_eq!(config["r"], 4);
@@ -279,11 +280,14 @@ fn final_adapter_loads_in_peft_and_merged_model_in_transformers_with_equal_logit
     let err = tensor_err(&ours, &theirs);
     // The adapter matters: the base alone gives other logits.
     let base_cfg = read_model_config(dir.join("base")).unwrap();
-    let base_model = Llama::new(&base_cfg).unwrap();
-    let base_params =
-        flotilla_train::model::load_hf(dir.join("base"), Device::Cpu, Some(Kind::Float))
-            .unwrap()
-            .1;
+    let base_model = CausalLm::new(&base_cfg).unwrap();
+    let base_params = flotilla_train::state::hf_weights::load_hf(
+        dir.join("base"),
+        Device::Cpu,
+        Some(Kind::Float),
+    )
+    .unwrap()
+    .1;
     let plain = logits(&base_model, &base_params, &x);
     let moved = tensor_err(&plain, &ours);
     eprintln!("PeftModel vs flotilla logits: {err:e} (base alone differs by {moved:e})");
@@ -302,7 +306,7 @@ fn final_adapter_loads_in_peft_and_merged_model_in_transformers_with_equal_logit
     // Merging after the fact (`flotilla consolidate final --base base --out ...`) gives the
     // same model as final/merged/.
     let after = dir.join("merged_after");
-    lora::merge_into_base(&fin, &dir.join("base"), &after).unwrap();
+    peft::merge_into_base(&fin, &dir.join("base"), &after).unwrap();
     let read = |d: &Path| -> Vec<(String, Tensor)> {
         let mut v = Tensor::read_safetensors(d.join("model.safetensors")).unwrap();
         v.sort_by(|a, b| a.0.cmp(&b.0));
@@ -317,8 +321,8 @@ fn final_adapter_loads_in_peft_and_merged_model_in_transformers_with_equal_logit
 }
 
 /// A base of another width than the fixture's (hidden 32, not 64) in `dir/other`.
-fn other_base(dir: &Path) -> Llama {
-    let other = Llama::new(&compose::tiny_model_config(false)).unwrap();
+fn other_base(dir: &Path) -> CausalLm {
+    let other = CausalLm::new(&compose::tiny_model_config(false)).unwrap();
     let params = other.init_params(1, Device::Cpu, Kind::Float);
     save_hf(dir.join("other"), &other, &params, Kind::Float).unwrap();
     other
@@ -334,7 +338,7 @@ fn an_adapter_for_another_base_is_refused_naming_the_tensor() {
     make_fixture(dir, "q_proj,v_proj", "-", false);
     let other = other_base(dir);
     let lora = lora_config("q_proj,v_proj", "-", &dir.join("adapter"), false);
-    let model = Llama::with_lora(other.config(), Some(&lora)).unwrap();
+    let model = CausalLm::with_lora(other.config(), Some(&lora)).unwrap();
     let err = match PeftAdapter::open(&dir.join("adapter"), &model, &lora) {
         Ok(_) => panic!("an adapter for a 64-wide base accepted on a 32-wide one"),
         Err(e) => e.to_string(),
@@ -350,7 +354,7 @@ fn an_adapter_for_another_base_is_refused_naming_the_tensor() {
         r: 8,
         ..lora.clone()
     };
-    let model = Llama::with_lora(other.config(), Some(&r8)).unwrap();
+    let model = CausalLm::with_lora(other.config(), Some(&r8)).unwrap();
     let err = PeftAdapter::open(&dir.join("adapter"), &model, &r8)
         .err()
         .unwrap()

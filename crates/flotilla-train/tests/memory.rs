@@ -36,10 +36,10 @@ use flotilla_comm::store::MemoryStore;
 use flotilla_config::schema::{DistConfig, JobConfig};
 use flotilla_launch::memory::{self, Phase, Step, TermKind};
 use flotilla_train::data::{self, BatchLayout, DataLoader, DataOptions};
-use flotilla_train::model::{Llama, Params};
-use flotilla_train::replicated::Replicated;
-use flotilla_train::storage_shim::{distinct_storage_bytes, held_bytes, storage_address};
-use flotilla_train::weights::StatePart;
+use flotilla_train::model::{CausalLm, Params};
+use flotilla_train::parallel::replicated::Replicated;
+use flotilla_train::parallel::storage_shim::{distinct_storage_bytes, held_bytes, storage_address};
+use flotilla_train::parallel::weights::StatePart;
 use flotilla_train::{parallelize, AdamWConfig, DistContext, Engine, EngineOptions, Strategy};
 use tch::{Device, Kind, Tensor};
 
@@ -104,7 +104,7 @@ struct Held {
 fn run_rank(job: &JobConfig, comm: Option<Arc<dyn Communicator>>) -> Held {
     tch::set_num_threads(1);
     let (rank, world) = comm.as_ref().map_or((0, 1), |c| (c.rank(), c.world_size()));
-    let llama = Llama::with_lora(&job.model, job.peft.lora()).unwrap();
+    let llama = CausalLm::with_lora(&job.model, job.peft.lora()).unwrap();
     let params = llama.init_params(7, Device::Cpu, Kind::Float);
     let dist = comm.map(|comm| DistContext {
         comm,
@@ -226,7 +226,7 @@ fn ddp_step_grads(bucket_cap_mb: &str) -> Vec<(Vec<Tensor>, usize, usize)> {
     on_threads(2, move |comm| {
         tch::set_num_threads(1);
         let rank = comm.rank();
-        let llama = Llama::new(&job.model).unwrap();
+        let llama = CausalLm::new(&job.model).unwrap();
         let params = llama.init_params(7, Device::Cpu, Kind::Float);
         let dist = DistContext {
             comm,
@@ -252,7 +252,7 @@ fn ddp_step_grads(bucket_cap_mb: &str) -> Vec<(Vec<Tensor>, usize, usize)> {
 fn ddp_gradients_are_views_of_their_buckets() {
     let job = tiny(2, "ddp", "32-true", &[]);
     let grad_bytes = term(&job, TermKind::Grads) as usize;
-    let units = Llama::new(&job.model).unwrap().units().len();
+    let units = CausalLm::new(&job.model).unwrap().units().len();
     // 25 MB holds the tiny model in one bucket; 100 bytes close a bucket at every unit.
     let one = ddp_step_grads("25");
     let many = ddp_step_grads("0.0001");
@@ -433,7 +433,7 @@ fn model_state_terms_equal_the_bytes_the_trainer_holds() {
 /// A strategy that hands out what the replicated strategy gives, remembering the storages
 /// that are not the master weights (the compute copies).
 struct Probe<'a> {
-    inner: flotilla_train::replicated::ReplicatedStrategy<'a>,
+    inner: flotilla_train::parallel::replicated::ReplicatedStrategy<'a>,
     masters: std::collections::HashSet<usize>,
     copies: HashMap<usize, usize>,
 }
@@ -441,7 +441,7 @@ struct Probe<'a> {
 impl Strategy for Probe<'_> {
     fn params_for(
         &mut self,
-        model: &Llama,
+        model: &CausalLm,
         unit: usize,
     ) -> Result<Vec<Tensor>, flotilla_train::TrainError> {
         let params = self.inner.params_for(model, unit)?;
@@ -470,7 +470,7 @@ impl Strategy for Probe<'_> {
 #[test]
 fn compute_copies_are_the_bf16_tensors_the_units_receive() {
     let job = tiny(1, "none", "bf16-mixed", &[]);
-    let llama = Llama::new(&job.model).unwrap();
+    let llama = CausalLm::new(&job.model).unwrap();
     let params = llama.init_params(7, Device::Cpu, Kind::Float);
     let adam = AdamWConfig {
         betas: job.trainer.betas,

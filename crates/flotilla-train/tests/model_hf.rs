@@ -21,9 +21,8 @@ use std::process::Command;
 use std::time::Instant;
 
 use flotilla_config::schema::ModelConfig;
-use flotilla_train::model::{
-    causal_lm_loss, load_hf, save_hf, Llama, ModelError, Params, TokenInput,
-};
+use flotilla_train::model::{causal_lm_loss, CausalLm, ModelError, Params, TokenInput};
+use flotilla_train::state::hf_weights::{load_hf, save_hf};
 use tch::{Device, Kind, Tensor};
 
 fn oracle_script() -> PathBuf {
@@ -177,7 +176,7 @@ fn transformers_oracle_both_directions() {
             // The fixture must exercise the scaling: plain RoPE would be far off.
             let mut plain = model.config().clone();
             plain.rope_scaling = None;
-            let plain_logits = Llama::new(&plain)
+            let plain_logits = CausalLm::new(&plain)
                 .unwrap()
                 .forward(&params, tokens)
                 .unwrap();
@@ -256,7 +255,7 @@ fn save_load_round_trip() {
     let tmp = tempfile::tempdir().unwrap();
     for tied in [true, false] {
         for kind in [Kind::Float, Kind::BFloat16, Kind::Half] {
-            let model = Llama::new(&tiny(tied)).unwrap();
+            let model = CausalLm::new(&tiny(tied)).unwrap();
             let params = model.init_params(3, Device::Cpu, kind);
             let dir = tmp.path().join(format!("m-{tied}-{kind:?}"));
             save_hf(&dir, &model, &params, kind).unwrap();
@@ -285,7 +284,7 @@ fn save_load_round_trip() {
 /// Saves a tiny model, lets `edit` change the directory, and returns the loader's error.
 fn load_error(edit: impl FnOnce(&Path, &Params)) -> String {
     let tmp = tempfile::tempdir().unwrap();
-    let model = Llama::new(&tiny(false)).unwrap();
+    let model = CausalLm::new(&tiny(false)).unwrap();
     let params = model.init_params(0, Device::Cpu, Kind::Float);
     save_hf(tmp.path(), &model, &params, Kind::Float).unwrap();
     edit(tmp.path(), &params);

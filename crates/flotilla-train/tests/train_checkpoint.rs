@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use flotilla_config::schema::{DataConfig, ModelConfig, Resume, TrainerConfig};
 use flotilla_train::data::{self, BatchLayout, Data, DataLoader, DataOptions};
-use flotilla_train::model::Llama;
+use flotilla_train::model::CausalLm;
 use flotilla_train::{checkpoint, fit, resume, EvalSet, FitOptions, MetricsWriter, Trainer};
 use tch::{Device, Kind};
 
@@ -56,7 +56,7 @@ fn trainer(t: &TrainerConfig, d: &Data) -> Trainer {
         world_size: 1,
     };
     let loader = DataLoader::new(d.train.clone(), true, 7, layout, Device::Cpu).unwrap();
-    let model = Llama::new(&model_config()).unwrap();
+    let model = CausalLm::new(&model_config()).unwrap();
     let params = model.init_params(3, Device::Cpu, Kind::Float);
     Trainer::new(model, &params, t, loader, Device::Cpu).unwrap()
 }

@@ -56,9 +56,10 @@ use flotilla_config::schema::AutoWrapPolicy;
 use flotilla_config::schema::{DataConfig, ModelConfig, TrainerConfig};
 use flotilla_train::checkpoint::{ShardedMeta, SHARDED_META_FILE};
 use flotilla_train::data::{self, BatchLayout, DataLoader, DataOptions};
-use flotilla_train::fsdp::{layouts, wrap_units};
-use flotilla_train::model::{load_hf, Llama};
-use flotilla_train::weights::MemoryReport;
+use flotilla_train::model::CausalLm;
+use flotilla_train::parallel::fsdp::{layouts, wrap_units};
+use flotilla_train::parallel::weights::MemoryReport;
+use flotilla_train::state::hf_weights::load_hf;
 use flotilla_train::{DistContext, MetricsRow, Trainer};
 use tch::{Device, Kind, Tensor};
 use world::{Shape, World};
@@ -394,9 +395,9 @@ fn assert_rows_identical(ours: &Run, theirs: &Run) {
     }
 }
 
-fn tiny_model() -> Llama {
+fn tiny_model() -> CausalLm {
     let yaml = std::fs::read_to_string(conf_dir().join("model/tiny.yaml")).unwrap();
-    Llama::new(&serde_yaml::from_str::<ModelConfig>(&yaml).unwrap()).unwrap()
+    CausalLm::new(&serde_yaml::from_str::<ModelConfig>(&yaml).unwrap()).unwrap()
 }
 
 fn fsdp(strategy: &str) -> Vec<&str> {
@@ -863,7 +864,7 @@ fn memory_and_peak_gathered(
                 .unwrap();
                 let rank = comm.rank();
                 let comm: Arc<dyn Communicator> = Arc::new(comm);
-                let llama = Llama::new(&model).unwrap();
+                let llama = CausalLm::new(&model).unwrap();
                 let params = llama.init_params(7, Device::Cpu, Kind::Float);
                 let layout = BatchLayout {
                     global_batch_size: config.global_batch_size,
@@ -903,7 +904,7 @@ fn full_shard_memory_is_one_over_w_of_ddp() {
         ("small", &[2, 4][..], 1),
     ] {
         let model = model_preset(preset);
-        let llama = Llama::new(&model).unwrap();
+        let llama = CausalLm::new(&model).unwrap();
         let n: usize = llama.param_specs().iter().map(|s| s.numel()).sum();
         for &w in worlds {
             let ddp = memory_reports(&model, w, DDP, steps);
@@ -971,7 +972,7 @@ fn full_shard_frees_gathered_groups_between_uses() {
     // reads it, a block, and one prefetched); SHARD_GRAD_OP keeps every group until the step
     // ends, i.e. the whole model in the param dtype.
     let model = model_preset("small");
-    let n: usize = Llama::new(&model)
+    let n: usize = CausalLm::new(&model)
         .unwrap()
         .param_specs()
         .iter()

@@ -9,7 +9,8 @@ mod compose;
 
 use flotilla_config::schema::ModelConfig;
 use flotilla_train::data::{Batch, IGNORE_INDEX};
-use flotilla_train::model::{Llama, Params};
+use flotilla_train::model::{CausalLm, Params};
+use flotilla_train::objective::next_token_loss_sum;
 use flotilla_train::{Engine, EngineOptions, SingleProcess, Strategy, TrainError};
 use tch::{Device, Kind, Tensor};
 
@@ -53,10 +54,10 @@ fn packed(mut b: Batch) -> Batch {
 }
 
 /// Whole-graph reference: loss_sum / tokens, one backward.
-fn reference(model: &Llama, params: &Params, b: &Batch, tokens: u64) -> (f64, Params) {
+fn reference(model: &CausalLm, params: &Params, b: &Batch, tokens: u64) -> (f64, Params) {
     let leaves = params.requiring_grad();
     let logits = model.forward_input(&leaves, &b.model_input()).unwrap();
-    let loss = b.loss_sum(&logits) / tokens as f64;
+    let loss = next_token_loss_sum(&logits, b) / tokens as f64;
     let names: Vec<&str> = leaves.names().collect();
     let wrt: Vec<&Tensor> = names.iter().map(|n| leaves.get(n).unwrap()).collect();
     let grads = Tensor::run_backward(&[&loss], &wrt, false, false);
@@ -84,7 +85,7 @@ struct Recorder<'a> {
 }
 
 impl Strategy for Recorder<'_> {
-    fn params_for(&mut self, model: &Llama, unit: usize) -> Result<Vec<Tensor>, TrainError> {
+    fn params_for(&mut self, model: &CausalLm, unit: usize) -> Result<Vec<Tensor>, TrainError> {
         self.inner.params_for(model, unit)
     }
     fn gradients_ready(&mut self, unit: usize, grads: &Params) -> Result<(), TrainError> {
@@ -97,7 +98,7 @@ impl Strategy for Recorder<'_> {
 #[test]
 fn engine_matches_whole_graph_backward() {
     for tied in [true, false] {
-        let model = Llama::new(&tiny(tied)).unwrap();
+        let model = CausalLm::new(&tiny(tied)).unwrap();
         let params = model.init_params(5, Device::Cpu, Kind::Float);
         let whole_rows = reference(&model, &params, &batch(4, 12, 1), 1).0;
         for (b, ckpt) in [
@@ -151,7 +152,7 @@ fn engine_matches_whole_graph_backward() {
 #[test]
 fn accumulation_over_two_micro_batches_equals_one_batch() {
     for tied in [true, false] {
-        let model = Llama::new(&tiny(tied)).unwrap();
+        let model = CausalLm::new(&tiny(tied)).unwrap();
         let params = model.init_params(9, Device::Cpu, Kind::Float);
         let whole = batch(4, 10, 2);
         let tokens = whole.num_loss_tokens;

@@ -15,7 +15,8 @@ use std::sync::Arc;
 
 use flotilla_config::schema::{DataConfig, ModelConfig, TrainerConfig};
 use flotilla_train::data::{self, BatchLayout, DataLoader, DataOptions, Dataset};
-use flotilla_train::model::{save_hf, Llama};
+use flotilla_train::model::CausalLm;
+use flotilla_train::state::hf_weights::save_hf;
 use flotilla_train::{MetricsWriter, Trainer};
 use tch::{Device, Kind};
 
@@ -82,7 +83,7 @@ fn trainer_matches_torch_loop() {
     for schedule in ["cosine", "linear"] {
         let tmp = tempfile::tempdir().unwrap();
         let t = trainer_config(schedule);
-        let model = Llama::new(&model_config()).unwrap();
+        let model = CausalLm::new(&model_config()).unwrap();
         let params = model.init_params(3, Device::Cpu, Kind::Float);
         save_hf(tmp.path().join("init"), &model, &params, Kind::Float).unwrap();
         let want = run_oracle(tmp.path(), &t, schedule);
@@ -127,7 +128,7 @@ fn activation_checkpointing_gives_the_same_run() {
     let run = |ckpt: bool| {
         let mut t = trainer_config("cosine");
         t.activation_checkpointing = ckpt;
-        let model = Llama::new(&model_cfg).unwrap();
+        let model = CausalLm::new(&model_cfg).unwrap();
         let params = model.init_params(4, Device::Cpu, Kind::Float);
         let mut trainer = Trainer::new(model, &params, &t, loader(&t), Device::Cpu).unwrap();
         let rows = trainer.run(5, None).unwrap();
@@ -158,7 +159,7 @@ fn reduced_precisions_train_close_to_fp32() {
     let run = |precision: Precision| {
         let mut t = trainer_config("cosine");
         t.precision = precision;
-        let model = Llama::new(&model_config()).unwrap();
+        let model = CausalLm::new(&model_config()).unwrap();
         let params = model.init_params(4, Device::Cpu, Kind::Float);
         let mut trainer = Trainer::new(model, &params, &t, loader(&t), Device::Cpu).unwrap();
         let rows = trainer.run(4, None).unwrap();

@@ -5,9 +5,9 @@
 
 use std::sync::Arc;
 
-use tch::{Device, Kind, Reduction, Tensor};
+use tch::{Device, Tensor};
 
-use super::dataset::{Dataset, Sample, IGNORE_INDEX};
+use super::dataset::{Dataset, Sample};
 use super::error::{DataError, Result};
 use super::sampler::{eval_rows, micro_batch_rows, rank_rows, Sampler, SamplerState};
 use crate::model::TokenInput;
@@ -82,26 +82,6 @@ impl Batch {
     /// Rows in the batch (`M`).
     pub fn rows(&self) -> i64 {
         self.input_ids.size()[0]
-    }
-
-    /// The summed cross-entropy (fp32) of `logits` `[M, T, V]` against these labels, with no
-    /// shift (the labels are already the next tokens). Divide by
-    /// [`StepBatches::global_loss_tokens`] for the step's mean loss.
-    ///
-    /// Note: `model::causal_lm_loss*` follow the Hugging Face convention (labels aligned with
-    /// the inputs, shifted inside the loss) and must not be used with these labels.
-    pub fn loss_sum(&self, logits: &Tensor) -> Tensor {
-        let v = *logits.size().last().expect("logits [M, T, V]");
-        logits
-            .to_kind(Kind::Float)
-            .reshape([-1, v])
-            .cross_entropy_loss::<&Tensor>(
-                &self.labels.reshape([-1]),
-                None,
-                Reduction::Sum,
-                IGNORE_INDEX,
-                0.0,
-            )
     }
 }
 

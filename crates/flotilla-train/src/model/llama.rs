@@ -1,430 +1,169 @@
-//! The Hugging Face `LlamaForCausalLM` architecture as units: the token embedding, one unit per
-//! decoder block, and the final RMSNorm with the LM head (as torchtitan groups them). The same
-//! units are `MistralForCausalLM` (Llama's math within its sliding window, which a context must
-//! not exceed: [`Llama::check_window`]) and `Qwen2ForCausalLM` (biases on q/k/v_proj), as the
-//! config's `model_type` says.
+//! The Llama family: Hugging Face's `LlamaForCausalLM` as units over the shared layers — the
+//! token embedding, one unit per decoder block (pre-norm attention and SwiGLU MLP, each with a
+//! residual connection), and the final RMSNorm with the LM head (as torchtitan groups them).
+//! The same units are `MistralForCausalLM` (Llama's math within its sliding window, which a
+//! context must not exceed: [`CausalLm::check_window`]) and `Qwen2ForCausalLM` (biases on
+//! q/k/v_proj), as the config's `model_type` says.
 //!
-//! Numerics follow transformers' `modeling_llama.py`: RMSNorm upcasts to fp32, normalises,
-//! casts back and multiplies by the weight; rotary tables are computed in fp32 (rotate-half
-//! convention, `rope_theta`, optional `llama3` frequency scaling) and cast to the activation
-//! dtype; attention is causal `scaled_dot_product_attention` with grouped-query heads (within
-//! each sequence of a packed row: [`packed_attention_mask`]); the MLP is SwiGLU; the attention
+//! Numerics follow transformers' `modeling_llama.py` (each layer's docs say how); the attention
 //! projections carry biases where the architecture has them (`ModelConfig::attention_biases`),
-//! the MLP never. Parameter names are [`super::names`]'s; files are [`super::hf`]'s.
+//! the MLP never. This file owns the family's parameter table ([`build`]), its config checks,
+//! its blocks and which weights LoRA may adapt ([`lora_module`]). Parameter names are
+//! [`super::names`]'s; `config.json` is [`super::hf_config`]'s.
 
-use tch::{Device, Kind, Reduction, Tensor};
+use tch::Tensor;
 
-use flotilla_config::schema::{
-    LoraConfig, LoraModule, ModelConfig, RopeScaling, RopeType, SavedModule,
-};
+use flotilla_config::schema::{LoraConfig, LoraModule, ModelConfig, SavedModule};
 
+use super::layers::attention::causal_attention;
+use super::layers::linear::{linear, Projections};
+use super::layers::mlp::swiglu;
+use super::layers::norm::rms_norm;
+use super::layers::rope::{apply_rotary, rope_tables};
 use super::names::{LayerWeight, LoraFactor, ParamName};
-use super::{ForwardCtx, Init, ModelError, ParamSpec, Params, TokenInput, Unit};
+use super::{ForwardCtx, Init, KvCache, ModelError, ParamSpec, Unit};
 
-/// The architecture: config, parameter table and units. Holds no tensors (it is `Send + Sync`);
-/// parameters live in a [`Params`] or wherever the trainer keeps them.
-pub struct Llama {
-    config: ModelConfig,
-    specs: Vec<ParamSpec>,
-    units: Vec<Box<dyn Unit>>,
-    /// For each unit, whether each parameter it reads is trained ([`Llama::trainable_mask`]).
-    unit_trainable: Vec<Vec<bool>>,
-    inv_freq: Vec<f32>,
-}
+/// The family's parameter table and units for `config`, after checking that it is one; with
+/// LoRA adapters on `lora.targets()` of every block (their factors after the block's weights in
+/// its parameter list), where only the adapters and `lora.modules_to_save` are trainable.
+pub fn build(
+    config: &ModelConfig,
+    lora: Option<&LoraConfig>,
+) -> Result<(Vec<ParamSpec>, Vec<Box<dyn Unit>>), ModelError> {
+    validate(config)?;
+    let c = config;
+    let (h, hd) = (c.hidden_size as i64, c.head_dim() as i64);
+    let (q_out, kv_out) = (
+        c.num_attention_heads as i64 * hd,
+        c.num_key_value_heads as i64 * hd,
+    );
+    let (inter, vocab) = (c.intermediate_size as i64, c.vocab_size as i64);
+    let normal = Init::Normal {
+        std: c.initializer_range,
+    };
 
-impl std::fmt::Debug for Llama {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Llama")
-            .field("config", &self.config)
-            .field(
-                "units",
-                &self.units.iter().map(|u| u.name()).collect::<Vec<_>>(),
-            )
-            .finish()
-    }
-}
-
-impl Llama {
-    /// The architecture `config` describes, after checking that it is one.
-    pub fn new(config: &ModelConfig) -> Result<Self, ModelError> {
-        Self::with_lora(config, None)
-    }
-
-    /// The architecture with LoRA adapters on `lora.targets()` of every block (their factors
-    /// after the block's weights in its parameter list): only the adapters and
-    /// `lora.modules_to_save` are trainable. `None`: [`Llama::new`], every parameter trainable.
-    pub fn with_lora(config: &ModelConfig, lora: Option<&LoraConfig>) -> Result<Self, ModelError> {
-        validate(config)?;
-        let c = config;
-        let (h, hd) = (c.hidden_size as i64, c.head_dim() as i64);
-        let (q_out, kv_out) = (
-            c.num_attention_heads as i64 * hd,
-            c.num_key_value_heads as i64 * hd,
-        );
-        let (inter, vocab) = (c.intermediate_size as i64, c.vocab_size as i64);
-        let normal = Init::Normal {
-            std: c.initializer_range,
+    let mut specs: Vec<ParamSpec> = Vec::new();
+    let mut units: Vec<Box<dyn Unit>> = Vec::new();
+    let saved = |m: SavedModule| lora.is_none_or(|l| l.modules_to_save.contains(&m));
+    let add = |specs: &mut Vec<ParamSpec>, p: ParamName, shape: Vec<i64>, init, unit| {
+        let trainable = match p {
+            ParamName::Lora(..) => true,
+            ParamName::Embed => saved(SavedModule::EmbedTokens),
+            ParamName::LmHead => saved(SavedModule::LmHead),
+            _ => lora.is_none(),
         };
+        specs.push(ParamSpec {
+            name: p.hf_name(),
+            shape,
+            init,
+            owner: unit,
+            readers: vec![unit],
+            trainable,
+        });
+        p.hf_name()
+    };
 
-        let mut specs: Vec<ParamSpec> = Vec::new();
-        let mut units: Vec<Box<dyn Unit>> = Vec::new();
-        let saved = |m: SavedModule| lora.is_none_or(|l| l.modules_to_save.contains(&m));
-        let add = |specs: &mut Vec<ParamSpec>, p: ParamName, shape: Vec<i64>, init, unit| {
-            let trainable = match p {
-                ParamName::Lora(..) => true,
-                ParamName::Embed => saved(SavedModule::EmbedTokens),
-                ParamName::LmHead => saved(SavedModule::LmHead),
-                _ => lora.is_none(),
+    let embed = add(&mut specs, ParamName::Embed, vec![vocab, h], normal, 0);
+    units.push(Box::new(Embedding {
+        name: "embed".into(),
+        params: vec![embed.clone()],
+    }));
+
+    let targets = lora.map(LoraConfig::targets).unwrap_or_default();
+    for i in 0..c.num_hidden_layers {
+        let u = i + 1;
+        let mut names = Vec::new();
+        let mut shapes = Vec::new();
+        for w in LayerWeight::ALL {
+            let (shape, init) = match w {
+                LayerWeight::InputNorm | LayerWeight::PostAttentionNorm => (vec![h], Init::Ones),
+                LayerWeight::Q => (vec![q_out, h], normal),
+                LayerWeight::K | LayerWeight::V => (vec![kv_out, h], normal),
+                LayerWeight::O => (vec![h, q_out], normal),
+                LayerWeight::Gate | LayerWeight::Up => (vec![inter, h], normal),
+                LayerWeight::Down => (vec![h, inter], normal),
             };
-            specs.push(ParamSpec {
-                name: p.hf_name(),
-                shape,
-                init,
-                owner: unit,
-                readers: vec![unit],
-                trainable,
-            });
-            p.hf_name()
-        };
-
-        let embed = add(&mut specs, ParamName::Embed, vec![vocab, h], normal, 0);
-        units.push(Box::new(Embedding {
-            name: "embed".into(),
-            params: vec![embed.clone()],
-        }));
-
-        let targets = lora.map(LoraConfig::targets).unwrap_or_default();
-        for i in 0..c.num_hidden_layers {
-            let u = i + 1;
-            let mut names = Vec::new();
-            let mut shapes = Vec::new();
-            for w in LayerWeight::ALL {
-                let (shape, init) = match w {
-                    LayerWeight::InputNorm | LayerWeight::PostAttentionNorm => {
-                        (vec![h], Init::Ones)
-                    }
-                    LayerWeight::Q => (vec![q_out, h], normal),
-                    LayerWeight::K | LayerWeight::V => (vec![kv_out, h], normal),
-                    LayerWeight::O => (vec![h, q_out], normal),
-                    LayerWeight::Gate | LayerWeight::Up => (vec![inter, h], normal),
-                    LayerWeight::Down => (vec![h, inter], normal),
-                };
-                shapes.push(shape.clone());
-                names.push(add(&mut specs, ParamName::Layer(i, w), shape, init, u));
+            shapes.push(shape.clone());
+            names.push(add(&mut specs, ParamName::Layer(i, w), shape, init, u));
+        }
+        // Biases after the weights (transformers initialises them to zero).
+        let mut biases = [None; 9];
+        let with_bias = c.attention_biases();
+        for (k, w) in LayerWeight::ALL.into_iter().enumerate() {
+            let on = match w {
+                LayerWeight::Q | LayerWeight::K | LayerWeight::V => with_bias.qkv,
+                LayerWeight::O => with_bias.o,
+                _ => false,
+            };
+            if on {
+                biases[k] = Some(names.len());
+                let shape = vec![shapes[k][0]];
+                names.push(add(
+                    &mut specs,
+                    ParamName::Bias(i, w),
+                    shape,
+                    Init::Zeros,
+                    u,
+                ));
             }
-            // Biases after the weights (transformers initialises them to zero).
-            let mut biases = [None; 9];
-            let with_bias = c.attention_biases();
+        }
+        let mut adapters = [None; 9];
+        if let Some(l) = lora {
+            let r = l.r as i64;
             for (k, w) in LayerWeight::ALL.into_iter().enumerate() {
-                let on = match w {
-                    LayerWeight::Q | LayerWeight::K | LayerWeight::V => with_bias.qkv,
-                    LayerWeight::O => with_bias.o,
-                    _ => false,
+                if !lora_module(w).is_some_and(|m| targets.contains(&m)) {
+                    continue;
+                }
+                let (out, inp) = (shapes[k][0], shapes[k][1]);
+                adapters[k] = Some(names.len());
+                let a = Init::Uniform {
+                    bound: 1.0 / (inp as f64).sqrt(),
                 };
-                if on {
-                    biases[k] = Some(names.len());
-                    let shape = vec![shapes[k][0]];
-                    names.push(add(
-                        &mut specs,
-                        ParamName::Bias(i, w),
-                        shape,
-                        Init::Zeros,
-                        u,
-                    ));
-                }
+                let a_name = ParamName::Lora(i, w, LoraFactor::A);
+                names.push(add(&mut specs, a_name, vec![r, inp], a, u));
+                let b_name = ParamName::Lora(i, w, LoraFactor::B);
+                names.push(add(&mut specs, b_name, vec![out, r], Init::Zeros, u));
             }
-            let mut adapters = [None; 9];
-            if let Some(l) = lora {
-                let r = l.r as i64;
-                for (k, w) in LayerWeight::ALL.into_iter().enumerate() {
-                    if !lora_module(w).is_some_and(|m| targets.contains(&m)) {
-                        continue;
-                    }
-                    let (out, inp) = (shapes[k][0], shapes[k][1]);
-                    adapters[k] = Some(names.len());
-                    let a = Init::Uniform {
-                        bound: 1.0 / (inp as f64).sqrt(),
-                    };
-                    let a_name = ParamName::Lora(i, w, LoraFactor::A);
-                    names.push(add(&mut specs, a_name, vec![r, inp], a, u));
-                    let b_name = ParamName::Lora(i, w, LoraFactor::B);
-                    names.push(add(&mut specs, b_name, vec![out, r], Init::Zeros, u));
-                }
-            }
-            units.push(Box::new(Block {
-                name: format!("layers.{i}"),
-                index: i,
-                params: names,
-                num_heads: c.num_attention_heads as i64,
-                num_kv_heads: c.num_key_value_heads as i64,
-                head_dim: hd,
-                eps: c.rms_norm_eps,
-                biases,
-                adapters,
+        }
+        units.push(Box::new(Block {
+            name: format!("layers.{i}"),
+            index: i,
+            params: names,
+            num_heads: c.num_attention_heads as i64,
+            num_kv_heads: c.num_key_value_heads as i64,
+            head_dim: hd,
+            eps: c.rms_norm_eps,
+            projections: Projections {
+                block: i,
+                biases: biases.to_vec(),
+                adapters: adapters.to_vec(),
                 lora_scale: lora.map_or(0.0, LoraConfig::scale),
                 lora_dropout: lora.map_or(0.0, |l| l.dropout),
-            }));
-        }
-
-        let head_unit = c.num_hidden_layers + 1;
-        let norm = add(&mut specs, ParamName::Norm, vec![h], Init::Ones, head_unit);
-        let head_weight = if c.tie_word_embeddings {
-            specs[0].readers.push(head_unit);
-            embed
-        } else {
-            add(
-                &mut specs,
-                ParamName::LmHead,
-                vec![vocab, h],
-                normal,
-                head_unit,
-            )
-        };
-        units.push(Box::new(Head {
-            name: "head".into(),
-            params: vec![norm, head_weight],
-            eps: c.rms_norm_eps,
+            },
         }));
-
-        let unit_trainable = units
-            .iter()
-            .map(|u| {
-                u.param_names()
-                    .iter()
-                    .map(|n| specs.iter().any(|s| s.name == *n && s.trainable))
-                    .collect()
-            })
-            .collect();
-        Ok(Llama {
-            config: config.clone(),
-            specs,
-            units,
-            unit_trainable,
-            inv_freq: inv_freq(config),
-        })
     }
 
-    /// For each parameter unit `unit` reads (in [`Unit::param_names`] order), whether it is
-    /// trained (false for a LoRA job's frozen base).
-    pub fn trainable_mask(&self, unit: usize) -> &[bool] {
-        &self.unit_trainable[unit]
-    }
+    let head_unit = c.num_hidden_layers + 1;
+    let norm = add(&mut specs, ParamName::Norm, vec![h], Init::Ones, head_unit);
+    let head_weight = if c.tie_word_embeddings {
+        specs[0].readers.push(head_unit);
+        embed
+    } else {
+        add(
+            &mut specs,
+            ParamName::LmHead,
+            vec![vocab, h],
+            normal,
+            head_unit,
+        )
+    };
+    units.push(Box::new(Head {
+        name: "head".into(),
+        params: vec![norm, head_weight],
+        eps: c.rms_norm_eps,
+    }));
 
-    pub fn config(&self) -> &ModelConfig {
-        &self.config
-    }
-
-    /// Refuses a context of `len` positions (`what`: where the length comes from, e.g.
-    /// `data.seq_len`) beyond the model's sliding window, naming the window, the length and the
-    /// fix: the units attend to every earlier position, which is the model's attention only
-    /// within the window. Every path that trains or generates checks its length here.
-    pub fn check_window(&self, what: &str, len: usize) -> Result<(), ModelError> {
-        self.config
-            .check_window(what, len)
-            .map_err(ModelError::BeyondWindow)
-    }
-
-    /// The units in forward order: `embed`, `layers.0` … `layers.{n-1}`, `head`.
-    pub fn units(&self) -> &[Box<dyn Unit>] {
-        &self.units
-    }
-
-    /// Every parameter once, in Hugging Face order (embedding, layers, norm, lm_head).
-    pub fn param_specs(&self) -> &[ParamSpec] {
-        &self.specs
-    }
-
-    pub fn param_spec(&self, name: &str) -> Option<&ParamSpec> {
-        self.specs.iter().find(|s| s.name == name)
-    }
-
-    /// The parameters unit `unit` owns (a flat-parameter group for FSDP), in table order.
-    pub fn owned_params(&self, unit: usize) -> impl Iterator<Item = &ParamSpec> {
-        self.specs.iter().filter(move |s| s.owner == unit)
-    }
-
-    /// Freshly initialised parameters, as transformers initialises `LlamaForCausalLM`: linear
-    /// and embedding weights ~ N(0, initializer_range²), norm weights 1. The values depend only
-    /// on `seed` and the parameter names (see [`super::init`]), not on the device.
-    pub fn init_params(&self, seed: u64, device: Device, kind: Kind) -> Params {
-        let mut params = Params::new();
-        for s in &self.specs {
-            let values = s.init.values(seed, &s.name, s.numel());
-            let t = Tensor::from_slice(&values)
-                .reshape(&s.shape)
-                .to_kind(kind)
-                .to_device(device);
-            params.insert(s.name.clone(), t);
-        }
-        params
-    }
-
-    /// Checks that `params` holds every parameter with its shape and a floating dtype.
-    pub fn check_params(&self, params: &Params) -> Result<(), ModelError> {
-        for s in &self.specs {
-            let t = params.require(&s.name)?;
-            if t.size() != s.shape {
-                return Err(ModelError::ShapeMismatch {
-                    name: s.name.clone(),
-                    expected: s.shape.clone(),
-                    found: t.size(),
-                    file: None,
-                });
-            }
-            if !super::is_float_kind(t.kind()) {
-                return Err(ModelError::UnsupportedDtype {
-                    name: s.name.clone(),
-                    dtype: format!("{:?}", t.kind()),
-                    file: None,
-                });
-            }
-        }
-        Ok(())
-    }
-
-    /// Shallow handles on the tensors unit `unit` reads, in its `param_names` order.
-    pub fn unit_params(&self, unit: usize, params: &Params) -> Result<Vec<Tensor>, ModelError> {
-        self.units[unit]
-            .param_names()
-            .iter()
-            .map(|n| params.require(n).map(Tensor::shallow_clone))
-            .collect()
-    }
-
-    /// The forward context for positions `0 .. seq_len` on `device`.
-    pub fn ctx(&self, seq_len: i64, device: Device) -> ForwardCtx {
-        self.ctx_for_positions(&Tensor::arange(seq_len, (Kind::Int64, device)))
-    }
-
-    /// The forward context for explicit position ids, `[T]` or `[B, T]` (transformers'
-    /// `position_ids`).
-    pub fn ctx_for_positions(&self, positions: &Tensor) -> ForwardCtx {
-        let inv = Tensor::from_slice(&self.inv_freq).to_device(positions.device());
-        // freqs = positions[..., None].float() * inv_freq; emb = cat(freqs, freqs)
-        let freqs = positions.to_kind(Kind::Float).unsqueeze(-1) * inv;
-        let emb = Tensor::cat(&[&freqs, &freqs], -1);
-        ForwardCtx {
-            cos: emb.cos(),
-            sin: emb.sin(),
-            attention_mask: None,
-            dropout_seed: None,
-        }
-    }
-
-    /// The forward context of `input`: its positions' rotary tables and, for packed rows, the
-    /// mask that keeps each sequence to itself.
-    pub fn ctx_for_input(&self, input: &TokenInput) -> ForwardCtx {
-        match &input.positions {
-            None => self.ctx(input.ids.size()[1], input.ids.device()),
-            Some(positions) => {
-                let mut ctx = self.ctx_for_positions(positions);
-                ctx.attention_mask = Some(packed_attention_mask(positions));
-                ctx
-            }
-        }
-    }
-
-    /// Whole-graph forward: token ids `[B, T]` to logits `[B, T, vocab]`, running the units in
-    /// order on one autograd graph.
-    pub fn forward(&self, params: &Params, tokens: &Tensor) -> Result<Tensor, ModelError> {
-        self.forward_input(params, &TokenInput::new(tokens.shallow_clone()))
-    }
-
-    /// [`Llama::forward`] of token ids with their position ids when rows are packed.
-    pub fn forward_input(&self, params: &Params, input: &TokenInput) -> Result<Tensor, ModelError> {
-        let tokens = &input.ids;
-        self.check_window("the input length", tokens.size()[1] as usize)?;
-        let ctx = self.ctx_for_input(input);
-        let mut x = tokens.shallow_clone();
-        for (i, unit) in self.units.iter().enumerate() {
-            x = unit.forward(&self.unit_params(i, params)?, &x, &ctx);
-        }
-        Ok(x)
-    }
-
-    /// Forward for generation: token ids `[B, T]` at the positions after the `cache.len()` the
-    /// cache has seen to the logits `[B, vocab]` of the last of them. Each block computes its
-    /// queries, keys and values for these positions only (with the training forward's
-    /// projections and rotary embeddings), appends the keys and values to `cache`, and attends
-    /// to every cached position: a prompt is run once (prefill), then one token per step.
-    pub fn forward_cached(
-        &self,
-        params: &Params,
-        tokens: &Tensor,
-        cache: &mut KvCache,
-    ) -> Result<Tensor, ModelError> {
-        let t = tokens.size()[1];
-        let start = cache.len;
-        let needed = (start + t) as usize;
-        if needed > cache.capacity as usize {
-            return Err(ModelError::CacheFull {
-                capacity: cache.capacity as usize,
-                needed,
-            });
-        }
-        self.check_window("the prompt and the generated tokens", needed)?;
-        let positions = Tensor::arange_start(start, start + t, (Kind::Int64, tokens.device()));
-        let ctx = self.ctx_for_positions(&positions);
-        let mut x = tokens.shallow_clone();
-        let head = self.units.len() - 1;
-        for (i, unit) in self.units.iter().enumerate() {
-            if i == head {
-                x = x.narrow(1, t - 1, 1); // only the last position's logits are wanted
-            }
-            x = unit.forward_cached(&self.unit_params(i, params)?, &x, &ctx, cache);
-        }
-        cache.len += t;
-        Ok(x.squeeze_dim(1))
-    }
-}
-
-/// The keys and values of the positions a model has seen, per block, for
-/// [`Llama::forward_cached`]: each block's `[B, kv_heads, capacity, head_dim]` buffers,
-/// allocated at its first forward in the dtype and on the device of its keys.
-pub struct KvCache {
-    layers: Vec<Option<(Tensor, Tensor)>>,
-    capacity: i64,
-    len: i64,
-}
-
-impl KvCache {
-    /// An empty cache for `capacity` positions (the prompt and every token to generate).
-    pub fn new(model: &Llama, capacity: usize) -> Self {
-        KvCache {
-            layers: (0..model.config.num_hidden_layers).map(|_| None).collect(),
-            capacity: capacity as i64,
-            len: 0,
-        }
-    }
-
-    /// The positions seen so far.
-    pub fn len(&self) -> usize {
-        self.len as usize
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
-    pub fn capacity(&self) -> usize {
-        self.capacity as usize
-    }
-
-    /// Writes block `layer`'s keys and values of the new positions after the cached ones and
-    /// returns views of all of them.
-    fn append(&mut self, layer: usize, k: &Tensor, v: &Tensor) -> (Tensor, Tensor) {
-        let (start, t) = (self.len, k.size()[2]);
-        let capacity = self.capacity;
-        let (kc, vc) = self.layers[layer].get_or_insert_with(|| {
-            let mut shape = k.size();
-            shape[2] = capacity;
-            let buffer = || Tensor::zeros(shape.as_slice(), (k.kind(), k.device()));
-            (buffer(), buffer())
-        });
-        kc.narrow(2, start, t).copy_(k);
-        vc.narrow(2, start, t).copy_(v);
-        (kc.narrow(2, 0, start + t), vc.narrow(2, 0, start + t))
-    }
+    Ok((specs, units))
 }
 
 fn invalid(field: &str, message: impl Into<String>) -> ModelError {
@@ -507,89 +246,6 @@ fn validate(c: &ModelConfig) -> Result<(), ModelError> {
     Ok(())
 }
 
-/// Rotary inverse frequencies, computed with the same fp32 tensor operations as transformers'
-/// `compute_default_rope_parameters` and `_compute_llama3_parameters`.
-fn inv_freq(c: &ModelConfig) -> Vec<f32> {
-    let _guard = tch::no_grad_guard();
-    let dim = c.head_dim() as i64;
-    let exponent = Tensor::arange_start_step(0, dim, 2, (Kind::Int64, Device::Cpu))
-        .to_kind(Kind::Float)
-        / dim as f64;
-    let mut inv = Tensor::pow_scalar(c.rope_theta, &exponent).reciprocal();
-    if let Some(RopeScaling {
-        rope_type: RopeType::Llama3,
-        factor,
-        low_freq_factor,
-        high_freq_factor,
-        original_max_position_embeddings,
-    }) = c.rope_scaling
-    {
-        let old_context_len = original_max_position_embeddings as f64;
-        let low_freq_wavelen = old_context_len / low_freq_factor;
-        let high_freq_wavelen = old_context_len / high_freq_factor;
-        let wavelen = inv.reciprocal() * (2.0 * std::f64::consts::PI);
-        // torch.where(cond, a, b) is a.where_self(cond, b) in tch.
-        let scaled = (&inv / factor).where_self(&wavelen.gt(low_freq_wavelen), &inv);
-        let smooth = (wavelen.reciprocal() * old_context_len - low_freq_factor)
-            / (high_freq_factor - low_freq_factor);
-        let smoothed: Tensor = (1.0 - &smooth) * &scaled / factor + &smooth * &scaled;
-        let medium = wavelen
-            .lt(high_freq_wavelen)
-            .logical_not()
-            .logical_and(&wavelen.gt(low_freq_wavelen).logical_not());
-        inv = smoothed.where_self(&medium, &scaled);
-    }
-    Vec::<f32>::try_from(&inv).expect("inverse frequencies are f32")
-}
-
-/// transformers' `LlamaRMSNorm`: normalise in fp32, cast back, then scale by the weight.
-fn rms_norm(x: &Tensor, weight: &Tensor, eps: f64) -> Tensor {
-    let kind = x.kind();
-    let x32 = x.to_kind(Kind::Float);
-    let variance = x32.square().mean_dim(-1, true, Kind::Float);
-    let normed = x32 * (variance + eps).rsqrt();
-    weight * normed.to_kind(kind)
-}
-
-fn rotate_half(x: &Tensor) -> Tensor {
-    let half = x.size()[x.dim() - 1] / 2;
-    let x1 = x.narrow(-1, 0, half);
-    let x2 = x.narrow(-1, half, half);
-    Tensor::cat(&[&x2.neg(), &x1], -1)
-}
-
-/// Rotary tables shaped to broadcast over `[B, heads, T, head_dim]`, in `kind`.
-fn rope_tables(ctx: &ForwardCtx, kind: Kind) -> (Tensor, Tensor) {
-    let shape = |t: &Tensor| {
-        let t = t.to_kind(kind);
-        if t.dim() == 2 {
-            t.unsqueeze(0).unsqueeze(0)
-        } else {
-            t.unsqueeze(1)
-        }
-    };
-    (shape(&ctx.cos), shape(&ctx.sin))
-}
-
-/// The attention mask of packed rows, `[B, 1, T, T]` from position ids `[B, T]`: a position
-/// that does not follow its predecessor by one starts a new sequence (as transformers'
-/// `find_packed_sequence_indices`), and a query attends to the keys of its own sequence up to
-/// itself.
-pub fn packed_attention_mask(positions: &Tensor) -> Tensor {
-    let t = positions.size()[1];
-    let device = positions.device();
-    let starts = (positions.narrow(1, 1, t - 1) - positions.narrow(1, 0, t - 1)).ne(1);
-    let first = Tensor::zeros([positions.size()[0], 1], (Kind::Bool, device));
-    let sequence = Tensor::cat(&[first, starts], 1).cumsum(1, Kind::Int64);
-    let same = sequence.unsqueeze(2).eq_tensor(&sequence.unsqueeze(1));
-    let causal = Tensor::ones([t, t], (Kind::Bool, device)).tril(0);
-    same.logical_and(&causal).unsqueeze(1)
-}
-
-fn linear(x: &Tensor, w: &Tensor) -> Tensor {
-    x.linear::<&Tensor>(w, None)
-}
-
 /// `model.embed_tokens`: token ids to hidden states.
 struct Embedding {
     name: String,
@@ -633,32 +289,13 @@ struct Block {
     num_kv_heads: i64,
     head_dim: i64,
     eps: f64,
-    /// For each weight of [`LayerWeight::ALL`], where its bias sits in the parameter list.
-    biases: [Option<usize>; 9],
-    /// For each weight of [`LayerWeight::ALL`], where its LoRA `A` sits in the parameter list
-    /// (`B` follows it).
-    adapters: [Option<usize>; 9],
-    lora_scale: f64,
-    lora_dropout: f64,
+    /// Biases and LoRA adapters of the weights of [`LayerWeight::ALL`].
+    projections: Projections,
 }
 
 impl Block {
-    /// `x @ W.T` (`+ b` when weight `k` has a bias), plus PEFT's LoRA update `lora_B(lora_A(dropout(x))) * scale` when weight
-    /// `k` is adapted. Dropout is applied only in training (a context with a dropout seed),
-    /// seeded per block so that a recomputed block draws the same mask.
     fn project(&self, params: &[Tensor], k: usize, x: &Tensor, ctx: &ForwardCtx) -> Tensor {
-        let y = x.linear(&params[k], self.biases[k].map(|b| &params[b]));
-        let Some(a) = self.adapters[k] else { return y };
-        let dropped = match ctx.dropout_seed {
-            Some(seed) if self.lora_dropout > 0.0 => {
-                tch::manual_seed(
-                    seed.wrapping_add((self.index * 9 + k) as u64 * 0x9E37_79B9) as i64
-                );
-                x.dropout(self.lora_dropout, true)
-            }
-            _ => x.shallow_clone(),
-        };
-        y + linear(&linear(&dropped, &params[a]), &params[a + 1]) * self.lora_scale
+        self.projections.project(params, k, x, ctx)
     }
 }
 
@@ -715,15 +352,14 @@ impl Block {
         let k = heads(2, self.num_kv_heads);
         let v = heads(3, self.num_kv_heads);
         let (cos, sin) = rope_tables(ctx, q.kind());
-        let q = &q * &cos + rotate_half(&q) * &sin;
-        let k = &k * &cos + rotate_half(&k) * &sin;
+        let q = apply_rotary(&q, &cos, &sin);
+        let k = apply_rotary(&k, &cos, &sin);
         (q, k, v)
     }
 
     /// The rest of the block for the positions of `x`: causal attention of their queries `q`
-    /// to the keys `k` and values `v` of every position up to theirs (the queries are the last
-    /// `T_q` of the `T_k` key positions: all of them in a training forward, the new ones after
-    /// a cache's), the output projection and residual, then the MLP and its residual.
+    /// to the keys `k` and values `v` of every position up to theirs ([`causal_attention`]),
+    /// the output projection and residual, then the MLP and its residual.
     fn attend_and_mlp(
         &self,
         params: &[Tensor],
@@ -734,52 +370,24 @@ impl Block {
         ctx: &ForwardCtx,
     ) -> Tensor {
         let (b, t) = (x.size()[0], x.size()[1]);
-        let gqa = self.num_kv_heads != self.num_heads;
-        let (t_q, t_k) = (q.size()[2], k.size()[2]);
-        let attn = if t_q == t_k {
-            match &ctx.attention_mask {
-                Some(mask) => {
-                    // With a mask the fused GPU kernels take no grouped-query heads (SDPA would
-                    // fall back to the math kernel, which holds [B, heads, T, T]): the KV heads
-                    // are repeated instead, as transformers does.
-                    let repeat = self.num_heads / self.num_kv_heads;
-                    let (k, v) = if gqa {
-                        (
-                            k.repeat_interleave_self_int(repeat, 1, None),
-                            v.repeat_interleave_self_int(repeat, 1, None),
-                        )
-                    } else {
-                        (k.shallow_clone(), v.shallow_clone())
-                    };
-                    Tensor::scaled_dot_product_attention(
-                        q,
-                        &k,
-                        &v,
-                        Some(mask),
-                        0.0,
-                        false,
-                        None,
-                        false,
-                    )
-                }
-                None => Tensor::scaled_dot_product_attention::<&Tensor>(
-                    q, k, v, None, 0.0, true, None, gqa,
-                ),
-            }
-        } else {
-            // Query i sits at position t_k - t_q + i and sees keys 0 ..= t_k - t_q + i (one
-            // query sees them all: no mask).
-            let mask = (t_q > 1)
-                .then(|| Tensor::ones([t_q, t_k], (Kind::Bool, q.device())).tril(t_k - t_q));
-            Tensor::scaled_dot_product_attention(q, k, v, mask.as_ref(), 0.0, false, None, gqa)
-        };
+        let attn = causal_attention(
+            q,
+            k,
+            v,
+            ctx.attention_mask.as_ref(),
+            self.num_heads,
+            self.num_kv_heads,
+        );
         let attn = attn
             .transpose(1, 2)
             .reshape([b, t, self.num_heads * self.head_dim]);
         let x = x + self.project(params, 4, &attn, ctx);
 
         let h = rms_norm(&x, &params[5], self.eps);
-        let gated = self.project(params, 6, &h, ctx).silu() * self.project(params, 7, &h, ctx);
+        let gated = swiglu(
+            &self.project(params, 6, &h, ctx),
+            &self.project(params, 7, &h, ctx),
+        );
         let mlp = self.project(params, 8, &gated, ctx);
         x + mlp
     }
@@ -805,37 +413,16 @@ impl Unit for Head {
     }
 }
 
-/// transformers' `ForCausalLMLoss` with mean reduction: logits `[B, T, V]` at position `t`
-/// predict `labels[:, t + 1]`; labels equal to -100 are ignored; computed in fp32.
-pub fn causal_lm_loss(logits: &Tensor, labels: &Tensor) -> Tensor {
-    let (logits, labels) = shifted(logits, labels);
-    logits.cross_entropy_loss::<&Tensor>(&labels, None, Reduction::Mean, -100, 0.0)
-}
-
-/// The summed loss and the number of predicted (non-ignored) tokens, for normalising over
-/// gradient-accumulation micro-batches and ranks by the global token count.
-pub fn causal_lm_loss_sum(logits: &Tensor, labels: &Tensor) -> (Tensor, i64) {
-    let (logits, labels) = shifted(logits, labels);
-    let count = labels.ne(-100).sum(Kind::Int64).int64_value(&[]);
-    let sum = logits.cross_entropy_loss::<&Tensor>(&labels, None, Reduction::Sum, -100, 0.0);
-    (sum, count)
-}
-
-fn shifted(logits: &Tensor, labels: &Tensor) -> (Tensor, Tensor) {
-    let size = logits.size();
-    let (t, v) = (size[1], size[2]);
-    let logits = logits
-        .narrow(1, 0, t - 1)
-        .to_kind(Kind::Float)
-        .reshape([-1, v]);
-    let labels = labels.narrow(1, 1, t - 1).reshape([-1]);
-    (logits, labels)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::vjp;
+    use crate::model::layers::rope::inv_freq;
+    use crate::model::{
+        causal_lm_loss, causal_lm_loss_sum, packed_attention_mask, vjp, CausalLm, KvCache, Params,
+        TokenInput,
+    };
+    use flotilla_config::schema::{RopeScaling, RopeType};
+    use tch::{Device, Kind};
 
     pub(crate) fn tiny(tied: bool, kv_heads: usize) -> ModelConfig {
         ModelConfig {
@@ -861,7 +448,7 @@ mod tests {
 
     #[test]
     fn a_packed_sequence_sees_only_itself() {
-        let model = Llama::new(&tiny(false, 2)).unwrap();
+        let model = CausalLm::new(&tiny(false, 2)).unwrap();
         // A larger init than the default so that context visibly matters.
         let init = model.init_params(3, Device::Cpu, Kind::Float);
         let mut params = Params::new();
@@ -910,8 +497,8 @@ mod tests {
              use_rslora: false, modules_to_save: [lm_head], init_from: null, merge: false}",
         )
         .unwrap();
-        let base = Llama::new(&c).unwrap();
-        let m = Llama::with_lora(&c, Some(&lora)).unwrap();
+        let base = CausalLm::new(&c).unwrap();
+        let m = CausalLm::with_lora(&c, Some(&lora)).unwrap();
         assert_eq!(m.param_specs().len(), base.param_specs().len() + 2 * 2 * 2);
         let a = m
             .param_spec("model.layers.1.self_attn.q_proj.lora_A.weight")
@@ -963,7 +550,7 @@ mod tests {
 
     #[test]
     fn units_and_parameter_table() {
-        let m = Llama::new(&tiny(true, 2)).unwrap();
+        let m = CausalLm::new(&tiny(true, 2)).unwrap();
         let names: Vec<_> = m.units().iter().map(|u| u.name().to_string()).collect();
         assert_eq!(names, ["embed", "layers.0", "layers.1", "head"]);
         assert_eq!(m.param_specs().len(), 1 + 2 * 9 + 1);
@@ -981,7 +568,7 @@ mod tests {
                 .sum::<u64>(),
             m.config().num_parameters()
         );
-        let untied = Llama::new(&tiny(false, 4)).unwrap();
+        let untied = CausalLm::new(&tiny(false, 4)).unwrap();
         assert_eq!(
             untied.units()[3].param_names(),
             ["model.norm.weight", "lm_head.weight"]
@@ -999,14 +586,14 @@ mod tests {
     #[test]
     fn rejects_bad_configs() {
         let mut c = tiny(true, 3);
-        let err = Llama::new(&c).unwrap_err().to_string();
+        let err = CausalLm::new(&c).unwrap_err().to_string();
         assert!(
             err.contains("num_key_value_heads") && err.contains("3"),
             "{err}"
         );
         c = tiny(true, 2);
         c.num_attention_heads = 5;
-        let err = Llama::new(&c).unwrap_err().to_string();
+        let err = CausalLm::new(&c).unwrap_err().to_string();
         assert!(err.starts_with("model.num_attention_heads"), "{err}");
     }
 
@@ -1017,7 +604,7 @@ mod tests {
         c.intermediate_size = 256;
         c.vocab_size = 512;
         c.initializer_range = 0.05;
-        let m = Llama::new(&c).unwrap();
+        let m = CausalLm::new(&c).unwrap();
         let p = m.init_params(11, Device::Cpu, Kind::Float);
         m.check_params(&p).unwrap();
         for s in m.param_specs() {
@@ -1082,7 +669,7 @@ mod tests {
 
     #[test]
     fn causal_outputs_do_not_see_the_future() {
-        let m = Llama::new(&tiny(true, 2)).unwrap();
+        let m = CausalLm::new(&tiny(true, 2)).unwrap();
         let p = m.init_params(0, Device::Cpu, Kind::Float);
         let a = batch();
         let b = a.copy();
@@ -1104,7 +691,7 @@ mod tests {
     }
 
     fn unit_by_unit_equals_whole_graph_of(c: &ModelConfig) {
-        let m = Llama::new(c).unwrap();
+        let m = CausalLm::new(c).unwrap();
         let p = m.init_params(5, Device::Cpu, Kind::Float).requiring_grad();
         let tokens = batch();
 
@@ -1194,8 +781,8 @@ mod tests {
     #[test]
     fn qwen2_biases_follow_the_block_weights_and_shift_the_projections() {
         let c = qwen2(false);
-        let m = Llama::new(&c).unwrap();
-        let plain = Llama::new(&tiny(false, 2)).unwrap();
+        let m = CausalLm::new(&c).unwrap();
+        let plain = CausalLm::new(&tiny(false, 2)).unwrap();
         assert_eq!(m.param_specs().len(), plain.param_specs().len() + 2 * 3);
         assert_eq!(
             m.units()[2].param_names()[9..],
@@ -1238,7 +825,7 @@ mod tests {
              modules_to_save: [], init_from: null, merge: false}",
         )
         .unwrap();
-        let l = Llama::with_lora(&c, Some(&lora)).unwrap();
+        let l = CausalLm::with_lora(&c, Some(&lora)).unwrap();
         assert_eq!(
             l.units()[1].param_names()[9..],
             [
@@ -1272,7 +859,7 @@ mod tests {
             sliding_window: Some(6),
             ..tiny(true, 2)
         };
-        let m = Llama::new(&c).unwrap();
+        let m = CausalLm::new(&c).unwrap();
         m.check_window("data.seq_len", 6).unwrap();
         let err = m.check_window("data.seq_len", 7).unwrap_err().to_string();
         assert!(
@@ -1288,7 +875,7 @@ mod tests {
 
     #[test]
     fn reduced_precision_forward() {
-        let m = Llama::new(&tiny(true, 2)).unwrap();
+        let m = CausalLm::new(&tiny(true, 2)).unwrap();
         let p32 = m.init_params(1, Device::Cpu, Kind::Float);
         let ref_logits = m.forward(&p32, &batch()).unwrap();
         for kind in [Kind::BFloat16, Kind::Half] {
@@ -1310,7 +897,7 @@ mod tests {
 
     #[test]
     fn loss_sum_and_mean_agree() {
-        let m = Llama::new(&tiny(false, 2)).unwrap();
+        let m = CausalLm::new(&tiny(false, 2)).unwrap();
         let p = m.init_params(2, Device::Cpu, Kind::Float);
         let tokens = batch();
         let labels = tokens.copy();
@@ -1334,7 +921,7 @@ mod tests {
         )
         .unwrap();
         for (kv_heads, lora) in [(2, None), (4, None), (2, Some(&lora))] {
-            let m = Llama::with_lora(&tiny(false, kv_heads), lora).unwrap();
+            let m = CausalLm::with_lora(&tiny(false, kv_heads), lora).unwrap();
             let mut p = m.init_params(3, Device::Cpu, Kind::Float);
             if lora.is_some() {
                 let b = "model.layers.1.self_attn.v_proj.lora_B.weight";

@@ -1,11 +1,13 @@
-//! The model: Hugging Face's `LlamaForCausalLM` (and `MistralForCausalLM`, `Qwen2ForCausalLM`,
-//! the same units) as a sequence of **units** with explicit parameters, plus Hugging Face
-//! directory load/save.
+//! The model: decoder-only causal language models (Hugging Face's `LlamaForCausalLM`, and
+//! `MistralForCausalLM` and `Qwen2ForCausalLM`, the same units) as a sequence of **units** with
+//! explicit parameters.
 //!
 //! This module owns the unit contract ([`Unit`], [`ForwardCtx`], [`ParamSpec`], [`Params`]),
-//! the per-unit backward helper ([`vjp`]) and the error type. The architecture lives in
-//! [`llama`], seeded initialisation in [`init`], the Hugging Face weight names in [`names`],
-//! and the Hugging Face files (`config.json`, safetensors) in [`hf`].
+//! the per-unit backward helper ([`vjp`]) and the error type. The model a config describes is
+//! a [`CausalLm`] ([`causal_lm`]); the layers every family shares are in [`layers`], each
+//! family's units in its own file ([`llama`]); seeded initialisation is in [`init`], the Hugging
+//! Face weight names in [`names`], `config.json` in [`hf_config`], the generation cache in
+//! [`kv_cache`]. Reading and writing weights is `state/`'s.
 //!
 //! The model knows nothing of parallelism (docs/ARCHITECTURE.md, "The unit engine"). A unit
 //! is a pure function `(params, input, ctx) -> output`: the trainer decides where the parameter
@@ -27,8 +29,11 @@
 //! reduce-scatter) without special cases. Under FSDP, making the head's parameters available
 //! means gathering the owner's flat parameter too (or keeping it gathered).
 
-pub mod hf;
+pub mod causal_lm;
+pub mod hf_config;
 pub mod init;
+pub mod kv_cache;
+pub mod layers;
 pub mod llama;
 pub mod names;
 
@@ -37,12 +42,11 @@ use std::path::PathBuf;
 use indexmap::IndexMap;
 use tch::{Device, Kind, Tensor};
 
-pub use hf::{
-    finish_hf_dir, load_hf, read_hf_config, read_model_config, save_hf, save_hf_from,
-    HfLlamaConfig, HfWeights,
-};
+pub use causal_lm::{causal_lm_loss, causal_lm_loss_sum, CausalLm};
+pub use hf_config::{finish_hf_dir, read_hf_config, read_model_config, HfLlamaConfig};
 pub use init::Init;
-pub use llama::{causal_lm_loss, causal_lm_loss_sum, packed_attention_mask, KvCache, Llama};
+pub use kv_cache::KvCache;
+pub use layers::mask::packed_attention_mask;
 pub use names::{LayerWeight, ParamName};
 
 /// Errors of model construction, loading and saving. Each names its culprit: the file, the
@@ -198,8 +202,8 @@ impl TokenInput {
 
 /// Per-forward context shared by every unit of one micro-batch: the rotary tables for the
 /// positions of the batch, in fp32 (each block casts them to its compute dtype, as
-/// transformers does), and the attention mask of packed rows. Build it with [`Llama::ctx`],
-/// [`Llama::ctx_for_positions`] or [`Llama::ctx_for_input`].
+/// transformers does), and the attention mask of packed rows. Build it with [`CausalLm::ctx`],
+/// [`CausalLm::ctx_for_positions`] or [`CausalLm::ctx_for_input`].
 #[derive(Debug)]
 pub struct ForwardCtx {
     /// `[T, head_dim]` (positions shared by the batch) or `[B, T, head_dim]`.
@@ -223,7 +227,7 @@ pub struct ForwardCtx {
 /// and the loss ([`causal_lm_loss`]) is computed outside the units. RMSNorm and the attention
 /// softmax compute in fp32 internally, as transformers does.
 ///
-/// Panics (as tch does) if a parameter has the wrong shape; [`Llama::check_params`] checks a
+/// Panics (as tch does) if a parameter has the wrong shape; [`CausalLm::check_params`] checks a
 /// parameter set once, up front.
 pub trait Unit: Send + Sync {
     /// `embed`, `layers.{i}` or `head`.
@@ -232,7 +236,7 @@ pub trait Unit: Send + Sync {
     /// include parameters owned by another unit (see the module docs on tied embeddings).
     fn param_names(&self) -> &[String];
     fn forward(&self, params: &[Tensor], input: &Tensor, ctx: &ForwardCtx) -> Tensor;
-    /// [`Unit::forward`] in generation ([`Llama::forward_cached`]): `input` holds the positions
+    /// [`Unit::forward`] in generation ([`CausalLm::forward_cached`]): `input` holds the positions
     /// after the `cache.len()` the cache has seen, and `ctx` their rotary tables; a unit with
     /// attention appends its keys and values to `cache` and attends to all of them. The
     /// default, for units without attention, is `forward`.
@@ -248,7 +252,7 @@ pub trait Unit: Send + Sync {
     }
 }
 
-/// A named parameter set, in the model's canonical order ([`Llama::param_specs`]).
+/// A named parameter set, in the model's canonical order ([`CausalLm::param_specs`]).
 #[derive(Debug, Default)]
 pub struct Params {
     tensors: IndexMap<String, Tensor>,

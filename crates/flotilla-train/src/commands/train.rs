@@ -11,17 +11,18 @@ use std::time::{Duration, Instant};
 
 use tch::Device;
 
-use super::checkpoint::save_final;
-use super::fit::{fit, resume, EvalSet, FitOptions};
-use super::host_memory::HostPhase;
-use super::parallelize::DistContext;
-use super::trainer::Trainer;
-use super::TrainError;
+use crate::checkpoint::{save_adapter, save_final};
+use crate::commands::task_error::TaskError;
 use crate::data::{self, BatchLayout, DataLoader, DataOptions};
-use crate::lora::{self, PeftAdapter};
-use crate::model::{HfWeights, Llama};
-use crate::param_source::{Overlay, Seeded, TensorSource};
-use crate::task_error::TaskError;
+use crate::error::TrainError;
+use crate::fit::{fit, resume, EvalSet, FitOptions};
+use crate::host_memory::HostPhase;
+use crate::model::CausalLm;
+use crate::parallel::parallelize::DistContext;
+use crate::state::hf_weights::HfWeights;
+use crate::state::param_source::{Overlay, Seeded, TensorSource};
+use crate::state::peft::{self, PeftAdapter};
+use crate::trainer::Trainer;
 use flotilla_comm::comm::{Backend, Communicator};
 use flotilla_comm::connect::{self, CommOptions};
 use flotilla_comm::store::{KvStore, Store, StoreConfig};
@@ -165,14 +166,14 @@ pub fn join_group(
 
 /// Runs `job` in `run_dir` as rank `rank` (config files are the caller's business) and returns
 /// the summary. `on_row` sees every metrics row (rank 0's console progress).
-/// A libtorch exception anywhere in it is an error naming the step ([`crate::torch_guard`]).
+/// A libtorch exception anywhere in it is an error naming the step ([`crate::error::torch_guard`]).
 pub fn run_job(
     job: &JobConfig,
     run_dir: &Path,
     rank: &RankInfo,
     on_row: Option<&mut dyn FnMut(&MetricsRow)>,
 ) -> Result<JobSummary, TrainError> {
-    crate::torch_guard::guarded(|| run_job_unguarded(job, run_dir, rank, on_row))
+    crate::error::torch_guard::guarded(|| run_job_unguarded(job, run_dir, rank, on_row))
 }
 
 fn run_job_unguarded(
@@ -184,7 +185,7 @@ fn run_job_unguarded(
     let wall = Instant::now();
     crate::host_memory::reset_peak_rss();
     // A stop signal during start-up is honoured at the first step.
-    super::preempt::install()?;
+    crate::preempt::install()?;
     let t = &job.trainer;
     if let Some(n) = std::env::var("OMP_NUM_THREADS")
         .ok()
@@ -201,13 +202,13 @@ fn run_job_unguarded(
             let (model, weights) = HfWeights::open(dir)?;
             (model, Some(weights))
         }
-        None => (Llama::new(&job.model)?, None),
+        None => (CausalLm::new(&job.model)?, None),
     };
     // Sequences beyond a sliding window would train full attention the model does not have.
     base.check_window("data.seq_len", job.data.seq_len())?;
     let lora = job.peft.lora();
     let model = match lora {
-        Some(l) => Llama::with_lora(base.config(), Some(l))?,
+        Some(l) => CausalLm::with_lora(base.config(), Some(l))?,
         None => base,
     };
     let seeded = Seeded::new(&model, t.seed as u64);
@@ -224,7 +225,7 @@ fn run_job_unguarded(
     let overlay = lora.map(|_| Overlay {
         names: match &adapter {
             Some(a) => a.names().clone(),
-            None => lora::factor_names(&model),
+            None => peft::factor_names(&model),
         },
         over: match &adapter {
             Some(a) => a,
@@ -390,11 +391,11 @@ fn run_job_unguarded(
     trainer.host_peaks_mut().begin();
     let final_dir = run_dir.join(flotilla_contract::layout::FINAL_DIR);
     match lora {
-        Some(l) => lora::save_adapter(
+        Some(l) => save_adapter(
             &trainer,
             &final_dir,
             l,
-            lora::base_path(job.model.init_from.as_deref()).as_deref(),
+            peft::base_path(job.model.init_from.as_deref()).as_deref(),
             data.tokenizer.as_ref(),
         )?,
         None => save_final(&trainer, &final_dir, data.tokenizer.as_ref())?,
@@ -473,7 +474,7 @@ pub fn train_in_run_dir(
     let t = &job.trainer;
     let mut progress = rank
         .is_master()
-        .then(|| super::Progress::new(t.max_steps, t.log_every));
+        .then(|| crate::progress::Progress::new(t.max_steps, t.log_every));
     let mut log = |r: &MetricsRow| {
         if let Some(p) = progress.as_mut() {
             p.on_row(r);

@@ -4,8 +4,8 @@
 //! launcher requeues, the same command resumes), 1 ([`flotilla_contract::exit::FAILURE`]) for
 //! everything else, a libtorch failure (out of memory included) among them.
 
+use crate::error::TrainError;
 use crate::preempt::PreemptError;
-use crate::TrainError;
 use flotilla_config::ConfigError;
 use flotilla_contract::exit;
 

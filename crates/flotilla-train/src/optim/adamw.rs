@@ -8,7 +8,7 @@ use std::path::Path;
 use indexmap::IndexMap;
 use tch::{Kind, Tensor};
 
-use super::TrainError;
+use crate::error::TrainError;
 use crate::model::Params;
 
 /// Hyper-parameters of AdamW other than the learning rate (which the schedule gives per step).
@@ -22,7 +22,7 @@ pub struct AdamWConfig {
 
 /// The per-step scalars of an AdamW update (step count `t` after increment).
 #[derive(Clone, Copy, Debug)]
-pub(super) struct StepScalars {
+pub(crate) struct StepScalars {
     lr: f64,
     weight_decay: f64,
     beta1: f64,
@@ -36,7 +36,7 @@ pub(super) struct StepScalars {
 
 impl AdamWConfig {
     /// The scalars of step `t` (1-based, after increment) at learning rate `lr`.
-    pub(super) fn scalars(&self, t: u64, lr: f64) -> StepScalars {
+    pub(crate) fn scalars(&self, t: u64, lr: f64) -> StepScalars {
         let [beta1, beta2] = self.betas;
         let t = t as f64;
         StepScalars {
@@ -53,7 +53,7 @@ impl AdamWConfig {
 }
 
 /// Which elements of a tensor get decoupled weight decay.
-pub(super) enum Decay<'a> {
+pub(crate) enum Decay<'a> {
     None,
     All,
     /// Elements where the boolean mask is set (a flat FSDP shard mixing parameters).
@@ -63,7 +63,7 @@ pub(super) enum Decay<'a> {
 /// One AdamW update of `p` (in place, under the caller's `no_grad`) with gradient `g` and
 /// moments `m`, `v`: `p *= 1 − lr·wd` where decay applies; `m = lerp(m, g, 1−β1)`;
 /// `v = β2·v + (1−β2)·g²`; `p −= lr/(1−β1^t) · m / (sqrt(v)/sqrt(1−β2^t) + eps)`.
-pub(super) fn adamw_update(
+pub(crate) fn adamw_update(
     p: &mut Tensor,
     g: &Tensor,
     m: &mut Tensor,
@@ -239,12 +239,12 @@ impl AdamW {
 
     /// Writes the state to a safetensors file.
     pub fn save(&self, path: &Path) -> Result<(), TrainError> {
-        super::write_safetensors(path, &self.state_tensors())
+        crate::state::whole_file::write_safetensors(path, &self.state_tensors())
     }
 
     /// Reads a state written by [`AdamW::save`].
     pub fn load(&mut self, path: &Path) -> Result<(), TrainError> {
-        self.load_state_tensors(super::read_safetensors(path)?)
+        self.load_state_tensors(crate::state::whole_file::read_safetensors(path)?)
     }
 }
 
@@ -270,7 +270,7 @@ pub fn clip_grad_norm(grads: &Params, max_norm: f64) -> Result<f64, TrainError> 
 /// Clips gradients whose global norm is `total` (a scalar tensor) to `max_norm` in place: each
 /// is scaled by `min(1, max_norm / (total + 1e-6))`, as `clip_grad_norm_`. Nothing when
 /// `max_norm <= 0`.
-pub(super) fn scale_to_max_norm<'a>(
+pub(crate) fn scale_to_max_norm<'a>(
     total: &Tensor,
     max_norm: f64,
     grads: impl Iterator<Item = &'a Tensor>,

@@ -22,7 +22,7 @@
 //!
 //! Each group gathers into one buffer of its own for the whole run. The autograd graph of a
 //! unit keeps views of that buffer (the weights saved for the matmul gradients), so freeing
-//! means releasing the buffer's storage in place ([`super::storage_shim`]), and "gather again
+//! means releasing the buffer's storage in place ([`crate::parallel::storage_shim`]), and "gather again
 //! before backward" means re-allocating it and gathering into it before the unit's backward
 //! ([`Strategy::before_backward`]); with activation checkpointing the unit is recomputed
 //! from a fresh gather instead.
@@ -43,22 +43,24 @@ use std::sync::Arc;
 
 use tch::{Device, Kind, Tensor};
 
-use super::engine::{forward_by_unit, Engine, Strategy};
-use super::loss_scale::unscale;
-use super::optim::{adamw_update, scale_to_max_norm, AdamWConfig, Decay};
-use super::param_source::TensorSource;
-use super::weights::{
+use crate::data::StepBatches;
+use crate::error::TrainError;
+use crate::model::{CausalLm, Params, TokenInput};
+use crate::optim::adamw::{adamw_update, scale_to_max_norm, AdamWConfig, Decay};
+use crate::optim::loss_scale::unscale;
+use crate::parallel::engine::{forward_by_unit, Engine, Strategy};
+use crate::parallel::tensor_comm::TensorCollectives;
+use crate::parallel::weights::{
     nbytes, FullStateVisitor, HeldTensors, MemoryReport, OptimizerSource, ParallelWeights,
     ShardState, StatePart, TransientPeaks,
 };
-use super::TrainError;
-use crate::data::StepBatches;
-use crate::model::{Llama, Params, TokenInput};
-use crate::tensor_comm::TensorCollectives;
+use crate::state::param_source::TensorSource;
 use flotilla_comm::comm::{Communicator, CommunicatorExt, ReduceOp, Work};
 use flotilla_config::schema::{AutoWrapPolicy, ShardingStrategy};
 
-pub use super::fsdp_layout::{flatten, layouts, unflatten, wrap_units, FlatEntry, GroupLayout};
+pub use crate::parallel::layout::{
+    flatten, layouts, unflatten, wrap_units, FlatEntry, GroupLayout,
+};
 
 /// FSDP settings (from `trainer.dist` and `trainer.precision`).
 #[derive(Clone, Debug)]
@@ -205,7 +207,7 @@ impl Fsdp {
     /// (`sync_module_states`) rank 0 reads each group whole and broadcasts it instead, one
     /// group at a time.
     pub fn new(
-        model: &Llama,
+        model: &CausalLm,
         source: &dyn TensorSource,
         sync_from_rank0: bool,
         options: FsdpOptions,
@@ -381,7 +383,7 @@ impl Fsdp {
             Some(comm) => {
                 let out = match &group.buffer {
                     Some(b) => {
-                        super::storage_shim::realloc(b)?;
+                        crate::parallel::storage_shim::realloc(b)?;
                         b.shallow_clone()
                     }
                     None => Tensor::f_empty(
@@ -409,7 +411,7 @@ impl Fsdp {
         self.groups
             .iter()
             .map(|g| match (&g.buffer, &g.gathered) {
-                (Some(b), _) => super::storage_shim::held_bytes(b),
+                (Some(b), _) => crate::parallel::storage_shim::held_bytes(b),
                 (None, Some(Gathered::Ready(t))) => nbytes(t),
                 _ => 0,
             })
@@ -449,7 +451,7 @@ impl Fsdp {
         let group = &mut self.groups[g];
         if group.gathered.take().is_some() {
             if let Some(b) = &group.buffer {
-                super::storage_shim::free(b)?;
+                crate::parallel::storage_shim::free(b)?;
             }
         }
         Ok(())
@@ -570,7 +572,7 @@ impl Strategy for Fsdp {
         self.backward = true;
     }
 
-    fn params_for(&mut self, model: &Llama, unit: usize) -> Result<Vec<Tensor>, TrainError> {
+    fn params_for(&mut self, model: &CausalLm, unit: usize) -> Result<Vec<Tensor>, TrainError> {
         let flats = self.materialize(unit)?;
         let mut named = Params::new();
         for (g, flat) in &flats {
@@ -579,7 +581,7 @@ impl Strategy for Fsdp {
         Ok(model.unit_params(unit, &named)?)
     }
 
-    fn before_backward(&mut self, _model: &Llama, unit: usize) -> Result<(), TrainError> {
+    fn before_backward(&mut self, _model: &CausalLm, unit: usize) -> Result<(), TrainError> {
         self.materialize(unit).map(drop)
     }
 
@@ -813,7 +815,7 @@ impl ParallelWeights for Fsdp {
         })
     }
 
-    /// One AdamW step over the local shards (the formulas of [`super::optim::AdamW::step`],
+    /// One AdamW step over the local shards (the formulas of [`crate::optim::AdamW::step`],
     /// element-wise, weight decay where the element belongs to a 2+-dimensional parameter).
     fn optimizer_step(&mut self, lr: f64) -> Result<(), TrainError> {
         self.opt_step += 1;
@@ -978,7 +980,7 @@ impl ParallelWeights for Fsdp {
     /// evaluate) when a unit first reads it and dropped when no later unit of the walk does.
     fn forward_eval(
         &mut self,
-        model: &Llama,
+        model: &CausalLm,
         inputs: &[TokenInput],
         on_logits: &mut dyn FnMut(usize, Tensor) -> Result<(), TrainError>,
     ) -> Result<(), TrainError> {

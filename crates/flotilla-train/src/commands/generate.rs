@@ -4,7 +4,7 @@
 //! FSDP-sharded, whose tokenizer is found in the run directory around it), an optional PEFT
 //! LoRA adapter over it, the prompt's token ids (`--prompt` as transformers' `tokenizer(text)`
 //! encodes it, with the tokenizer's post-processor; `--messages` rendered with the chat
-//! template), the decoding loop (the prompt run once through [`Llama::forward_cached`], then
+//! template), the decoding loop (the prompt run once through [`CausalLm::forward_cached`], then
 //! one token per step against the key/value cache), greedy decoding or seeded sampling in
 //! transformers' order (temperature, top-k, top-p), the stop at the end-of-sequence ids
 //! transformers' `generate` stops at, and the text and JSON outputs with their timings.
@@ -21,9 +21,11 @@ use crate::checkpoint::CheckpointFiles;
 use crate::data::rng::SplitMix64;
 use crate::data::tokenizer::Tokenizer;
 use crate::data::{ChatTemplate, DataError};
-use crate::model::{HfWeights, KvCache, Llama, ModelError, Params};
-use crate::param_source::{materialize, Overlay, TensorSource};
-use crate::{lora, TrainError};
+use crate::error::TrainError;
+use crate::model::{CausalLm, KvCache, ModelError, Params};
+use crate::state::hf_weights::HfWeights;
+use crate::state::param_source::{materialize, Overlay, TensorSource};
+use crate::state::peft;
 
 /// Tokens generated when `--max-new-tokens` is not given.
 pub const DEFAULT_MAX_NEW_TOKENS: usize = 256;
@@ -220,7 +222,7 @@ fn usage(message: impl Into<String>) -> GenerateError {
 /// A model ready to generate: its architecture, weights, tokenizer, the directory of the
 /// tokenizer's files (for the chat template) and the ids that end generation.
 pub struct Generator {
-    pub model: Llama,
+    pub model: CausalLm,
     pub params: Params,
     pub tokenizer: Tokenizer,
     pub tokenizer_dir: Option<PathBuf>,
@@ -505,7 +507,7 @@ impl Generator {
                 let config = crate::model::read_model_config(dir)
                     .map_err(|e| GenerateError::model(&loading)(e.into()))?;
                 let base =
-                    Llama::new(&config).map_err(|e| GenerateError::model(&loading)(e.into()))?;
+                    CausalLm::new(&config).map_err(|e| GenerateError::model(&loading)(e.into()))?;
                 let files = CheckpointFiles::open(dir, &base).map_err(|e| match e {
                     TrainError::Model(ModelError::MissingTensor { name, .. }) => usage(format!(
                         "{}: the checkpoint has no `{name}`: a LoRA run's checkpoints hold only \
@@ -547,19 +549,20 @@ fn with_adapter(
     adapter: Option<&Path>,
     kind: Kind,
     device: Device,
-) -> Result<(Llama, Params), GenerateError> {
+) -> Result<(CausalLm, Params), GenerateError> {
     let Some(dir) = adapter else {
-        let model = Llama::new(config).map_err(|e| GenerateError::model("the model")(e.into()))?;
+        let model =
+            CausalLm::new(config).map_err(|e| GenerateError::model("the model")(e.into()))?;
         let params = materialize(&model, source, kind, kind, device)
             .map_err(GenerateError::model("reading the weights"))?;
         return Ok((model, params));
     };
     let context = format!("applying the adapter {}", dir.display());
-    let lora = lora::adapter_settings(dir).map_err(GenerateError::model(&context))?;
-    let model = Llama::with_lora(config, Some(&lora))
+    let lora = peft::adapter_settings(dir).map_err(GenerateError::model(&context))?;
+    let model = CausalLm::with_lora(config, Some(&lora))
         .map_err(|e| GenerateError::model(&context)(e.into()))?;
     let peft =
-        lora::PeftAdapter::open(dir, &model, &lora).map_err(GenerateError::model(&context))?;
+        peft::PeftAdapter::open(dir, &model, &lora).map_err(GenerateError::model(&context))?;
     let overlay = Overlay {
         names: peft.names().clone(),
         over: &peft,
@@ -784,7 +787,7 @@ impl Generator {
         let mut cache = KvCache::new(&self.model, prompt.len() + budget);
         let _guard = tch::no_grad_guard();
         let step = |ids: &[i64], cache: &mut KvCache, decoding: &mut Decoding, phase: &str| {
-            crate::torch_guard::guarded(|| {
+            crate::error::torch_guard::guarded(|| {
                 let x = Tensor::f_from_slice(ids)?
                     .f_reshape([1, ids.len() as i64])?
                     .f_to_device(self.device)?;

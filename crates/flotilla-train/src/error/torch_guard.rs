@@ -7,7 +7,7 @@
 //! default panic report for everything outside [`guarded`], so a bug elsewhere still prints
 //! its location.
 
-use crate::TrainError;
+use crate::error::TrainError;
 use std::cell::Cell;
 use std::panic::{self, AssertUnwindSafe};
 thread_local! {

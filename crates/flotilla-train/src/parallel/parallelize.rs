@@ -9,14 +9,14 @@ use std::sync::Arc;
 
 use tch::{Device, Kind};
 
-use super::engine::EngineOptions;
-use super::fsdp::{process_groups, Fsdp, FsdpOptions};
-use super::optim::AdamWConfig;
-use super::param_source::{materialize, TensorSource};
-use super::replicated::{broadcast_params, GradReducer, Replicated};
-use super::weights::ParallelWeights;
-use super::TrainError;
-use crate::model::Llama;
+use crate::error::TrainError;
+use crate::model::CausalLm;
+use crate::optim::AdamWConfig;
+use crate::parallel::engine::EngineOptions;
+use crate::parallel::fsdp::{process_groups, Fsdp, FsdpOptions};
+use crate::parallel::replicated::{broadcast_params, GradReducer, Replicated};
+use crate::parallel::weights::ParallelWeights;
+use crate::state::param_source::{materialize, TensorSource};
 use flotilla_comm::comm::Communicator;
 use flotilla_config::schema::{DistConfig, Dtype, Precision, StateDictType, TrainerConfig};
 
@@ -60,7 +60,7 @@ fn dtype_kind(d: Dtype) -> Kind {
 /// shards. Collective when `dist` is given (the start-up broadcast, FSDP's HYBRID_SHARD
 /// groups).
 pub fn parallelize(
-    model: &Llama,
+    model: &CausalLm,
     source: &dyn TensorSource,
     config: &TrainerConfig,
     device: Device,

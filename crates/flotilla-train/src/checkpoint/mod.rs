@@ -12,24 +12,31 @@
 //!
 //! A checkpoint is written into a hidden temporary directory and renamed into place, and
 //! `trainer_state.json` is written last, so a crash never leaves a directory that [`latest`]
-//! would pick. This file owns the layout, saving, rotation and restoring.
+//! would pick. This file owns the layout, saving, rotation and restoring; the files of a
+//! checkpoint are read through [`files`], streamed out through [`state_file`], and a job's
+//! `final/` is [`final_dir`]'s.
+
+pub mod files;
+pub mod final_dir;
+pub mod state_file;
+
+pub use files::{shard_file, CheckpointFiles, ShardedMeta, CONFIG_FILE, SHARDED_META_FILE};
+pub use final_dir::{save_adapter, save_final};
+pub use state_file::{write_state_file, StateFile};
 
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 use tch::Tensor;
 
-use super::fsdp_layout::GroupLayout;
-use super::loss_scale::LossScaler;
-use super::param_source::{open_shards, FileSource, ShardedSource, TensorSource};
-use super::safetensors_io::{SafetensorsFile, SafetensorsWriter};
-use super::trainer::Trainer;
-use super::weights::{OptimizerSource, ParallelWeights, StatePart};
-use super::{write_safetensors, TrainError};
 use crate::data::SamplerState;
-use crate::model::hf::HfLlamaConfig;
-use crate::model::Llama;
-use crate::tensor_comm::TensorCollectives;
+use crate::error::TrainError;
+use crate::model::hf_config::HfLlamaConfig;
+use crate::optim::loss_scale::LossScaler;
+use crate::parallel::tensor_comm::TensorCollectives;
+use crate::state::whole_file::write_safetensors;
+use crate::trainer::Trainer;
+use files::SHARDED_FORMAT;
 use flotilla_comm::comm::ReduceOp;
 use flotilla_config::schema::LrSchedule;
 
@@ -293,286 +300,11 @@ fn write_and_commit(
     Ok(target)
 }
 
-/// The files of a full checkpoint's state.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum StateFile {
-    /// `model.safetensors`: the parameters, in this dtype (`None`: the master dtype).
-    Model(Option<tch::Kind>),
-    /// `optimizer.safetensors`: `step`, then every first moment, then every second.
-    Optimizer,
-    /// A LoRA job's `adapter_model.safetensors`: the trained parameters in fp32 under PEFT's
-    /// names (`base_model.model.` before the Hugging Face name).
-    Adapter,
-}
-
-/// Streams one file of a full checkpoint (or `final/`) from `weights` to `path`. Collective; only `is_root` writes. A
-/// write error on the root does not stop it taking part in the gathers (the other ranks would
-/// wait for it); it is returned once they are done, and the unfinished file is removed.
-pub fn write_state_file(
-    weights: &dyn ParallelWeights,
-    path: &Path,
-    file: StateFile,
-    is_root: bool,
-) -> Result<(), TrainError> {
-    let (parts, kind): (&[StatePart], _) = match file {
-        StateFile::Model(kind) => (&[StatePart::Params], kind),
-        StateFile::Adapter => (&[StatePart::Params], Some(tch::Kind::Float)),
-        StateFile::Optimizer => (&[StatePart::ExpAvg, StatePart::ExpAvgSq], None),
-    };
-    let prefix = match file {
-        StateFile::Adapter => crate::lora::PEFT_PREFIX,
-        _ => "",
-    };
-    let optimizer = file == StateFile::Optimizer;
-    let mut failure: Option<TrainError> = None;
-    let mut writer = None;
-    if is_root {
-        let mut order = vec![];
-        if optimizer {
-            order.push(("step".to_string(), tch::Kind::Int64, vec![]));
-        }
-        for &part in parts {
-            for (name, shape, k) in weights.full_layout(part) {
-                order.push((
-                    format!("{prefix}{name}{}", part.suffix()),
-                    kind.unwrap_or(k),
-                    shape,
-                ));
-            }
-        }
-        match SafetensorsWriter::create(path, order) {
-            Ok(mut w) => {
-                if optimizer {
-                    let step = Tensor::from(weights.optimizer_steps() as i64);
-                    if let Err(e) = w.write("step", &step) {
-                        failure = Some(e.into());
-                    }
-                }
-                writer = Some(w);
-            }
-            Err(e) => failure = Some(e.into()),
-        }
-    }
-    for &part in parts {
-        let mut visit = |name: &str, t: &Tensor| -> Result<(), TrainError> {
-            if let (None, Some(w)) = (&failure, writer.as_mut()) {
-                if let Err(e) = w.write(&format!("{prefix}{name}{}", part.suffix()), t) {
-                    failure = Some(e.into());
-                }
-            }
-            Ok(())
-        };
-        weights.visit_full(part, is_root.then_some(&mut visit as _))?;
-    }
-    if let Some(e) = failure {
-        return Err(e);
-    }
-    if let Some(w) = writer {
-        w.finish()?;
-    }
-    Ok(())
-}
-
-/// Writes the trained model as a Hugging Face directory `dir` (fp32 `model.safetensors`,
-/// `config.json`, and the tokenizer when there is one), gathered to rank 0 a group at a time.
-/// Collective; a failure on any rank fails it on every rank.
-pub fn save_final(
-    trainer: &Trainer,
-    dir: &Path,
-    tokenizer: Option<&crate::data::Tokenizer>,
-) -> Result<(), TrainError> {
-    let root = trainer.rank_world().0 == 0;
-    on_all_ranks(trainer, "set-up of final/", || {
-        if root {
-            std::fs::create_dir_all(dir).map_err(io(dir))?;
-        }
-        Ok(())
-    })?;
-    on_all_ranks(trainer, "write of final/", || {
-        let weights = dir.join(crate::model::hf::WEIGHTS_FILE);
-        let file = StateFile::Model(Some(tch::Kind::Float));
-        write_state_file(trainer.weights(), &weights, file, root)?;
-        if root {
-            crate::model::finish_hf_dir(dir, &trainer.model, tch::Kind::Float)?;
-            if let Some(tok) = tokenizer {
-                tok.save_into(dir)?;
-            }
-        }
-        Ok(())
-    })
-}
-
-/// The shard file of shard-group rank `r`.
-pub fn shard_file(r: usize) -> String {
-    format!("shard_{r:05}.safetensors")
-}
-
-/// Layout file of a sharded checkpoint.
-pub const SHARDED_META_FILE: &str = "sharded_meta.json";
-/// The model's Hugging Face `config.json`, in every checkpoint.
-pub const CONFIG_FILE: &str = "config.json";
-const SHARDED_FORMAT: &str = "flotilla-fsdp-sharded-v1";
-
-/// The contents of `sharded_meta.json`: how the flat groups were laid out and sharded.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct ShardedMeta {
-    pub format: String,
-    /// Ranks in the shard group that wrote `shard_<r>.safetensors`.
-    pub shard_world: usize,
-    pub optimizer_step: u64,
-    pub groups: Vec<GroupLayout>,
-}
-
-/// The tensor files of a checkpoint directory, full or sharded, opened by their headers only:
-/// sources of its parameters and AdamW moments by ranges.
-// One value per resume: the variants' sizes do not matter.
-#[allow(clippy::large_enum_variant)]
-pub enum CheckpointFiles {
-    Full {
-        model: FileSource,
-        exp_avg: FileSource,
-        exp_avg_sq: FileSource,
-        step: u64,
-    },
-    Sharded {
-        files: Vec<SafetensorsFile>,
-        meta: ShardedMeta,
-    },
-}
-
-impl CheckpointFiles {
-    /// Opens the checkpoint in `dir` and checks that it holds every parameter of `model` with
-    /// its shape.
-    pub fn open(dir: &Path, model: &Llama) -> Result<Self, TrainError> {
-        let meta_path = dir.join(SHARDED_META_FILE);
-        if !meta_path.is_file() {
-            let files = FileSource::open(&[dir.join(MODEL_FILE)], "")?;
-            files.check_all(model)?;
-            let optimizer = SafetensorsFile::open(dir.join(OPTIMIZER_FILE))?;
-            let step = optimizer.read("step")?.f_int64_value(&[])? as u64;
-            let path = [optimizer.path().to_path_buf()];
-            return Ok(CheckpointFiles::Full {
-                model: files,
-                exp_avg: FileSource::open(&path, ".exp_avg")?,
-                exp_avg_sq: FileSource::open(&path, ".exp_avg_sq")?,
-                step,
-            });
-        }
-        let text = std::fs::read_to_string(&meta_path).map_err(io(&meta_path))?;
-        let meta: ShardedMeta = serde_json::from_str(&text)
-            .map_err(|e| TrainError::BadState(format!("{}: {e}", meta_path.display())))?;
-        if meta.format != SHARDED_FORMAT {
-            return Err(TrainError::BadState(format!(
-                "{}: unknown format `{}`",
-                meta_path.display(),
-                meta.format
-            )));
-        }
-        // The trained parameters (all, but a LoRA job's frozen base, which comes from the base).
-        for spec in model.param_specs().iter().filter(|s| s.trainable) {
-            let entry = meta
-                .groups
-                .iter()
-                .flat_map(|g| g.entries.iter())
-                .find(|e| e.name == spec.name);
-            match entry {
-                Some(e) if e.shape == spec.shape => {}
-                Some(e) => {
-                    return Err(crate::model::ModelError::ShapeMismatch {
-                        name: spec.name.clone(),
-                        expected: spec.shape.clone(),
-                        found: e.shape.clone(),
-                        file: Some(meta_path.clone()),
-                    }
-                    .into())
-                }
-                None => {
-                    return Err(crate::model::ModelError::MissingTensor {
-                        name: spec.name.clone(),
-                        files: meta_path.display().to_string(),
-                    }
-                    .into())
-                }
-            }
-        }
-        let files = open_shards(dir, meta.shard_world)?;
-        for (g, layout) in meta.groups.iter().enumerate() {
-            for f in &files {
-                for what in ["param", "exp_avg", "exp_avg_sq"] {
-                    let key = format!("group{g}.{what}");
-                    let numel = f.info(&key).map(|i| i.numel);
-                    if numel != Some(layout.shard_len) {
-                        return Err(TrainError::BadState(format!(
-                            "{}: `{key}` should hold {} elements (its layout in {SHARDED_META_FILE}), \
-                             found {numel:?}",
-                            f.path().display(),
-                            layout.shard_len
-                        )));
-                    }
-                }
-            }
-        }
-        Ok(CheckpointFiles::Sharded { files, meta })
-    }
-
-    /// Runs `f` with sources of the parameters and, when `with_optimizer`, of the AdamW
-    /// state.
-    pub fn with_sources<T>(
-        &self,
-        model: &Llama,
-        f: impl FnOnce(&dyn TensorSource, Option<OptimizerSource<'_>>) -> Result<T, TrainError>,
-    ) -> Result<T, TrainError> {
-        match self {
-            CheckpointFiles::Full {
-                model: params,
-                exp_avg,
-                exp_avg_sq,
-                step,
-            } => {
-                let with_moments = model
-                    .param_specs()
-                    .iter()
-                    .filter(|s| exp_avg.find(&format!("{}.exp_avg", s.name)).is_some())
-                    .map(|s| s.name.clone())
-                    .collect();
-                f(
-                    params,
-                    Some(OptimizerSource {
-                        exp_avg,
-                        exp_avg_sq,
-                        step: *step,
-                        with_moments,
-                    }),
-                )
-            }
-            CheckpointFiles::Sharded { files, meta } => {
-                let params = ShardedSource::new(files, &meta.groups, "param");
-                let exp_avg = ShardedSource::new(files, &meta.groups, "exp_avg");
-                let exp_avg_sq = ShardedSource::new(files, &meta.groups, "exp_avg_sq");
-                f(
-                    &params,
-                    Some(OptimizerSource {
-                        exp_avg: &exp_avg,
-                        exp_avg_sq: &exp_avg_sq,
-                        step: meta.optimizer_step,
-                        with_moments: model
-                            .param_specs()
-                            .iter()
-                            .filter(|s| s.trainable)
-                            .map(|s| s.name.clone())
-                            .collect(),
-                    }),
-                )
-            }
-        }
-    }
-}
-
 /// Writes a checkpoint's model (full or sharded) as a Hugging Face directory, a parameter at
 /// a time, in the checkpoint's dtype.
 pub fn consolidate(checkpoint: &Path, out: &Path) -> Result<(), TrainError> {
-    let config = crate::model::hf::read_model_config(checkpoint)?;
-    let model = crate::model::Llama::new(&config)?;
+    let config = crate::model::read_model_config(checkpoint)?;
+    let model = crate::model::CausalLm::new(&config)?;
     let files = CheckpointFiles::open(checkpoint, &model)?;
     let kind = match &files {
         CheckpointFiles::Full { model: m, .. } => {
@@ -589,7 +321,7 @@ pub fn consolidate(checkpoint: &Path, out: &Path) -> Result<(), TrainError> {
             .map_or(tch::Kind::Float, |i| i.kind),
     };
     files.with_sources(&model, |params, _| {
-        crate::model::save_hf_from(out, &model, params, kind)?;
+        crate::state::hf_weights::save_hf_from(out, &model, params, kind)?;
         Ok(())
     })
 }

@@ -9,14 +9,13 @@
 //! take every parameter whole ([`materialize`]).
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use tch::{Device, Kind, Tensor};
 
-use super::fsdp_layout::GroupLayout;
-use super::safetensors_io::{SafetensorsError, SafetensorsFile};
-use super::TrainError;
-use crate::model::{is_float_kind, Init, Llama, ModelError, Params};
+use crate::error::TrainError;
+use crate::model::{is_float_kind, CausalLm, Init, ModelError, Params};
+use crate::safetensors_io::{SafetensorsError, SafetensorsFile};
 
 /// Elements of flattened tensors, by parameter name.
 pub trait TensorSource {
@@ -26,7 +25,7 @@ pub trait TensorSource {
 
     /// Checks, before anything is read, that the source has every parameter of `model` with
     /// its shape (errors name the culprit). Default: nothing to check.
-    fn check(&self, _model: &Llama) -> Result<(), TrainError> {
+    fn check(&self, _model: &CausalLm) -> Result<(), TrainError> {
         Ok(())
     }
 }
@@ -38,7 +37,7 @@ pub struct Seeded {
 }
 
 impl Seeded {
-    pub fn new(model: &Llama, seed: u64) -> Self {
+    pub fn new(model: &CausalLm, seed: u64) -> Self {
         Self {
             init: model
                 .param_specs()
@@ -69,7 +68,7 @@ impl TensorSource for Seeded {
 }
 
 impl TensorSource for Params {
-    fn check(&self, model: &Llama) -> Result<(), TrainError> {
+    fn check(&self, model: &CausalLm) -> Result<(), TrainError> {
         Ok(model.check_params(self)?)
     }
 
@@ -146,7 +145,7 @@ impl FileSource {
     /// Checks that every trainable parameter of `model` (every parameter, but for a LoRA
     /// job's frozen base) is there, under this source's key, with its shape and a floating
     /// dtype.
-    pub fn check_all(&self, model: &Llama) -> Result<(), ModelError> {
+    pub fn check_all(&self, model: &CausalLm) -> Result<(), ModelError> {
         self.check_specs(model.param_specs().iter().filter(|s| s.trainable))
     }
 
@@ -190,7 +189,7 @@ impl FileSource {
 }
 
 impl TensorSource for FileSource {
-    fn check(&self, model: &Llama) -> Result<(), TrainError> {
+    fn check(&self, model: &CausalLm) -> Result<(), TrainError> {
         Ok(self.check_all(model)?)
     }
 
@@ -200,65 +199,6 @@ impl TensorSource for FileSource {
             .find(&key)
             .ok_or_else(|| ModelError::MissingParam { name: key.clone() })?;
         Ok(file.read_range(&key, lo, hi)?)
-    }
-}
-
-/// One of a sharded checkpoint's flat tensors: `group{g}.{what}` in every shard file.
-pub struct ShardedSource<'a> {
-    files: &'a [SafetensorsFile],
-    /// Parameter name → (group, offset in the group's flat tensor).
-    place: HashMap<String, (usize, i64)>,
-    /// Elements per shard of each group.
-    shard_len: Vec<i64>,
-    what: &'static str,
-}
-
-impl<'a> ShardedSource<'a> {
-    /// `what` (`param`, `exp_avg` or `exp_avg_sq`) of the checkpoint whose shard files (in
-    /// shard-rank order) and group layouts are given.
-    pub fn new(files: &'a [SafetensorsFile], groups: &[GroupLayout], what: &'static str) -> Self {
-        let mut place = HashMap::new();
-        for (g, layout) in groups.iter().enumerate() {
-            for e in &layout.entries {
-                place.insert(e.name.clone(), (g, e.offset));
-            }
-        }
-        Self {
-            files,
-            place,
-            shard_len: groups.iter().map(|l| l.shard_len).collect(),
-            what,
-        }
-    }
-}
-
-impl TensorSource for ShardedSource<'_> {
-    fn read_range(&self, name: &str, lo: i64, hi: i64) -> Result<Tensor, TrainError> {
-        let &(g, offset) = self
-            .place
-            .get(name)
-            .ok_or_else(|| ModelError::MissingParam { name: name.into() })?;
-        let k = self.shard_len[g];
-        let key = format!("group{g}.{}", self.what);
-        let (a, b) = (offset + lo, offset + hi);
-        let mut parts = vec![];
-        let mut at = a;
-        while at < b {
-            let r = (at / k) as usize;
-            let end = b.min((r as i64 + 1) * k);
-            let file = self.files.get(r).ok_or_else(|| {
-                TrainError::BadState(format!(
-                    "sharded checkpoint: `{name}` needs shard {r}, which it does not have"
-                ))
-            })?;
-            parts.push(file.read_range(&key, at - r as i64 * k, end - r as i64 * k)?);
-            at = end;
-        }
-        Ok(match parts.len() {
-            0 => Tensor::f_empty([0], (Kind::Float, Device::Cpu))?,
-            1 => parts.pop().expect("one part"),
-            _ => Tensor::f_cat(&parts, 0)?,
-        })
     }
 }
 
@@ -283,7 +223,7 @@ impl TensorSource for Overlay<'_> {
 /// Every parameter of `model` whole, from `source`, on `device` (one parameter on the host at
 /// a time): trainable ones in `kind`, a LoRA job's frozen base in `frozen_kind`.
 pub fn materialize(
-    model: &Llama,
+    model: &CausalLm,
     source: &dyn TensorSource,
     kind: Kind,
     frozen_kind: Kind,
@@ -300,54 +240,4 @@ pub fn materialize(
         out.insert(s.name.clone(), t);
     }
     Ok(out)
-}
-
-impl GroupLayout {
-    /// Shard `rank` of this group's flat tensor, built from `source` (only the elements the
-    /// shard holds are read; padding is zero), in `kind` on `device`.
-    pub fn shard_from(
-        &self,
-        source: &dyn TensorSource,
-        rank: usize,
-        kind: Kind,
-        device: Device,
-    ) -> Result<Tensor, TrainError> {
-        let lo = rank as i64 * self.shard_len;
-        self.slice_from(source, lo, lo + self.shard_len, kind, device)
-    }
-
-    /// Elements `lo..hi` of this group's flat, padded tensor, built from `source` (only those
-    /// elements are read; padding is zero), in `kind` on `device`.
-    pub fn slice_from(
-        &self,
-        source: &dyn TensorSource,
-        lo: i64,
-        hi: i64,
-        kind: Kind,
-        device: Device,
-    ) -> Result<Tensor, TrainError> {
-        let _guard = tch::no_grad_guard();
-        let out = Tensor::f_zeros([hi - lo], (kind, device))?;
-        for e in &self.entries {
-            let a = e.offset.max(lo);
-            let b = (e.offset + e.numel).min(hi);
-            if a >= b {
-                continue;
-            }
-            let piece = source.read_range(&e.name, a - e.offset, b - e.offset)?;
-            out.f_narrow(0, a - lo, b - a)?.f_copy_(&piece)?;
-        }
-        Ok(out)
-    }
-}
-
-/// The shard files of a sharded checkpoint directory, opened (headers only).
-pub fn open_shards(dir: &Path, shard_world: usize) -> Result<Vec<SafetensorsFile>, TrainError> {
-    (0..shard_world)
-        .map(|r| {
-            Ok(SafetensorsFile::open(
-                dir.join(super::checkpoint::shard_file(r)),
-            )?)
-        })
-        .collect()
 }

@@ -7,9 +7,9 @@ use std::path::Path;
 
 use anyhow::Context;
 
+use crate::commands::task_error::TaskError;
 use crate::data::show::{marked_text, show, Marking};
 use crate::data::{self, DataOptions};
-use crate::task_error::TaskError;
 
 /// Output format of `data show`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -41,7 +41,7 @@ pub fn run(
     let init_from = job.model.init_from.as_deref().map(Path::new);
     let vocab = match init_from {
         Some(dir) => {
-            crate::model::hf::read_model_config(dir)
+            crate::model::read_model_config(dir)
                 .with_context(|| format!("reading model.init_from={}", dir.display()))?
                 .vocab_size
         }

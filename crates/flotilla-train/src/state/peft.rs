@@ -4,7 +4,7 @@
 //! with, on request, `final/merged/`, the base with `W + scale·B·A` folded in
 //! ([`MergedWeights`]); and merging an adapter directory into its base after the fact
 //! ([`merge_into_base`], `flotilla consolidate ADAPTER --base BASE`). The adapters themselves are parameters of the model
-//! (`model::llama`, `Llama::with_lora`); the trainer trains them like any other.
+//! (`model::llama`, `CausalLm::with_lora`); the trainer trains them like any other.
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
@@ -12,12 +12,11 @@ use std::path::{Path, PathBuf};
 use serde_json::{json, Value};
 use tch::{Kind, Tensor};
 
-use super::checkpoint::{write_state_file, StateFile};
-use super::param_source::{FileSource, TensorSource};
-use super::trainer::Trainer;
-use super::TrainError;
+use super::hf_weights::{save_hf_from, HfWeights};
+use crate::error::TrainError;
 use crate::model::names::{LoraFactor, ParamName};
-use crate::model::{save_hf_from, Llama, ModelError};
+use crate::model::{CausalLm, ModelError};
+use crate::state::param_source::{FileSource, TensorSource};
 use flotilla_config::schema::LoraConfig;
 
 /// PEFT's adapter settings file.
@@ -55,7 +54,7 @@ impl PeftAdapter {
     /// Opens `dir` (`adapter_config.json` and `adapter_model.safetensors`) for `model` (built
     /// with `lora`): the rank, the adapted layers and every tensor's name and shape must be
     /// the job's.
-    pub fn open(dir: &Path, model: &Llama, lora: &LoraConfig) -> Result<Self, TrainError> {
+    pub fn open(dir: &Path, model: &CausalLm, lora: &LoraConfig) -> Result<Self, TrainError> {
         let (config_path, config) = read_adapter_config(dir)?;
         if config["peft_type"] != "LORA" {
             return Err(bad_adapter(
@@ -126,7 +125,7 @@ impl TensorSource for PeftAdapter {
 }
 
 /// The LoRA factor parameters of `model`.
-pub fn factor_names(model: &Llama) -> HashSet<String> {
+pub fn factor_names(model: &CausalLm) -> HashSet<String> {
     model
         .param_specs()
         .iter()
@@ -144,7 +143,7 @@ fn is_factor(name: &str) -> bool {
 fn adapted_modules<'a>(names: impl Iterator<Item = &'a str>) -> Vec<&'static str> {
     let mut found: Vec<&'static str> = names
         .filter_map(|n| match ParamName::parse(n) {
-            Some(ParamName::Lora(_, w, _)) => super::model::llama::lora_module(w),
+            Some(ParamName::Lora(_, w, _)) => crate::model::llama::lora_module(w),
             _ => None,
         })
         .map(|m| m.as_str())
@@ -210,69 +209,18 @@ pub fn adapter_config(lora: &LoraConfig, base: Option<&str>) -> Value {
     })
 }
 
-/// Writes a LoRA job's `final/` as a PEFT adapter directory: the trained parameters (the
-/// factors and modules to save, fp32) under PEFT's names, `adapter_config.json`, and the
-/// tokenizer; with `lora.merge`, also `final/merged/`. Collective (the trained parameters are
-/// gathered to rank 0); a failure on any rank fails it on every rank.
-pub fn save_adapter(
-    trainer: &Trainer,
-    dir: &Path,
-    lora: &LoraConfig,
-    base: Option<&str>,
-    tokenizer: Option<&crate::data::Tokenizer>,
-) -> Result<(), TrainError> {
-    let root = trainer.rank_world().0 == 0;
-    super::checkpoint::on_all_ranks(trainer, "set-up of final/", || {
-        if root {
-            std::fs::create_dir_all(dir).map_err(io(dir))?;
-        }
-        Ok(())
-    })?;
-    super::checkpoint::on_all_ranks(trainer, "write of final/", || {
-        let weights = dir.join(ADAPTER_WEIGHTS);
-        write_state_file(trainer.weights(), &weights, StateFile::Adapter, root)?;
-        if root {
-            let path = dir.join(ADAPTER_CONFIG);
-            let mut text =
-                serde_json::to_string_pretty(&adapter_config(lora, base)).expect("serialises");
-            text.push('\n');
-            std::fs::write(&path, text).map_err(io(&path))?;
-            if let Some(tok) = tokenizer {
-                tok.save_into(dir)?;
-            }
-        }
-        Ok(())
-    })?;
-    if lora.merge {
-        super::checkpoint::on_all_ranks(trainer, "write of final/merged/", || {
-            let params = trainer.weights().full_params()?;
-            if root {
-                let merged_dir = dir.join(MERGED_DIR);
-                let base_model = Llama::new(trainer.model.config())?;
-                let merged = MergedWeights::new(&params, &trainer.model, lora);
-                save_hf_from(&merged_dir, &base_model, &merged, Kind::Float)?;
-                if let Some(tok) = tokenizer {
-                    tok.save_into(&merged_dir)?;
-                }
-            }
-            Ok(())
-        })?;
-    }
-    Ok(())
-}
-
 /// The base parameters with each adapted weight merged: `W + scale · B @ A` (in fp32), the
 /// rest as they are; read from a LoRA model's parameters (base and factors), one parameter at
 /// a time.
 pub struct MergedWeights<'a> {
     source: &'a dyn TensorSource,
-    model: &'a Llama,
+    model: &'a CausalLm,
     scale: f64,
 }
 
 impl<'a> MergedWeights<'a> {
     /// Over `source`, which gives the parameters of `model` (built with `lora`).
-    pub fn new(source: &'a dyn TensorSource, model: &'a Llama, lora: &LoraConfig) -> Self {
+    pub fn new(source: &'a dyn TensorSource, model: &'a CausalLm, lora: &LoraConfig) -> Self {
         Self {
             source,
             model,
@@ -354,10 +302,10 @@ pub fn adapter_settings(dir: &Path) -> Result<LoraConfig, TrainError> {
 /// `tokenizer.json` copied from the adapter or the base when there is one).
 pub fn merge_into_base(adapter: &Path, base: &Path, out: &Path) -> Result<(), TrainError> {
     let lora = adapter_settings(adapter)?;
-    let (base_model, hf) = crate::model::HfWeights::open(base)?;
-    let model = Llama::with_lora(base_model.config(), Some(&lora))?;
+    let (base_model, hf) = HfWeights::open(base)?;
+    let model = CausalLm::with_lora(base_model.config(), Some(&lora))?;
     let peft = PeftAdapter::open(adapter, &model, &lora)?;
-    let source = super::param_source::Overlay {
+    let source = crate::state::param_source::Overlay {
         names: peft.names().clone(),
         over: &peft,
         base: &hf,

@@ -7,7 +7,7 @@
 use serde::{Deserialize, Serialize};
 use tch::Tensor;
 
-use super::TrainError;
+use crate::error::TrainError;
 
 /// fp16 dynamic loss scaling (`torch.amp.GradScaler` defaults): the loss is multiplied by the
 /// scale before backward; a step whose unscaled gradients hold an inf/NaN is skipped and the

@@ -8,12 +8,12 @@
 
 use tch::{Kind, Tensor};
 
-use super::engine::Engine;
-use super::fsdp_layout::GroupLayout;
-use super::param_source::TensorSource;
-use super::TrainError;
 use crate::data::StepBatches;
-use crate::model::{Llama, Params, TokenInput};
+use crate::error::TrainError;
+use crate::model::{CausalLm, Params, TokenInput};
+use crate::parallel::engine::Engine;
+use crate::parallel::layout::GroupLayout;
+use crate::state::param_source::TensorSource;
 
 /// Bytes a rank holds for training state.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
@@ -196,7 +196,7 @@ pub trait ParallelWeights {
     /// calls it the same number of times, with any number of inputs, none included).
     fn forward_eval(
         &mut self,
-        model: &Llama,
+        model: &CausalLm,
         inputs: &[TokenInput],
         on_logits: &mut dyn FnMut(usize, Tensor) -> Result<(), TrainError>,
     ) -> Result<(), TrainError>;

@@ -10,7 +10,7 @@ use std::ffi::{c_int, c_void};
 
 use tch::Tensor;
 
-use super::TrainError;
+use crate::error::TrainError;
 
 extern "C" {
     fn flotilla_storage_free(tensor: *const c_void) -> c_int;

@@ -14,18 +14,18 @@ use std::sync::Arc;
 
 use tch::{Device, Kind, Tensor};
 
-use super::engine::{forward_by_unit, Engine, Strategy};
-use super::loss_scale::unscale;
-use super::optim::{clip_grad_norm, AdamW, AdamWConfig};
-use super::param_source::TensorSource;
-use super::weights::{
+use crate::data::StepBatches;
+use crate::error::TrainError;
+use crate::model::{CausalLm, Params, TokenInput};
+use crate::optim::loss_scale::unscale;
+use crate::optim::{clip_grad_norm, AdamW, AdamWConfig};
+use crate::parallel::engine::{forward_by_unit, Engine, Strategy};
+use crate::parallel::tensor_comm::TensorCollectives;
+use crate::parallel::weights::{
     nbytes, FullStateVisitor, HeldTensors, MemoryReport, OptimizerSource, ParallelWeights,
     StatePart,
 };
-use super::TrainError;
-use crate::data::StepBatches;
-use crate::model::{Llama, Params, TokenInput};
-use crate::tensor_comm::TensorCollectives;
+use crate::state::param_source::TensorSource;
 use flotilla_comm::comm::{Communicator, ReduceOp, Work};
 use flotilla_config::schema::DdpConfig;
 
@@ -49,7 +49,7 @@ pub struct Replicated {
 impl Replicated {
     /// Weights over `params`, of which `model`'s frozen ones are not trained.
     pub fn new(
-        model: &Llama,
+        model: &CausalLm,
         params: Params,
         config: AdamWConfig,
         compute_kind: Option<Kind>,
@@ -248,7 +248,7 @@ impl ParallelWeights for Replicated {
     /// dtype, as it trains.
     fn forward_eval(
         &mut self,
-        model: &Llama,
+        model: &CausalLm,
         inputs: &[TokenInput],
         on_logits: &mut dyn FnMut(usize, Tensor) -> Result<(), TrainError>,
     ) -> Result<(), TrainError> {
@@ -283,7 +283,7 @@ pub struct ReplicatedStrategy<'a> {
 }
 
 impl Strategy for ReplicatedStrategy<'_> {
-    fn params_for(&mut self, model: &Llama, unit: usize) -> Result<Vec<Tensor>, TrainError> {
+    fn params_for(&mut self, model: &CausalLm, unit: usize) -> Result<Vec<Tensor>, TrainError> {
         let params = model.unit_params(unit, self.params)?;
         match self.compute_kind {
             Some(kind) => Ok(params
@@ -364,7 +364,7 @@ impl GradReducer {
     pub fn new(
         comm: Arc<dyn Communicator>,
         ddp: &DdpConfig,
-        model: &Llama,
+        model: &CausalLm,
         params: &Params,
     ) -> Self {
         let device = params

@@ -9,8 +9,9 @@ use std::ops::Range;
 use serde::{Deserialize, Serialize};
 use tch::{Device, Kind, Tensor};
 
-use super::TrainError;
-use crate::model::{Llama, Params};
+use crate::error::TrainError;
+use crate::model::{CausalLm, Params};
+use crate::state::param_source::TensorSource;
 use flotilla_config::schema::AutoWrapPolicy;
 
 /// One parameter's place in a flat group.
@@ -45,7 +46,11 @@ fn trained() -> bool {
 
 /// Groups of engine units under an auto-wrap policy ([`AutoWrapPolicy::groups`] over the
 /// parameters each unit owns).
-pub fn wrap_units(model: &Llama, wrap: AutoWrapPolicy, min_num_params: u64) -> Vec<Range<usize>> {
+pub fn wrap_units(
+    model: &CausalLm,
+    wrap: AutoWrapPolicy,
+    min_num_params: u64,
+) -> Vec<Range<usize>> {
     let owned: Vec<u64> = (0..model.units().len())
         .map(|u| model.owned_params(u).map(|s| s.numel() as u64).sum())
         .collect();
@@ -55,7 +60,7 @@ pub fn wrap_units(model: &Llama, wrap: AutoWrapPolicy, min_num_params: u64) -> V
 /// Flat layouts of `groups` for a shard group of `shard_world` ranks. A range whose units own
 /// both trained and frozen parameters (LoRA) becomes two groups, the frozen one first, so that
 /// one flat parameter never mixes the two.
-pub fn layouts(model: &Llama, groups: &[Range<usize>], shard_world: usize) -> Vec<GroupLayout> {
+pub fn layouts(model: &CausalLm, groups: &[Range<usize>], shard_world: usize) -> Vec<GroupLayout> {
     let mut out = vec![];
     for units in groups {
         for trainable in [false, true] {
@@ -159,4 +164,43 @@ pub fn unflatten(layout: &GroupLayout, flat: &Tensor, out: &mut Params) -> Resul
         );
     }
     Ok(())
+}
+
+impl GroupLayout {
+    /// Shard `rank` of this group's flat tensor, built from `source` (only the elements the
+    /// shard holds are read; padding is zero), in `kind` on `device`.
+    pub fn shard_from(
+        &self,
+        source: &dyn TensorSource,
+        rank: usize,
+        kind: Kind,
+        device: Device,
+    ) -> Result<Tensor, TrainError> {
+        let lo = rank as i64 * self.shard_len;
+        self.slice_from(source, lo, lo + self.shard_len, kind, device)
+    }
+
+    /// Elements `lo..hi` of this group's flat, padded tensor, built from `source` (only those
+    /// elements are read; padding is zero), in `kind` on `device`.
+    pub fn slice_from(
+        &self,
+        source: &dyn TensorSource,
+        lo: i64,
+        hi: i64,
+        kind: Kind,
+        device: Device,
+    ) -> Result<Tensor, TrainError> {
+        let _guard = tch::no_grad_guard();
+        let out = Tensor::f_zeros([hi - lo], (kind, device))?;
+        for e in &self.entries {
+            let a = e.offset.max(lo);
+            let b = (e.offset + e.numel).min(hi);
+            if a >= b {
+                continue;
+            }
+            let piece = source.read_range(&e.name, a - e.offset, b - e.offset)?;
+            out.f_narrow(0, a - lo, b - a)?.f_copy_(&piece)?;
+        }
+        Ok(out)
+    }
 }

@@ -1,24 +1,19 @@
-//! Everything about the Hugging Face format: `config.json` of `LlamaForCausalLM`,
-//! `MistralForCausalLM` and `Qwen2ForCausalLM` ([`HfLlamaConfig`], to and from [`ModelConfig`];
-//! which architecture a config is, and its biases and sliding window, are read by
-//! `flotilla_config::schema::hf_architecture`, as the login side reads them), and reading and writing model
-//! directories (`model.safetensors`, or shards listed by `model.safetensors.index.json`):
-//! [`HfWeights`] checks a directory's tensors from the file headers alone and reads them by
-//! ranges (an FSDP rank reads only its shards); writing streams one tensor at a time.
+//! A Hugging Face model's `config.json`: that of `LlamaForCausalLM`, `MistralForCausalLM` and
+//! `Qwen2ForCausalLM` ([`HfLlamaConfig`], to and from [`ModelConfig`]; which architecture a
+//! config is, and its biases and sliding window, are read by
+//! `flotilla_config::schema::hf_architecture`, as the login side reads them), read from a
+//! directory and written beside a model's weights ([`finish_hf_dir`]). The weights themselves
+//! are `state::hf_weights`'.
 
 use std::fs;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
-use tch::{Device, Kind, Tensor};
+use tch::Kind;
 
 use flotilla_config::schema::{hf_architecture, ModelConfig, ModelType, RopeScaling, RopeType};
 
-use super::llama::Llama;
-use super::{ModelError, Params};
-use crate::param_source::{FileSource, TensorSource};
-use crate::safetensors_io::SafetensorsWriter;
-use crate::TrainError;
+use super::{CausalLm, ModelError};
 
 /// transformers' `rope_parameters` (≥ 5) or legacy `rope_scaling` dict.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -372,7 +367,7 @@ fn kind_from_name(name: &str) -> Option<Kind> {
     })
 }
 
-fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> ModelError + '_ {
+pub(crate) fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> ModelError + '_ {
     move |source| ModelError::Io {
         path: path.to_path_buf(),
         source,
@@ -407,134 +402,10 @@ pub fn read_model_config(dir: impl AsRef<Path>) -> Result<ModelConfig, ModelErro
     Ok(config)
 }
 
-/// The safetensors files of a model directory: `model.safetensors`, or the shards that
-/// `model.safetensors.index.json` lists (in first-mention order).
-fn weight_files(dir: &Path) -> Result<Vec<PathBuf>, ModelError> {
-    let index = dir.join("model.safetensors.index.json");
-    if index.is_file() {
-        #[derive(Deserialize)]
-        struct Index {
-            weight_map: indexmap::IndexMap<String, String>,
-        }
-        let text = fs::read_to_string(&index).map_err(io_err(&index))?;
-        let parsed: Index = serde_json::from_str(&text).map_err(|e| ModelError::BadConfigJson {
-            path: index.clone(),
-            message: e.to_string(),
-        })?;
-        let mut files: Vec<PathBuf> = Vec::new();
-        for file in parsed.weight_map.values() {
-            let path = dir.join(file);
-            if !files.contains(&path) {
-                files.push(path);
-            }
-        }
-        return Ok(files);
-    }
-    let single = dir.join("model.safetensors");
-    if single.is_file() {
-        return Ok(vec![single]);
-    }
-    Err(ModelError::Io {
-        path: dir.to_path_buf(),
-        source: std::io::Error::new(
-            std::io::ErrorKind::NotFound,
-            "no model.safetensors or model.safetensors.index.json in this directory",
-        ),
-    })
-}
-
-/// The weights of a Hugging Face directory (`LlamaForCausalLM`, `MistralForCausalLM`,
-/// `Qwen2ForCausalLM`), checked against its `config.json` from the safetensors headers alone (name, shape, dtype of every tensor; a
-/// tied checkpoint that also stores `lm_head.weight` has it ignored, as transformers does; an
-/// old `rotary_emb.inv_freq` buffer is skipped) and read by ranges.
-pub struct HfWeights {
-    source: FileSource,
-    /// The dtype `config.json` declares for the weights, if any.
-    pub declared_kind: Option<Kind>,
-}
-
-impl HfWeights {
-    /// Opens `dir`: the model its `config.json` describes and its checked weights.
-    pub fn open(dir: impl AsRef<Path>) -> Result<(Llama, Self), ModelError> {
-        let dir = dir.as_ref();
-        let config = read_model_config(dir)?;
-        let model = Llama::new(&config)?;
-        let declared_kind = read_hf_config(dir)?.weight_kind();
-        let source = FileSource::open(&weight_files(dir)?, "")?;
-        for file in source.files() {
-            for name in file.tensors().keys() {
-                if name.ends_with("rotary_emb.inv_freq") || model.param_spec(name).is_some() {
-                    continue; // an old buffer recomputed from the config, or a weight
-                }
-                if name == "lm_head.weight" && config.tie_word_embeddings {
-                    tracing::debug!(
-                        "{}: ignoring lm_head.weight of a tied model",
-                        file.path().display()
-                    );
-                    continue;
-                }
-                return Err(ModelError::UnexpectedTensor {
-                    name: name.clone(),
-                    file: file.path().to_path_buf(),
-                    class: config.architecture().hf_class(),
-                });
-            }
-        }
-        source.check_all(&model)?;
-        Ok((
-            model,
-            Self {
-                source,
-                declared_kind,
-            },
-        ))
-    }
-
-    /// Elements `lo..hi` of parameter `name`, flattened (CPU, the file's dtype).
-    pub fn read_range(&self, name: &str, lo: i64, hi: i64) -> Result<Tensor, ModelError> {
-        let file = self
-            .source
-            .find(name)
-            .ok_or_else(|| ModelError::MissingParam { name: name.into() })?;
-        Ok(file.read_range(name, lo, hi)?)
-    }
-}
-
-impl TensorSource for HfWeights {
-    fn read_range(&self, name: &str, lo: i64, hi: i64) -> Result<Tensor, TrainError> {
-        Ok(HfWeights::read_range(self, name, lo, hi)?)
-    }
-}
-
-/// Loads a Hugging Face model directory whole ([`HfWeights`] checks it), onto
-/// `device` in `kind` (`None`: the dtype the config declares, else each tensor's own).
-pub fn load_hf(
-    dir: impl AsRef<Path>,
-    device: Device,
-    kind: Option<Kind>,
-) -> Result<(Llama, Params), ModelError> {
-    let (model, weights) = HfWeights::open(dir)?;
-    let kind = kind.or(weights.declared_kind);
-    let _guard = tch::no_grad_guard();
-    let mut params = Params::new();
-    for spec in model.param_specs() {
-        let t = weights.read_range(&spec.name, 0, spec.numel() as i64)?;
-        let t = t
-            .f_to_kind(kind.unwrap_or(t.kind()))?
-            .f_to_device(device)?
-            .f_reshape(spec.shape.as_slice())?;
-        params.insert(spec.name.clone(), t);
-    }
-    Ok((model, params))
-}
-
-/// The name of a directory's weights file as flotilla writes it.
-pub const WEIGHTS_FILE: &str = "model.safetensors";
-
 /// Writes `config.json` (with `torch_dtype` = `kind`) into `dir` atomically, and removes a
 /// stale `model.safetensors.index.json`, so that the `model.safetensors` written beside it is
 /// the one loaded.
-pub fn finish_hf_dir(dir: &Path, model: &Llama, kind: Kind) -> Result<(), ModelError> {
+pub fn finish_hf_dir(dir: &Path, model: &CausalLm, kind: Kind) -> Result<(), ModelError> {
     let dtype = kind_name(kind).ok_or_else(|| ModelError::UnsupportedDtype {
         name: "(save dtype)".into(),
         dtype: format!("{kind:?}"),
@@ -552,59 +423,6 @@ pub fn finish_hf_dir(dir: &Path, model: &Llama, kind: Kind) -> Result<(), ModelE
     let tmp = dir.join(format!(".{CONFIG_JSON}.tmp-{}", std::process::id()));
     fs::write(&tmp, &text).map_err(io_err(&tmp))?;
     fs::rename(&tmp, &config).map_err(io_err(&config))
-}
-
-/// Saves the parameters `source` gives as a Hugging Face directory that transformers loads as
-/// the model's class (`LlamaForCausalLM`, ...): one `model.safetensors` in `kind` (Hugging Face names, no
-/// `lm_head.weight` when embeddings are tied), written a parameter at a time through a
-/// temporary file, then `config.json` ([`finish_hf_dir`]).
-pub fn save_hf_from(
-    dir: impl AsRef<Path>,
-    model: &Llama,
-    source: &dyn TensorSource,
-    kind: Kind,
-) -> Result<(), TrainError> {
-    let dir = dir.as_ref();
-    if kind_name(kind).is_none() {
-        return Err(ModelError::UnsupportedDtype {
-            name: "(save dtype)".into(),
-            dtype: format!("{kind:?}"),
-            file: None,
-        }
-        .into());
-    }
-    fs::create_dir_all(dir).map_err(io_err(dir))?;
-    let order = model
-        .param_specs()
-        .iter()
-        .map(|s| (s.name.clone(), kind, s.shape.clone()))
-        .collect();
-    let mut writer = SafetensorsWriter::create(dir.join(WEIGHTS_FILE), order)?;
-    for s in model.param_specs() {
-        let t = source.read_range(&s.name, 0, s.numel() as i64)?;
-        writer.write(&s.name, &t)?;
-    }
-    writer.finish()?;
-    Ok(finish_hf_dir(dir, model, kind)?)
-}
-
-/// [`save_hf_from`] in-memory parameters.
-pub fn save_hf(
-    dir: impl AsRef<Path>,
-    model: &Llama,
-    params: &Params,
-    kind: Kind,
-) -> Result<(), ModelError> {
-    model.check_params(params)?;
-    save_hf_from(dir, model, params, kind).map_err(|e| match e {
-        TrainError::Model(e) => e,
-        TrainError::Safetensors(e) => e.into(),
-        TrainError::Torch(e) => e.into(),
-        other => ModelError::InvalidConfig {
-            field: "(save)".into(),
-            message: other.to_string(),
-        },
-    })
 }
 
 #[cfg(test)]

@@ -10,9 +10,10 @@
 
 use tch::{Kind, Tensor};
 
-use super::TrainError;
 use crate::data::Batch;
-use crate::model::{vjp, Llama, Params, TokenInput};
+use crate::error::TrainError;
+use crate::model::{vjp, CausalLm, Params, TokenInput};
+use crate::objective::next_token_loss_sum;
 
 /// How the engine gets parameters and hands over gradients.
 pub trait Strategy {
@@ -20,13 +21,13 @@ pub trait Strategy {
     /// FSDP: gathered). The engine wraps each in a fresh leaf that requires grad (sharing
     /// storage), so they need not require grad themselves. Called in forward, and again in
     /// backward for a recomputed (checkpointed) unit.
-    fn params_for(&mut self, model: &Llama, unit: usize) -> Result<Vec<Tensor>, TrainError>;
+    fn params_for(&mut self, model: &CausalLm, unit: usize) -> Result<Vec<Tensor>, TrainError>;
 
     /// Unit `unit`'s backward through its saved graph is next: the graph holds views of the
     /// tensors [`Strategy::params_for`] gave in forward, which must hold those values again
     /// (FSDP gathers a freed group back into its storage). Not called for a recomputed unit,
     /// which calls `params_for`. Default: nothing.
-    fn before_backward(&mut self, _model: &Llama, _unit: usize) -> Result<(), TrainError> {
+    fn before_backward(&mut self, _model: &CausalLm, _unit: usize) -> Result<(), TrainError> {
         Ok(())
     }
 
@@ -36,7 +37,7 @@ pub trait Strategy {
         Ok(())
     }
 
-    /// The gradients of the parameters unit `unit` owns ([`Llama::owned_params`]) are final for
+    /// The gradients of the parameters unit `unit` owns ([`CausalLm::owned_params`]) are final for
     /// this optimizer step (accumulated over every micro-batch), or, when the strategy
     /// [reduces every micro-batch](Strategy::reduces_every_micro_batch), for this micro-batch;
     /// tied-weight contributions of later readers included. Called once per unit per step (per
@@ -89,7 +90,7 @@ pub struct SingleProcess<'a> {
 }
 
 impl Strategy for SingleProcess<'_> {
-    fn params_for(&mut self, model: &Llama, unit: usize) -> Result<Vec<Tensor>, TrainError> {
+    fn params_for(&mut self, model: &CausalLm, unit: usize) -> Result<Vec<Tensor>, TrainError> {
         Ok(model.unit_params(unit, self.params)?)
     }
 
@@ -122,10 +123,10 @@ impl Default for EngineOptions {
     }
 }
 
-/// Drives forward and backward of a [`Llama`] unit by unit.
+/// Drives forward and backward of a [`CausalLm`] unit by unit.
 #[derive(Debug)]
 pub struct Engine<'m> {
-    pub model: &'m Llama,
+    pub model: &'m CausalLm,
     pub options: EngineOptions,
 }
 
@@ -140,7 +141,7 @@ struct Saved {
 /// The unit's parameters as the graph's leaves: a trainable one becomes a fresh leaf that
 /// requires grad (sharing storage), a frozen one (a LoRA job's base) stays as it is, so no
 /// gradient is computed for it.
-fn leaves(model: &Llama, unit: usize, params: Vec<Tensor>) -> Vec<Tensor> {
+fn leaves(model: &CausalLm, unit: usize, params: Vec<Tensor>) -> Vec<Tensor> {
     params
         .into_iter()
         .zip(model.trainable_mask(unit))
@@ -155,7 +156,7 @@ fn leaves(model: &Llama, unit: usize, params: Vec<Tensor>) -> Vec<Tensor> {
 }
 
 impl<'m> Engine<'m> {
-    pub fn new(model: &'m Llama, options: EngineOptions) -> Self {
+    pub fn new(model: &'m CausalLm, options: EngineOptions) -> Self {
         Self { model, options }
     }
 
@@ -228,7 +229,7 @@ impl<'m> Engine<'m> {
                 strategy.release(i)?;
             }
         }
-        let loss = batch.loss_sum(&x) / global_loss_tokens as f64;
+        let loss = next_token_loss_sum(&x, batch) / global_loss_tokens as f64;
         let loss_value = loss.f_double_value(&[])?;
         let loss = if self.options.loss_scale != 1.0 {
             loss * self.options.loss_scale
@@ -330,7 +331,7 @@ impl<'m> Engine<'m> {
 /// `on_logits` gets each input's output of the last unit as soon as it is computed.
 /// `release(unit)` follows each unit.
 pub fn forward_by_unit(
-    model: &Llama,
+    model: &CausalLm,
     inputs: &[TokenInput],
     params_for: &mut dyn FnMut(usize) -> Result<Vec<Tensor>, TrainError>,
     release: &mut dyn FnMut(usize) -> Result<(), TrainError>,

@@ -1,0 +1,92 @@
+//! One file of a full checkpoint or of `final/` streamed from the weights of any strategy
+//! ([`write_state_file`]): rank 0 writes the header first, then each group as it is gathered to
+//! it ([`ParallelWeights::visit_full`]), so no rank holds more than a group beyond its shards.
+
+use std::path::Path;
+
+use tch::Tensor;
+
+use crate::error::TrainError;
+use crate::parallel::weights::{ParallelWeights, StatePart};
+use crate::safetensors_io::SafetensorsWriter;
+use crate::state::peft::PEFT_PREFIX;
+
+/// The files of a full checkpoint's state.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StateFile {
+    /// `model.safetensors`: the parameters, in this dtype (`None`: the master dtype).
+    Model(Option<tch::Kind>),
+    /// `optimizer.safetensors`: `step`, then every first moment, then every second.
+    Optimizer,
+    /// A LoRA job's `adapter_model.safetensors`: the trained parameters in fp32 under PEFT's
+    /// names (`base_model.model.` before the Hugging Face name).
+    Adapter,
+}
+
+/// Streams one file of a full checkpoint (or `final/`) from `weights` to `path`. Collective; only `is_root` writes. A
+/// write error on the root does not stop it taking part in the gathers (the other ranks would
+/// wait for it); it is returned once they are done, and the unfinished file is removed.
+pub fn write_state_file(
+    weights: &dyn ParallelWeights,
+    path: &Path,
+    file: StateFile,
+    is_root: bool,
+) -> Result<(), TrainError> {
+    let (parts, kind): (&[StatePart], _) = match file {
+        StateFile::Model(kind) => (&[StatePart::Params], kind),
+        StateFile::Adapter => (&[StatePart::Params], Some(tch::Kind::Float)),
+        StateFile::Optimizer => (&[StatePart::ExpAvg, StatePart::ExpAvgSq], None),
+    };
+    let prefix = match file {
+        StateFile::Adapter => PEFT_PREFIX,
+        _ => "",
+    };
+    let optimizer = file == StateFile::Optimizer;
+    let mut failure: Option<TrainError> = None;
+    let mut writer = None;
+    if is_root {
+        let mut order = vec![];
+        if optimizer {
+            order.push(("step".to_string(), tch::Kind::Int64, vec![]));
+        }
+        for &part in parts {
+            for (name, shape, k) in weights.full_layout(part) {
+                order.push((
+                    format!("{prefix}{name}{}", part.suffix()),
+                    kind.unwrap_or(k),
+                    shape,
+                ));
+            }
+        }
+        match SafetensorsWriter::create(path, order) {
+            Ok(mut w) => {
+                if optimizer {
+                    let step = Tensor::from(weights.optimizer_steps() as i64);
+                    if let Err(e) = w.write("step", &step) {
+                        failure = Some(e.into());
+                    }
+                }
+                writer = Some(w);
+            }
+            Err(e) => failure = Some(e.into()),
+        }
+    }
+    for &part in parts {
+        let mut visit = |name: &str, t: &Tensor| -> Result<(), TrainError> {
+            if let (None, Some(w)) = (&failure, writer.as_mut()) {
+                if let Err(e) = w.write(&format!("{prefix}{name}{}", part.suffix()), t) {
+                    failure = Some(e.into());
+                }
+            }
+            Ok(())
+        };
+        weights.visit_full(part, is_root.then_some(&mut visit as _))?;
+    }
+    if let Some(e) = failure {
+        return Err(e);
+    }
+    if let Some(w) = writer {
+        w.finish()?;
+    }
+    Ok(())
+}

@@ -1,0 +1,266 @@
+//! A decoder-only causal language model as units: the architecture a config describes (its
+//! parameter table, its units in forward order, which parameters are trained), the forward
+//! context of a batch (rotary tables, packed rows' mask), whole-graph and cached forwards, and
+//! transformers' causal-LM loss. Which units a config gets is its family file's business
+//! (`llama.rs`); this file is the same for every family.
+
+use tch::{Device, Kind, Reduction, Tensor};
+
+use flotilla_config::schema::{LoraConfig, ModelConfig};
+
+use super::layers::mask::packed_attention_mask;
+use super::layers::rope::{inv_freq, rotary_tables};
+use super::{
+    is_float_kind, llama, ForwardCtx, KvCache, ModelError, ParamSpec, Params, TokenInput, Unit,
+};
+
+/// The architecture: config, parameter table and units. Holds no tensors (it is `Send + Sync`);
+/// parameters live in a [`Params`] or wherever the trainer keeps them.
+pub struct CausalLm {
+    config: ModelConfig,
+    specs: Vec<ParamSpec>,
+    units: Vec<Box<dyn Unit>>,
+    /// For each unit, whether each parameter it reads is trained ([`CausalLm::trainable_mask`]).
+    unit_trainable: Vec<Vec<bool>>,
+    inv_freq: Vec<f32>,
+}
+
+impl std::fmt::Debug for CausalLm {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CausalLm")
+            .field("config", &self.config)
+            .field(
+                "units",
+                &self.units.iter().map(|u| u.name()).collect::<Vec<_>>(),
+            )
+            .finish()
+    }
+}
+
+impl CausalLm {
+    /// The architecture `config` describes, after checking that it is one.
+    pub fn new(config: &ModelConfig) -> Result<Self, ModelError> {
+        Self::with_lora(config, None)
+    }
+
+    /// The architecture with LoRA adapters on `lora.targets()` of every block (their factors
+    /// after the block's weights in its parameter list): only the adapters and
+    /// `lora.modules_to_save` are trainable. `None`: [`CausalLm::new`], every parameter trainable.
+    pub fn with_lora(config: &ModelConfig, lora: Option<&LoraConfig>) -> Result<Self, ModelError> {
+        // Every model_type flotilla loads (llama, mistral, qwen2) is Llama's units.
+        let (specs, units) = llama::build(config, lora)?;
+        let unit_trainable = units
+            .iter()
+            .map(|u| {
+                u.param_names()
+                    .iter()
+                    .map(|n| specs.iter().any(|s| s.name == *n && s.trainable))
+                    .collect()
+            })
+            .collect();
+        Ok(CausalLm {
+            config: config.clone(),
+            specs,
+            units,
+            unit_trainable,
+            inv_freq: inv_freq(config),
+        })
+    }
+
+    /// For each parameter unit `unit` reads (in [`Unit::param_names`] order), whether it is
+    /// trained (false for a LoRA job's frozen base).
+    pub fn trainable_mask(&self, unit: usize) -> &[bool] {
+        &self.unit_trainable[unit]
+    }
+
+    pub fn config(&self) -> &ModelConfig {
+        &self.config
+    }
+
+    /// Refuses a context of `len` positions (`what`: where the length comes from, e.g.
+    /// `data.seq_len`) beyond the model's sliding window, naming the window, the length and the
+    /// fix: the units attend to every earlier position, which is the model's attention only
+    /// within the window. Every path that trains or generates checks its length here.
+    pub fn check_window(&self, what: &str, len: usize) -> Result<(), ModelError> {
+        self.config
+            .check_window(what, len)
+            .map_err(ModelError::BeyondWindow)
+    }
+
+    /// The units in forward order: `embed`, `layers.0` … `layers.{n-1}`, `head`.
+    pub fn units(&self) -> &[Box<dyn Unit>] {
+        &self.units
+    }
+
+    /// Every parameter once, in Hugging Face order (embedding, layers, norm, lm_head).
+    pub fn param_specs(&self) -> &[ParamSpec] {
+        &self.specs
+    }
+
+    pub fn param_spec(&self, name: &str) -> Option<&ParamSpec> {
+        self.specs.iter().find(|s| s.name == name)
+    }
+
+    /// The parameters unit `unit` owns (a flat-parameter group for FSDP), in table order.
+    pub fn owned_params(&self, unit: usize) -> impl Iterator<Item = &ParamSpec> {
+        self.specs.iter().filter(move |s| s.owner == unit)
+    }
+
+    /// Freshly initialised parameters, as transformers initialises `LlamaForCausalLM`: linear
+    /// and embedding weights ~ N(0, initializer_range²), norm weights 1. The values depend only
+    /// on `seed` and the parameter names (see [`super::init`]), not on the device.
+    pub fn init_params(&self, seed: u64, device: Device, kind: Kind) -> Params {
+        let mut params = Params::new();
+        for s in &self.specs {
+            let values = s.init.values(seed, &s.name, s.numel());
+            let t = Tensor::from_slice(&values)
+                .reshape(&s.shape)
+                .to_kind(kind)
+                .to_device(device);
+            params.insert(s.name.clone(), t);
+        }
+        params
+    }
+
+    /// Checks that `params` holds every parameter with its shape and a floating dtype.
+    pub fn check_params(&self, params: &Params) -> Result<(), ModelError> {
+        for s in &self.specs {
+            let t = params.require(&s.name)?;
+            if t.size() != s.shape {
+                return Err(ModelError::ShapeMismatch {
+                    name: s.name.clone(),
+                    expected: s.shape.clone(),
+                    found: t.size(),
+                    file: None,
+                });
+            }
+            if !is_float_kind(t.kind()) {
+                return Err(ModelError::UnsupportedDtype {
+                    name: s.name.clone(),
+                    dtype: format!("{:?}", t.kind()),
+                    file: None,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Shallow handles on the tensors unit `unit` reads, in its `param_names` order.
+    pub fn unit_params(&self, unit: usize, params: &Params) -> Result<Vec<Tensor>, ModelError> {
+        self.units[unit]
+            .param_names()
+            .iter()
+            .map(|n| params.require(n).map(Tensor::shallow_clone))
+            .collect()
+    }
+
+    /// The forward context for positions `0 .. seq_len` on `device`.
+    pub fn ctx(&self, seq_len: i64, device: Device) -> ForwardCtx {
+        self.ctx_for_positions(&Tensor::arange(seq_len, (Kind::Int64, device)))
+    }
+
+    /// The forward context for explicit position ids, `[T]` or `[B, T]` (transformers'
+    /// `position_ids`).
+    pub fn ctx_for_positions(&self, positions: &Tensor) -> ForwardCtx {
+        let (cos, sin) = rotary_tables(&self.inv_freq, positions);
+        ForwardCtx {
+            cos,
+            sin,
+            attention_mask: None,
+            dropout_seed: None,
+        }
+    }
+
+    /// The forward context of `input`: its positions' rotary tables and, for packed rows, the
+    /// mask that keeps each sequence to itself.
+    pub fn ctx_for_input(&self, input: &TokenInput) -> ForwardCtx {
+        match &input.positions {
+            None => self.ctx(input.ids.size()[1], input.ids.device()),
+            Some(positions) => {
+                let mut ctx = self.ctx_for_positions(positions);
+                ctx.attention_mask = Some(packed_attention_mask(positions));
+                ctx
+            }
+        }
+    }
+
+    /// Whole-graph forward: token ids `[B, T]` to logits `[B, T, vocab]`, running the units in
+    /// order on one autograd graph.
+    pub fn forward(&self, params: &Params, tokens: &Tensor) -> Result<Tensor, ModelError> {
+        self.forward_input(params, &TokenInput::new(tokens.shallow_clone()))
+    }
+
+    /// [`CausalLm::forward`] of token ids with their position ids when rows are packed.
+    pub fn forward_input(&self, params: &Params, input: &TokenInput) -> Result<Tensor, ModelError> {
+        let tokens = &input.ids;
+        self.check_window("the input length", tokens.size()[1] as usize)?;
+        let ctx = self.ctx_for_input(input);
+        let mut x = tokens.shallow_clone();
+        for (i, unit) in self.units.iter().enumerate() {
+            x = unit.forward(&self.unit_params(i, params)?, &x, &ctx);
+        }
+        Ok(x)
+    }
+
+    /// Forward for generation: token ids `[B, T]` at the positions after the `cache.len()` the
+    /// cache has seen to the logits `[B, vocab]` of the last of them. Each block computes its
+    /// queries, keys and values for these positions only (with the training forward's
+    /// projections and rotary embeddings), appends the keys and values to `cache`, and attends
+    /// to every cached position: a prompt is run once (prefill), then one token per step.
+    pub fn forward_cached(
+        &self,
+        params: &Params,
+        tokens: &Tensor,
+        cache: &mut KvCache,
+    ) -> Result<Tensor, ModelError> {
+        let t = tokens.size()[1];
+        let start = cache.len;
+        let needed = (start + t) as usize;
+        if needed > cache.capacity as usize {
+            return Err(ModelError::CacheFull {
+                capacity: cache.capacity as usize,
+                needed,
+            });
+        }
+        self.check_window("the prompt and the generated tokens", needed)?;
+        let positions = Tensor::arange_start(start, start + t, (Kind::Int64, tokens.device()));
+        let ctx = self.ctx_for_positions(&positions);
+        let mut x = tokens.shallow_clone();
+        let head = self.units.len() - 1;
+        for (i, unit) in self.units.iter().enumerate() {
+            if i == head {
+                x = x.narrow(1, t - 1, 1); // only the last position's logits are wanted
+            }
+            x = unit.forward_cached(&self.unit_params(i, params)?, &x, &ctx, cache);
+        }
+        cache.len += t;
+        Ok(x.squeeze_dim(1))
+    }
+}
+
+/// transformers' `ForCausalLMLoss` with mean reduction: logits `[B, T, V]` at position `t`
+/// predict `labels[:, t + 1]`; labels equal to -100 are ignored; computed in fp32.
+pub fn causal_lm_loss(logits: &Tensor, labels: &Tensor) -> Tensor {
+    let (logits, labels) = shifted(logits, labels);
+    logits.cross_entropy_loss::<&Tensor>(&labels, None, Reduction::Mean, -100, 0.0)
+}
+
+/// The summed loss and the number of predicted (non-ignored) tokens, for normalising over
+/// gradient-accumulation micro-batches and ranks by the global token count.
+pub fn causal_lm_loss_sum(logits: &Tensor, labels: &Tensor) -> (Tensor, i64) {
+    let (logits, labels) = shifted(logits, labels);
+    let count = labels.ne(-100).sum(Kind::Int64).int64_value(&[]);
+    let sum = logits.cross_entropy_loss::<&Tensor>(&labels, None, Reduction::Sum, -100, 0.0);
+    (sum, count)
+}
+
+fn shifted(logits: &Tensor, labels: &Tensor) -> (Tensor, Tensor) {
+    let size = logits.size();
+    let (t, v) = (size[1], size[2]);
+    let logits = logits
+        .narrow(1, 0, t - 1)
+        .to_kind(Kind::Float)
+        .reshape([-1, v]);
+    let labels = labels.narrow(1, 1, t - 1).reshape([-1]);
+    (logits, labels)
+}

@@ -1,0 +1,13 @@
+//! The layers every family is built from, each a plain function of tensors (no parameters of
+//! its own, no knowledge of units or parallelism): [`norm`] (RMSNorm), [`rope`] (rotary
+//! embeddings), [`mask`] (packed rows' attention mask), [`attention`] (causal scaled
+//! dot-product attention with grouped-query heads), [`linear`] (projections with biases and
+//! LoRA adapters), [`mlp`] (the gated MLP). A family file (`model/llama.rs`) says which it uses
+//! and in what order. Numerics follow transformers': each function's docs name its original.
+
+pub mod attention;
+pub mod linear;
+pub mod mask;
+pub mod mlp;
+pub mod norm;
+pub mod rope;

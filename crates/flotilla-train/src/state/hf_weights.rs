@@ -1,0 +1,194 @@
+//! A Hugging Face model directory's weights (`model.safetensors`, or the shards listed by
+//! `model.safetensors.index.json`): [`HfWeights`] checks a directory's tensors against its
+//! `config.json` from the file headers alone and reads them by ranges (an FSDP rank reads only
+//! its shards); [`save_hf_from`] writes a directory transformers loads, one tensor at a time.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+use tch::{Device, Kind, Tensor};
+
+use super::param_source::{FileSource, TensorSource};
+use crate::error::TrainError;
+use crate::model::hf_config::{io_err, kind_name, read_hf_config};
+use crate::model::{finish_hf_dir, read_model_config};
+use crate::model::{CausalLm, ModelError, Params};
+use crate::safetensors_io::SafetensorsWriter;
+
+/// The name of a directory's weights file as flotilla writes it.
+pub const WEIGHTS_FILE: &str = "model.safetensors";
+
+/// The safetensors files of a model directory: `model.safetensors`, or the shards that
+/// `model.safetensors.index.json` lists (in first-mention order).
+fn weight_files(dir: &Path) -> Result<Vec<PathBuf>, ModelError> {
+    let index = dir.join("model.safetensors.index.json");
+    if index.is_file() {
+        #[derive(Deserialize)]
+        struct Index {
+            weight_map: indexmap::IndexMap<String, String>,
+        }
+        let text = fs::read_to_string(&index).map_err(io_err(&index))?;
+        let parsed: Index = serde_json::from_str(&text).map_err(|e| ModelError::BadConfigJson {
+            path: index.clone(),
+            message: e.to_string(),
+        })?;
+        let mut files: Vec<PathBuf> = Vec::new();
+        for file in parsed.weight_map.values() {
+            let path = dir.join(file);
+            if !files.contains(&path) {
+                files.push(path);
+            }
+        }
+        return Ok(files);
+    }
+    let single = dir.join("model.safetensors");
+    if single.is_file() {
+        return Ok(vec![single]);
+    }
+    Err(ModelError::Io {
+        path: dir.to_path_buf(),
+        source: std::io::Error::new(
+            std::io::ErrorKind::NotFound,
+            "no model.safetensors or model.safetensors.index.json in this directory",
+        ),
+    })
+}
+
+/// The weights of a Hugging Face directory (`LlamaForCausalLM`, `MistralForCausalLM`,
+/// `Qwen2ForCausalLM`), checked against its `config.json` from the safetensors headers alone (name, shape, dtype of every tensor; a
+/// tied checkpoint that also stores `lm_head.weight` has it ignored, as transformers does; an
+/// old `rotary_emb.inv_freq` buffer is skipped) and read by ranges.
+pub struct HfWeights {
+    source: FileSource,
+    /// The dtype `config.json` declares for the weights, if any.
+    pub declared_kind: Option<Kind>,
+}
+
+impl HfWeights {
+    /// Opens `dir`: the model its `config.json` describes and its checked weights.
+    pub fn open(dir: impl AsRef<Path>) -> Result<(CausalLm, Self), ModelError> {
+        let dir = dir.as_ref();
+        let config = read_model_config(dir)?;
+        let model = CausalLm::new(&config)?;
+        let declared_kind = read_hf_config(dir)?.weight_kind();
+        let source = FileSource::open(&weight_files(dir)?, "")?;
+        for file in source.files() {
+            for name in file.tensors().keys() {
+                if name.ends_with("rotary_emb.inv_freq") || model.param_spec(name).is_some() {
+                    continue; // an old buffer recomputed from the config, or a weight
+                }
+                if name == "lm_head.weight" && config.tie_word_embeddings {
+                    tracing::debug!(
+                        "{}: ignoring lm_head.weight of a tied model",
+                        file.path().display()
+                    );
+                    continue;
+                }
+                return Err(ModelError::UnexpectedTensor {
+                    name: name.clone(),
+                    file: file.path().to_path_buf(),
+                    class: config.architecture().hf_class(),
+                });
+            }
+        }
+        source.check_all(&model)?;
+        Ok((
+            model,
+            Self {
+                source,
+                declared_kind,
+            },
+        ))
+    }
+
+    /// Elements `lo..hi` of parameter `name`, flattened (CPU, the file's dtype).
+    pub fn read_range(&self, name: &str, lo: i64, hi: i64) -> Result<Tensor, ModelError> {
+        let file = self
+            .source
+            .find(name)
+            .ok_or_else(|| ModelError::MissingParam { name: name.into() })?;
+        Ok(file.read_range(name, lo, hi)?)
+    }
+}
+
+impl TensorSource for HfWeights {
+    fn read_range(&self, name: &str, lo: i64, hi: i64) -> Result<Tensor, TrainError> {
+        Ok(HfWeights::read_range(self, name, lo, hi)?)
+    }
+}
+
+/// Loads a Hugging Face model directory whole ([`HfWeights`] checks it), onto
+/// `device` in `kind` (`None`: the dtype the config declares, else each tensor's own).
+pub fn load_hf(
+    dir: impl AsRef<Path>,
+    device: Device,
+    kind: Option<Kind>,
+) -> Result<(CausalLm, Params), ModelError> {
+    let (model, weights) = HfWeights::open(dir)?;
+    let kind = kind.or(weights.declared_kind);
+    let _guard = tch::no_grad_guard();
+    let mut params = Params::new();
+    for spec in model.param_specs() {
+        let t = weights.read_range(&spec.name, 0, spec.numel() as i64)?;
+        let t = t
+            .f_to_kind(kind.unwrap_or(t.kind()))?
+            .f_to_device(device)?
+            .f_reshape(spec.shape.as_slice())?;
+        params.insert(spec.name.clone(), t);
+    }
+    Ok((model, params))
+}
+
+/// Saves the parameters `source` gives as a Hugging Face directory that transformers loads as
+/// the model's class (`LlamaForCausalLM`, ...): one `model.safetensors` in `kind` (Hugging Face names, no
+/// `lm_head.weight` when embeddings are tied), written a parameter at a time through a
+/// temporary file, then `config.json` ([`finish_hf_dir`]).
+pub fn save_hf_from(
+    dir: impl AsRef<Path>,
+    model: &CausalLm,
+    source: &dyn TensorSource,
+    kind: Kind,
+) -> Result<(), TrainError> {
+    let dir = dir.as_ref();
+    if kind_name(kind).is_none() {
+        return Err(ModelError::UnsupportedDtype {
+            name: "(save dtype)".into(),
+            dtype: format!("{kind:?}"),
+            file: None,
+        }
+        .into());
+    }
+    fs::create_dir_all(dir).map_err(io_err(dir))?;
+    let order = model
+        .param_specs()
+        .iter()
+        .map(|s| (s.name.clone(), kind, s.shape.clone()))
+        .collect();
+    let mut writer = SafetensorsWriter::create(dir.join(WEIGHTS_FILE), order)?;
+    for s in model.param_specs() {
+        let t = source.read_range(&s.name, 0, s.numel() as i64)?;
+        writer.write(&s.name, &t)?;
+    }
+    writer.finish()?;
+    Ok(finish_hf_dir(dir, model, kind)?)
+}
+
+/// [`save_hf_from`] in-memory parameters.
+pub fn save_hf(
+    dir: impl AsRef<Path>,
+    model: &CausalLm,
+    params: &Params,
+    kind: Kind,
+) -> Result<(), ModelError> {
+    model.check_params(params)?;
+    save_hf_from(dir, model, params, kind).map_err(|e| match e {
+        TrainError::Model(e) => e,
+        TrainError::Safetensors(e) => e.into(),
+        TrainError::Torch(e) => e.into(),
+        other => ModelError::InvalidConfig {
+            field: "(save)".into(),
+            message: other.to_string(),
+        },
+    })
+}
