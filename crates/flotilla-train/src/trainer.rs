@@ -1,11 +1,11 @@
 //! The training loop: [`Trainer`] runs optimizer steps (data → unit engine → gradient
 //! unscaling and clipping → AdamW at the scheduled learning rate) over [`ParallelWeights`]
-//! (built once by `parallelize.rs`; the loop never asks which parallelism), and reports one
+//! (built once by `parallel::parallelize`; the loop never asks which parallelism), and reports one
 //! [`MetricsRow`] per step, global over the ranks (loss summed over ranks of the globally
 //! normalised per-rank losses, tokens/s summed), which a [`MetricsWriter`] appends to
 //! `metrics.csv`. This file owns the loop and when the fp16 loss scale applies; the row format
-//! is `metrics.rs`'s, loss scaling `loss_scale.rs`'s, and checkpoints, evaluation and run
-//! directories live in `checkpoint.rs` and `fit.rs`.
+//! is `flotilla_contract::metrics`', loss scaling `optim::loss_scale`'s, and checkpoints, evaluation and run
+//! directories live in `checkpoint` and `fit`.
 
 use std::sync::Arc;
 use std::time::Instant;

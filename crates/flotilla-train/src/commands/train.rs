@@ -5,6 +5,7 @@
 //! other ranks print only their start and summary lines (the launchers write every rank's
 //! output to its own log file).
 
+use std::collections::HashSet;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -183,60 +184,11 @@ fn run_job_unguarded(
     on_row: Option<&mut dyn FnMut(&MetricsRow)>,
 ) -> Result<JobSummary, TrainError> {
     let wall = Instant::now();
-    crate::host_memory::reset_peak_rss();
-    // A stop signal during start-up is honoured at the first step.
-    crate::preempt::install()?;
+    prepare_process()?;
     let t = &job.trainer;
-    if let Some(n) = std::env::var("OMP_NUM_THREADS")
-        .ok()
-        .and_then(|v| v.trim().parse::<i32>().ok())
-        .filter(|n| *n > 0)
-    {
-        tch::set_num_threads(n);
-    }
     let device = train_device(t.device, rank)?;
     let dist = join_group(rank, &t.dist, device)?;
-    // Each rank reads only what it will hold (FSDP: its shards) from the starting weights.
-    let (base, hf) = match &job.model.init_from {
-        Some(dir) => {
-            let (model, weights) = HfWeights::open(dir)?;
-            (model, Some(weights))
-        }
-        None => (CausalLm::new(&job.model)?, None),
-    };
-    // Sequences beyond a sliding window would train full attention the model does not have.
-    base.check_window("data.seq_len", job.data.seq_len())?;
-    let lora = job.peft.lora();
-    let model = match lora {
-        Some(l) => CausalLm::with_lora(base.config(), Some(l))?,
-        None => base,
-    };
-    let seeded = Seeded::new(&model, t.seed as u64);
-    let base_source: &dyn TensorSource = match &hf {
-        Some(weights) => weights,
-        None => &seeded,
-    };
-    // LoRA: the adapters (and modules to save) from a PEFT adapter directory, or seeded as
-    // PEFT initialises them, over the base.
-    let adapter = match lora.and_then(|l| l.init_from.as_deref().map(|d| (l, d))) {
-        Some((l, dir)) => Some(PeftAdapter::open(Path::new(dir), &model, l)?),
-        None => None,
-    };
-    let overlay = lora.map(|_| Overlay {
-        names: match &adapter {
-            Some(a) => a.names().clone(),
-            None => peft::factor_names(&model),
-        },
-        over: match &adapter {
-            Some(a) => a,
-            None => &seeded,
-        },
-        base: base_source,
-    });
-    let params: &dyn TensorSource = match &overlay {
-        Some(o) => o,
-        None => base_source,
-    };
+    let (model, start) = StartingWeights::open(job)?;
     let data = data::build(
         &job.data,
         &DataOptions {
@@ -245,6 +197,121 @@ fn run_job_unguarded(
             init_from: job.model.init_from.as_deref().map(Path::new),
         },
     )?;
+    let mut trainer = build_trainer(job, rank, model, start, &data, device, dist)?;
+    trainer.host_peaks_mut().end(HostPhase::Startup);
+    if let Some((dir, state)) = resume(&mut trainer, run_dir, &t.resume)? {
+        if rank.rank == 0 {
+            eprintln!("resuming from {} (step {})", dir.display(), state.step);
+        }
+    }
+    announce(job, rank, &trainer, &data, device);
+    let (rows, last_eval_acc) = fit_and_record(job, run_dir, rank, &mut trainer, &data, on_row)?;
+    write_final(job, run_dir, &mut trainer, &data)?;
+    let summary = JobSummary {
+        steps: trainer.step_index(),
+        final_loss: rows.last().map(|r| r.loss),
+        eval_acc: last_eval_acc,
+        wall_s: wall.elapsed().as_secs_f64(),
+    };
+    report_memory(&trainer, rank, &summary);
+    Ok(summary)
+}
+
+/// What a job's process needs before anything else: its peak host memory counted from here, a
+/// stop signal during start-up honoured at the first step, and libtorch's threads as many as
+/// the launcher gave the rank (`OMP_NUM_THREADS`).
+fn prepare_process() -> Result<(), TrainError> {
+    crate::host_memory::reset_peak_rss();
+    crate::preempt::install()?;
+    if let Some(n) = std::env::var("OMP_NUM_THREADS")
+        .ok()
+        .and_then(|v| v.trim().parse::<i32>().ok())
+        .filter(|n| *n > 0)
+    {
+        tch::set_num_threads(n);
+    }
+    Ok(())
+}
+
+/// Where a job's starting parameters come from, each rank reading only what it will hold
+/// (FSDP: its shards): the base (a Hugging Face directory, `model.init_from`, or the seeded
+/// initialisation) and, for a LoRA job, the adapters (and modules to save) from a PEFT adapter
+/// directory, or seeded as PEFT initialises them, over the base.
+struct StartingWeights {
+    seeded: Seeded,
+    hf: Option<HfWeights>,
+    adapter: Option<PeftAdapter>,
+    /// A LoRA job's adapted parameters (what the adapter source gives over the base).
+    adapted: Option<HashSet<String>>,
+}
+
+impl StartingWeights {
+    /// The job's model (with its LoRA adapters) and where its parameters come from.
+    fn open(job: &JobConfig) -> Result<(CausalLm, Self), TrainError> {
+        let (base, hf) = match &job.model.init_from {
+            Some(dir) => {
+                let (model, weights) = HfWeights::open(dir)?;
+                (model, Some(weights))
+            }
+            None => (CausalLm::new(&job.model)?, None),
+        };
+        // Sequences beyond a sliding window would train full attention the model does not have.
+        base.check_window("data.seq_len", job.data.seq_len())?;
+        let lora = job.peft.lora();
+        let model = match lora {
+            Some(l) => CausalLm::with_lora(base.config(), Some(l))?,
+            None => base,
+        };
+        let seeded = Seeded::new(&model, job.trainer.seed as u64);
+        let adapter = match lora.and_then(|l| l.init_from.as_deref().map(|d| (l, d))) {
+            Some((l, dir)) => Some(PeftAdapter::open(Path::new(dir), &model, l)?),
+            None => None,
+        };
+        let adapted = lora.map(|_| match &adapter {
+            Some(a) => a.names().clone(),
+            None => peft::factor_names(&model),
+        });
+        let start = StartingWeights {
+            seeded,
+            hf,
+            adapter,
+            adapted,
+        };
+        Ok((model, start))
+    }
+
+    /// Runs `f` with the source of every starting parameter.
+    fn with_source<T>(&self, f: impl FnOnce(&dyn TensorSource) -> T) -> T {
+        let base: &dyn TensorSource = match &self.hf {
+            Some(weights) => weights,
+            None => &self.seeded,
+        };
+        match &self.adapted {
+            Some(names) => f(&Overlay {
+                names: names.clone(),
+                over: match &self.adapter {
+                    Some(a) => a,
+                    None => &self.seeded,
+                },
+                base,
+            }),
+            None => f(base),
+        }
+    }
+}
+
+/// This rank's trainer: its share of each global batch and its weights under the job's
+/// parallelism, built from the starting weights (which are let go once they are built).
+fn build_trainer(
+    job: &JobConfig,
+    rank: &RankInfo,
+    model: CausalLm,
+    start: StartingWeights,
+    data: &data::Data,
+    device: Device,
+    dist: Option<DistContext>,
+) -> Result<Trainer, TrainError> {
+    let t = &job.trainer;
     let layout = BatchLayout {
         global_batch_size: t.global_batch_size,
         micro_batch_size: t.micro_batch_size,
@@ -258,27 +325,19 @@ fn run_job_unguarded(
         layout,
         device,
     )?;
-    let mut trainer = Trainer::distributed(model, params, t, loader, device, dist)?;
-    drop(hf);
-    trainer.host_peaks_mut().end(HostPhase::Startup);
-    let is_zero = rank.rank == 0;
-    if let Some((dir, state)) = resume(&mut trainer, run_dir, &t.resume)? {
-        if is_zero {
-            eprintln!("resuming from {} (step {})", dir.display(), state.step);
-        }
-    }
-    let metrics_path = run_dir.join(flotilla_contract::layout::METRICS_CSV);
-    let mut metrics = if is_zero {
-        Some(MetricsWriter::open(&metrics_path, trainer.step_index())?)
-    } else {
-        None
-    };
-    let eval = data.eval.as_ref().map(|d| EvalSet {
-        dataset: d.clone(),
-        num_batches: t.eval_batches,
-        micro_batch_size: t.micro_batch_size,
-        task: data.arithmetic.as_ref().map(|a| (a, 256)),
-    });
+    start.with_source(|params| Trainer::distributed(model, params, t, loader, device, dist))
+}
+
+/// The job's opening lines: where each rank runs (on several nodes), and what is trained how
+/// (rank 0 on the console, the other ranks in their logs).
+fn announce(
+    job: &JobConfig,
+    rank: &RankInfo,
+    trainer: &Trainer,
+    data: &data::Data,
+    device: Device,
+) {
+    let t = &job.trainer;
     let mode = match &t.dist {
         _ if rank.world_size == 1 => "single process".to_string(),
         DistConfig::None => "single process".to_string(),
@@ -289,7 +348,7 @@ fn run_job_unguarded(
             rank.world_size
         ),
     };
-    let peft = match lora {
+    let peft = match job.peft.lora() {
         Some(l) => {
             let specs = trainer.model.param_specs();
             let count = |f: &dyn Fn(&&crate::model::ParamSpec) -> bool| -> usize {
@@ -330,7 +389,7 @@ fn run_job_unguarded(
             rank.master_port
         );
     }
-    if is_zero {
+    if rank.rank == 0 {
         eprintln!("{intro}");
         if let Some(stats) = &data.chat_stats {
             eprintln!("chat data: {}", data::chat::summary_line(stats));
@@ -338,14 +397,39 @@ fn run_job_unguarded(
     } else {
         eprintln!("[rank {}] {intro}", rank.rank);
     }
+}
+
+/// Trains to `trainer.max_steps` ([`fit`]), rank 0 writing `metrics.csv` and mirroring it into
+/// TensorBoard events with the job's swept values as HParams (a write error warns once and
+/// training goes on). Returns the metrics rows and the last evaluation accuracy.
+fn fit_and_record(
+    job: &JobConfig,
+    run_dir: &Path,
+    rank: &RankInfo,
+    trainer: &mut Trainer,
+    data: &data::Data,
+    on_row: Option<&mut dyn FnMut(&MetricsRow)>,
+) -> Result<(Vec<MetricsRow>, Option<f64>), TrainError> {
+    let t = &job.trainer;
+    let is_zero = rank.rank == 0;
+    let metrics_path = run_dir.join(flotilla_contract::layout::METRICS_CSV);
+    let mut metrics = if is_zero {
+        Some(MetricsWriter::open(&metrics_path, trainer.step_index())?)
+    } else {
+        None
+    };
+    let eval = data.eval.as_ref().map(|d| EvalSet {
+        dataset: d.clone(),
+        num_batches: t.eval_batches,
+        micro_batch_size: t.micro_batch_size,
+        task: data.arithmetic.as_ref().map(|a| (a, 256)),
+    });
     let mut last_eval_acc = None;
     let mut track = |r: &MetricsRow| {
         if let Some(acc) = r.eval_acc {
             last_eval_acc = Some(acc);
         }
     };
-    // Rank 0 mirrors metrics.csv into TensorBoard events, with the job's swept values as
-    // HParams; a write error warns once and training goes on.
     let mut events = is_zero.then(|| {
         let mut writer = EventWriter::create(&run_dir.join(events::TB_DIR));
         let metric_tags: &[&str] = match data.eval {
@@ -366,7 +450,7 @@ fn run_job_unguarded(
         }
     };
     let fitted = fit(
-        &mut trainer,
+        trainer,
         metrics.as_mut(),
         FitOptions {
             run_dir,
@@ -385,28 +469,37 @@ fn run_job_unguarded(
         });
     }
     let rows = fitted?;
+    Ok((rows, last_eval_acc))
+}
 
-    // The final model: gathered to rank 0 a group at a time and streamed to the file; a LoRA
-    // job's is a PEFT adapter directory.
+/// The final model in `final/`: gathered to rank 0 a group at a time and streamed to the file;
+/// a LoRA job's is a PEFT adapter directory.
+fn write_final(
+    job: &JobConfig,
+    run_dir: &Path,
+    trainer: &mut Trainer,
+    data: &data::Data,
+) -> Result<(), TrainError> {
     trainer.host_peaks_mut().begin();
     let final_dir = run_dir.join(flotilla_contract::layout::FINAL_DIR);
-    match lora {
+    match job.peft.lora() {
         Some(l) => save_adapter(
-            &trainer,
+            trainer,
             &final_dir,
             l,
             peft::base_path(job.model.init_from.as_deref()).as_deref(),
             data.tokenizer.as_ref(),
         )?,
-        None => save_final(&trainer, &final_dir, data.tokenizer.as_ref())?,
+        None => save_final(trainer, &final_dir, data.tokenizer.as_ref())?,
     }
     trainer.host_peaks_mut().end(HostPhase::Final);
-    let summary = JobSummary {
-        steps: trainer.step_index(),
-        final_loss: rows.last().map(|r| r.loss),
-        eval_acc: last_eval_acc,
-        wall_s: wall.elapsed().as_secs_f64(),
-    };
+    Ok(())
+}
+
+/// What the rank held (parameters, gradients, optimizer state, the peak of gathered
+/// parameters) and its peak host memory by phase, in its log; ranks other than 0 also print
+/// it and the summary.
+fn report_memory(trainer: &Trainer, rank: &RankInfo, summary: &JobSummary) {
     let m = trainer.memory();
     let mut memory = format!(
         "memory held: params {} B, grads {} B, optimizer {} B",
@@ -417,11 +510,10 @@ fn run_job_unguarded(
     }
     tracing::info!("{memory}");
     tracing::info!("peak host RSS by phase: {}", trainer.host_peaks());
-    if !is_zero {
+    if rank.rank != 0 {
         eprintln!("[rank {}] {memory}", rank.rank);
         eprintln!("[rank {}] {summary}", rank.rank);
     }
-    Ok(summary)
 }
 
 /// Logs to stderr (colour only on a terminal), filtered by `FLOTILLA_LOG` (default `warn`).

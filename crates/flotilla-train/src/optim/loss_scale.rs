@@ -1,7 +1,7 @@
 //! fp16 dynamic loss scaling: the [`LossScaler`] state (scale and growth tracker, kept in
 //! checkpoints) with its update rule, and `unscale`, which divides a step's gradients by the
 //! scale in place and reports inf/NaN. The training loop owns when these run; the weights
-//! (`replicated.rs`, `fsdp.rs`) unscale their own gradients. This module depends on nothing else
+//! (`parallel::replicated`, `parallel::fsdp`) unscale their own gradients. This module depends on nothing else
 //! of the crate but its error type.
 
 use serde::{Deserialize, Serialize};

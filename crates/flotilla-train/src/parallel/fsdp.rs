@@ -1,6 +1,6 @@
 //! Fully sharded data parallelism on the unit engine (docs/ARCHITECTURE.md, "The unit
 //! engine"). This file owns the sharded weights of a rank ([`Fsdp`]) over the flat parameter
-//! groups of `fsdp_layout.rs`: their sharding across ranks and process groups, the gather /
+//! groups of `layout.rs`: their sharding across ranks and process groups, the gather /
 //! release / reduce-scatter schedule, the AdamW step over the local shards, and the conversion
 //! between shards and full named tensors (for evaluation, full checkpoints and resharding).
 //!
@@ -35,7 +35,7 @@
 //! reduce-scattered as soon as its units' backward is done, on every micro-batch, and freed
 //! once the reduction lands in the group's sharded gradient (at most one reduction in flight
 //! while the next unit's backward runs); start-up builds each rank's shards from the
-//! parameters' source by ranges (`param_source.rs`), never the whole model; a full checkpoint
+//! parameters' source by ranges (`state::param_source`), never the whole model; a full checkpoint
 //! is gathered to rank 0 one group at a time ([`ParallelWeights::visit_full`]); evaluation
 //! gathers one group at a time in the master dtype ([`ParallelWeights::forward_eval`]).
 
