@@ -5,11 +5,13 @@ usage:
   chat_oracle.py --tokenizer DIR [--tokenizer DIR2 ...] --data FILE
                  [--train-on assistant|all|last_assistant]
                  [--messages-key KEY] [--sharegpt] [--add-generation-prompt] [--show]
+                 [--generation-template FILE]
 
 DIR is a Hugging Face tokenizer directory (tests/oracle/make_chat_tokenizers.py writes tiny ones);
 FILE has one JSON object per line. Prints one JSON object per conversation on stdout:
 
-  {"line": N, "text": T, "input_ids": [...], "trained": [0/1 per token]}
+  {"line": N, "text": T, "input_ids": [...], "trained": [0/1 per token],
+   "mask": "all" | "prefixes" | "markers"}
   {"line": N, "error": MESSAGE}
   {"line": N, "error": MESSAGE, "kind": "raised" | "render"}
 
@@ -54,6 +56,18 @@ apply_chat_template(m, tokenize=False, add_generation_prompt=g)):
   last_assistant  the same, for the last message whose role is "assistant" only (it need not be
                   the last message); only that turn's prefix is checked for stability.
 
+  Not prefix-stable: when T does not start with some turn's p, the turns are found by markers
+  instead ("mask": "markers"). Every assistant message's content must be a string (else the error
+  "not prefix-stable"); M = messages with assistant message i's content replaced by the marker
+  "\ue000flotilla-turn-{i}\ue001", R = render(M, False). R with each marker read as a lazy
+  capture of any text, everything else literal, must match the whole of T (else the error "not
+  prefix-stable"); capture i is where message i's content lies in T, [cs, ce). For each trained
+  turn whose marker R holds: q = render(M[:i+1], False), after = q past marker i; end = ce + the
+  common prefix length of after and T[ce:], moved back out of added tokens as above (of T, and of
+  T[:ce] + after). A token is trained when its character span overlaps some [cs, end) (so a
+  Metaspace "▁word" that begins at the space before a content is trained, as transformers'
+  {% generation %} masks take it).
+
   Under assistant and last_assistant a conversation with no assistant message is the error
   "no assistant turn". When a render (the full one or any prefix) raises, the line is
   {"line": N, "error": str(exception)} -- for a template's raise_exception(msg), msg itself.
@@ -84,6 +98,12 @@ Notes, checked on the tiny tokenizers of make_chat_tokenizers.py:
     assistant turn renders without the system prompt, and its prefix renders (which end with that
     user turn) carry it: such conversations are "not prefix-stable" under assistant masking.
 
+--generation-template FILE: the same template with {% generation %} ... {% endgeneration %} around
+each assistant reply (an independent oracle of the mask): each line also carries
+"generation_mask", transformers' assistant_masks of apply_chat_template(messages,
+chat_template=FILE, tokenize=True, return_dict=True, return_assistant_tokens_mask=True), whose
+input_ids must equal input_ids above.
+
 --show prints, instead of JSON, each text with trained spans bracketed as [[...]] (the exact
 token spans, for checking masks by eye).
 """
@@ -92,6 +112,7 @@ import argparse
 import bisect
 import json
 import os
+import re
 import sys
 
 SHAREGPT_ROLES = {"human": "user", "gpt": "assistant", "system": "system"}
@@ -137,9 +158,11 @@ def added_spans(tok, ids, offsets):
     return [o for i, o in zip(ids, offsets) if i in added]
 
 
-def turn_end(tok, upto, text, text_added):
-    """The common prefix length of `upto` and `text`, never ending inside an added token."""
-    n = common_prefix_len(upto, text)
+def turn_end(tok, upto, text, text_added, n=None):
+    """The common prefix length of `upto` and `text` (or `n`, a length they share), never ending
+    inside an added token."""
+    if n is None:
+        n = common_prefix_len(upto, text)
     spans = list(text_added)
     if n < len(upto):  # no span of `upto` can end past n otherwise
         enc = tok(upto, add_special_tokens=False, return_offsets_mapping=True)
@@ -168,7 +191,8 @@ def render(tok, messages, generation_prompt):
 
 
 def assistant_spans(tok, messages, text, text_added, which):
-    """[start, end) character spans of the assistant turns (all of them, or the last one)."""
+    """[start, end) character spans of the assistant turns (all of them, or the last one), and
+    how they were found ("prefixes" or "markers")."""
     idx = [i for i, m in enumerate(messages) if isinstance(m, dict) and m.get("role") == "assistant"]
     if not idx:
         raise ConversationError("no assistant turn")
@@ -178,10 +202,45 @@ def assistant_spans(tok, messages, text, text_added, which):
     for i in idx:
         prefix = render(tok, messages[:i], True)
         if not text.startswith(prefix):
-            raise ConversationError("not prefix-stable")
+            return marker_spans(tok, messages, text, text_added, idx), "markers"
         upto = render(tok, messages[: i + 1], False)
         spans.append((len(prefix), turn_end(tok, upto, text, text_added)))
+    return spans, "prefixes"
+
+
+def marker(i):
+    return f"\ue000flotilla-turn-{i}\ue001"
+
+
+def marker_spans(tok, messages, text, text_added, idx):
+    assistants = [i for i, m in enumerate(messages) if isinstance(m, dict) and m.get("role") == "assistant"]
+    if any(not isinstance(messages[i].get("content"), str) for i in assistants):
+        raise ConversationError("not prefix-stable")
+    marked = [dict(m, content=marker(i)) if i in assistants else m for i, m in enumerate(messages)]
+    rendered = render(tok, marked, False)
+    order = [i for i in assistants if marker(i) in rendered]
+    pattern = re.escape(rendered)
+    for i in order:
+        pattern = pattern.replace(re.escape(marker(i)), f"(?P<m{i}>.*?)", 1)
+    match = re.fullmatch(pattern, text, re.DOTALL)
+    if match is None:
+        raise ConversationError("not prefix-stable")
+    spans = []
+    for i in idx:
+        if i not in order:
+            continue
+        start, content_end = match.span(f"m{i}")
+        upto = render(tok, marked[: i + 1], False)
+        after = upto[upto.index(marker(i)) + len(marker(i)) :]
+        alone = text[:content_end] + after
+        n = content_end + common_prefix_len(after, text[content_end:])
+        spans.append((start, turn_end(tok, alone, text, text_added, n)))
     return spans
+
+
+def overlap_mask(offsets, spans):
+    """1 for each token whose character span overlaps one of the [start, end) spans, else 0."""
+    return [int(any(s < end and e > start for start, end in spans)) for s, e in offsets]
 
 
 def trained_mask(offsets, spans):
@@ -202,11 +261,23 @@ def process(tok, record, args):
     enc = tok(text, add_special_tokens=False, return_offsets_mapping=True)
     ids, offsets = enc["input_ids"], enc["offset_mapping"]
     if args.train_on == "all":
-        trained = [1] * len(ids)
+        trained, how = [1] * len(ids), "all"
     else:
-        spans = assistant_spans(tok, messages, text, added_spans(tok, ids, offsets), args.train_on)
-        trained = trained_mask(offsets, spans)
-    return text, ids, offsets, trained
+        spans, how = assistant_spans(tok, messages, text, added_spans(tok, ids, offsets), args.train_on)
+        trained = (overlap_mask if how == "markers" else trained_mask)(offsets, spans)
+    extra = {"mask": how}
+    if args.generation_template:
+        out = tok.apply_chat_template(
+            messages,
+            chat_template=args.generation_template,
+            tokenize=True,
+            return_dict=True,
+            return_assistant_tokens_mask=True,
+        )
+        if list(out["input_ids"]) != list(ids):
+            sys.exit("chat_oracle: the --generation-template renders other ids than the template")
+        extra["generation_mask"] = list(out["assistant_masks"])
+    return text, ids, offsets, trained, extra
 
 
 def show(text, offsets, trained):
@@ -239,7 +310,11 @@ def main():
     ap.add_argument("--sharegpt", action="store_true", help="turns are {from, value} (ShareGPT)")
     ap.add_argument("--add-generation-prompt", action="store_true")
     ap.add_argument("--show", action="store_true", help="print texts with trained spans bracketed")
+    ap.add_argument("--generation-template", default=None, help="the template with {% generation %} marks")
     args = ap.parse_args()
+    if args.generation_template:
+        with open(args.generation_template, encoding="utf-8") as f:
+            args.generation_template = f.read()
     if args.messages_key is None:
         args.messages_key = "conversations" if args.sharegpt else "messages"
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -271,7 +346,7 @@ def run(tok, name, args):
             except json.JSONDecodeError as e:
                 sys.exit(f"chat_oracle: {args.data}:{n}: not JSON: {e}")
             try:
-                text, ids, offsets, trained = process(tok, record, args)
+                text, ids, offsets, trained, extra = process(tok, record, args)
             except ConversationError as e:
                 if args.show:
                     print(f"--- line {n}: error: {e}")
@@ -283,7 +358,7 @@ def run(tok, name, args):
                 print(f"--- line {n}: {len(ids)} tokens, {sum(trained)} trained")
                 print(show(text, offsets, trained))
             else:
-                line = {"line": n, "text": text, "input_ids": ids, "trained": trained, **tagged}
+                line = {"line": n, "text": text, "input_ids": ids, "trained": trained, **extra, **tagged}
                 print(json.dumps(line, ensure_ascii=False))
 
 

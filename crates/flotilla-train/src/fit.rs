@@ -139,8 +139,9 @@ impl Trainer {
     }
 }
 
-/// Applies `trainer.resume`: `auto` restores the latest complete checkpoint of `run_dir` (if
-/// any), `never` none, a path that checkpoint. Returns the checkpoint used.
+/// Applies `trainer.resume`: `auto` restores the newest complete checkpoint of `run_dir` that
+/// is whole (if any; a damaged one is skipped, [`checkpoint::newest_intact`]), `never` none, a
+/// path that checkpoint. Returns the checkpoint used.
 pub fn resume(
     trainer: &mut Trainer,
     run_dir: &Path,
@@ -148,8 +149,23 @@ pub fn resume(
 ) -> Result<Option<(PathBuf, TrainerState)>, TrainError> {
     let dir = match resume {
         Resume::Never => None,
-        Resume::Auto => checkpoint::latest(run_dir)?,
-        Resume::Path(p) => Some(PathBuf::from(p)),
+        Resume::Auto => checkpoint::newest_intact(trainer, run_dir)?,
+        Resume::Path(p) => {
+            let dir = PathBuf::from(p);
+            // (a directory that is not there is named by the restore)
+            let checked = match dir.is_dir() {
+                true => checkpoint::manifest::verify(&dir),
+                false => Ok(()),
+            };
+            checked.map_err(|damage| {
+                TrainError::BadState(format!(
+                    "trainer.resume: checkpoint {} is damaged ({damage}); name an intact one, or \
+                     set trainer.resume=auto to take the newest intact checkpoint",
+                    dir.display()
+                ))
+            })?;
+            Some(dir)
+        }
     };
     match dir {
         Some(d) => {

@@ -192,6 +192,13 @@ fn compare_with(
                 let trained: Vec<u8> = serde_json::from_value(want["trained"].clone()).unwrap();
                 let ours: Vec<u8> = e.trained.iter().map(|&t| t as u8).collect();
                 assert_eq!(ours, trained, "{what}: trained mask of {:?}", e.text);
+                if let Some(how) = want.get("mask") {
+                    assert_eq!(
+                        &serde_json::to_value(e.mask).unwrap(),
+                        how,
+                        "{what}: how the mask was found"
+                    );
+                }
                 same += 1;
             }
         }
@@ -333,6 +340,95 @@ fn more_templates_render_tokenize_and_mask_like_transformers() {
         let least = if train_on == TrainOn::All { 450 } else { 350 };
         assert!(total > least, "{arg}: only {total} conversations compared");
     }
+}
+
+/// Mistral v0.3 renders a system prompt into the last user turn only, so a conversation with
+/// one is not prefix-stable: flotilla trains it, its turns found by markers, with
+/// transformers' text and ids, the mask the oracle computes by the same rule, and the mask
+/// transformers itself gives from the template with `{% generation %}` around each reply. Each
+/// trained run is one assistant content (stripped, as the template strips it) and its `</s>`.
+#[test]
+fn a_template_that_is_not_prefix_stable_is_masked_by_markers() {
+    let Some(dir) = require_tokenizers("a_template_that_is_not_prefix_stable_is_masked_by_markers")
+    else {
+        return;
+    };
+    let data = fixtures().join("system_multiturn.jsonl");
+    let tagged = common::repo_root()
+        .join("tests/oracle/fixtures/chat_templates/mistral-7b-instruct-v0.3.generation.jinja");
+    let tok = dir.join("mistral");
+    for (train_on, arg) in [
+        (TrainOn::Assistant, "assistant"),
+        (TrainOn::LastAssistant, "last_assistant"),
+    ] {
+        let args = [
+            "--train-on",
+            arg,
+            "--generation-template",
+            tagged.to_str().unwrap(),
+        ];
+        let expected = oracle(&tok, &data, &args);
+        let mut cfg = chat_config(&tok, &data, "");
+        cfg.train_on = train_on;
+        let (same, errors) = compare_with("mistral", &data, &cfg, &args, &expected);
+        assert_eq!((same, errors), (5, 0), "{arg}");
+        let by_markers: Vec<&str> = expected
+            .iter()
+            .map(|l| l["mask"].as_str().unwrap())
+            .collect();
+        assert_eq!(
+            by_markers,
+            ["markers", "markers", "markers", "prefixes", "markers"],
+            "{arg}"
+        );
+        if train_on != TrainOn::Assistant {
+            continue;
+        }
+        let chat = ChatTokenizer::open(&cfg, None).unwrap();
+        let text = std::fs::read_to_string(&data).unwrap();
+        for (line, want) in text.lines().zip(&expected) {
+            // transformers' own assistant mask agrees with the oracle's and flotilla's.
+            assert_eq!(want["generation_mask"], want["trained"], "{line}");
+            let record: Value = serde_json::from_str(line).unwrap();
+            let e = encode_record(&chat, &record, &cfg).unwrap();
+            // The text each run of trained tokens covers, from the tokens' offsets.
+            let (_, starts) = chat.tokenizer.encode_with_offsets(&e.text).unwrap();
+            let mut runs: Vec<String> = vec![];
+            let mut k = 0;
+            while k < e.trained.len() {
+                if !e.trained[k] {
+                    k += 1;
+                    continue;
+                }
+                let first = k;
+                while k < e.trained.len() && e.trained[k] {
+                    k += 1;
+                }
+                let end = starts.get(k).copied().unwrap_or(e.text.len());
+                runs.push(e.text[starts[first]..end].to_string());
+            }
+            let replies: Vec<String> = record["messages"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|m| m["role"] == "assistant")
+                .map(|m| format!("{}</s>", m["content"].as_str().unwrap().trim()))
+                .collect();
+            let runs: Vec<String> = runs.iter().map(|r| r.trim_start().to_string()).collect();
+            assert_eq!(runs, replies, "{line}");
+        }
+    }
+    // data show says how the masks were found.
+    let cfg = chat_config(&tok, &data, "");
+    let chat = ChatTokenizer::open(&cfg, None).unwrap();
+    let (_, stats) = chat::build("data.path", &data, &cfg, &chat, false).unwrap();
+    assert_eq!(stats.masked_by_markers, 4);
+    assert!(
+        chat::summary_line(&stats)
+            .contains("4 masked by markers (the chat template is not prefix-stable"),
+        "{}",
+        chat::summary_line(&stats)
+    );
 }
 
 #[test]

@@ -1,6 +1,7 @@
 //! Checkpoints: an interrupted and resumed run equals an uninterrupted one bit for bit,
-//! rotation keeps the last K checkpoints, a leftover temporary directory is ignored, and
-//! evaluation fills the eval columns of `metrics.csv`.
+//! rotation keeps the last K checkpoints, a leftover temporary directory is ignored, a damaged
+//! newest checkpoint is skipped for the newest intact one, and evaluation fills the eval
+//! columns of `metrics.csv`.
 
 #[path = "../../../tests/common/mod.rs"]
 mod common;
@@ -173,4 +174,65 @@ fn rotation_keeps_the_last_k_and_resume_ignores_temp_dirs() {
     let mut tr = trainer(&t, &d);
     assert!(resume(&mut tr, dir.path(), &t.resume).unwrap().is_none());
     assert_eq!(tr.step_index(), 0);
+}
+
+/// Truncating a file of the newest checkpoint (a node crash on a network file system) makes
+/// `resume: auto` take the one before it, and the run ends as the uninterrupted one does; with
+/// every checkpoint damaged, resuming fails naming each one and why.
+#[test]
+fn a_damaged_newest_checkpoint_is_skipped_for_the_newest_intact_one() {
+    let d = data();
+    let t = trainer_config(3, 0);
+    let a = tempfile::tempdir().unwrap();
+    let full = run(a.path(), &t, &d, 12);
+    let b = tempfile::tempdir().unwrap();
+    drop(run(b.path(), &t, &d, 9));
+    let ck = checkpoint::checkpoints_dir(b.path());
+    for step in [3, 6, 9] {
+        let manifest = ck.join(format!("step_{step}/manifest.json"));
+        assert!(manifest.is_file(), "{} was not written", manifest.display());
+    }
+    // The newest checkpoint's optimizer state loses its last bytes.
+    let damaged = ck.join("step_9/optimizer.safetensors");
+    let len = std::fs::metadata(&damaged).unwrap().len();
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&damaged)
+        .unwrap();
+    file.set_len(len - 100).unwrap();
+    drop(file);
+    let err = checkpoint::manifest::verify(&ck.join("step_9")).unwrap_err();
+    assert_eq!(err.file, "optimizer.safetensors");
+    assert_eq!(
+        err.reason,
+        format!("{} bytes where {len} were written", len - 100)
+    );
+
+    let mut tr = trainer(&t, &d);
+    let (dir, state) = resume(&mut tr, b.path(), &t.resume).unwrap().unwrap();
+    assert_eq!((dir, state.step), (ck.join("step_6"), 6));
+    let resumed = run(b.path(), &t, &d, 12);
+    assert_eq!(resumed.step_index(), 12);
+    let (ra, rb) = (rows(a.path()), rows(b.path()));
+    assert_eq!(rb.len(), 12);
+    assert_eq!(ra[11][1], rb[11][1], "final loss");
+    assert_eq!(params(&full), params(&resumed));
+
+    // Every checkpoint damaged: a missing file, a header cut short.
+    let c = tempfile::tempdir().unwrap();
+    drop(run(c.path(), &t, &d, 6));
+    let ck = checkpoint::checkpoints_dir(c.path());
+    std::fs::remove_file(ck.join("step_6/model.safetensors")).unwrap();
+    std::fs::write(ck.join("step_3/model.safetensors"), [1u8, 0, 0]).unwrap();
+    let mut tr = trainer(&t, &d);
+    let err = resume(&mut tr, c.path(), &t.resume)
+        .unwrap_err()
+        .to_string();
+    for want in [
+        "no checkpoint of this run is whole",
+        "step_6: model.safetensors: missing",
+        "step_3: model.safetensors: 3 bytes where",
+    ] {
+        assert!(err.contains(want), "{want:?} not in: {err}");
+    }
 }

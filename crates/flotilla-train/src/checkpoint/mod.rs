@@ -12,12 +12,15 @@
 //!
 //! A checkpoint is written into a hidden temporary directory and renamed into place, and
 //! `trainer_state.json` is written last, so a crash never leaves a directory that [`latest`]
-//! would pick. This file owns the layout, saving, rotation and restoring; the files of a
-//! checkpoint are read through [`files`], streamed out through [`state_file`], and a job's
-//! `final/` is [`final_dir`]'s.
+//! would pick. Each records what it holds (`manifest.json`, [`manifest`]) before its state
+//! file, and `resume: auto` takes the newest checkpoint that is still whole
+//! ([`newest_intact`]), so a damaged newest one costs an interval, not the job. This file owns
+//! the layout, saving, rotation and restoring; the files of a checkpoint are read through
+//! [`files`], streamed out through [`state_file`], and a job's `final/` is [`final_dir`]'s.
 
 pub mod files;
 pub mod final_dir;
+pub mod manifest;
 pub mod state_file;
 
 pub use files::{shard_file, CheckpointFiles, ShardedMeta, CONFIG_FILE, SHARDED_META_FILE};
@@ -121,6 +124,77 @@ pub fn list(run_dir: &Path) -> Result<Vec<(u64, PathBuf)>, TrainError> {
 /// The latest complete checkpoint of a run directory, if any.
 pub fn latest(run_dir: &Path) -> Result<Option<PathBuf>, TrainError> {
     Ok(list(run_dir)?.pop().map(|(_, p)| p))
+}
+
+/// The newest complete checkpoint of `run_dir` that is whole ([`manifest::verify`]), the same
+/// on every rank: a damaged one is logged (which file, and why) and an older one tried. `None`
+/// when there is no checkpoint; an error naming each one tried when none is whole. Collective
+/// in a distributed run (the ranks agree on the newest checkpoint all of them find whole).
+pub fn newest_intact(trainer: &Trainer, run_dir: &Path) -> Result<Option<PathBuf>, TrainError> {
+    let all = list(run_dir)?;
+    let mut tried = vec![];
+    let mut chosen: Option<(u64, &PathBuf)> = None;
+    for (step, dir) in all.iter().rev() {
+        match manifest::verify(dir) {
+            Ok(()) => {
+                chosen = Some((*step, dir));
+                break;
+            }
+            Err(damage) => {
+                tracing::warn!(
+                    "checkpoint {} is damaged ({damage}); trying an older one",
+                    dir.display()
+                );
+                tried.push(format!("{}: {damage}", dir.display()));
+            }
+        }
+    }
+    // The newest checkpoint every rank finds whole (-1: none).
+    let mine = chosen.map_or(-1, |(step, _)| step as i64);
+    let agreed = min_over_ranks(trainer, mine)?;
+    if agreed < 0 {
+        if all.is_empty() {
+            return Ok(None);
+        }
+        return Err(TrainError::BadState(match tried.is_empty() {
+            true => "no checkpoint of this run is whole on every rank (see the ranks' logs)".into(),
+            false => format!(
+                "no checkpoint of this run is whole, so it cannot resume: {}; remove the \
+                 damaged checkpoints to start afresh, or set trainer.resume to an intact one",
+                tried.join("; ")
+            ),
+        }));
+    }
+    let (_, dir) = all
+        .iter()
+        .find(|(step, _)| *step as i64 == agreed)
+        .ok_or_else(|| {
+            TrainError::BadState(format!(
+                "another rank resumes from step_{agreed}, which this rank does not see"
+            ))
+        })?;
+    if agreed != mine {
+        manifest::verify(dir).map_err(|damage| {
+            TrainError::BadState(format!(
+                "the ranks disagree on the newest whole checkpoint: {}: {damage}",
+                dir.display()
+            ))
+        })?;
+    }
+    Ok(Some(dir.clone()))
+}
+
+/// The least of every rank's `value` (an all-reduce, also a barrier); without a process
+/// group, `value` itself.
+fn min_over_ranks(trainer: &Trainer, value: i64) -> Result<i64, TrainError> {
+    match trainer.comm() {
+        Some(comm) if comm.world_size() > 1 => {
+            let t = Tensor::from_slice(&[value]);
+            comm.all_reduce_tensor(&t, ReduceOp::Min)?.wait()?;
+            Ok(t.f_int64_value(&[0])?)
+        }
+        _ => Ok(value),
+    }
 }
 
 /// Whether every rank succeeded (`ok` is this rank's outcome): an all-reduce of the failure
@@ -263,6 +337,7 @@ fn write_and_commit(
             .map_err(|e| TrainError::BadState(format!("config.json: {e}")))?;
         let config_path = tmp.join(CONFIG_FILE);
         std::fs::write(&config_path, hf).map_err(io(&config_path))?;
+        manifest::record(tmp)?;
         let s = &trainer.schedule;
         let state = TrainerState {
             step,

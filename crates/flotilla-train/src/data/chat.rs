@@ -28,7 +28,11 @@
 //! - `last_assistant`: the same for the last assistant turn only.
 //!
 //! A template that renders earlier turns differently once later ones follow (not
-//! prefix-stable) cannot be masked by this rule: such a record is an error that says so.
+//! prefix-stable: Mistral v0.3 with a system prompt, the DeepSeek-R1 templates) cannot be
+//! masked by this rule; such a conversation's turns are found by markers instead
+//! (`chat_markers`: its assistant contents replaced by markers in a second render), the span
+//! of each turn being its content and end-of-turn token. [`ChatStats::masked_by_markers`]
+//! counts them, and `data show` says so.
 //!
 //! # Length
 //! A sequence of `L` tokens needs `L <= seq_len + 1` (inputs and shifted labels). Longer ones
@@ -64,6 +68,7 @@ use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
+use super::chat_markers::marker_spans;
 use super::chat_template::{message_value, ChatTemplate};
 use super::dataset::Dataset;
 use super::error::{DataError, Result};
@@ -90,6 +95,10 @@ pub struct ChatStats {
     pub tokens: usize,
     /// Tokens that are targets of the loss.
     pub trained_tokens: usize,
+    /// Conversations whose trained tokens were found by markers (the template is not
+    /// prefix-stable).
+    #[serde(default)]
+    pub masked_by_markers: usize,
     /// The first reasons records were skipped, for the log.
     pub skip_reasons: Vec<String>,
 }
@@ -342,12 +351,25 @@ fn messages_of(record: &Value, s: &Settings<'_>) -> std::result::Result<Value, S
     Ok(Value::Array(messages))
 }
 
-fn role_of(message: &Value) -> Option<&str> {
+pub(super) fn role_of(message: &Value) -> Option<&str> {
     message.get("role").and_then(Value::as_str)
 }
 
-/// Byte spans of the rendered text that are trained, by the prefix rule (module docs).
-/// `values` are `messages` as template values, converted once for every prefix rendered.
+/// How a conversation's trained tokens were found (module docs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MaskMethod {
+    /// `train_on: all`: every token.
+    All,
+    /// The prefix rule.
+    Prefixes,
+    /// Markers in place of the assistant contents (a template that is not prefix-stable).
+    Markers,
+}
+
+/// Byte spans of the rendered text that are trained, by the prefix rule, or by markers where
+/// the template is not prefix-stable (module docs). `values` are `messages` as template
+/// values, converted once for every prefix rendered.
 fn trained_spans(
     template: &ChatTemplate,
     added: &[String],
@@ -355,9 +377,9 @@ fn trained_spans(
     values: &[minijinja::Value],
     full: &str,
     train_on: TrainOn,
-) -> std::result::Result<Vec<(usize, usize)>, String> {
+) -> std::result::Result<(Vec<(usize, usize)>, MaskMethod), String> {
     if train_on == TrainOn::All {
-        return Ok(vec![(0, full.len())]);
+        return Ok((vec![(0, full.len())], MaskMethod::All));
     }
     let mut turns: Vec<usize> = messages
         .iter()
@@ -378,15 +400,11 @@ fn trained_spans(
     }
     let prefix = |n: usize| minijinja::Value::from(values[..n].to_vec());
     let mut spans = Vec::with_capacity(turns.len());
-    for i in turns {
+    for &i in &turns {
         let before = template.render_messages(prefix(i), true)?;
         if !full.starts_with(&before) {
-            return Err(format!(
-                "the chat template renders the turns before assistant turn {} differently once \
-                 later turns follow (it is not prefix-stable), so that turn's tokens cannot be \
-                 found by rendering prefixes; use data.train_on=last_assistant or all",
-                i + 1
-            ));
+            let spans = marker_spans(template, added, messages, full, &turns)?;
+            return Ok((spans, MaskMethod::Markers));
         }
         let upto = if i + 1 == values.len() {
             // the whole conversation: its render is `full` itself
@@ -399,14 +417,14 @@ fn trained_spans(
             spans.push((before.len(), end));
         }
     }
-    Ok(spans)
+    Ok((spans, MaskMethod::Prefixes))
 }
 
 /// `end` moved back to the start of any added token that it would cut in one of `texts` (all
 /// of which agree before `end`): the tokenizer reads an added token as one symbol, so a common
 /// prefix is taken over it whole. (Phi-3 ends an earlier turn's render with `<|endoftext|>`
 /// where the conversation goes on with `<|user|>`: they share `<|`, which is not a prefix.)
-fn outside_added_tokens(mut end: usize, texts: &[&str], added: &[String]) -> usize {
+pub(super) fn outside_added_tokens(mut end: usize, texts: &[&str], added: &[String]) -> usize {
     'again: loop {
         for text in texts {
             for token in added {
@@ -436,7 +454,7 @@ fn outside_added_tokens(mut end: usize, texts: &[&str], added: &[String]) -> usi
 }
 
 /// Bytes `a` and `b` share from the start, at a character boundary.
-fn common_prefix_len(a: &str, b: &str) -> usize {
+pub(super) fn common_prefix_len(a: &str, b: &str) -> usize {
     let mut n = 0;
     for ((i, ca), cb) in a.char_indices().zip(b.chars()) {
         if ca != cb {
@@ -455,6 +473,8 @@ pub struct EncodedChat {
     pub ids: Vec<u32>,
     /// `trained[j]`: token `j` is a target of the loss.
     pub trained: Vec<bool>,
+    /// How the trained tokens were found.
+    pub mask: MaskMethod,
 }
 
 /// Renders, tokenizes and masks one conversation (`messages`: a JSON array).
@@ -470,7 +490,7 @@ pub fn encode_conversation(
     let text = chat
         .template
         .render_messages(minijinja::Value::from(values.clone()), false)?;
-    let spans = trained_spans(
+    let (mut spans, mask) = trained_spans(
         &chat.template,
         &chat.added_tokens,
         list,
@@ -482,11 +502,27 @@ pub fn encode_conversation(
         .tokenizer
         .encode_with_offsets(&text)
         .map_err(|e| e.to_string())?;
+    if mask == MaskMethod::Markers {
+        // A content's first token may begin before it (Metaspace's `▁` of the space the
+        // template writes before a reply): the token holding a turn's first character is
+        // trained, as transformers' `{% generation %}` masks take it.
+        for span in &mut spans {
+            let holding = starts.partition_point(|&s| s <= span.0);
+            if let Some(&s) = holding.checked_sub(1).and_then(|k| starts.get(k)) {
+                span.0 = s;
+            }
+        }
+    }
     let trained = starts
         .iter()
         .map(|&s| spans.iter().any(|&(a, b)| a <= s && s < b))
         .collect();
-    Ok(EncodedChat { text, ids, trained })
+    Ok(EncodedChat {
+        text,
+        ids,
+        trained,
+        mask,
+    })
 }
 
 /// Renders, tokenizes and masks one record of a chat file as `cfg` says (the error is the
@@ -635,6 +671,7 @@ fn prepare(
 struct EncodedTokens {
     ids: Vec<u32>,
     trained: Vec<bool>,
+    by_markers: bool,
 }
 
 fn encode_tokens(
@@ -646,6 +683,7 @@ fn encode_tokens(
     Ok(EncodedTokens {
         ids: e.ids,
         trained: e.trained,
+        by_markers: e.mask == MaskMethod::Markers,
     })
 }
 
@@ -684,6 +722,7 @@ impl Window {
 impl Samples<'_> {
     fn add(&mut self, e: EncodedTokens, at: usize) {
         let limit = self.settings.seq_len + 1;
+        self.stats.masked_by_markers += e.by_markers as usize;
         let (mut ids, mut trained) = (e.ids, e.trained);
         if ids.len() > limit {
             if self.settings.overflow == Overflow::Drop {
@@ -737,7 +776,7 @@ pub fn summary_line(stats: &ChatStats) -> String {
     } else {
         100.0 * stats.trained_tokens as f64 / stats.tokens as f64
     };
-    format!(
+    let mut line = format!(
         "{} records: {} conversations in {} examples, {} tokens, {:.1}% trained; {} cut to \
          fit, {} dropped for length, {} skipped as bad",
         stats.records,
@@ -748,7 +787,21 @@ pub fn summary_line(stats: &ChatStats) -> String {
         stats.truncated,
         stats.dropped,
         stats.skipped
-    )
+    );
+    line.push_str(&markers_note(stats.masked_by_markers));
+    line
+}
+
+/// `; N masked by markers (...)` when the template is not prefix-stable for some
+/// conversations, else nothing.
+pub fn markers_note(masked_by_markers: usize) -> String {
+    match masked_by_markers {
+        0 => String::new(),
+        n => format!(
+            "; {n} masked by markers (the chat template is not prefix-stable, so each assistant \
+             content and its end-of-turn token were found in a render with markers)"
+        ),
+    }
 }
 
 #[cfg(test)]

@@ -23,8 +23,9 @@ use super::masked::MaskedSequences;
 
 /// The format and the renderer's version: part of every key, so a cache written by an earlier
 /// renderer (3: messages reach the template as transformers passes them, values print as
-/// Python prints them) is never served.
-const MAGIC: &[u8] = b"FLOTILLA-CHAT-CACHE 3\n";
+/// Python prints them; 4: templates that are not prefix-stable are masked by markers, not
+/// refused) is never served.
+const MAGIC: &[u8] = b"FLOTILLA-CHAT-CACHE 4\n";
 /// The folder beside the data file that holds the cache.
 pub const CACHE_DIR: &str = ".flotilla-cache";
 

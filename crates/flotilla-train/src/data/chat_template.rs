@@ -557,6 +557,8 @@ fn without_generation_tags(source: &str) -> String {
 
 mod python;
 
+pub(crate) use python::python_strip;
+
 #[cfg(test)]
 mod tests {
     use super::*;

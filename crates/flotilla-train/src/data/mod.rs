@@ -66,6 +66,7 @@ pub mod batch;
 mod byte_level_encoder;
 pub mod chat;
 pub mod chat_cache;
+mod chat_markers;
 pub mod chat_template;
 pub mod dataset;
 pub mod error;

@@ -25,6 +25,9 @@ pub struct Summary {
     pub dropped: usize,
     /// Skipped as bad records.
     pub skipped: usize,
+    /// Chat conversations whose trained tokens were found by markers (a template that is not
+    /// prefix-stable).
+    pub masked_by_markers: usize,
 }
 
 impl Summary {
@@ -36,6 +39,7 @@ impl Summary {
             truncated: s.truncated,
             dropped: s.dropped,
             skipped: s.skipped,
+            masked_by_markers: s.masked_by_markers,
         }
     }
 
@@ -50,7 +54,7 @@ impl Summary {
 
     /// One line for a person.
     pub fn line(&self) -> String {
-        format!(
+        let line = format!(
             "{} examples, {} tokens, {:.1}% trained; {} cut to fit, {} dropped for length, {} \
              skipped as bad",
             self.examples,
@@ -59,7 +63,8 @@ impl Summary {
             self.truncated,
             self.dropped,
             self.skipped
-        )
+        );
+        line + &super::chat::markers_note(self.masked_by_markers)
     }
 }
 
@@ -141,6 +146,7 @@ fn summarize(ds: &dyn Dataset) -> Result<Summary> {
         truncated: 0,
         dropped: 0,
         skipped: 0,
+        masked_by_markers: 0,
     })
 }
 

@@ -11,7 +11,8 @@ use flotilla_config::schema::{LoraConfig, ModelConfig};
 use super::layers::mask::packed_attention_mask;
 use super::layers::rope::{inv_freq, rotary_tables};
 use super::{
-    is_float_kind, llama, ForwardCtx, KvCache, ModelError, ParamSpec, Params, TokenInput, Unit,
+    is_float_kind, llama, FamilyUnits, ForwardCtx, KvCache, ModelError, ParamSpec, Params,
+    TokenInput, Unit,
 };
 
 /// The architecture: config, parameter table and units. Holds no tensors (it is `Send + Sync`);
@@ -48,7 +49,7 @@ impl CausalLm {
     /// `lora.modules_to_save` are trainable. `None`: [`CausalLm::new`], every parameter trainable.
     pub fn with_lora(config: &ModelConfig, lora: Option<&LoraConfig>) -> Result<Self, ModelError> {
         // Every model_type flotilla loads (llama, mistral, qwen2) is Llama's units.
-        let (specs, units) = llama::build(config, lora)?;
+        let FamilyUnits { specs, units } = llama::build(config, lora)?;
         let unit_trainable = units
             .iter()
             .map(|u| {

@@ -21,15 +21,12 @@ use super::layers::mlp::swiglu;
 use super::layers::norm::rms_norm;
 use super::layers::rope::{apply_rotary, rope_tables};
 use super::names::{LayerWeight, LoraFactor, ParamName};
-use super::{ForwardCtx, Init, KvCache, ModelError, ParamSpec, Unit};
+use super::{FamilyUnits, ForwardCtx, Init, KvCache, ModelError, ParamSpec, Unit};
 
 /// The family's parameter table and units for `config`, after checking that it is one; with
 /// LoRA adapters on `lora.targets()` of every block (their factors after the block's weights in
 /// its parameter list), where only the adapters and `lora.modules_to_save` are trainable.
-pub fn build(
-    config: &ModelConfig,
-    lora: Option<&LoraConfig>,
-) -> Result<(Vec<ParamSpec>, Vec<Box<dyn Unit>>), ModelError> {
+pub fn build(config: &ModelConfig, lora: Option<&LoraConfig>) -> Result<FamilyUnits, ModelError> {
     validate(config)?;
     let c = config;
     let (h, hd) = (c.hidden_size as i64, c.head_dim() as i64);
@@ -163,7 +160,7 @@ pub fn build(
         eps: c.rms_norm_eps,
     }));
 
-    Ok((specs, units))
+    Ok(FamilyUnits { specs, units })
 }
 
 fn invalid(field: &str, message: impl Into<String>) -> ModelError {

@@ -252,6 +252,13 @@ pub trait Unit: Send + Sync {
     }
 }
 
+/// What a family file builds for a config: its parameter table (every parameter once, in
+/// Hugging Face order) and its units in forward order; [`CausalLm`] is built from it.
+pub struct FamilyUnits {
+    pub specs: Vec<ParamSpec>,
+    pub units: Vec<Box<dyn Unit>>,
+}
+
 /// A named parameter set, in the model's canonical order ([`CausalLm::param_specs`]).
 #[derive(Debug, Default)]
 pub struct Params {

@@ -109,6 +109,11 @@ pub(super) fn splitlines(s: &str, keepends: bool) -> Vec<&str> {
     out
 }
 
+/// Python's `s.strip()` (what jinja2's `trim` filter does).
+pub(crate) fn python_strip(s: &str) -> &str {
+    strip(s, None, "strip")
+}
+
 /// `s.strip(chars)`, `lstrip` or `rstrip` (`which`).
 fn strip<'a>(s: &'a str, chars: Option<&str>, which: &str) -> &'a str {
     let stripped = |c: char| match chars {
