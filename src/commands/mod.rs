@@ -21,6 +21,7 @@ use std::sync::OnceLock;
 use anyhow::Context;
 use clap::Args;
 use flotilla_config::{ComposeOptions, Composer, ConfigError};
+use flotilla_contract::exit::error_message;
 use flotilla_launch::settings::{Settings, SettingsError, SettingsSources};
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
@@ -165,11 +166,11 @@ pub fn exit_code(result: Result<(), Failure>) -> ExitCode {
         }
         Err(Failure::Silent(code)) => ExitCode::from(code),
         Err(Failure::Usage(e)) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", error_message(e.as_ref()));
             ExitCode::from(2)
         }
         Err(Failure::Other(e)) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", error_message(e.as_ref()));
             ExitCode::from(1)
         }
     }

@@ -8,7 +8,6 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use anyhow::Context;
 use clap::{Parser, Subcommand};
 use flotilla_config::{ComposeOptions, Composer};
 use flotilla_train::commands::comm_bench;
@@ -157,7 +156,7 @@ fn main() -> ExitCode {
             checkpoint,
             out,
             base,
-        } => consolidate(&checkpoint, &out, base.as_deref()).map_err(TaskError::from),
+        } => consolidate(&checkpoint, &out, base.as_deref()),
         Command::Data {
             what: DataCommand::Show(args),
         } => data_show(args),
@@ -226,28 +225,39 @@ fn data_show(args: DataShowArgs) -> Result<(), TaskError> {
     Ok(())
 }
 
+/// Writes a checkpoint as a Hugging Face directory, or merges an adapter into its base; a
+/// checkpoint, adapter or base that is missing, malformed or unsupported is bad input (exit 2).
 fn consolidate(
     checkpoint: &std::path::Path,
     out: &std::path::Path,
     base: Option<&std::path::Path>,
-) -> anyhow::Result<()> {
-    match base {
-        Some(base) => flotilla_train::state::peft::merge_into_base(checkpoint, base, out)
-            .with_context(|| {
-                format!(
-                    "merging the adapter {} into {} as {}",
-                    checkpoint.display(),
-                    base.display(),
-                    out.display()
-                )
-            })?,
-        None => flotilla_train::checkpoint::consolidate(checkpoint, out).with_context(|| {
+) -> Result<(), TaskError> {
+    let (result, what) = match base {
+        Some(base) => (
+            flotilla_train::state::peft::merge_into_base(checkpoint, base, out),
+            format!(
+                "merging the adapter {} into {} as {}",
+                checkpoint.display(),
+                base.display(),
+                out.display()
+            ),
+        ),
+        None => (
+            flotilla_train::checkpoint::consolidate(checkpoint, out),
             format!(
                 "consolidating {} into {}",
                 checkpoint.display(),
                 out.display()
-            )
-        })?,
+            ),
+        ),
+    };
+    if let Err(e) = result {
+        let bad_input = e.is_bad_input();
+        let e = anyhow::Error::new(e).context(what);
+        return Err(match bad_input {
+            true => TaskError::Usage(e),
+            false => TaskError::Other(e),
+        });
     }
     eprintln!("wrote {}", out.display());
     Ok(())

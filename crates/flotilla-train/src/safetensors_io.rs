@@ -49,6 +49,20 @@ pub enum SafetensorsError {
     Torch(#[from] tch::TchError),
 }
 
+impl SafetensorsError {
+    /// Whether the file is at fault (missing, not a safetensors file, without a tensor asked
+    /// for) rather than the machine.
+    pub fn is_bad_input(&self) -> bool {
+        match self {
+            SafetensorsError::Io { source, .. } => source.kind() == std::io::ErrorKind::NotFound,
+            SafetensorsError::Format { .. } | SafetensorsError::Missing { .. } => true,
+            SafetensorsError::Range { .. }
+            | SafetensorsError::Write { .. }
+            | SafetensorsError::Torch(_) => false,
+        }
+    }
+}
+
 fn io_error(path: &Path) -> impl FnOnce(std::io::Error) -> SafetensorsError + '_ {
     move |source| SafetensorsError::Io {
         path: path.to_path_buf(),

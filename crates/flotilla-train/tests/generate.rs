@@ -527,3 +527,49 @@ fn bad_input_names_the_culprit_and_the_fix() {
         );
     }
 }
+
+/// A model directory of a kind flotilla does not run, or a rope type it does not implement, is
+/// bad input to `generate` and `consolidate`: exit 2, one line naming the file, the field, the
+/// value and what is supported, no message written twice.
+#[test]
+fn an_unsupported_model_directory_is_bad_input_named_once() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cases = [
+        (
+            r#"{"model_type": "gpt2", "vocab_size": 100, "hidden_size": 64, "intermediate_size": 128,
+               "num_hidden_layers": 2, "num_attention_heads": 4}"#,
+            "field `model_type`: `gpt2` is not supported; flotilla implements",
+        ),
+        (
+            r#"{"model_type": "llama", "vocab_size": 100, "hidden_size": 64, "intermediate_size": 128,
+               "num_hidden_layers": 2, "num_attention_heads": 4,
+               "rope_scaling": {"rope_type": "dynamic", "factor": 2.0}}"#,
+            "field `rope_scaling.rope_type`: `dynamic` is not supported",
+        ),
+    ];
+    for (k, (config, want)) in cases.iter().enumerate() {
+        let dir = tmp.path().join(format!("m{k}"));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("config.json"), config).unwrap();
+        std::fs::write(
+            dir.join("tokenizer.json"),
+            r#"{"version": "1.0", "model": {"type": "BPE", "vocab": {}, "merges": []}}"#,
+        )
+        .unwrap();
+        let runs = [
+            generate(&[dir.to_str().unwrap(), "--prompt", "x"]),
+            Command::new(env!("CARGO_BIN_EXE_flotilla-train"))
+                .args(["consolidate", dir.to_str().unwrap(), "--out"])
+                .arg(tmp.path().join(format!("out{k}")))
+                .output()
+                .unwrap(),
+        ];
+        for out in runs {
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(out.status.code(), Some(2), "{stderr}");
+            assert_eq!(stderr.matches(want).count(), 1, "{stderr}");
+            assert!(stderr.contains("config.json"), "{stderr}");
+            assert_eq!(stderr.lines().count(), 1, "{stderr}");
+        }
+    }
+}

@@ -206,7 +206,7 @@ impl GenerateError {
                 | GenerateError::NoTokenizer { .. }
                 | GenerateError::PromptTooLong { .. }
                 | GenerateError::Data(_)
-        )
+        ) || matches!(self, GenerateError::Model { source, .. } if source.is_bad_input())
     }
 
     fn model(context: impl Into<String>) -> impl FnOnce(TrainError) -> GenerateError {

@@ -7,7 +7,7 @@
 use crate::error::TrainError;
 use crate::preempt::PreemptError;
 use flotilla_config::ConfigError;
-use flotilla_contract::exit;
+use flotilla_contract::exit::{self, error_message};
 
 /// Why `flotilla-train` failed.
 #[derive(Debug, thiserror::Error)]
@@ -30,10 +30,10 @@ pub enum TaskError {
         source: TrainError,
     },
     /// A command's input is wrong (a missing directory, a malformed file), with the fix.
-    #[error("{0:#}")]
+    #[error("{}", error_message(.0.as_ref()))]
     Usage(anyhow::Error),
     /// Anything else (consolidation, the communication benchmark), with its context chain.
-    #[error("{0:#}")]
+    #[error("{}", error_message(.0.as_ref()))]
     Other(#[from] anyhow::Error),
 }
 
@@ -61,21 +61,13 @@ impl TaskError {
         }
     }
 
-    /// The message with its causes, `a: b: c`, as the CLI prints it.
+    /// The message with its causes, `a: b: c`, each once, as the CLI prints it.
     pub fn report(&self) -> String {
-        let mut text = self.to_string();
-        if let TaskError::Train { source, .. } = self {
-            let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(source);
-            while let Some(e) = cur {
-                let part = e.to_string();
-                if !text.ends_with(&part) {
-                    text.push_str(": ");
-                    text.push_str(&part);
-                }
-                cur = e.source();
-            }
+        match self {
+            // their own message already holds the chain
+            TaskError::Usage(_) | TaskError::Other(_) => self.to_string(),
+            _ => error_message(self),
         }
-        text
     }
 }
 

@@ -74,3 +74,18 @@ pub enum TrainError {
         message: String,
     },
 }
+
+impl TrainError {
+    /// Whether the input is at fault (a model directory, checkpoint or data file that is
+    /// missing, malformed or of a kind flotilla does not run): exit status 2 where a command
+    /// reads it, not 1.
+    pub fn is_bad_input(&self) -> bool {
+        match self {
+            TrainError::Model(e) => e.is_bad_input(),
+            TrainError::Safetensors(e) => e.is_bad_input(),
+            TrainError::Data(_) | TrainError::BadState(_) | TrainError::Shape { .. } => true,
+            TrainError::Io { source, .. } => source.kind() == std::io::ErrorKind::NotFound,
+            _ => false,
+        }
+    }
+}

@@ -130,6 +130,29 @@ pub enum ModelError {
     Torch(#[from] tch::TchError),
 }
 
+impl ModelError {
+    /// Whether the model's files or config are at fault (a field, a tensor, a dtype, a file
+    /// that is missing or malformed): bad input, not a failure of the machine.
+    pub fn is_bad_input(&self) -> bool {
+        match self {
+            ModelError::InvalidConfig { .. }
+            | ModelError::BadConfigField { .. }
+            | ModelError::BadConfigJson { .. }
+            | ModelError::MissingTensor { .. }
+            | ModelError::ShapeMismatch { .. }
+            | ModelError::UnsupportedDtype { .. }
+            | ModelError::UnexpectedTensor { .. }
+            | ModelError::BeyondWindow(_) => true,
+            ModelError::Io { source, .. } => source.kind() == std::io::ErrorKind::NotFound,
+            ModelError::File(e) => e.is_bad_input(),
+            ModelError::CacheFull { .. }
+            | ModelError::MissingParam { .. }
+            | ModelError::Safetensors { .. }
+            | ModelError::Torch(_) => false,
+        }
+    }
+}
+
 /// Whether a tensor kind is one the model's weights may have (f32, bf16, f16, f64).
 pub fn is_float_kind(kind: Kind) -> bool {
     matches!(
