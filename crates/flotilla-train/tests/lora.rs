@@ -248,7 +248,12 @@ fn final_adapter_loads_in_peft_and_merged_model_in_transformers_with_equal_logit
     tr.run(3, None).unwrap();
     let fin = dir.join("final");
     let base = dir.join("base").display().to_string();
-    flotilla_train::checkpoint::save_adapter(&tr, &fin, &lora, Some(&base), None).unwrap();
+    let merged = flotilla_train::checkpoint::FinalOptions {
+        kind: Kind::Float,
+        max_shard_bytes: u64::MAX,
+        base: Some(&dir.join("base")),
+    };
+    flotilla_train::checkpoint::save_adapter(&tr, &fin, &lora, Some(&base), None, merged).unwrap();
 
     let config: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(fin.join(peft::ADAPTER_CONFIG)).unwrap())

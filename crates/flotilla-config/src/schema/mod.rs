@@ -45,9 +45,9 @@ pub use types::{
     ArithmeticData, AutoWrapPolicy, Backend, BackwardPrefetch, ChatData, ChatFormat, ComputeConfig,
     ConfigArg, DataConfig, DataKind, DdpConfig, Device, DistConfig, DistMode, Dtype, FsdpConfig,
     JobConfig, JsonlData, Launcher, LoraConfig, LoraModule, LrSchedule, ModelConfig, Overflow,
-    PackedAttention, PeftConfig, PeftMethod, Precision, Resume, RopeScaling, RopeType, SavedModule,
-    ShardingStrategy, StateDictType, TaskConfig, TaskRanks, TextData, TokenDtype, TokenizerSpec,
-    TokensData, TrainOn, TrainerConfig,
+    PackedAttention, PeftConfig, PeftMethod, Precision, Resume, RopeScaling, RopeType, SaveDtype,
+    SavedModule, ShardSize, ShardingStrategy, StateDictType, TaskConfig, TaskRanks, TextData,
+    TokenDtype, TokenizerSpec, TokensData, TrainOn, TrainerConfig, DEFAULT_MAX_SHARD_SIZE,
 };
 
 /// What kind of problem a [`Problem`] is.

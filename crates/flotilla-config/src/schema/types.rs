@@ -82,6 +82,81 @@ choice! {
 }
 
 choice! {
+    /// The dtype of `final/`'s weights (`trainer.save_dtype`): `auto` is the base's
+    /// (`model.init_from`'s `dtype`/`torch_dtype`), else bfloat16 under the bf16 precisions and
+    /// float32 otherwise.
+    pub enum SaveDtype {
+        Auto = "auto",
+        Float32 = "float32",
+        Bfloat16 = "bfloat16",
+        Float16 = "float16",
+    }
+}
+
+/// `trainer.max_shard_size` when the config does not set it: transformers' own default for
+/// `save_pretrained` (5.x).
+pub const DEFAULT_MAX_SHARD_SIZE: u64 = 50_000_000_000;
+
+/// `trainer.max_shard_size`: the largest weights file of `final/`, in bytes. Written as
+/// transformers and the Hub write it: `50GB`, `500MB` (powers of 1000: TB, GB, MB, KB), `2GiB`
+/// (powers of 1024: TiB, GiB, MiB, KiB), or a number of bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct ShardSize(pub u64);
+
+impl ShardSize {
+    /// The bytes of a size written with a unit (`"5GB"`, `"1.5GiB"`) or without (`"1000"`).
+    pub fn parse(text: &str) -> Option<ShardSize> {
+        let t = text.trim();
+        let units: [(&str, f64); 8] = [
+            ("TIB", 1024f64.powi(4)),
+            ("GIB", 1024f64.powi(3)),
+            ("MIB", 1024f64.powi(2)),
+            ("KIB", 1024.0),
+            ("TB", 1e12),
+            ("GB", 1e9),
+            ("MB", 1e6),
+            ("KB", 1e3),
+        ];
+        let upper = t.to_ascii_uppercase();
+        let (number, scale) = units
+            .iter()
+            .find(|(u, _)| upper.ends_with(u))
+            .map_or((t, 1.0), |(u, m)| (t[..t.len() - u.len()].trim(), *m));
+        let value: f64 = number.parse().ok()?;
+        let bytes = value * scale;
+        (bytes.is_finite() && bytes >= 1.0).then_some(ShardSize(bytes as u64))
+    }
+}
+
+impl FromNode for ShardSize {
+    fn expected() -> String {
+        "a size such as '5GB', '500MB' or '2GiB', or a number of bytes".into()
+    }
+    fn example() -> String {
+        "50GB".into()
+    }
+    fn parse(node: &Node, key: &str, cx: &mut Cx) -> Parsed<Self> {
+        let parsed = match &node.value {
+            Value::Int(n) if *n > 0 => Some(ShardSize(*n as u64)),
+            Value::Str(s) => ShardSize::parse(s),
+            Value::Int(_) => None,
+            _ => return Err(Fail::WrongType),
+        };
+        parsed.ok_or_else(|| {
+            let message = format!(
+                "{key}: expected {}, got {}{}",
+                Self::expected(),
+                show(&node.value),
+                set_note(&node.origin)
+            );
+            cx.push(ProblemKind::BadChoice, key, &node.origin, message);
+            Fail::Reported
+        })
+    }
+}
+
+choice! {
     /// Where to train: `auto` picks CUDA when available.
     pub enum Device { Auto = "auto", Cpu = "cpu", Cuda = "cuda" }
 }
@@ -537,10 +612,19 @@ section! {
         /// Recompute each decoder block in the backward pass.
         activation_checkpointing: bool,
         seed: i64 => "1234",
+        /// The dtype of `final/`'s weights (absent: `auto`).
+        save_dtype: Option<SaveDtype>,
+        /// The largest weights file of `final/` (absent: [`DEFAULT_MAX_SHARD_SIZE`]).
+        max_shard_size: Option<ShardSize>,
     }
 }
 
 impl TrainerConfig {
+    /// The largest weights file of `final/`, in bytes.
+    pub fn max_shard_bytes(&self) -> u64 {
+        self.max_shard_size.map_or(DEFAULT_MAX_SHARD_SIZE, |s| s.0)
+    }
+
     /// Gradient-accumulation steps per optimizer step for `world_size` ranks (validation
     /// guarantees an exact division).
     pub fn grad_accum_steps(&self, world_size: usize) -> usize {

@@ -9,22 +9,82 @@ use tch::Kind;
 
 use super::state_file::{write_state_file, StateFile};
 use super::{io, on_all_ranks};
+use crate::data::Tokenizer;
 use crate::error::TrainError;
+use crate::model::read_hf_config;
 use crate::model::CausalLm;
-use crate::state::hf_weights::{save_hf_from, WEIGHTS_FILE};
-use crate::state::peft::{
-    adapter_config, MergedWeights, ADAPTER_CONFIG, ADAPTER_WEIGHTS, MERGED_DIR,
-};
+use crate::model::{finish_hf_dir, write_generation_config, SpecialIds};
+use crate::state::hf_weights::{save_hf_dir, HfDirOptions};
+use crate::state::peft::{adapter_config, MergedWeights, ADAPTER_CONFIG, MERGED_DIR};
 use crate::trainer::Trainer;
-use flotilla_config::schema::LoraConfig;
+use flotilla_config::schema::{JobConfig, LoraConfig, Precision, SaveDtype};
 
-/// Writes the trained model as a Hugging Face directory `dir` (fp32 `model.safetensors`,
-/// `config.json`, and the tokenizer when there is one), gathered to rank 0 a group at a time.
+/// How a job's `final/` is written: its weights' dtype, its largest weights file, and the base
+/// the job fine-tuned (`model.init_from`), whose `config.json` and `generation_config.json` it
+/// keeps.
+#[derive(Clone, Copy, Debug)]
+pub struct FinalOptions<'a> {
+    pub kind: Kind,
+    pub max_shard_bytes: u64,
+    pub base: Option<&'a Path>,
+}
+
+impl<'a> FinalOptions<'a> {
+    /// `final/` of `job`: `trainer.save_dtype` (`auto`: the base's dtype, else bfloat16 under
+    /// the bf16 precisions and float32 otherwise), `trainer.max_shard_size`, and
+    /// `model.init_from` as the base.
+    pub fn for_job(job: &'a JobConfig) -> Result<Self, TrainError> {
+        let base = job.model.init_from.as_deref().map(Path::new);
+        let kind = match job.trainer.save_dtype.unwrap_or(SaveDtype::Auto) {
+            SaveDtype::Float32 => Kind::Float,
+            SaveDtype::Bfloat16 => Kind::BFloat16,
+            SaveDtype::Float16 => Kind::Half,
+            SaveDtype::Auto => {
+                let declared = match base {
+                    Some(b) => read_hf_config(b)?.weight_kind(),
+                    None => None,
+                };
+                declared.unwrap_or(match job.trainer.precision {
+                    Precision::Bf16Mixed | Precision::Bf16True => Kind::BFloat16,
+                    Precision::Full32 | Precision::Fp16Mixed => Kind::Float,
+                })
+            }
+        };
+        Ok(FinalOptions {
+            kind,
+            max_shard_bytes: job.trainer.max_shard_bytes(),
+            base,
+        })
+    }
+
+    fn hf_dir(&self, tokenizer: Option<&Tokenizer>) -> HfDirOptions<'_> {
+        HfDirOptions {
+            max_shard_bytes: Some(self.max_shard_bytes),
+            base: self.base,
+            special: special_ids(tokenizer),
+        }
+    }
+}
+
+/// The special-token ids of the job's tokenizer, for a `final/` without a base config.
+fn special_ids(tokenizer: Option<&Tokenizer>) -> SpecialIds {
+    match tokenizer {
+        Some(t) => SpecialIds::of_tokens(t.bos_id(), t.eos_id(), t.pad_id()),
+        None => SpecialIds::default(),
+    }
+}
+
+/// Writes the trained model as a Hugging Face directory `dir` as `save_pretrained` writes one:
+/// the weights in `opts.kind`, split into files of at most `opts.max_shard_bytes` with
+/// `model.safetensors.index.json` when there is more than one, `config.json` and
+/// `generation_config.json` (the base's, or built from the tokenizer's special tokens), and the
+/// tokenizer's files. Gathered to rank 0 a group at a time and streamed to the files.
 /// Collective; a failure on any rank fails it on every rank.
 pub fn save_final(
     trainer: &Trainer,
     dir: &Path,
-    tokenizer: Option<&crate::data::Tokenizer>,
+    tokenizer: Option<&Tokenizer>,
+    opts: FinalOptions<'_>,
 ) -> Result<(), TrainError> {
     let root = trainer.rank_world().0 == 0;
     on_all_ranks(trainer, "set-up of final/", || {
@@ -34,11 +94,12 @@ pub fn save_final(
         Ok(())
     })?;
     on_all_ranks(trainer, "write of final/", || {
-        let weights = dir.join(WEIGHTS_FILE);
-        let file = StateFile::Model(Some(tch::Kind::Float));
-        write_state_file(trainer.weights(), &weights, file, root)?;
+        let file = StateFile::Model(Some(opts.kind));
+        write_state_file(trainer.weights(), dir, file, opts.max_shard_bytes, root)?;
         if root {
-            crate::model::finish_hf_dir(dir, &trainer.model, tch::Kind::Float)?;
+            let hf = opts.hf_dir(tokenizer);
+            finish_hf_dir(dir, &trainer.model, opts.kind, hf.base, &hf.special)?;
+            write_generation_config(dir, hf.base, &hf.special)?;
             if let Some(tok) = tokenizer {
                 tok.save_into(dir)?;
             }
@@ -56,7 +117,8 @@ pub fn save_adapter(
     dir: &Path,
     lora: &LoraConfig,
     base: Option<&str>,
-    tokenizer: Option<&crate::data::Tokenizer>,
+    tokenizer: Option<&Tokenizer>,
+    merged: FinalOptions<'_>,
 ) -> Result<(), TrainError> {
     let root = trainer.rank_world().0 == 0;
     on_all_ranks(trainer, "set-up of final/", || {
@@ -66,8 +128,7 @@ pub fn save_adapter(
         Ok(())
     })?;
     on_all_ranks(trainer, "write of final/", || {
-        let weights = dir.join(ADAPTER_WEIGHTS);
-        write_state_file(trainer.weights(), &weights, StateFile::Adapter, root)?;
+        write_state_file(trainer.weights(), dir, StateFile::Adapter, u64::MAX, root)?;
         if root {
             let path = dir.join(ADAPTER_CONFIG);
             let mut text =
@@ -86,8 +147,9 @@ pub fn save_adapter(
             if root {
                 let merged_dir = dir.join(MERGED_DIR);
                 let base_model = CausalLm::new(trainer.model.config())?;
-                let merged = MergedWeights::new(&params, &trainer.model, lora);
-                save_hf_from(&merged_dir, &base_model, &merged, Kind::Float)?;
+                let weights = MergedWeights::new(&params, &trainer.model, lora);
+                let hf = merged.hf_dir(tokenizer);
+                save_hf_dir(&merged_dir, &base_model, &weights, merged.kind, &hf)?;
                 if let Some(tok) = tokenizer {
                     tok.save_into(&merged_dir)?;
                 }

@@ -24,7 +24,7 @@ pub mod manifest;
 pub mod state_file;
 
 pub use files::{shard_file, CheckpointFiles, ShardedMeta, CONFIG_FILE, SHARDED_META_FILE};
-pub use final_dir::{save_adapter, save_final};
+pub use final_dir::{save_adapter, save_final, FinalOptions};
 pub use state_file::{write_state_file, StateFile};
 
 use std::path::{Path, PathBuf};
@@ -314,18 +314,9 @@ fn write_and_commit(
         })?,
         None => on_all_ranks(trainer, "write", || {
             let weights = trainer.weights();
-            write_state_file(
-                weights,
-                &tmp.join(MODEL_FILE),
-                StateFile::Model(None),
-                rank == 0,
-            )?;
-            write_state_file(
-                weights,
-                &tmp.join(OPTIMIZER_FILE),
-                StateFile::Optimizer,
-                rank == 0,
-            )
+            // one file each, whatever the size (a checkpoint is not a Hub directory)
+            write_state_file(weights, tmp, StateFile::Model(None), u64::MAX, rank == 0)?;
+            write_state_file(weights, tmp, StateFile::Optimizer, u64::MAX, rank == 0)
         })?,
     }
 

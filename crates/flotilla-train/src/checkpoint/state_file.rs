@@ -8,7 +8,7 @@ use tch::Tensor;
 
 use crate::error::TrainError;
 use crate::parallel::weights::{ParallelWeights, StatePart};
-use crate::safetensors_io::SafetensorsWriter;
+use crate::state::hf_shards::ShardedWriter;
 use crate::state::peft::PEFT_PREFIX;
 
 /// The files of a full checkpoint's state.
@@ -23,13 +23,27 @@ pub enum StateFile {
     Adapter,
 }
 
-/// Streams one file of a full checkpoint (or `final/`) from `weights` to `path`. Collective; only `is_root` writes. A
-/// write error on the root does not stop it taking part in the gathers (the other ranks would
-/// wait for it); it is returned once they are done, and the unfinished file is removed.
+impl StateFile {
+    /// The file's name without `.safetensors` (the stem of its shards).
+    pub fn stem(self) -> &'static str {
+        match self {
+            StateFile::Model(_) => "model",
+            StateFile::Optimizer => "optimizer",
+            StateFile::Adapter => "adapter_model",
+        }
+    }
+}
+
+/// Streams one file of a full checkpoint (or `final/`) from `weights` into `dir`, split into
+/// shards of at most `max_shard_bytes` with an index as `save_pretrained` splits them (one file
+/// under the limit: `model.safetensors`, ...). Collective; only `is_root` writes. A write error
+/// on the root does not stop it taking part in the gathers (the other ranks would wait for
+/// it); it is returned once they are done, and the unfinished files are removed.
 pub fn write_state_file(
     weights: &dyn ParallelWeights,
-    path: &Path,
+    dir: &Path,
     file: StateFile,
+    max_shard_bytes: u64,
     is_root: bool,
 ) -> Result<(), TrainError> {
     let (parts, kind): (&[StatePart], _) = match file {
@@ -58,7 +72,7 @@ pub fn write_state_file(
                 ));
             }
         }
-        match SafetensorsWriter::create(path, order) {
+        match ShardedWriter::create(dir, file.stem(), order, max_shard_bytes) {
             Ok(mut w) => {
                 if optimizer {
                     let step = Tensor::from(weights.optimizer_steps() as i64);

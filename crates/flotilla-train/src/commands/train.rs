@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use tch::Device;
 
-use crate::checkpoint::{save_adapter, save_final};
+use crate::checkpoint::{save_adapter, save_final, FinalOptions};
 use crate::commands::task_error::TaskError;
 use crate::data::{self, BatchLayout, DataLoader, DataOptions};
 use crate::error::TrainError;
@@ -482,6 +482,7 @@ fn write_final(
 ) -> Result<(), TrainError> {
     trainer.host_peaks_mut().begin();
     let final_dir = run_dir.join(flotilla_contract::layout::FINAL_DIR);
+    let opts = FinalOptions::for_job(job)?;
     match job.peft.lora() {
         Some(l) => save_adapter(
             trainer,
@@ -489,8 +490,9 @@ fn write_final(
             l,
             peft::base_path(job.model.init_from.as_deref()).as_deref(),
             data.tokenizer.as_ref(),
+            opts,
         )?,
-        None => save_final(trainer, &final_dir, data.tokenizer.as_ref())?,
+        None => save_final(trainer, &final_dir, data.tokenizer.as_ref(), opts)?,
     }
     trainer.host_peaks_mut().end(HostPhase::Final);
     Ok(())

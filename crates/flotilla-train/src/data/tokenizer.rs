@@ -76,6 +76,9 @@ pub struct Tokenizer {
     /// Files saved beside `tokenizer.json` (a Hugging Face directory's `tokenizer_config.json`,
     /// `special_tokens_map.json`, `chat_template.jinja`), as `(name, bytes)`.
     companions: Vec<(String, Vec<u8>)>,
+    /// The `tokenizer.json` it was read from, byte for byte: saved as it is, so that a
+    /// directory written beside a model holds the base's own file.
+    source_json: Option<Vec<u8>>,
     /// When the normalizer only applies Unicode forms: the same tokenizer without it, for texts
     /// already in those forms (see `unicode_forms`).
     without_normalizer: Option<(tokenizers::Tokenizer, Vec<UnicodeForm>)>,
@@ -230,6 +233,7 @@ impl Tokenizer {
             eos_id,
             id_limit,
             companions: vec![],
+            source_json: None,
             without_normalizer,
             fast,
         }
@@ -275,7 +279,8 @@ impl Tokenizer {
                 path: path.to_path_buf(),
             });
         }
-        let inner = tokenizers::Tokenizer::from_file(path)
+        let source_json = std::fs::read(path).map_err(|e| DataError::io(path.to_path_buf(), e))?;
+        let inner = tokenizers::Tokenizer::from_bytes(&source_json)
             .map_err(|e| tok_err(path.display().to_string(), e))?;
         let mut companions = vec![];
         for name in COMPANION_FILES {
@@ -295,6 +300,7 @@ impl Tokenizer {
         };
         let mut tokenizer = Self::from_inner(inner, TokenizerKind::File(path.to_path_buf()), names);
         tokenizer.companions = companions;
+        tokenizer.source_json = Some(source_json);
         Ok(tokenizer)
     }
 
@@ -359,9 +365,13 @@ impl Tokenizer {
         ))
     }
 
-    /// Writes `tokenizer.json` atomically (a temporary file in the same folder, then a rename).
+    /// Writes `tokenizer.json` atomically (a temporary file in the same folder, then a rename):
+    /// the file it was read from as it was, else its serialisation.
     pub fn save(&self, path: impl AsRef<Path>) -> Result<()> {
         let path = path.as_ref();
+        if let Some(bytes) = &self.source_json {
+            return write_atomic(path, bytes);
+        }
         let text = self
             .inner
             .to_string(true)

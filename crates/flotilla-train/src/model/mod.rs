@@ -43,7 +43,10 @@ use indexmap::IndexMap;
 use tch::{Device, Kind, Tensor};
 
 pub use causal_lm::{causal_lm_loss, causal_lm_loss_sum, CausalLm};
-pub use hf_config::{finish_hf_dir, read_hf_config, read_model_config, HfLlamaConfig};
+pub use hf_config::{
+    finish_hf_dir, read_hf_config, read_model_config, write_generation_config, HfLlamaConfig,
+    SpecialIds,
+};
 pub use init::Init;
 pub use kv_cache::KvCache;
 pub use layers::mask::packed_attention_mask;

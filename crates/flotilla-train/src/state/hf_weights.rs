@@ -9,12 +9,12 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 use tch::{Device, Kind, Tensor};
 
+use super::hf_shards::ShardedWriter;
 use super::param_source::{FileSource, TensorSource};
 use crate::error::TrainError;
 use crate::model::hf_config::{io_err, kind_name, read_hf_config};
-use crate::model::{finish_hf_dir, read_model_config};
+use crate::model::{finish_hf_dir, read_model_config, write_generation_config, SpecialIds};
 use crate::model::{CausalLm, ModelError, Params};
-use crate::safetensors_io::SafetensorsWriter;
 
 /// The name of a directory's weights file as flotilla writes it.
 pub const WEIGHTS_FILE: &str = "model.safetensors";
@@ -140,17 +140,40 @@ pub fn load_hf(
     Ok((model, params))
 }
 
+/// How a Hugging Face directory is written besides its weights' dtype: its largest weights
+/// file (`None`: one file whatever the size), and the base a job fine-tuned, whose
+/// `config.json` and `generation_config.json` it keeps; without a base, the special-token ids
+/// its config and generation config carry.
+#[derive(Clone, Debug, Default)]
+pub struct HfDirOptions<'a> {
+    pub max_shard_bytes: Option<u64>,
+    pub base: Option<&'a Path>,
+    pub special: SpecialIds,
+}
+
 /// Saves the parameters `source` gives as a Hugging Face directory that transformers loads as
-/// the model's class (`LlamaForCausalLM`, ...): one `model.safetensors` in `kind` (Hugging Face names, no
-/// `lm_head.weight` when embeddings are tied), written a parameter at a time through a
-/// temporary file, then `config.json` ([`finish_hf_dir`]).
+/// the model's class (`LlamaForCausalLM`, ...): one `model.safetensors` in `kind` (Hugging Face
+/// names, no `lm_head.weight` when embeddings are tied), written a parameter at a time through
+/// a temporary file, then `config.json` ([`finish_hf_dir`]).
 pub fn save_hf_from(
     dir: impl AsRef<Path>,
     model: &CausalLm,
     source: &dyn TensorSource,
     kind: Kind,
 ) -> Result<(), TrainError> {
-    let dir = dir.as_ref();
+    save_hf_dir(dir.as_ref(), model, source, kind, &HfDirOptions::default())
+}
+
+/// [`save_hf_from`] as `save_pretrained` writes a directory: the weights split into files of
+/// at most `opts.max_shard_bytes` with `model.safetensors.index.json`, `config.json` and
+/// `generation_config.json` (the base's, or built from `opts.special`).
+pub fn save_hf_dir(
+    dir: &Path,
+    model: &CausalLm,
+    source: &dyn TensorSource,
+    kind: Kind,
+    opts: &HfDirOptions<'_>,
+) -> Result<(), TrainError> {
     if kind_name(kind).is_none() {
         return Err(ModelError::UnsupportedDtype {
             name: "(save dtype)".into(),
@@ -165,13 +188,16 @@ pub fn save_hf_from(
         .iter()
         .map(|s| (s.name.clone(), kind, s.shape.clone()))
         .collect();
-    let mut writer = SafetensorsWriter::create(dir.join(WEIGHTS_FILE), order)?;
+    let max = opts.max_shard_bytes.unwrap_or(u64::MAX);
+    let mut writer = ShardedWriter::create(dir, "model", order, max)?;
     for s in model.param_specs() {
         let t = source.read_range(&s.name, 0, s.numel() as i64)?;
         writer.write(&s.name, &t)?;
     }
     writer.finish()?;
-    Ok(finish_hf_dir(dir, model, kind)?)
+    finish_hf_dir(dir, model, kind, opts.base, &opts.special)?;
+    write_generation_config(dir, opts.base, &opts.special)?;
+    Ok(())
 }
 
 /// [`save_hf_from`] in-memory parameters.

@@ -1,0 +1,178 @@
+//! `final/` as `save_pretrained` writes it, against the real transformers
+//! (tests/oracle/final_dir_oracle.py): a full fine-tune of a bf16 base saved in several shards
+//! with an index writes a `final/` that transformers loads with no missing or unexpected
+//! weight, in bfloat16 (the base's dtype), with the trained values, the base's
+//! generation_config.json (its eos ids, where `model.generate()` stops) and the base's
+//! tokenizer files byte for byte; a small `max_shard_size` splits it into shards with an index
+//! that transformers reads, and a large one writes a single `model.safetensors` (removing the
+//! shards and index an earlier write left).
+
+#[path = "../../../tests/common/mod.rs"]
+mod common;
+#[path = "../../../tests/common/compose.rs"]
+mod compose;
+
+use std::path::Path;
+use std::process::Command;
+
+use flotilla_config::schema::DataConfig;
+use flotilla_train::checkpoint::{save_final, FinalOptions};
+use flotilla_train::data::{self, BatchLayout, DataLoader, DataOptions, Tokenizer};
+use flotilla_train::model::read_hf_config;
+use flotilla_train::state::hf_weights::HfWeights;
+use flotilla_train::Trainer;
+use serde_json::Value;
+use tch::{Device, Kind};
+
+fn oracle(python: &Path, args: &[&str]) -> Value {
+    let out = Command::new(python)
+        .arg(common::oracle_file("final_dir_oracle.py"))
+        .args(args)
+        .env("HF_HUB_OFFLINE", "1")
+        .env("TRANSFORMERS_VERBOSITY", "error")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "final_dir_oracle.py {args:?} failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    serde_json::from_str(stdout.lines().last().unwrap()).unwrap()
+}
+
+/// A trainer fine-tuning `base` for 3 steps on arithmetic data (ids below the base's 64).
+fn fine_tuned(base: &Path) -> Trainer {
+    let (model, weights) = HfWeights::open(base).unwrap();
+    let t = compose::trainer_config("{max_steps: 3, warmup_steps: 1}");
+    let cfg: DataConfig = serde_yaml::from_str(
+        "{kind: arithmetic, digits: 2, num_train: 64, num_eval: 0, seed: 0, seq_len: 16, \
+         shuffle: true, num_workers: 0}",
+    )
+    .unwrap();
+    let d = data::build(
+        &cfg,
+        &DataOptions {
+            model_vocab_size: 64,
+            run_dir: None,
+            init_from: None,
+        },
+    )
+    .unwrap();
+    let layout = BatchLayout {
+        global_batch_size: t.global_batch_size,
+        micro_batch_size: t.micro_batch_size,
+        rank: 0,
+        world_size: 1,
+    };
+    let loader = DataLoader::new(d.train, true, 7, layout, Device::Cpu).unwrap();
+    let mut trainer = Trainer::new(model, &weights, &t, loader, Device::Cpu).unwrap();
+    trainer.run(3, None).unwrap();
+    trainer
+}
+
+fn files(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    names
+}
+
+#[test]
+fn final_dir_is_what_save_pretrained_writes() {
+    let Some(python) = common::oracle_python() else {
+        return common::skip_or_fail(
+            "final_dir_is_what_save_pretrained_writes: no transformers; run scripts/setup.sh",
+        );
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let base = tmp.path().join("base");
+    let made = oracle(&python, &["base", base.to_str().unwrap()]);
+    assert!(made["shards"].as_u64().unwrap() > 1, "the base is sharded");
+    let trainer = fine_tuned(&base);
+    let tokenizer = Tokenizer::from_file(base.join("tokenizer.json"), "data.tokenizer").unwrap();
+    // `save_dtype: auto` with a base: the base's dtype.
+    let kind = read_hf_config(&base).unwrap().weight_kind().unwrap();
+    assert_eq!(kind, Kind::BFloat16);
+
+    let fin = tmp.path().join("final");
+    let opts = FinalOptions {
+        kind,
+        max_shard_bytes: 20_000,
+        base: Some(&base),
+    };
+    save_final(&trainer, &fin, Some(&tokenizer), opts).unwrap();
+    let written = files(&fin);
+    let shards: Vec<&String> = written.iter().filter(|f| f.starts_with("model-")).collect();
+    assert!(shards.len() > 1, "{written:?}");
+    assert!(written.contains(&"model.safetensors.index.json".to_string()));
+    for name in [
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "generation_config.json",
+    ] {
+        assert_eq!(
+            std::fs::read(fin.join(name)).unwrap(),
+            std::fs::read(base.join(name)).unwrap(),
+            "{name} is the base's"
+        );
+    }
+    let config: Value =
+        serde_json::from_str(&std::fs::read_to_string(fin.join("config.json")).unwrap()).unwrap();
+    let base_config: Value =
+        serde_json::from_str(&std::fs::read_to_string(base.join("config.json")).unwrap()).unwrap();
+    assert_eq!(
+        config, base_config,
+        "config.json is the base's, dtype included"
+    );
+
+    let loaded = oracle(&python, &["load", fin.to_str().unwrap()]);
+    assert_eq!(loaded["dtypes"], serde_json::json!(["torch.bfloat16"]));
+    assert_eq!(loaded["generation_eos"], serde_json::json!([2, 7]));
+    assert_eq!(loaded["config_eos"], 2);
+    assert_eq!(loaded["tokenizer_eos"], 2);
+    // The trained values, rounded to bfloat16 as written.
+    let params = trainer.full_params().unwrap();
+    let mut compared = 0;
+    for (name, t) in params.iter() {
+        let ours = t
+            .to_kind(Kind::BFloat16)
+            .to_kind(Kind::Double)
+            .sum(Kind::Double)
+            .double_value(&[]);
+        let theirs = loaded["sums"][name].as_f64().unwrap();
+        assert!(
+            (ours - theirs).abs() <= 1e-9 * ours.abs().max(1.0),
+            "{name}: {ours} vs {theirs}"
+        );
+        compared += 1;
+    }
+    assert_eq!(compared, loaded["sums"].as_object().unwrap().len());
+    let base_sums = oracle(&python, &["load", base.to_str().unwrap()]);
+    assert_ne!(
+        base_sums["sums"], loaded["sums"],
+        "training changed the weights"
+    );
+
+    // A large max_shard_size writes one file, and the earlier shards and index are gone.
+    let opts = FinalOptions {
+        max_shard_bytes: 50_000_000_000,
+        ..opts
+    };
+    save_final(&trainer, &fin, Some(&tokenizer), opts).unwrap();
+    let written = files(&fin);
+    assert!(
+        written.contains(&"model.safetensors".to_string()),
+        "{written:?}"
+    );
+    assert!(
+        !written
+            .iter()
+            .any(|f| f.starts_with("model-") || f.ends_with(".index.json")),
+        "{written:?}"
+    );
+    let again = oracle(&python, &["load", fin.to_str().unwrap()]);
+    assert_eq!(again["sums"], loaded["sums"]);
+}
