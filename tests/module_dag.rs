@@ -352,8 +352,10 @@ fn crate_graph(krate: &CrateRoot) -> ModuleGraph {
         .expect("the crate root");
     let facts = root_facts(&root.2);
     let macros = exported_macros(&files);
-    let mut graph = ModuleGraph::default();
-    graph.modules = facts.modules.clone();
+    let mut graph = ModuleGraph {
+        modules: facts.modules.clone(),
+        ..Default::default()
+    };
     if !facts.own_items.is_empty() {
         graph.modules.insert(ROOT_ITEMS.to_string());
     }

@@ -1,5 +1,7 @@
 //! Composition of one job's config: defaults list → merge → overrides → runtime split →
-//! interpolation, as Hydra 1.3 composes it, with provenance kept on every value.
+//! interpolation, as Hydra 1.3 composes it, with provenance kept on every value. The merge of
+//! one tree into another is [`merge_into`], re-exported here from the lower `merge` module
+//! (the schema merges with it too).
 
 use super::defaults::{DefaultsBuilder, GroupOverrides};
 use super::interp::{self, ResolveContext};
@@ -8,6 +10,7 @@ use super::overrides::{parse_override, Override};
 use super::repo::{lock, ConfigRepo};
 use super::schema::{self, JobConfig};
 use super::{near_miss, yaml, ConfigError};
+pub use crate::merge::merge_into;
 use indexmap::IndexMap;
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -535,44 +538,6 @@ fn embed_at_package(body: Node, package: &str) -> Node {
         node = Node::new(Value::Dict(d), origin);
     }
     node
-}
-
-/// OmegaConf's merge of `src` into `dest`: dictionaries merge key by key (new keys appended,
-/// existing keys keep their position), everything else replaces, a `???` in `src` never
-/// replaces an existing value, and a dictionary and a list cannot be merged into each other.
-/// On error, returns the dotted path of the clash.
-pub fn merge_into(dest: &mut Node, src: Node) -> Result<(), String> {
-    match (&mut dest.value, src.value) {
-        (Value::Dict(d), Value::Dict(s)) => {
-            for (key, value) in s {
-                match d.get_mut(&key) {
-                    Some(existing) => {
-                        if value.value == Value::Missing {
-                            continue;
-                        }
-                        merge_into(existing, value).map_err(|p| {
-                            if p.is_empty() {
-                                key.clone()
-                            } else {
-                                format!("{key}.{p}")
-                            }
-                        })?;
-                    }
-                    None => {
-                        d.insert(key, value);
-                    }
-                }
-            }
-            Ok(())
-        }
-        (Value::Dict(_), Value::List(_)) | (Value::List(_), Value::Dict(_)) => Err(String::new()),
-        (current, Value::Missing) if !matches!(current, Value::Missing) => Ok(()),
-        (_, value) => {
-            dest.value = value;
-            dest.origin = src.origin;
-            Ok(())
-        }
-    }
 }
 
 fn merge_error(config_path: &str, dest: &Node, path: &str) -> ConfigError {

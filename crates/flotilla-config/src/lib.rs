@@ -5,11 +5,19 @@
 //! order → apply the value overrides → split off the runtime node (`flotilla:`/`hydra:`) →
 //! resolve interpolations. [`Composer`] runs it and caches parsed files across the jobs of a
 //! sweep.
+//!
+//! The modules build on one another bottom up: the tree ([`node`]) and its merge, YAML, the
+//! override grammar, interpolation and the schema; then [`ConfigError`], which wraps their
+//! errors; then the config repository, defaults lists, composition and sweeps.
+//! [`near_miss()`] is the "did you mean" suggestion they (and the other crates) share.
 
 pub mod compose;
 pub mod default_element;
 pub mod defaults;
+mod error;
 pub mod interp;
+mod merge;
+mod near_miss;
 pub mod node;
 pub mod overrides;
 pub mod repo;
@@ -18,45 +26,6 @@ pub mod sweep;
 pub mod yaml;
 
 pub use compose::{ComposeOptions, Composed, Composer, Fallback, RUNTIME_KEYS};
+pub use error::ConfigError;
+pub use near_miss::near_miss;
 pub use node::{Node, Origin, Value};
-
-/// Anything that goes wrong while composing a config. Every message names its culprit: the
-/// file (and line) or the override.
-#[derive(Debug, thiserror::Error)]
-pub enum ConfigError {
-    #[error(transparent)]
-    Yaml(#[from] yaml::YamlError),
-    #[error("{path}: {message}")]
-    Io { path: String, message: String },
-    #[error("{0}")]
-    Override(String),
-    #[error("{0}")]
-    Composition(String),
-    #[error(transparent)]
-    Interpolation(#[from] interp::InterpError),
-    #[error(transparent)]
-    Schema(#[from] schema::SchemaError),
-}
-
-impl From<overrides::OverrideError> for ConfigError {
-    fn from(e: overrides::OverrideError) -> Self {
-        ConfigError::Override(e.to_string())
-    }
-}
-
-/// The candidate closest to `name`, when it is close enough to be a plausible typo.
-pub fn near_miss<'a>(name: &str, candidates: impl IntoIterator<Item = &'a str>) -> Option<String> {
-    let mut best: Option<(usize, &str)> = None;
-    for c in candidates {
-        if c == name {
-            continue;
-        }
-        let d = strsim::damerau_levenshtein(name, c);
-        let limit = (name.chars().count().max(c.chars().count()) / 3).max(1);
-        let plausible = d <= limit || c.starts_with(name) && !name.is_empty();
-        if plausible && best.is_none_or(|(bd, _)| d < bd) {
-            best = Some((d, c));
-        }
-    }
-    best.map(|(_, c)| c.to_string())
-}

@@ -1,14 +1,18 @@
 //! What every launcher shares: the [`Launcher`] trait, how a job ended ([`JobOutcome`], with
 //! the rank to blame in [`RankFailure`] and how its process ended in [`TaskExit`]), the command
-//! every rank runs ([`TaskCommand`]), and [`launcher_for`], which picks the launcher for
-//! `compute.launcher`.
+//! every rank runs ([`TaskCommand`]), and the tail of a rank's log ([`log_tail`]).
+//!
+//! The launchers ([`crate::local`], [`crate::slurm`]) build on this module and it names none of
+//! them; the choice of one for `compute.launcher` ([`launcher_for`](crate::launcher_for)) is made
+//! above them, in `run`.
 
 use crate::rundir::{self, JobState, PreparedRun};
 use crate::train_binary::locate_train_binary;
-use crate::{settings, slurm, LaunchError, LocalLauncher, LocalOptions};
-use flotilla_config::schema::Launcher as LauncherKind;
+use crate::{settings, LaunchError};
 use std::ffi::OsString;
 use std::fmt;
+use std::fs::File;
+use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 
 /// How a rank's process ended.
@@ -207,17 +211,25 @@ impl TaskCommand {
     }
 }
 
-/// The launcher for `compute.launcher`.
-pub fn launcher_for(
-    kind: LauncherKind,
-    local: LocalOptions,
-) -> Result<Box<dyn Launcher>, LaunchError> {
-    match kind {
-        LauncherKind::Local => Ok(Box::new(LocalLauncher::new(local))),
-        LauncherKind::Slurm => {
-            let mut opts = slurm::SlurmOptions::with_task(local.task);
-            opts.exec_task = local.exec_task;
-            Ok(Box::new(slurm::SlurmLauncher::new(opts)))
-        }
+/// The last `n` lines of a file (reading at most its last 64 KiB).
+pub fn log_tail(path: &Path, n: usize) -> Vec<String> {
+    let Ok(mut f) = File::open(path) else {
+        return Vec::new();
+    };
+    let len = f.metadata().map(|m| m.len()).unwrap_or(0);
+    let start = len.saturating_sub(64 * 1024);
+    if f.seek(SeekFrom::Start(start)).is_err() {
+        return Vec::new();
     }
+    let mut bytes = Vec::new();
+    if f.read_to_end(&mut bytes).is_err() {
+        return Vec::new();
+    }
+    let text = String::from_utf8_lossy(&bytes);
+    let mut lines: Vec<&str> = text.lines().collect();
+    if start > 0 && !lines.is_empty() {
+        lines.remove(0); // probably cut in the middle
+    }
+    let skip = lines.len().saturating_sub(n);
+    lines[skip..].iter().map(|l| l.to_string()).collect()
 }

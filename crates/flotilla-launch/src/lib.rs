@@ -5,8 +5,12 @@
 //! launcher's live view).
 //!
 //! The local launcher lives in [`local`]; the SLURM launcher in [`slurm`] plugs in through
-//! [`launcher_for`] (start/submit) and [`live_states`] (batched squeue/sacct query). Adaptive
-//! studies are driven by [`study`].
+//! [`launcher_for`] (start/submit, in `run`, above both launchers) and [`live_states`] (batched
+//! squeue/sacct query). Adaptive studies are driven by [`study`].
+//!
+//! The modules build on one another bottom up: [`rundir`] (the directories and their files,
+//! `task.json` included) below [`LaunchError`], the [`Launcher`] trait below the launchers that
+//! implement it, and the commands (`run`, `resume`, `status`, [`study`]) on top.
 
 pub mod after;
 pub mod base_model;
@@ -32,11 +36,10 @@ pub use flotilla_contract::exit::REQUEUE as REQUEUE_EXIT_CODE;
 
 pub use error::LaunchError;
 pub use launcher::{
-    launcher_for, signal_name, JobOutcome, Launcher, RankFailure, TaskCommand, TaskExit,
-    JOB_DIR_PLACEHOLDER,
+    signal_name, JobOutcome, Launcher, RankFailure, TaskCommand, TaskExit, JOB_DIR_PLACEHOLDER,
 };
 pub use local::{Cancel, LocalLauncher, LocalOptions};
 pub use resume::{prepared_job_from_dir, read_job_config, resume};
-pub use run::{run, run_after, RunOptions, RunReport};
+pub use run::{launcher_for, run, run_after, RunOptions, RunReport};
 pub use status::{live_states, status, status_json, status_text};
 pub use train_binary::{locate_train_binary, locate_train_binary_in, TRAIN_BINARY_NAME};

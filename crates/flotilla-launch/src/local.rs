@@ -22,13 +22,15 @@
 //! of a sweep run one after another, or up to `compute.max_parallel` at once.
 
 use super::{JobOutcome, LaunchError, Launcher, RankFailure, TaskCommand, TaskExit};
+/// The tail of a rank's log, as every launcher reads it.
+pub use crate::launcher::log_tail;
 use crate::rundir::{JobState, Plan, PlanFile, PreparedJob, PreparedRun, LOGS_DIR};
 use flotilla_config::schema::{ComputeConfig, TaskRanks};
 use flotilla_contract::rank::{free_port, RankEnv, RankInfo, RankSource, DEFAULT_MASTER_ADDR};
 use std::collections::HashMap;
 use std::ffi::OsString;
 use std::fs::File;
-use std::io::{BufRead, BufReader, Read, Seek, SeekFrom, Write};
+use std::io::{BufRead, BufReader, Write};
 use std::os::fd::{FromRawFd, OwnedFd};
 use std::os::unix::process::CommandExt;
 use std::path::Path;
@@ -277,29 +279,6 @@ pub fn rank_env(spec: &EnvSpec<'_>, rank: usize) -> Vec<(String, String)> {
         ("FLOTILLA_JOB_NUM".to_string(), spec.job_num.to_string()),
     ]);
     env
-}
-
-/// The last `n` lines of a file (reading at most its last 64 KiB).
-pub fn log_tail(path: &Path, n: usize) -> Vec<String> {
-    let Ok(mut f) = File::open(path) else {
-        return Vec::new();
-    };
-    let len = f.metadata().map(|m| m.len()).unwrap_or(0);
-    let start = len.saturating_sub(64 * 1024);
-    if f.seek(SeekFrom::Start(start)).is_err() {
-        return Vec::new();
-    }
-    let mut bytes = Vec::new();
-    if f.read_to_end(&mut bytes).is_err() {
-        return Vec::new();
-    }
-    let text = String::from_utf8_lossy(&bytes);
-    let mut lines: Vec<&str> = text.lines().collect();
-    if start > 0 && !lines.is_empty() {
-        lines.remove(0); // probably cut in the middle
-    }
-    let skip = lines.len().saturating_sub(n);
-    lines[skip..].iter().map(|l| l.to_string()).collect()
 }
 
 /// The job states the local launcher can tell without its supervisor: a job still recorded

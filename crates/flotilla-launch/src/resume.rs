@@ -3,7 +3,7 @@
 //! ([`prepared_job_from_dir`]).
 
 use crate::rundir::{self, JobState, PreparedRun, RunDirError};
-use crate::{launcher_for, status, user_task, JobOutcome, LaunchError, RunOptions, RunReport};
+use crate::{launcher_for, status, JobOutcome, LaunchError, RunOptions, RunReport};
 use flotilla_config::schema::Launcher as LauncherKind;
 use flotilla_config::ConfigError;
 use std::path::{Path, PathBuf};
@@ -29,7 +29,7 @@ pub fn prepared_job_from_dir(
     dir: PathBuf,
     overrides: Vec<String>,
 ) -> Result<rundir::PreparedJob, LaunchError> {
-    let task = user_task::TaskSpec::read(&dir).map_err(|e| LaunchError::Task(e.to_string()))?;
+    let task = rundir::TaskSpec::read(&dir).map_err(|e| LaunchError::Task(e.to_string()))?;
     let (config, compute) = match &task {
         Some(task) => (None, task.compute.clone()),
         None => {

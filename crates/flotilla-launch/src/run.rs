@@ -1,8 +1,9 @@
 //! `flotilla run`: [`run`] prepares the directories of a run or sweep and starts or submits
-//! its jobs; [`RunReport`] is what it (and [`resume`](crate::resume)) did, as JSON or text.
+//! its jobs with the launcher [`launcher_for`] picks for `compute.launcher`; [`RunReport`] is
+//! what it (and [`resume`](crate::resume)) did, as JSON or text.
 
 use crate::rundir::{self, JobState, PreparedRun, RunRequest};
-use crate::{launcher_for, JobOutcome, LaunchError, LocalOptions};
+use crate::{slurm, JobOutcome, LaunchError, Launcher, LocalLauncher, LocalOptions};
 use flotilla_config::schema::Launcher as LauncherKind;
 use flotilla_config::Composer;
 use std::path::Path;
@@ -81,6 +82,21 @@ pub fn run_after(
         outcomes,
         dry_run: opts.dry_run,
     })
+}
+
+/// The launcher for `compute.launcher`.
+pub fn launcher_for(
+    kind: LauncherKind,
+    local: LocalOptions,
+) -> Result<Box<dyn Launcher>, LaunchError> {
+    match kind {
+        LauncherKind::Local => Ok(Box::new(LocalLauncher::new(local))),
+        LauncherKind::Slurm => {
+            let mut opts = slurm::SlurmOptions::with_task(local.task);
+            opts.exec_task = local.exec_task;
+            Ok(Box::new(slurm::SlurmLauncher::new(opts)))
+        }
+    }
 }
 
 fn path_json(p: &Path) -> serde_json::Value {

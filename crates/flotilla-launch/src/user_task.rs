@@ -1,22 +1,22 @@
-//! The user's own program as a job runs it (`flotilla.task`): the resolved task a job directory
-//! keeps in `task.json`, the check that its program exists, and what every process of the job
+//! The user's own program as a job runs it (`flotilla.task`): what every process of the job
 //! does before the program starts (`flotilla exec-task JOB_DIR`): read `task.json` and its place
 //! in the job from the launcher's variables (torchrun's, or SLURM's), set torchrun's variables
 //! (or, for `ranks: per_node`, the per-node variables a `torchrun` reads), `FLOTILLA_CONFIG` and
 //! `FLOTILLA_SWEEP_DIR`, fill the argv placeholders, change directory and `exec` the program, so
 //! that the program is the launcher's child itself (signals, exit status, process group).
 //! Local runs and SLURM jobs go through this one path.
+//!
+//! The resolved task a job directory keeps in `task.json` ([`TaskSpec`], with the check that
+//! its program exists) belongs to the job directory's layout and lives in
+//! [`crate::rundir::task`]; it is re-exported here.
 
-use crate::hydra_job::{self, HydraJob};
-use crate::rundir::{io_err, RunDirError, CONFIG_FILE, SWEEP_FILE};
-use flotilla_config::schema::{ComputeConfig, ConfigArg, TaskConfig, TaskRanks};
+use crate::hydra_job;
+use crate::rundir::{CONFIG_FILE, SWEEP_FILE};
+use flotilla_config::schema::{ConfigArg, TaskRanks};
 use flotilla_contract::rank::{discover, RankEnv, RankInfo};
-use indexmap::IndexMap;
-use serde::{Deserialize, Serialize};
-use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 
-pub use flotilla_contract::layout::TASK_FILE;
+pub use crate::rundir::task::{TaskError, TaskSpec, TASK_FILE};
 
 /// Argv placeholders filled for each process.
 pub const PLACEHOLDERS: [&str; 10] = [
@@ -46,116 +46,6 @@ const PER_TASK_ONLY: [&str; 10] = [
     "TORCHELASTIC_RESTART_COUNT",
     "TORCHELASTIC_MAX_RESTARTS",
 ];
-
-/// The resolved task of one job, as `task.json` holds it.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct TaskSpec {
-    /// The program and its arguments (interpolations resolved, placeholders not yet filled).
-    pub argv: Vec<String>,
-    pub ranks: TaskRanks,
-    /// The absolute working directory.
-    pub cwd: PathBuf,
-    pub env: IndexMap<String, String>,
-    pub config_arg: Option<ConfigArg>,
-    /// The job's `compute` (defaults filled in), for the launcher that starts it again.
-    pub compute: ComputeConfig,
-    /// For a Hydra app (`config_arg: hydra`): the Hydra job context it is given.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub hydra_job: Option<HydraJob>,
-}
-
-/// Why a task cannot be prepared or started.
-#[derive(Debug, thiserror::Error)]
-pub enum TaskError {
-    #[error(transparent)]
-    RunDir(#[from] RunDirError),
-    #[error("{}: invalid {TASK_FILE}: {error}", path.display())]
-    Json {
-        path: PathBuf,
-        error: serde_json::Error,
-    },
-    #[error("{0}")]
-    Place(String),
-}
-
-impl TaskSpec {
-    /// The task of a job from its validated `flotilla.task` (its command set) and `compute`;
-    /// a relative or absent `cwd` is taken from `start_dir` (where flotilla was started).
-    pub fn new(task: &TaskConfig, compute: &ComputeConfig, start_dir: &Path) -> TaskSpec {
-        let cwd = match &task.cwd {
-            Some(dir) => start_dir.join(dir),
-            None => start_dir.to_path_buf(),
-        };
-        TaskSpec {
-            argv: task.command.clone().unwrap_or_default(),
-            ranks: task.ranks,
-            cwd,
-            env: task.env.clone(),
-            config_arg: task.config_arg,
-            compute: compute.clone(),
-            hydra_job: None,
-        }
-    }
-
-    /// How many processes the launcher starts: one per rank, or one per node.
-    pub fn processes(&self) -> usize {
-        match self.ranks {
-            TaskRanks::PerTask => self.compute.world_size(),
-            TaskRanks::PerNode => self.compute.nodes,
-        }
-    }
-
-    /// The text of `task.json`.
-    pub fn to_json(&self) -> String {
-        let mut s = serde_json::to_string_pretty(self).expect("a task serialises");
-        s.push('\n');
-        s
-    }
-
-    /// The task of a job directory; `None` when it runs the built-in trainer (no `task.json`).
-    pub fn read(job_dir: &Path) -> Result<Option<TaskSpec>, TaskError> {
-        let path = job_dir.join(TASK_FILE);
-        let text = match std::fs::read_to_string(&path) {
-            Ok(t) => t,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-            Err(e) => return Err(io_err(&path, e).into()),
-        };
-        serde_json::from_str(&text)
-            .map(Some)
-            .map_err(|error| TaskError::Json { path, error })
-    }
-
-    /// The program's path: a name with a `/` relative to the task's directory, else found on
-    /// `PATH` (the task's own `env.PATH` when it sets one). `Err` says where it looked.
-    pub fn find_program(&self) -> Result<PathBuf, String> {
-        let program = self.argv.first().map(String::as_str).unwrap_or("");
-        if program.contains('/') {
-            let path = self.cwd.join(program);
-            return if is_executable(&path) {
-                Ok(path)
-            } else if path.exists() {
-                Err(format!("{} is not executable (chmod +x it, or run it through its interpreter, e.g. [python, {program}])", path.display()))
-            } else {
-                Err(format!("{} does not exist", path.display()))
-            };
-        }
-        let search = self
-            .env
-            .get("PATH")
-            .map(OsString::from)
-            .or_else(|| std::env::var_os("PATH"))
-            .unwrap_or_default();
-        std::env::split_paths(&search)
-            .map(|dir| self.cwd.join(dir).join(program))
-            .find(|p| is_executable(p))
-            .ok_or_else(|| format!("`{program}` was not found on PATH"))
-    }
-}
-
-fn is_executable(path: &Path) -> bool {
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::metadata(path).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
-}
 
 /// `s` as one value of Hydra's override grammar: as it is when it is a plain path, else in
 /// single quotes with `\` and `'` escaped.
@@ -371,6 +261,8 @@ pub fn exec(job_dir: &Path) -> TaskError {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use flotilla_config::schema::ComputeConfig;
+    use indexmap::IndexMap;
 
     fn compute() -> ComputeConfig {
         let defaults = flotilla_config::yaml::load_str(

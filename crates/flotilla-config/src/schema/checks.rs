@@ -170,7 +170,7 @@ pub fn validate_user_task(
     let mut compute_node = crate::yaml::load_str(USER_TASK_COMPUTE_DEFAULTS, "<compute defaults>")
         .expect("built-in compute defaults are valid YAML");
     if let Some(user) = job.select("compute") {
-        if let Err(e) = crate::compose::merge_into(&mut compute_node, user.clone()) {
+        if let Err(e) = crate::merge::merge_into(&mut compute_node, user.clone()) {
             cx.push(
                 ProblemKind::WrongType,
                 "compute",

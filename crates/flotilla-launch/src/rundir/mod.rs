@@ -1,25 +1,26 @@
 //! Run directories: one directory per job, created atomically and never shared or overwritten.
 //!
 //! This module owns the layout of a job directory (`config.yaml`, `overrides.yaml`,
-//! `meta.json`, `logs/`; later the trainer's `metrics.csv`, `checkpoints/`, `final/`), the
-//! sweep directory (`sweep.json` plus one sub-directory per job), the single run's `job.json`,
-//! and the way they come to exist: [`prepare`] composes and validates every job first, builds
-//! the whole tree in a hidden temporary directory next to its destination, then claims the
-//! destination name with `mkdir` (which fails when the name exists, so two commands started in
-//! the same second get `<dir>` and `<dir>_1`) and renames the tree onto it. Directory names come
-//! from the runtime node: `flotilla.run.dir` for one run, `flotilla.sweep.dir` +
-//! `flotilla.sweep.subdir` for a sweep.
+//! `meta.json`, `task.json` for the user's own program ([`task`]), `logs/`; later the
+//! trainer's `metrics.csv`, `checkpoints/`, `final/`), the sweep directory (`sweep.json` plus
+//! one sub-directory per job), the single run's `job.json`, and the way they come to exist:
+//! [`prepare`] composes and validates every job first, builds the whole tree in a hidden
+//! temporary directory next to its destination, then claims the destination name with `mkdir`
+//! (which fails when the name exists, so two commands started in the same second get `<dir>`
+//! and `<dir>_1`) and renames the tree onto it. Directory names come from the runtime node:
+//! `flotilla.run.dir` for one run, `flotilla.sweep.dir` + `flotilla.sweep.subdir` for a sweep.
 
 pub mod meta;
 pub mod plan;
 pub mod snapshot;
 pub mod status;
+pub mod task;
 pub mod trials;
 
 pub use meta::{ComposeSource, Meta, Provenance};
-pub use plan::{JobRecord, JobState, Plan, PlanFile, JOB_FILE, PLAN_VERSION, SWEEP_FILE};
+pub use plan::{JobRecord, JobState, Plan, PlanFile, JOB_FILE, PLAN_VERSION, STEP_KEY, SWEEP_FILE};
+pub use task::{HydraJob, TaskError, TaskSpec, TASK_FILE};
 
-use crate::user_task::{TaskSpec, TASK_FILE};
 use flotilla_config::interp::{self, ResolveContext};
 use flotilla_config::node::{python_str, Node, Value};
 use flotilla_config::schema::{ComputeConfig, JobConfig};
@@ -389,7 +390,7 @@ pub fn job_runs(
         let (task, compute) = flotilla_config::schema::validate_user_task(&node, &composed.job)?;
         let mut spec = TaskSpec::new(&task, &compute, start_dir);
         if task.config_arg == Some(flotilla_config::schema::ConfigArg::Hydra) {
-            spec.hydra_job = Some(crate::hydra_job::HydraJob::from_runtime(&composed.runtime));
+            spec.hydra_job = Some(HydraJob::from_runtime(&composed.runtime));
         }
         return Ok(JobRuns {
             config: None,

@@ -14,6 +14,10 @@ use std::str::FromStr;
 pub use flotilla_contract::layout::{JOB_FILE, SWEEP_FILE};
 /// Version of the plan format written by this build.
 pub const PLAN_VERSION: u32 = 1;
+/// Key of a job's record (in [`JobRecord::extra`]): the job step that ran it in an allocation
+/// of a packed sweep (`compute.pack`). The SLURM launcher's packing loop records it; a run's
+/// status reports it.
+pub const STEP_KEY: &str = "step";
 
 /// Where a job stands. Serialised as SLURM spells its states (`PENDING`, `RUNNING`, ...).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]

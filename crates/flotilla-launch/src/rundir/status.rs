@@ -2,7 +2,7 @@
 //! directory's own markers (`metrics.csv`'s last step, `final/` present). Launchers add live
 //! states on top (see `launch::status`).
 
-use super::{JobRecord, JobState, PlanFile, RunDirError, META_FILE};
+use super::{JobRecord, JobState, PlanFile, RunDirError, META_FILE, STEP_KEY};
 use flotilla_config::schema::Launcher as LauncherKind;
 use serde::Serialize;
 use std::path::{Path, PathBuf};
@@ -204,10 +204,7 @@ pub fn read_status(
                 steps: m.steps,
                 final_model: m.final_model,
                 message: j.message.clone(),
-                step: j
-                    .extra
-                    .get(crate::slurm::pack::STEP_KEY)
-                    .and_then(|v| v.as_u64()),
+                step: j.extra.get(STEP_KEY).and_then(|v| v.as_u64()),
                 nodes: None,
             }
         })

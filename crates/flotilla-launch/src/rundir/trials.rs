@@ -2,7 +2,8 @@
 //! [`StudyDir::create`] makes the sweep directory (the copy of the config directory and a
 //! `sweep.json` with no jobs yet, created atomically like any run directory), and
 //! [`StudyDir::add_job`] composes and validates one more job, writes its directory the way `prepare`
-//! writes a sweep's jobs, and appends its record to the plan.
+//! writes a sweep's jobs, and appends its record to the plan. A study on SLURM cannot pack its
+//! trials ([`ADAPTIVE_REFUSAL`]; the SLURM launcher refuses the same way when asked to).
 
 use super::{
     install_dir, io_err, job_runs, provenance_for, replayable_runtime_overrides, runtime_path,
@@ -14,6 +15,11 @@ use flotilla_config::schema::Launcher as LauncherKind;
 use flotilla_config::yaml::{to_yaml, EmitOptions};
 use flotilla_config::{Composed, Composer, ConfigError};
 use std::path::{Component, Path, PathBuf};
+
+/// Why an adaptive study refuses `compute.pack`.
+pub const ADAPTIVE_REFUSAL: &str = "an adaptive sweep submits each trial alone as it samples \
+     it, so there is no queue of jobs to pack; remove compute.pack (or use a grid sweep, whose \
+     jobs are all known at once)";
 
 /// What every job of a study shares.
 pub struct StudyDir {
@@ -47,7 +53,7 @@ impl StudyDir {
             if launcher == LauncherKind::Slurm {
                 return Err(ConfigError::Composition(format!(
                     "compute.pack={k}: {}",
-                    crate::slurm::pack::ADAPTIVE_REFUSAL
+                    ADAPTIVE_REFUSAL
                 ))
                 .into());
             }

@@ -32,19 +32,17 @@ use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+/// Why an adaptive study refuses `compute.pack` (a study's directory refuses it first).
+pub use crate::rundir::trials::ADAPTIVE_REFUSAL;
+/// Key of a packed job's record: its job step in that allocation (part of the plan format).
+pub use crate::rundir::STEP_KEY;
+
 /// The hidden subcommand an allocation's batch shell execs.
 pub const PACK_SUBCOMMAND: &str = "pack-run";
 /// Key of a packed job's record: the allocation (`<array id>_<task>`) that claimed it.
 pub const ALLOCATION_KEY: &str = "allocation";
-/// Key of a packed job's record: its job step in that allocation.
-pub const STEP_KEY: &str = "step";
 /// Key of a packed job's record: the job array of allocations it was submitted to.
 pub const PACK_ARRAY_KEY: &str = "pack_array";
-
-/// Why an adaptive study refuses `compute.pack`.
-pub const ADAPTIVE_REFUSAL: &str = "an adaptive sweep submits each trial alone as it samples \
-     it, so there is no queue of jobs to pack; remove compute.pack (or use a grid sweep, whose \
-     jobs are all known at once)";
 
 /// How the jobs of one group (same `compute`, same task kind) are packed.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]

@@ -145,11 +145,11 @@ pub fn failure_message(job_dir: &Path) -> Option<String> {
     let out_log = newest(".out");
     let err_tail = err_log
         .as_deref()
-        .map(|p| crate::local::log_tail(p, 200))
+        .map(|p| crate::launcher::log_tail(p, 200))
         .unwrap_or_default();
     if let Some((rank, exit)) = err_tail.iter().rev().find_map(|l| parse_srun_error(l)) {
         let log = logs.join(flotilla_contract::layout::rank_log_name(rank));
-        let tail = crate::local::log_tail(&log, LOG_TAIL_LINES);
+        let tail = crate::launcher::log_tail(&log, LOG_TAIL_LINES);
         return Some(
             RankFailure {
                 rank,
@@ -161,7 +161,7 @@ pub fn failure_message(job_dir: &Path) -> Option<String> {
         );
     }
     for log in [err_log, out_log].into_iter().flatten() {
-        let tail = crate::local::log_tail(&log, LOG_TAIL_LINES);
+        let tail = crate::launcher::log_tail(&log, LOG_TAIL_LINES);
         if !tail.is_empty() {
             let lines: Vec<String> = tail.iter().map(|l| format!("  | {l}")).collect();
             return Some(format!(

@@ -190,7 +190,7 @@ pub fn spawn_driver(
                 // Nothing left to do (a finished study): it has come and gone.
                 return Ok(Spawned { pid, log });
             }
-            let tail = crate::local::log_tail(&log, 10).join("\n  | ");
+            let tail = crate::launcher::log_tail(&log, 10).join("\n  | ");
             return Err(LaunchError::Unsupported(format!(
                 "the study driver exited at once ({status}); the last lines of {}:\n  | {tail}",
                 log.display()
