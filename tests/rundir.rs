@@ -657,3 +657,45 @@ fn the_config_error_variant_carries_the_composers_error() {
     let rec = JobRecord::pending(0, ".".into(), vec![]);
     assert_eq!(rec.state, JobState::Pending);
 }
+
+/// A base directory whose config.json the trainer would refuse (a rope type, an activation or
+/// a head size it does not implement) is refused by `run` on the login node with exit 2,
+/// naming the file, the field, the value and what is supported, before anything is created.
+#[test]
+fn a_base_the_trainer_refuses_is_refused_before_anything_is_created() {
+    let tmp = tempfile::tempdir().unwrap();
+    let base = tmp.path().join("base");
+    std::fs::create_dir(&base).unwrap();
+    let sizes = r#""model_type": "llama", "vocab_size": 100, "hidden_size": 64,
+        "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4"#;
+    for (extra, want) in [
+        (
+            r#""rope_scaling": {"rope_type": "yarn", "factor": 4.0}"#,
+            "field `rope_scaling.rope_type`: `yarn` is not supported; flotilla implements `default` and `llama3`",
+        ),
+        (
+            r#""hidden_act": "gelu""#,
+            "field `hidden_act`: `gelu` is not supported",
+        ),
+        (
+            r#""head_dim": 32"#,
+            "field `head_dim`: 32 differs from hidden_size / num_attention_heads = 16",
+        ),
+    ] {
+        std::fs::write(base.join("config.json"), format!("{{{sizes}, {extra}}}")).unwrap();
+        let out_dir = tmp.path().join("runs");
+        let out = run_cli(
+            tmp.path(),
+            &[
+                &format!("model.init_from={}", base.display()),
+                &format!("flotilla.run.dir={}/run", out_dir.display()),
+                "--dry-run",
+            ],
+        );
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{stderr}");
+        assert!(stderr.contains(want), "{want:?} not in: {stderr}");
+        assert!(stderr.contains("config.json"), "{stderr}");
+        assert!(!out_dir.exists(), "nothing is created: {stderr}");
+    }
+}

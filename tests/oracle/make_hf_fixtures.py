@@ -213,9 +213,11 @@ def check(path):
             problems["class"] = [type(model).__name__]
         if "sliding_window" in c and getattr(model.config, "sliding_window", None) != c["sliding_window"]:
             problems["sliding_window"] = [getattr(model.config, "sliding_window", None)]
-        saved_dtype = json.load(open(os.path.join(c["dir"], "config.json"))).get("torch_dtype")
+        # transformers 5 writes the weights' dtype as `dtype` (4.x: `torch_dtype`)
+        saved = json.load(open(os.path.join(c["dir"], "config.json")))
+        saved_dtype = saved.get("dtype", saved.get("torch_dtype"))
         if saved_dtype != c["dtype"]:
-            problems["torch_dtype"] = [saved_dtype]
+            problems["dtype"] = [saved_dtype]
         data = load_file(c["logits"])
         with torch.no_grad():
             logits = model(input_ids=data["input_ids"]).logits.float()

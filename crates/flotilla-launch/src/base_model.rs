@@ -1,7 +1,7 @@
 //! The architecture a job really trains: its `model` config, or with `model.init_from` the
-//! base directory's `config.json`, which the trainer takes the architecture from (its
-//! `model_type`, biases and sliding window read by `hf_architecture`, as the trainer reads
-//! them). The memory planner (`plan --memory`, `run`'s fit check) and `run`'s adapter
+//! base directory's `config.json`, read and checked by the same code as the trainer's
+//! (`flotilla_config::schema::hf_config`), so that a base the trainer would refuse (an
+//! architecture, activation, head size or rope type it does not implement) is refused here. The memory planner (`plan --memory`, `run`'s fit check) and `run`'s adapter
 //! pre-flight price and check a fine-tuning job against it, read without libtorch; a job whose
 //! `data.seq_len` exceeds the base's sliding window is refused here, before anything is
 //! created.
@@ -9,7 +9,8 @@
 use std::borrow::Cow;
 use std::path::Path;
 
-use flotilla_config::schema::{hf_architecture, JobConfig, ModelConfig};
+use flotilla_config::schema::hf_config::{read_model_config, HfConfigError};
+use flotilla_config::schema::{JobConfig, ModelConfig};
 
 /// `job` with its `model` replaced by the sizes and architecture of `model.init_from`'s
 /// `config.json` (the job itself when it starts from no directory). An unreadable or
@@ -28,42 +29,22 @@ pub fn trained_job(job: &JobConfig) -> Result<Cow<'_, JobConfig>, String> {
     Ok(Cow::Owned(owned))
 }
 
-/// The sizes and architecture in `dir/config.json` (Hugging Face `LlamaConfig` names) over
-/// `fallback` (for the fields the planner does not need).
-fn base_model(dir: &Path, fallback: &ModelConfig) -> Result<ModelConfig, String> {
-    let path = dir.join("config.json");
-    let text = std::fs::read_to_string(&path).map_err(|e| {
-        format!(
-            "model.init_from: cannot read {}: {e}; point it at a Hugging Face model directory \
-             (config.json and *.safetensors)",
+/// The model `dir/config.json` describes, read and checked as the trainer reads it
+/// (`flotilla_config::schema::hf_config`: the architecture, activation, head size, rope type and
+/// its parameters), with the job's own name and `init_from`.
+fn base_model(dir: &Path, job_model: &ModelConfig) -> Result<ModelConfig, String> {
+    let model = read_model_config(dir).map_err(|e| match e {
+        HfConfigError::Io { path, source } => format!(
+            "model.init_from: cannot read {}: {source}; point it at a Hugging Face model \
+             directory (config.json and *.safetensors)",
             path.display()
-        )
+        ),
+        e => format!("model.init_from: {e}"),
     })?;
-    let v: serde_json::Value = serde_json::from_str(&text)
-        .map_err(|e| format!("model.init_from: {} is not JSON: {e}", path.display()))?;
-    let size = |k: &str| -> Result<usize, String> {
-        v[k].as_u64()
-            .map(|n| n as usize)
-            .ok_or_else(|| format!("model.init_from: {} has no `{k}`", path.display()))
-    };
-    let heads = size("num_attention_heads")?;
-    let arch = hf_architecture(v.as_object().unwrap_or(&serde_json::Map::new()))
-        .map_err(|e| format!("model.init_from: {}: {e}", path.display()))?;
     Ok(ModelConfig {
-        vocab_size: size("vocab_size")?,
-        hidden_size: size("hidden_size")?,
-        intermediate_size: size("intermediate_size")?,
-        num_hidden_layers: size("num_hidden_layers")?,
-        num_attention_heads: heads,
-        num_key_value_heads: size("num_key_value_heads").unwrap_or(heads),
-        max_position_embeddings: size("max_position_embeddings")
-            .unwrap_or(fallback.max_position_embeddings),
-        // transformers' LlamaConfig default.
-        tie_word_embeddings: v["tie_word_embeddings"].as_bool().unwrap_or(false),
-        model_type: arch.model_type,
-        attention_bias: arch.attention_bias,
-        sliding_window: arch.sliding_window,
-        ..fallback.clone()
+        name: job_model.name.clone(),
+        init_from: job_model.init_from.clone(),
+        ..model
     })
 }
 

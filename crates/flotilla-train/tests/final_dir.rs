@@ -18,7 +18,7 @@ use std::process::Command;
 use flotilla_config::schema::DataConfig;
 use flotilla_train::checkpoint::{save_final, FinalOptions};
 use flotilla_train::data::{self, BatchLayout, DataLoader, DataOptions, Tokenizer};
-use flotilla_train::model::read_hf_config;
+use flotilla_train::model::hf_config::{read_hf_config, weight_kind};
 use flotilla_train::state::hf_weights::HfWeights;
 use flotilla_train::Trainer;
 use serde_json::Value;
@@ -94,7 +94,7 @@ fn final_dir_is_what_save_pretrained_writes() {
     let trainer = fine_tuned(&base);
     let tokenizer = Tokenizer::from_file(base.join("tokenizer.json"), "data.tokenizer").unwrap();
     // `save_dtype: auto` with a base: the base's dtype.
-    let kind = read_hf_config(&base).unwrap().weight_kind().unwrap();
+    let kind = weight_kind(&read_hf_config(&base).unwrap()).unwrap();
     assert_eq!(kind, Kind::BFloat16);
 
     let fin = tmp.path().join("final");

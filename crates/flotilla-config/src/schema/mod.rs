@@ -25,6 +25,7 @@ mod architecture;
 mod checks;
 mod from_node;
 mod gpus;
+pub mod hf_config;
 mod messages;
 mod types;
 

@@ -11,7 +11,7 @@ use super::state_file::{write_state_file, StateFile};
 use super::{io, on_all_ranks};
 use crate::data::Tokenizer;
 use crate::error::TrainError;
-use crate::model::read_hf_config;
+use crate::model::hf_config::{read_hf_config, weight_kind};
 use crate::model::CausalLm;
 use crate::model::{finish_hf_dir, write_generation_config, SpecialIds};
 use crate::state::hf_weights::{save_hf_dir, HfDirOptions};
@@ -41,7 +41,7 @@ impl<'a> FinalOptions<'a> {
             SaveDtype::Float16 => Kind::Half,
             SaveDtype::Auto => {
                 let declared = match base {
-                    Some(b) => read_hf_config(b)?.weight_kind(),
+                    Some(b) => weight_kind(&read_hf_config(b)?),
                     None => None,
                 };
                 declared.unwrap_or(match job.trainer.precision {

@@ -12,7 +12,7 @@ use tch::{Device, Kind, Tensor};
 use super::hf_shards::ShardedWriter;
 use super::param_source::{FileSource, TensorSource};
 use crate::error::TrainError;
-use crate::model::hf_config::{io_err, kind_name, read_hf_config};
+use crate::model::hf_config::{io_err, kind_name, read_hf_config, weight_kind};
 use crate::model::{finish_hf_dir, read_model_config, write_generation_config, SpecialIds};
 use crate::model::{CausalLm, ModelError, Params};
 
@@ -71,7 +71,7 @@ impl HfWeights {
         let dir = dir.as_ref();
         let config = read_model_config(dir)?;
         let model = CausalLm::new(&config)?;
-        let declared_kind = read_hf_config(dir)?.weight_kind();
+        let declared_kind = weight_kind(&read_hf_config(dir)?);
         let source = FileSource::open(&weight_files(dir)?, "")?;
         for file in source.files() {
             for name in file.tensors().keys() {
