@@ -10,7 +10,7 @@ use std::borrow::Cow;
 use std::path::Path;
 
 use flotilla_config::schema::hf_config::{read_model_config, HfConfigError};
-use flotilla_config::schema::{JobConfig, ModelConfig};
+use flotilla_config::schema::{JobConfig, ModelConfig, TokenizerSpec, BYTE_TOKENIZER_IDS};
 
 /// `job` with its `model` replaced by the sizes and architecture of `model.init_from`'s
 /// `config.json` (the job itself when it starts from no directory). An unreadable or
@@ -26,7 +26,28 @@ pub fn trained_job(job: &JobConfig) -> Result<Cow<'_, JobConfig>, String> {
         .model
         .check_window("data.seq_len", job.data.seq_len())
         .map_err(|e| format!("model.init_from {dir}: {e}"))?;
+    check_tokenizer(job, &owned.model)?;
     Ok(Cow::Owned(owned))
+}
+
+/// Text and JSONL data with `data.tokenizer` unset take the base's `tokenizer.json`, which must
+/// be there; the byte tokenizer needs a base vocabulary that holds its ids.
+fn check_tokenizer(job: &JobConfig, base: &ModelConfig) -> Result<(), String> {
+    let init_from = job.model.init_from.as_deref();
+    match job.data.tokenizer(init_from) {
+        Some(TokenizerSpec::File(path)) if !Path::new(&path).is_file() => Err(format!(
+            "data.tokenizer: {path} does not exist; with model.init_from and data.tokenizer \
+             unset, text and jsonl data take the base's tokenizer.json: add it to the base, or \
+             set data.tokenizer to a tokenizer.json, byte or bpe"
+        )),
+        Some(TokenizerSpec::Byte) if base.vocab_size < BYTE_TOKENIZER_IDS => Err(format!(
+            "data.tokenizer=byte needs {BYTE_TOKENIZER_IDS} ids, and model.init_from's \
+             vocabulary has {}: use the base's tokenizer (leave data.tokenizer unset) or a \
+             tokenizer.json",
+            base.vocab_size
+        )),
+        _ => Ok(()),
+    }
 }
 
 /// The model `dir/config.json` describes, read and checked as the trainer reads it

@@ -946,3 +946,40 @@ fn greedy_generate_drives_a_model_forward() {
         .unwrap();
     assert_eq!((acc.correct, acc.total), (20, 20));
 }
+
+/// With `model.init_from` and `data.tokenizer` unset (`null`, the shipped default), text and
+/// JSONL data are tokenized with the base's `tokenizer.json`: the same ids as naming that file,
+/// and not the byte tokenizer's; without a base, unset means `byte`.
+#[test]
+fn unset_tokenizer_means_the_base_s() {
+    let dir = tempfile::tempdir().unwrap();
+    let base = dir.path().join("base");
+    std::fs::create_dir(&base).unwrap();
+    let corpus = [
+        "Add 2 and 3 to get 5",
+        "Say hi and hello",
+        "plain text here",
+    ];
+    let tok = data::Tokenizer::train_bpe(corpus.iter(), 300).unwrap();
+    tok.save(base.join("tokenizer.json")).unwrap();
+    let path = dir.path().join("train.jsonl");
+    std::fs::write(
+        &path,
+        r#"{"instruction": "Add", "input": "2 and 3", "output": "5"}"#.to_string() + "\n",
+    )
+    .unwrap();
+    let with_base = |tokenizer: &str, init_from: Option<&Path>| {
+        let o = DataOptions {
+            init_from,
+            ..opts(400, None)
+        };
+        let d = data::build(&jsonl_config(&path, true, tokenizer), &o).unwrap();
+        d.train.get(0).unwrap().input_ids
+    };
+    let named = with_base(&base.join("tokenizer.json").display().to_string(), None);
+    let unset = with_base("null", Some(&base));
+    let byte = with_base("null", None);
+    assert_eq!(unset, named);
+    assert_ne!(unset, byte);
+    assert_eq!(byte, with_base("byte", None));
+}

@@ -17,6 +17,9 @@ use crate::node::{python_float_repr, Dict, Node, Value};
 /// Fewest model ids the byte-level tokenizer needs (one per byte, before special tokens).
 pub const BYTE_VOCAB: usize = 256;
 
+/// Every id of the byte-level tokenizer: its 256 byte ids and PAD, BOS, EOS.
+pub const BYTE_TOKENIZER_IDS: usize = BYTE_VOCAB + 3;
+
 /// Largest `data.digits` for the built-in arithmetic data (products must fit in an `i64`).
 pub const MAX_ARITHMETIC_DIGITS: usize = 9;
 
@@ -636,12 +639,12 @@ impl Check<'_> {
                         "list the text files or globs, e.g. data.paths=[/path/to/a.txt]".into(),
                     );
                 }
-                self.vocab(&t.tokenizer, t.vocab_size, model);
+                self.vocab(t.tokenizer.as_ref(), t.vocab_size, model);
             }
             DataConfig::Jsonl(j) => {
                 self.non_empty("data.path", &j.path);
                 self.non_empty("data.completion_key", &j.completion_key);
-                self.vocab(&j.tokenizer, j.vocab_size, model);
+                self.vocab(j.tokenizer.as_ref(), j.vocab_size, model);
             }
             DataConfig::Chat(c) => {
                 self.non_empty("data.path", &c.path);
@@ -670,9 +673,19 @@ impl Check<'_> {
         }
     }
 
-    /// The tokenizer's ids must fit the model's embedding table.
-    fn vocab(&mut self, tokenizer: &TokenizerSpec, vocab_size: usize, model: Option<&ModelConfig>) {
-        match tokenizer {
+    /// The tokenizer's ids must fit the model's embedding table. A job that starts from a base
+    /// (`model.init_from`) has the base's vocabulary, not the preset's: it is checked against
+    /// the base where the base is read (`run`'s pre-flight, the trainer).
+    fn vocab(
+        &mut self,
+        tokenizer: Option<&TokenizerSpec>,
+        vocab_size: usize,
+        model: Option<&ModelConfig>,
+    ) {
+        if model.is_some_and(|m| m.init_from.is_some()) {
+            return;
+        }
+        match &TokenizerSpec::resolve(tokenizer, None) {
             TokenizerSpec::Bpe => {
                 if !self.at_least("data.vocab_size", vocab_size as u64, 1) {
                     return;

@@ -37,8 +37,8 @@ use std::fmt;
 
 pub use architecture::{hf_architecture, AttentionBiases, HfArchitecture, HfFieldError};
 pub use checks::{
-    starts_known_launcher, validate, validate_user_task, BYTE_VOCAB, MAX_ARITHMETIC_DIGITS,
-    USER_TASK_COMPUTE_DEFAULTS,
+    starts_known_launcher, validate, validate_user_task, BYTE_TOKENIZER_IDS, BYTE_VOCAB,
+    MAX_ARITHMETIC_DIGITS, USER_TASK_COMPUTE_DEFAULTS,
 };
 pub use gpus::{gpu_model, gpu_names, GpuModel, GPU_MODELS};
 pub use types::ModelType;

@@ -749,7 +749,7 @@ fn data_rules() {
         panic!()
     };
     assert_eq!(t.paths, ["/data/*.txt"]);
-    assert_eq!(t.tokenizer, TokenizerSpec::File("./tok.json".into()));
+    assert_eq!(t.tokenizer, Some(TokenizerSpec::File("./tok.json".into())));
     let mut job = base();
     set(&mut job, "data.digits", json!(0), ovr("d"));
     assert!(only(&job).message.contains("must be between 1 and 9"));
@@ -1013,4 +1013,37 @@ fn architecture_keys_and_the_sliding_window() {
         "{}",
         p.message
     );
+}
+
+#[test]
+fn shard_sizes_read_as_transformers_writes_them() {
+    use super::ShardSize;
+    for (text, bytes) in [
+        ("50GB", 50_000_000_000u64),
+        ("5GB", 5_000_000_000),
+        ("500MB", 500_000_000),
+        ("1.5MB", 1_500_000),
+        ("2GiB", 2 << 30),
+        ("20KB", 20_000),
+        ("1000", 1000),
+    ] {
+        assert_eq!(ShardSize::parse(text), Some(ShardSize(bytes)), "{text}");
+    }
+    for bad in ["", "GB", "5XB", "-1GB", "0"] {
+        assert_eq!(ShardSize::parse(bad), None, "{bad}");
+    }
+    let mut job = compose("tiny", "ddp", "arithmetic", "local");
+    set(
+        &mut job,
+        "trainer.max_shard_size",
+        json!("5 gigs"),
+        ovr("t"),
+    );
+    let err = validate(&job).unwrap_err().to_string();
+    assert!(
+        err.contains("trainer.max_shard_size: expected a size such as '5GB'"),
+        "{err}"
+    );
+    set(&mut job, "trainer.max_shard_size", json!(1234), ovr("t"));
+    assert_eq!(validate(&job).unwrap().trainer.max_shard_bytes(), 1234);
 }

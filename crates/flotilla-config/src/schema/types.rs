@@ -100,9 +100,30 @@ pub const DEFAULT_MAX_SHARD_SIZE: u64 = 50_000_000_000;
 /// `trainer.max_shard_size`: the largest weights file of `final/`, in bytes. Written as
 /// transformers and the Hub write it: `50GB`, `500MB` (powers of 1000: TB, GB, MB, KB), `2GiB`
 /// (powers of 1024: TiB, GiB, MiB, KiB), or a number of bytes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(transparent)]
 pub struct ShardSize(pub u64);
+
+impl<'de> Deserialize<'de> for ShardSize {
+    /// A number of bytes, or a size with its unit as the config writes it (`"50GB"`).
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Written {
+            Bytes(u64),
+            Text(String),
+        }
+        match Written::deserialize(d)? {
+            Written::Bytes(n) if n > 0 => Ok(ShardSize(n)),
+            Written::Bytes(_) => Err(serde::de::Error::custom("a shard size must be positive")),
+            Written::Text(t) => ShardSize::parse(&t).ok_or_else(|| {
+                serde::de::Error::custom(format!(
+                    "`{t}` is not a size such as '5GB', '500MB' or '2GiB'"
+                ))
+            }),
+        }
+    }
+}
 
 impl ShardSize {
     /// The bytes of a size written with a unit (`"5GB"`, `"1.5GiB"`) or without (`"1000"`).
@@ -371,6 +392,23 @@ impl From<String> for TokenizerSpec {
             "byte" => TokenizerSpec::Byte,
             "bpe" => TokenizerSpec::Bpe,
             _ => TokenizerSpec::File(s),
+        }
+    }
+}
+
+impl TokenizerSpec {
+    /// The tokenizer `data.tokenizer` asks for: as set, or when unset (`null`) the base's
+    /// (`model.init_from/tokenizer.json`) for a job that starts from one, else `byte`.
+    pub fn resolve(spec: Option<&TokenizerSpec>, init_from: Option<&str>) -> TokenizerSpec {
+        match (spec, init_from) {
+            (Some(s), _) => s.clone(),
+            (None, Some(dir)) => TokenizerSpec::File(
+                std::path::Path::new(dir)
+                    .join("tokenizer.json")
+                    .to_string_lossy()
+                    .into_owned(),
+            ),
+            (None, None) => TokenizerSpec::Byte,
         }
     }
 }
@@ -919,7 +957,8 @@ section! {
         paths: Vec<String> => "[/path/to/a.txt,/path/to/b.txt]",
         /// Held-out files or globs; `None`: no evaluation data.
         eval_paths: Option<Vec<String>> => "[/path/to/eval.txt]",
-        tokenizer: TokenizerSpec => "byte",
+        /// `None`: `model.init_from`'s tokenizer, else `byte` ([`TokenizerSpec::resolve`]).
+        tokenizer: Option<TokenizerSpec> => "byte",
         /// Vocabulary of a trained `bpe` tokenizer.
         vocab_size: usize,
         seq_len: usize,
@@ -940,7 +979,8 @@ section! {
         completion_key: String => "completion",
         /// Loss only on completion tokens.
         mask_prompt: bool,
-        tokenizer: TokenizerSpec => "byte",
+        /// `None`: `model.init_from`'s tokenizer, else `byte` ([`TokenizerSpec::resolve`]).
+        tokenizer: Option<TokenizerSpec> => "byte",
         /// Vocabulary of a trained `bpe` tokenizer.
         vocab_size: usize,
         seq_len: usize,
@@ -1033,13 +1073,15 @@ impl DataConfig {
         }
     }
 
-    /// The tokenizer choice of `text` and `jsonl` data.
-    pub fn tokenizer(&self) -> Option<&TokenizerSpec> {
-        match self {
-            DataConfig::Text(d) => Some(&d.tokenizer),
-            DataConfig::Jsonl(d) => Some(&d.tokenizer),
-            _ => None,
-        }
+    /// The tokenizer `text` and `jsonl` data use, for a job that starts from `init_from`
+    /// ([`TokenizerSpec::resolve`]); `None` for the other kinds.
+    pub fn tokenizer(&self, init_from: Option<&str>) -> Option<TokenizerSpec> {
+        let spec = match self {
+            DataConfig::Text(d) => d.tokenizer.as_ref(),
+            DataConfig::Jsonl(d) => d.tokenizer.as_ref(),
+            _ => return None,
+        };
+        Some(TokenizerSpec::resolve(spec, init_from))
     }
 
     fn keys_of(kind: DataKind) -> &'static [&'static str] {

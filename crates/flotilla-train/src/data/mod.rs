@@ -85,7 +85,7 @@ mod unicode_forms;
 use std::path::Path;
 use std::sync::Arc;
 
-use flotilla_config::schema::DataConfig;
+use flotilla_config::schema::{DataConfig, TokenizerSpec};
 
 pub use arithmetic::{greedy_generate, greedy_generate_in_step, Accuracy, ArithmeticTask, Problem};
 pub use batch::{eval_batches, Batch, BatchLayout, DataLoader, StepBatches};
@@ -137,6 +137,12 @@ impl std::fmt::Debug for Data {
     }
 }
 
+/// `data.tokenizer` as set, or unset: the base's with `model.init_from`, else `byte`.
+fn base_or(spec: &Option<TokenizerSpec>, opts: &DataOptions<'_>) -> TokenizerSpec {
+    let init_from = opts.init_from.map(|p| p.to_string_lossy().into_owned());
+    TokenizerSpec::resolve(spec.as_ref(), init_from.as_deref())
+}
+
 /// Builds the datasets (and tokenizer) a data config describes. Relative paths are taken
 /// relative to the current directory.
 pub fn build(cfg: &DataConfig, opts: &DataOptions<'_>) -> Result<Data> {
@@ -178,10 +184,12 @@ pub fn build(cfg: &DataConfig, opts: &DataOptions<'_>) -> Result<Data> {
         }
         DataConfig::Text(t) => {
             let train_docs = text::read_documents("data.paths", &t.paths)?;
-            let tokenizer =
-                tokenizer::tokenizer_for_spec(&t.tokenizer, t.vocab_size, opts.run_dir, || {
-                    Ok(train_docs.iter().map(|(_, s)| s.clone()).collect())
-                })?;
+            let tokenizer = tokenizer::tokenizer_for_spec(
+                &base_or(&t.tokenizer, opts),
+                t.vocab_size,
+                opts.run_dir,
+                || Ok(train_docs.iter().map(|(_, s)| s.clone()).collect()),
+            )?;
             check_vocab(&tokenizer, opts.model_vocab_size)?;
             let train = Arc::new(PackedDataset::from_documents(
                 "data.paths",
@@ -217,13 +225,17 @@ pub fn build(cfg: &DataConfig, opts: &DataOptions<'_>) -> Result<Data> {
                 &template,
                 &j.completion_key,
             )?;
-            let tokenizer =
-                tokenizer::tokenizer_for_spec(&j.tokenizer, j.vocab_size, opts.run_dir, || {
+            let tokenizer = tokenizer::tokenizer_for_spec(
+                &base_or(&j.tokenizer, opts),
+                j.vocab_size,
+                opts.run_dir,
+                || {
                     Ok(records
                         .iter()
                         .map(|r| format!("{}{}", r.prompt, r.completion))
                         .collect())
-                })?;
+                },
+            )?;
             check_vocab(&tokenizer, opts.model_vocab_size)?;
             let train = Arc::new(jsonl::encode_records(
                 &j.path,

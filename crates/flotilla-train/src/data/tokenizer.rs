@@ -36,7 +36,7 @@ pub const BOS: &str = "<bos>";
 pub const EOS: &str = "<eos>";
 
 /// Ids of the byte tokenizer: 256 bytes plus PAD, BOS, EOS.
-pub const BYTE_TOKENIZER_VOCAB: usize = 259;
+pub const BYTE_TOKENIZER_VOCAB: usize = flotilla_config::schema::BYTE_TOKENIZER_IDS;
 
 const EOS_NAMES: &[&str] = &[
     EOS,
