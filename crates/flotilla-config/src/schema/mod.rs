@@ -27,6 +27,8 @@ mod from_node;
 mod gpus;
 pub mod hf_config;
 mod messages;
+mod precision;
+mod shard_size;
 mod types;
 
 #[cfg(test)]
@@ -41,14 +43,15 @@ pub use checks::{
     MAX_ARITHMETIC_DIGITS, USER_TASK_COMPUTE_DEFAULTS,
 };
 pub use gpus::{gpu_model, gpu_names, GpuModel, GPU_MODELS};
+pub use shard_size::{ShardSize, DEFAULT_MAX_SHARD_SIZE};
 pub use types::ModelType;
 pub use types::{
     ArithmeticData, AutoWrapPolicy, Backend, BackwardPrefetch, ChatData, ChatFormat, ComputeConfig,
     ConfigArg, DataConfig, DataKind, DdpConfig, Device, DistConfig, DistMode, Dtype, FsdpConfig,
     JobConfig, JsonlData, Launcher, LoraConfig, LoraModule, LrSchedule, ModelConfig, Overflow,
     PackedAttention, PeftConfig, PeftMethod, Precision, Resume, RopeScaling, RopeType, SaveDtype,
-    SavedModule, ShardSize, ShardingStrategy, StateDictType, TaskConfig, TaskRanks, TextData,
-    TokenDtype, TokenizerSpec, TokensData, TrainOn, TrainerConfig, DEFAULT_MAX_SHARD_SIZE,
+    SavedModule, ShardingStrategy, StateDictType, TaskConfig, TaskRanks, TextData, TokenDtype,
+    TokenizerSpec, TokensData, TrainOn, TrainerConfig,
 };
 
 /// What kind of problem a [`Problem`] is.

@@ -192,7 +192,8 @@ fn default_config_validates() {
     assert_eq!(cfg.model.head_dim(), 32);
     assert!((700_000..1_200_000).contains(&cfg.model.num_parameters()));
     assert_eq!(cfg.trainer.dist, DistConfig::None);
-    assert_eq!(cfg.trainer.precision, Precision::Full32);
+    assert_eq!(cfg.trainer.precision, Precision::Auto);
+    assert_eq!(cfg.precision(), Precision::Full32, "auto on the default CPU job");
     assert_eq!(cfg.trainer.schedule, LrSchedule::Cosine);
     assert_eq!(cfg.trainer.resume, Resume::Auto);
     assert_eq!(cfg.trainer.betas, [0.9, 0.95]);
@@ -438,7 +439,7 @@ fn bad_enum_lists_allowed_values_and_suggests() {
     assert_eq!(
         p[1].message,
         "trainer.precision: expected one of '32-true', 'bf16-mixed', 'bf16-true', \
-         '16-mixed', got str 'bf16' (set by override 'trainer.precision=bf16'); did you \
+         '16-mixed', 'auto', got str 'bf16' (set by override 'trainer.precision=bf16'); did you \
          mean 'bf16-mixed' or 'bf16-true'?"
     );
     assert_eq!(
@@ -1046,4 +1047,24 @@ fn shard_sizes_read_as_transformers_writes_them() {
     );
     set(&mut job, "trainer.max_shard_size", json!(1234), ovr("t"));
     assert_eq!(validate(&job).unwrap().trainer.max_shard_bytes(), 1234);
+}
+
+#[test]
+fn precision_auto_is_bf16_mixed_on_gpus_and_32_true_on_cpus() {
+    let mut job = compose("tiny", "ddp", "arithmetic", "local");
+    let cfg = validate(&job).unwrap();
+    assert_eq!(cfg.trainer.precision, Precision::Auto, "the shipped default");
+    for (device, gpus, want) in [
+        ("cpu", 0, Precision::Full32),
+        ("cuda", 0, Precision::Bf16Mixed),
+        ("auto", 0, Precision::Full32),
+        ("auto", 8, Precision::Bf16Mixed),
+    ] {
+        set(&mut job, "trainer.device", json!(device), ovr("t"));
+        set(&mut job, "compute.gpus_per_node", json!(gpus), ovr("t"));
+        let cfg = validate(&job).unwrap();
+        assert_eq!(cfg.precision(), want, "{device}, {gpus} GPUs");
+    }
+    set(&mut job, "trainer.precision", json!("bf16-true"), ovr("t"));
+    assert_eq!(validate(&job).unwrap().precision(), Precision::Bf16True);
 }

@@ -146,7 +146,10 @@ pub fn estimate(job: &JobConfig) -> Estimate {
         world_size: job.compute.world_size(),
         ranks_per_node: job.compute.tasks_per_node,
         strategy: strategy_name(job),
-        precision: job.trainer.precision.to_string(),
+        precision: match job.trainer.precision {
+            Precision::Auto => format!("{} (precision auto)", job.precision()),
+            p => p.to_string(),
+        },
         micro_batch_size: job.trainer.micro_batch_size,
         seq_len: job.data.seq_len(),
         accumulation_steps: step.accum as usize,
@@ -192,7 +195,7 @@ fn dtype_name(bytes: u64, fp16: bool) -> &'static str {
 
 /// The table's wording of a term for this job.
 fn label(job: &JobConfig, step: &Step<'_>, t: TermKind) -> String {
-    let fp16 = job.trainer.precision == Precision::Fp16Mixed;
+    let fp16 = job.precision() == Precision::Fp16Mixed;
     let master = dtype_name(step.m, false);
     let compute = dtype_name(step.c, fp16);
     let fsdp = match &job.trainer.dist {

@@ -14,8 +14,8 @@
 use std::ops::Range;
 
 use flotilla_config::schema::{
-    DataConfig, DdpConfig, Device, DistConfig, Dtype, FsdpConfig, JobConfig, LoraModule, Precision,
-    Resume, SavedModule, ShardingStrategy, StateDictType,
+    DataConfig, DdpConfig, DistConfig, Dtype, FsdpConfig, JobConfig, LoraModule, Precision, Resume,
+    SavedModule, ShardingStrategy, StateDictType,
 };
 
 /// The CUDA context, cuBLAS workspaces and NCCL buffers of one rank: a fixed figure (a CUDA
@@ -259,6 +259,8 @@ pub fn precision_bytes(p: Precision) -> (u64, u64) {
         Precision::Full32 => (4, 4),
         Precision::Bf16Mixed | Precision::Fp16Mixed => (4, 2),
         Precision::Bf16True => (2, 2),
+        // callers pass the resolved precision (`JobConfig::precision`); unresolved, a CPU's
+        Precision::Auto => precision_bytes(Precision::Full32),
     }
 }
 
@@ -272,11 +274,7 @@ fn dtype_bytes(d: Dtype) -> u64 {
 /// Whether the job's ranks train on GPUs: `trainer.device: cuda`, or `auto` with GPUs
 /// requested (`compute.gpus_per_node > 0`).
 pub fn is_gpu_job(job: &JobConfig) -> bool {
-    match job.trainer.device {
-        Device::Cuda => true,
-        Device::Cpu => false,
-        Device::Auto => job.compute.gpus_per_node > 0,
-    }
+    job.runs_on_gpu()
 }
 
 /// The parameter elements of the model's units: what each owns and reads, and its largest
@@ -756,7 +754,7 @@ impl<'a> Step<'a> {
         let t = &job.trainer;
         let gpu = is_gpu_job(job);
         let units = Units::of(job);
-        let (m, c) = precision_bytes(t.precision);
+        let (m, c) = precision_bytes(job.precision());
         let world = job.compute.world_size();
         let (weights, a, checkpointing) = match &t.dist {
             DistConfig::None | DistConfig::Ddp(_) => (

@@ -44,9 +44,9 @@ impl<'a> FinalOptions<'a> {
                     Some(b) => weight_kind(&read_hf_config(b)?),
                     None => None,
                 };
-                declared.unwrap_or(match job.trainer.precision {
+                declared.unwrap_or(match job.precision() {
                     Precision::Bf16Mixed | Precision::Bf16True => Kind::BFloat16,
-                    Precision::Full32 | Precision::Fp16Mixed => Kind::Float,
+                    Precision::Full32 | Precision::Fp16Mixed | Precision::Auto => Kind::Float,
                 })
             }
         };

@@ -27,7 +27,7 @@ use crate::trainer::Trainer;
 use flotilla_comm::comm::{Backend, Communicator};
 use flotilla_comm::connect::{self, CommOptions};
 use flotilla_comm::store::{KvStore, Store, StoreConfig};
-use flotilla_config::schema::{self, DistConfig, JobConfig};
+use flotilla_config::schema::{self, DistConfig, JobConfig, Precision};
 use flotilla_contract::events::{self, EventWriter, SessionStatus};
 use flotilla_contract::metrics::{MetricsRow, MetricsWriter};
 use flotilla_contract::rank::RankInfo;
@@ -185,8 +185,19 @@ fn run_job_unguarded(
 ) -> Result<JobSummary, TrainError> {
     let wall = Instant::now();
     prepare_process()?;
+    let device = train_device(job.trainer.device, rank)?;
+    // `trainer.precision: auto` for the device this rank got: bf16-mixed on a GPU.
+    let resolved;
+    let job = match job.trainer.precision {
+        Precision::Auto => {
+            let mut j = job.clone();
+            j.trainer.precision = Precision::Auto.on(device.is_cuda());
+            resolved = j;
+            &resolved
+        }
+        _ => job,
+    };
     let t = &job.trainer;
-    let device = train_device(t.device, rank)?;
     let dist = join_group(rank, &t.dist, device)?;
     let (model, start) = StartingWeights::open(job)?;
     let data = data::build(

@@ -43,6 +43,8 @@ fn precision_kinds(p: Precision) -> (Kind, Kind) {
         Precision::Bf16Mixed => (Kind::Float, Kind::BFloat16),
         Precision::Bf16True => (Kind::BFloat16, Kind::BFloat16),
         Precision::Fp16Mixed => (Kind::Float, Kind::Half),
+        // resolved for the device before the trainer is built (`JobConfig::precision`)
+        Precision::Auto => (Kind::Float, Kind::Float),
     }
 }
 
