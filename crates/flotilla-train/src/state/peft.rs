@@ -12,12 +12,15 @@ use std::path::{Path, PathBuf};
 use serde_json::{json, Value};
 use tch::{Kind, Tensor};
 
-use super::hf_weights::{save_hf_from, HfWeights};
+use super::hf_weights::{save_hf_dir, HfDirOptions, HfWeights};
+use crate::data::Tokenizer;
 use crate::error::TrainError;
 use crate::model::names::{LoraFactor, ParamName};
+use crate::model::SpecialIds;
 use crate::model::{CausalLm, ModelError};
 use crate::state::param_source::{FileSource, TensorSource};
 use flotilla_config::schema::LoraConfig;
+use flotilla_config::schema::DEFAULT_MAX_SHARD_SIZE;
 
 /// PEFT's adapter settings file.
 pub const ADAPTER_CONFIG: &str = "adapter_config.json";
@@ -311,12 +314,20 @@ pub fn merge_into_base(adapter: &Path, base: &Path, out: &Path) -> Result<(), Tr
         base: &hf,
     };
     let merged = MergedWeights::new(&source, &model, &lora);
-    save_hf_from(out, &base_model, &merged, Kind::Float)?;
+    // As the base was saved: its dtype, its config.json and generation_config.json.
+    let opts = HfDirOptions {
+        max_shard_bytes: Some(DEFAULT_MAX_SHARD_SIZE),
+        base: Some(base),
+        special: SpecialIds::default(),
+    };
+    let kind = hf.declared_kind.unwrap_or(Kind::Float);
+    save_hf_dir(out, &base_model, &merged, kind, &opts)?;
+    // The tokenizer's files (tokenizer.json, tokenizer_config.json with the chat template and
+    // special tokens, ...) of the adapter, else of the base, byte for byte.
     for dir in [adapter, base] {
         let tok = dir.join("tokenizer.json");
         if tok.is_file() {
-            let to = out.join("tokenizer.json");
-            std::fs::copy(&tok, &to).map_err(io(&to))?;
+            Tokenizer::from_file(&tok, "the tokenizer")?.save_into(out)?;
             break;
         }
     }
