@@ -89,7 +89,6 @@ struct TrainArgs {
     #[arg(long)]
     prepared: bool,
     /// Overrides: key=value, +key=value, ++key=value, ~key, group=option, ...
-    #[arg(allow_hyphen_values = true)]
     overrides: Vec<String>,
 }
 
@@ -125,7 +124,6 @@ struct DataShowArgs {
     #[arg(long, value_enum, default_value_t = flotilla_train::commands::data_show::ColorChoice::Auto)]
     color: flotilla_train::commands::data_show::ColorChoice,
     /// Overrides: key=value, group=option, ... (as for `flotilla run`).
-    #[arg(allow_hyphen_values = true)]
     overrides: Vec<String>,
 }
 

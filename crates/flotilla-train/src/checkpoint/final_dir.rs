@@ -19,6 +19,19 @@ use crate::state::peft::{adapter_config, MergedWeights, ADAPTER_CONFIG, MERGED_D
 use crate::trainer::Trainer;
 use flotilla_config::schema::{JobConfig, LoraConfig, Precision, SaveDtype};
 
+/// Creates `dir` on rank 0 (collective: every rank learns whether it could); returns whether
+/// this rank is rank 0.
+fn create_on_root(trainer: &Trainer, dir: &Path) -> Result<bool, TrainError> {
+    let root = trainer.rank_world().0 == 0;
+    on_all_ranks(trainer, "set-up of final/", || {
+        if root {
+            std::fs::create_dir_all(dir).map_err(io(dir))?;
+        }
+        Ok(())
+    })?;
+    Ok(root)
+}
+
 /// How a job's `final/` is written: its weights' dtype, its largest weights file, and the base
 /// the job fine-tuned (`model.init_from`), whose `config.json` and `generation_config.json` it
 /// keeps.
@@ -86,13 +99,7 @@ pub fn save_final(
     tokenizer: Option<&Tokenizer>,
     opts: FinalOptions<'_>,
 ) -> Result<(), TrainError> {
-    let root = trainer.rank_world().0 == 0;
-    on_all_ranks(trainer, "set-up of final/", || {
-        if root {
-            std::fs::create_dir_all(dir).map_err(io(dir))?;
-        }
-        Ok(())
-    })?;
+    let root = create_on_root(trainer, dir)?;
     on_all_ranks(trainer, "write of final/", || {
         let file = StateFile::Model(Some(opts.kind));
         write_state_file(trainer.weights(), dir, file, opts.max_shard_bytes, root)?;
@@ -120,13 +127,7 @@ pub fn save_adapter(
     tokenizer: Option<&Tokenizer>,
     merged: FinalOptions<'_>,
 ) -> Result<(), TrainError> {
-    let root = trainer.rank_world().0 == 0;
-    on_all_ranks(trainer, "set-up of final/", || {
-        if root {
-            std::fs::create_dir_all(dir).map_err(io(dir))?;
-        }
-        Ok(())
-    })?;
+    let root = create_on_root(trainer, dir)?;
     on_all_ranks(trainer, "write of final/", || {
         write_state_file(trainer.weights(), dir, StateFile::Adapter, u64::MAX, root)?;
         if root {

@@ -17,26 +17,6 @@ use super::{CausalLm, ModelError};
 
 const CONFIG_JSON: &str = "config.json";
 
-impl From<HfConfigError> for ModelError {
-    fn from(e: HfConfigError) -> Self {
-        match e {
-            HfConfigError::BadConfigField {
-                path,
-                field,
-                message,
-            } => ModelError::BadConfigField {
-                path,
-                field,
-                message,
-            },
-            HfConfigError::BadConfigJson { path, message } => {
-                ModelError::BadConfigJson { path, message }
-            }
-            HfConfigError::Io { path, source } => ModelError::Io { path, source },
-        }
-    }
-}
-
 /// The weight dtype a config declares (`dtype`, else `torch_dtype`), if it names one.
 pub fn weight_kind(config: &HfLlamaConfig) -> Option<Kind> {
     config.declared_dtype().and_then(kind_from_name)
@@ -118,14 +98,16 @@ fn read_json_object(path: &Path) -> Result<serde_json::Map<String, serde_json::V
     let text = fs::read_to_string(path).map_err(io_err(path))?;
     match serde_json::from_str(&text) {
         Ok(serde_json::Value::Object(map)) => Ok(map),
-        Ok(_) => Err(ModelError::BadConfigJson {
+        Ok(_) => Err(HfConfigError::BadConfigJson {
             path: path.to_path_buf(),
             message: "not a JSON object".into(),
-        }),
-        Err(e) => Err(ModelError::BadConfigJson {
+        }
+        .into()),
+        Err(e) => Err(HfConfigError::BadConfigJson {
             path: path.to_path_buf(),
             message: e.to_string(),
-        }),
+        }
+        .into()),
     }
 }
 

@@ -39,6 +39,7 @@ pub mod names;
 
 use std::path::PathBuf;
 
+use flotilla_config::schema::hf_config::HfConfigError;
 use indexmap::IndexMap;
 use tch::{Device, Kind, Tensor};
 
@@ -59,16 +60,9 @@ pub enum ModelError {
     /// A `ModelConfig` value the architecture cannot take.
     #[error("model.{field}: {message}")]
     InvalidConfig { field: String, message: String },
-    /// A `config.json` field that is missing, malformed or unsupported.
-    #[error("{}: field `{field}`: {message}", path.display())]
-    BadConfigField {
-        path: PathBuf,
-        field: String,
-        message: String,
-    },
-    /// A `config.json` that is not valid JSON or not an object of the expected shape.
-    #[error("{}: {message}", path.display())]
-    BadConfigJson { path: PathBuf, message: String },
+    /// A `config.json` that is malformed, or describes a model flotilla does not run.
+    #[error(transparent)]
+    Config(#[from] HfConfigError),
     #[error("{}: {source}", path.display())]
     Io {
         path: PathBuf,
@@ -139,8 +133,7 @@ impl ModelError {
     pub fn is_bad_input(&self) -> bool {
         match self {
             ModelError::InvalidConfig { .. }
-            | ModelError::BadConfigField { .. }
-            | ModelError::BadConfigJson { .. }
+            | ModelError::Config(_)
             | ModelError::MissingTensor { .. }
             | ModelError::ShapeMismatch { .. }
             | ModelError::UnsupportedDtype { .. }

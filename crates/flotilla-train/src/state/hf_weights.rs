@@ -12,7 +12,7 @@ use tch::{Device, Kind, Tensor};
 use super::hf_shards::ShardedWriter;
 use super::param_source::{FileSource, TensorSource};
 use crate::error::TrainError;
-use crate::model::hf_config::{io_err, kind_name, read_hf_config, weight_kind};
+use crate::model::hf_config::{io_err, kind_name, read_hf_config, weight_kind, HfConfigError};
 use crate::model::{finish_hf_dir, read_model_config, write_generation_config, SpecialIds};
 use crate::model::{CausalLm, ModelError, Params};
 
@@ -29,10 +29,11 @@ fn weight_files(dir: &Path) -> Result<Vec<PathBuf>, ModelError> {
             weight_map: indexmap::IndexMap<String, String>,
         }
         let text = fs::read_to_string(&index).map_err(io_err(&index))?;
-        let parsed: Index = serde_json::from_str(&text).map_err(|e| ModelError::BadConfigJson {
-            path: index.clone(),
-            message: e.to_string(),
-        })?;
+        let parsed: Index =
+            serde_json::from_str(&text).map_err(|e| HfConfigError::BadConfigJson {
+                path: index.clone(),
+                message: e.to_string(),
+            })?;
         let mut files: Vec<PathBuf> = Vec::new();
         for file in parsed.weight_map.values() {
             let path = dir.join(file);
