@@ -284,6 +284,90 @@ fn plan_table_lists_one_line_per_job() {
     assert!(text.trim_end().ends_with("3 jobs"), "{text}");
 }
 
+/// `plan -m` of a SLURM sweep prints the `sbatch` submissions `run` would make: one per job
+/// array, the jobs grouped by compute and task kind (here the user's program per rank and per
+/// node, from a config group) and split at the cluster's `MaxArraySize` (2, from a stand-in
+/// `scontrol` on `PATH`); packed, one array of allocations per group, at most `MaxArraySize`.
+#[test]
+fn plan_prints_the_sbatch_submissions_of_a_slurm_sweep() {
+    let tmp = tempfile::tempdir().unwrap();
+    let proj = tmp.path();
+    std::fs::create_dir_all(proj.join("conf/kind")).unwrap();
+    std::fs::create_dir_all(proj.join("bin")).unwrap();
+    std::fs::write(
+        proj.join("conf/config.yaml"),
+        "x: 0\ncompute:\n  launcher: slurm\n  tasks_per_node: 1\n  gpus_per_node: 1\n  \
+         cpus_per_task: 1\n  timeout_min: 5\nflotilla:\n  task:\n    \
+         command: [bash, job.sh, '${x}']\n",
+    )
+    .unwrap();
+    std::fs::write(
+        proj.join("conf/kind/task.yaml"),
+        "# @package _global_\n{}\n",
+    )
+    .unwrap();
+    std::fs::write(
+        proj.join("conf/kind/node.yaml"),
+        "# @package _global_\nflotilla:\n  task:\n    ranks: per_node\n",
+    )
+    .unwrap();
+    std::fs::write(proj.join("job.sh"), "").unwrap();
+    let scontrol = proj.join("bin/scontrol");
+    std::fs::write(
+        &scontrol,
+        "#!/bin/sh\necho 'MaxJobCount             = 10000'\necho 'MaxArraySize            = 2'\n",
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&scontrol, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let path = format!(
+        "{}:{}",
+        proj.join("bin").display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let plan = |args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_flotilla"))
+            .arg("plan")
+            .arg("-m")
+            .args(args)
+            .current_dir(proj)
+            .env("PATH", &path)
+            .output()
+            .expect("run flotilla");
+        assert!(out.status.success(), "{}", stderr(&out));
+        let text = stdout(&out);
+        text[text.find(" jobs\n").expect("the job count") + 6..].to_string()
+    };
+    assert_eq!(
+        plan(&["x=range(0,3)", "+kind=task,node"]),
+        "sbatch: 4 submissions (MaxArraySize 2)\n\
+         \x20 1. job array --array=0-1%256: 2 jobs (0,2), 1 node x 1 task each, 1 GPU per node; your program, one process per rank\n\
+         \x20 2. job array --array=0-0%256: 1 job (4), 1 node x 1 task each, 1 GPU per node; your program, one process per rank\n\
+         \x20 3. job array --array=0-1%256: 2 jobs (1,3), 1 node x 1 task each, 1 GPU per node; your program, one process per node\n\
+         \x20 4. job array --array=0-0%256: 1 job (5), 1 node x 1 task each, 1 GPU per node; your program, one process per node\n"
+    );
+    // Packed 2 at a time, 6 jobs of a kind need 3 allocations; an array holds 2.
+    let packed = plan(&["x=range(0,6)", "+kind=task,node", "+compute.pack=2"]);
+    assert!(
+        packed.starts_with("sbatch: 2 submissions (MaxArraySize 2)\n"),
+        "{packed}"
+    );
+    assert!(
+        packed.contains(
+            "  1. job array --array=0-1, packed: 6 jobs (0,2,4,6,8,10) into 2 allocations of 1 \
+             node (2 slots: 2 CPUs, 2 GPUs), 2 jobs at a time in each (1 rank per job; your \
+             program, one process per rank)\n"
+        ),
+        "{packed}"
+    );
+    assert!(
+        packed.contains(
+            "  2. job array --array=0-1, packed: 6 jobs (1,3,5,7,9,11) into 2 allocations"
+        ),
+        "{packed}"
+    );
+}
+
 /// Composes a primary config holding `text` in a fresh directory.
 fn compose_text(text: &[u8]) -> (Output, std::time::Duration) {
     let dir = tempfile::tempdir().unwrap();
@@ -603,4 +687,86 @@ fn a_run_that_ends_inside_its_warmup_is_warned_about() {
     ]);
     assert!(out.status.success(), "{}", stderr(&out));
     assert!(!stderr(&out).contains("warmup"), "{}", stderr(&out));
+}
+
+/// `flotilla <args>` run in `cwd` (the repository's `conf/` named by path).
+fn flotilla_in_dir(cwd: &Path, args: &[&str]) -> Output {
+    let conf = Path::new(env!("CARGO_MANIFEST_DIR")).join("conf");
+    let (command, rest) = args.split_first().expect("a subcommand");
+    Command::new(env!("CARGO_BIN_EXE_flotilla"))
+        .arg(command)
+        .arg("--config-dir")
+        .arg(conf)
+        .args(rest)
+        .current_dir(cwd)
+        .env_remove("FLOTILLA_LOG")
+        .output()
+        .expect("run flotilla")
+}
+
+/// A job that can only fail once it has started (CUDA ranks on the cpu backend), or that
+/// hydra-core refuses before it starts (a `???` Hydra reads itself), is refused alike by
+/// `compose`, `plan` and `run`, single or multirun: exit 2, naming the keys and the fix, with
+/// nothing created.
+#[test]
+fn contradictions_and_mandatory_runtime_values_are_refused_before_anything_is_created() {
+    // No task binary is needed: nothing is started.
+    let run = ["run", "--dry-run", "--task-exec", "/bin/true"];
+    let single: [&[&str]; 3] = [&["compose"], &["plan"], &run];
+    let multi: [&[&str]; 2] = [&["plan", "-m"], &[&run[..], &["-m"]].concat()];
+    let cases: [(&[&str], &[&str], bool); 4] = [
+        (
+            &["trainer.device=cuda", "trainer.dist.backend=cpu"],
+            &[
+                "trainer.dist.backend: cpu exchanges CPU tensors only",
+                "trainer.device is cuda (set by override 'trainer.device=cuda')",
+                "set trainer.dist.backend=nccl",
+            ],
+            true,
+        ),
+        (
+            &["hydra.job.chdir=???"],
+            &[
+                "hydra.job.chdir is mandatory (???)",
+                "MissingMandatoryValue",
+                "set it, e.g. hydra.job.chdir=false",
+            ],
+            true,
+        ),
+        (
+            &["+flotilla.job.env_set.WANDB_API_KEY=???"],
+            &["flotilla.job.env_set.WANDB_API_KEY is mandatory (???)"],
+            true,
+        ),
+        // Only a multirun reads the sweep directory.
+        (
+            &["flotilla.sweep.dir=???"],
+            &["flotilla.sweep.dir is mandatory (???)"],
+            false,
+        ),
+    ];
+    for (overrides, needles, in_single_runs) in cases {
+        let commands = multi.iter().chain(single.iter().filter(|_| in_single_runs));
+        for command in commands {
+            let tmp = tempfile::tempdir().unwrap();
+            let args = [*command, overrides].concat();
+            let out = flotilla_in_dir(tmp.path(), &args);
+            assert_config_error(&out, needles);
+            let created: Vec<_> = std::fs::read_dir(tmp.path()).unwrap().collect();
+            assert!(created.is_empty(), "{args:?} created {created:?}");
+        }
+    }
+    // A single run reads no sweep directory; one process has no collective.
+    for overrides in [
+        &["flotilla.sweep.dir=???"][..],
+        &[
+            "trainer.device=cuda",
+            "trainer.dist.backend=cpu",
+            "compute.tasks_per_node=1",
+        ],
+    ] {
+        let tmp = tempfile::tempdir().unwrap();
+        let out = flotilla_in_dir(tmp.path(), &[&["compose"][..], overrides].concat());
+        assert!(out.status.success(), "{overrides:?}: {}", stderr(&out));
+    }
 }

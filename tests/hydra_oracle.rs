@@ -17,6 +17,15 @@
 //! `FLOTILLA_ORACLE_FILTER=substr` restricts the run to cases whose name contains `substr`.
 //! `FLOTILLA_ORACLE_LIVE=1` also re-runs the recorder (needs the `.venv`) and checks that the
 //! committed fixtures are up to date.
+//!
+//! Mandatory values (`???`): `tests/oracle/record_mandatory.py` runs a `@hydra.main` app (which
+//! reads none of its config) on `tests/oracle/conf/mandatory` with a `???` at one key per case,
+//! as a run and as a multirun, and records whether hydra-core raised `MissingMandatoryValue`
+//! (`fixtures/mandatory.json`). Where it did, `flotilla compose`, `plan` and `run --dry-run` (a
+//! run) or `plan -m` and `run -m --dry-run` (a multirun) must exit 2 naming the key, having
+//! created nothing; where it ran the app, they must succeed. The recorded cases always run; the
+//! same comparison against hydra-core live runs when the `.venv` has it (else it is skipped, or
+//! fails with `FLOTILLA_REQUIRE_ORACLES=1`), and checks that the fixture is what it records.
 
 mod common;
 
@@ -733,5 +742,215 @@ fn fixtures_are_up_to_date() {
         stale.is_empty(),
         "fixtures are stale; run `.venv/bin/python tests/oracle/record_hydra.py`:\n{}",
         stale.join("\n")
+    );
+}
+
+// ------------------------------------------------------------------------------------------------
+// Mandatory values: refused where hydra-core raises MissingMandatoryValue
+// ------------------------------------------------------------------------------------------------
+
+/// A case of `fixtures/mandatory.json`: a `???` at one key, and what hydra-core did with it.
+struct MandatoryCase {
+    name: String,
+    multirun: bool,
+    overrides: Vec<String>,
+    /// `None`: Hydra ran the app; `Some(key)`: it raised MissingMandatoryValue for `key`
+    /// (directly or as the cause of what it raised).
+    missing: Option<String>,
+}
+
+fn mandatory_cases(path: &Path) -> Vec<MandatoryCase> {
+    let text = std::fs::read_to_string(path)
+        .unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
+    let root: Value = serde_json::from_str(&text)
+        .unwrap_or_else(|e| panic!("{} is not valid JSON: {e}", path.display()));
+    let cases = root["cases"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{}: no \"cases\" array", path.display()));
+    cases
+        .iter()
+        .map(|c| {
+            let name = c["name"].as_str().expect("a case name").to_string();
+            let missing = match &c["raises"] {
+                Value::Null => None,
+                raised => Some(
+                    raised["missing_key"]
+                        .as_str()
+                        .unwrap_or_else(|| {
+                            panic!(
+                                "{name}: hydra-core raised {} without MissingMandatoryValue: \
+                                 keep such a case out of record_mandatory.py (it has no \
+                                 counterpart here)",
+                                raised["type"]
+                            )
+                        })
+                        .to_string(),
+                ),
+            };
+            MandatoryCase {
+                multirun: c["mode"] == "multirun",
+                overrides: c["overrides"]
+                    .as_array()
+                    .expect("overrides")
+                    .iter()
+                    .map(|o| o.as_str().expect("an override").to_string())
+                    .collect(),
+                missing,
+                name,
+            }
+        })
+        .collect()
+}
+
+/// The commands that must agree with hydra-core on a case: those composing a run, or a
+/// multirun (sweeping `b` as the recorder does).
+fn mandatory_commands(case: &MandatoryCase) -> Vec<Vec<String>> {
+    let conf = oracle_dir().join("conf/mandatory").display().to_string();
+    let config = ["--config-dir".to_string(), conf];
+    // No task binary is needed: nothing is started.
+    let run = ["run", "--dry-run", "--task-exec", "/bin/true"];
+    let commands: Vec<Vec<&str>> = if case.multirun {
+        vec![
+            vec!["plan", "-m", "b=1,2"],
+            [&run[..], &["-m", "b=1,2"]].concat(),
+        ]
+    } else {
+        vec![vec!["compose"], vec!["plan"], run.to_vec()]
+    };
+    commands
+        .into_iter()
+        .map(|c| {
+            let mut args: Vec<String> = c.iter().map(|s| s.to_string()).collect();
+            args.extend(config.iter().cloned());
+            args.extend(case.overrides.iter().cloned());
+            args
+        })
+        .collect()
+}
+
+/// What `flotilla` did differently from hydra-core on one case, if anything.
+fn check_mandatory_case(case: &MandatoryCase) -> Option<String> {
+    for args in mandatory_commands(case) {
+        let cwd = tempfile::tempdir().expect("temp dir");
+        let out = Command::new(BIN)
+            .args(&args)
+            .current_dir(cwd.path())
+            .env_remove("FLOTILLA_LOG")
+            .output()
+            .expect("run flotilla");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let shown = format!("`flotilla {}`", args.join(" "));
+        if stderr.contains("panicked") {
+            return Some(format!("{shown} panicked: {stderr}"));
+        }
+        match &case.missing {
+            None if !out.status.success() => {
+                return Some(format!(
+                    "hydra-core runs the app, but {shown} exited {:?}: {}",
+                    out.status.code(),
+                    tail(&stderr, 3)
+                ))
+            }
+            None => {}
+            Some(key) => {
+                // Hydra names a list item `None`; flotilla `job.env_copy[0]`.
+                let named = key.strip_prefix("hydra.").unwrap_or(key);
+                let names = key == "None" || stderr.contains(named);
+                if out.status.code() != Some(2) || !names || !stderr.contains("???") {
+                    return Some(format!(
+                        "hydra-core raises MissingMandatoryValue for {key}, but {shown} exited \
+                         {:?}: {}",
+                        out.status.code(),
+                        tail(&stderr, 3)
+                    ));
+                }
+                let created: Vec<_> = std::fs::read_dir(cwd.path()).unwrap().collect();
+                if !created.is_empty() {
+                    return Some(format!("{shown} refused the job but created {created:?}"));
+                }
+            }
+        }
+    }
+    None
+}
+
+/// Cases where flotilla differs from hydra-core on purpose, and why.
+const MANDATORY_DIFFERENCES: [(&str, &str); 1] = [(
+    "run_dir.run",
+    "`run` refuses a `???` run directory (`flotilla.run.dir must be a path`, exit 2, as it \
+     always did for one left `???` in a file), where hydra-core selects it leniently and writes \
+     into a directory named `None`",
+)];
+
+/// Checks every case, reporting each mismatch.
+fn check_mandatory_cases(cases: &[MandatoryCase], against: &str) {
+    assert!(cases.len() >= 40, "only {} cases in {against}", cases.len());
+    for (name, why) in MANDATORY_DIFFERENCES {
+        assert!(
+            cases.iter().any(|c| c.name == name),
+            "no case {name} in {against} ({why}): remove it from MANDATORY_DIFFERENCES"
+        );
+    }
+    let failures: Vec<String> = cases
+        .iter()
+        .filter(|c| {
+            !MANDATORY_DIFFERENCES
+                .iter()
+                .any(|(name, _)| *name == c.name)
+        })
+        .filter_map(|c| check_mandatory_case(c).map(|m| format!("[{}] {m}", c.name)))
+        .collect();
+    assert!(
+        failures.is_empty(),
+        "{} of {} mandatory-value cases differ from {against}:\n{}",
+        failures.len(),
+        cases.len(),
+        failures.join("\n")
+    );
+}
+
+fn mandatory_fixture() -> PathBuf {
+    oracle_dir().join("fixtures").join("mandatory.json")
+}
+
+#[test]
+fn mandatory_values_are_refused_where_hydra_raises() {
+    check_mandatory_cases(
+        &mandatory_cases(&mandatory_fixture()),
+        "tests/oracle/fixtures/mandatory.json",
+    );
+}
+
+/// The same cases recorded from hydra-core now: flotilla agrees with it, and the committed
+/// fixture is what it records.
+#[test]
+fn mandatory_values_match_hydra_core_live() {
+    if !common::venv_imports("hydra, omegaconf") {
+        return common::skip_or_fail(&format!(
+            "hydra-core is not importable by {} (the oracle of the mandatory-value cases): run \
+             scripts/setup.sh",
+            common::venv_python().display()
+        ));
+    }
+    let tmp = tempfile::tempdir().expect("temp dir");
+    let out = Command::new(common::venv_python())
+        .arg(oracle_dir().join("record_mandatory.py"))
+        .arg("--out")
+        .arg(tmp.path())
+        .current_dir(MANIFEST_DIR)
+        .output()
+        .expect("run record_mandatory.py");
+    assert!(
+        out.status.success(),
+        "record_mandatory.py failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let live = tmp.path().join("mandatory.json");
+    check_mandatory_cases(&mandatory_cases(&live), "hydra-core (live)");
+    assert_eq!(
+        std::fs::read_to_string(&live).unwrap(),
+        std::fs::read_to_string(mandatory_fixture()).unwrap(),
+        "tests/oracle/fixtures/mandatory.json is stale: run \
+         `.venv/bin/python tests/oracle/record_mandatory.py`"
     );
 }

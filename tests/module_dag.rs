@@ -5,7 +5,8 @@
 //! the node `lib`, the root's `pub use` re-exports are followed to their module), and fails on any
 //! cycle, naming the modules of each cycle and one place where each of its edges is taken.
 //!
-//! `cargo test --test module_dag -- --nocapture` prints each crate's modules bottom up.
+//! `cargo test --test module_dag -- --nocapture` prints each crate's modules bottom up. The same
+//! file keeps every source file under 1200 lines (`tests.rs` files aside).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -573,4 +574,37 @@ fn paths_resolve_as_rustc_resolves_them() {
     collector.visit_file(&file);
     let targets: Vec<&str> = collector.found.iter().map(|(t, _)| t.as_str()).collect();
     assert_eq!(targets, ["model", "data", "data", "lib", "model"]);
+}
+
+/// No source file of a crate grows past 1200 lines (tests aside): a file that would is split
+/// along its topics.
+#[test]
+fn no_source_file_is_over_1200_lines() {
+    let mut long = vec![];
+    for krate in CRATES {
+        let root_file = repo().join(krate.root);
+        let src = root_file.parent().expect("src/");
+        let mut paths = Vec::new();
+        rust_files(src, &mut paths);
+        for path in paths {
+            let lines = std::fs::read_to_string(&path)
+                .expect("source")
+                .lines()
+                .count();
+            let is_tests = path.file_name().is_some_and(|n| n == "tests.rs");
+            if lines > 1200 && !is_tests {
+                let rel = path
+                    .strip_prefix(repo())
+                    .unwrap_or(&path)
+                    .display()
+                    .to_string();
+                long.push(format!("{rel}: {lines} lines"));
+            }
+        }
+    }
+    assert!(
+        long.is_empty(),
+        "split these along their topics:\n{}",
+        long.join("\n")
+    );
 }

@@ -699,3 +699,50 @@ fn a_base_the_trainer_refuses_is_refused_before_anything_is_created() {
         assert!(!out_dir.exists(), "nothing is created: {stderr}");
     }
 }
+
+/// JSONL data with `model.init_from` and `data.tokenizer` unset takes the base's
+/// tokenizer.json: a base without one is refused by `run` before anything is created, naming
+/// the file and the fix; with one, the job is prepared.
+#[test]
+fn unset_tokenizer_needs_the_base_s_tokenizer_json() {
+    let tmp = tempfile::tempdir().unwrap();
+    let base = tmp.path().join("base");
+    std::fs::create_dir(&base).unwrap();
+    std::fs::write(
+        base.join("config.json"),
+        r#"{"model_type": "llama", "vocab_size": 300, "hidden_size": 64,
+            "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4}"#,
+    )
+    .unwrap();
+    let data = tmp.path().join("train.jsonl");
+    std::fs::write(&data, "{\"prompt\": \"a\", \"completion\": \"b\"}\n").unwrap();
+    let run = |name: &str| {
+        run_cli(
+            tmp.path(),
+            &[
+                &format!("model.init_from={}", base.display()),
+                "data=jsonl",
+                &format!("data.path={}", data.display()),
+                &format!("flotilla.run.dir={}/{name}", tmp.path().display()),
+                "--dry-run",
+            ],
+        )
+    };
+    let out = run("refused");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    let want = format!(
+        "data.tokenizer: {} does not exist",
+        base.join("tokenizer.json").display()
+    );
+    assert!(stderr.contains(&want), "{stderr}");
+    assert!(!tmp.path().join("refused").exists());
+    std::fs::write(base.join("tokenizer.json"), "{}").unwrap();
+    let out = run("prepared");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(tmp.path().join("prepared/config.yaml").is_file());
+}

@@ -242,6 +242,9 @@ impl Composer {
         job_num: Option<usize>,
     ) -> Result<Composed, ConfigError> {
         let (mut tree, mut runtime, choices) = self.merge_tree(parsed, false)?;
+        // A `???` that hydra-core itself would read fails the job before it starts: refused
+        // here, before the runtime's derived values (overrides, choices) fill it.
+        schema::check_runtime_mandatory(&runtime, schema::RuntimeMode::Run)?;
         apply_fallbacks(&mut tree, &self.fallbacks);
         let task_overrides: Vec<String> = parsed
             .iter()
@@ -467,6 +470,18 @@ fn fill_runtime(
             &["job", "config_name"],
             Value::Str(config_name.to_string()),
         );
+        // Hydra names the job when `job.name` is left `???` (to OmegaConf a missing value is
+        // not `in` its dict); the name is then flotilla's default, the primary config's.
+        if runtime
+            .select("job.name")
+            .is_some_and(|n| n.value == Value::Missing)
+        {
+            set_path(
+                runtime,
+                &["job", "name"],
+                Value::Str(config_name.to_string()),
+            );
+        }
         let mut choice_dict = Dict::new();
         for (k, v) in choices {
             choice_dict.insert(
@@ -605,6 +620,21 @@ fn merge_struct(dest: &mut Node, src: Node, path: &str, o: &Override) -> Result<
     }
 }
 
+/// An override's `???` (quoted or not, also inside a list or dict) is the mandatory-missing
+/// value, as OmegaConf stores the string `???` wherever it is assigned: `key=???` leaves the key
+/// to be set, and what reads it fails as in Hydra.
+fn mark_missing(node: &mut Node) {
+    if matches!(&node.value, Value::Str(s) if s == "???") {
+        node.value = Value::Missing;
+        return;
+    }
+    match &mut node.value {
+        Value::List(items) => items.iter_mut().for_each(mark_missing),
+        Value::Dict(d) => d.values_mut().for_each(mark_missing),
+        _ => {}
+    }
+}
+
 /// Every dotted key path in a tree (for "did you mean" suggestions).
 fn all_paths(node: &Node, prefix: &str, out: &mut Vec<String>) {
     if let Value::Dict(d) = &node.value {
@@ -723,9 +753,10 @@ fn apply_override(
         }
         return Ok(());
     }
-    let value = value
+    let mut value = value
         .take()
         .unwrap_or_else(|| Node::new(Value::Null, origin.clone()));
+    mark_missing(&mut value);
     // Plugin sub-nodes of the runtime node take any key, as Hydra's plugin configs would.
     let open_node = runtime && OPEN_RUNTIME_NODES.contains(&segments[0].as_str());
     let force_add = o.is_force_add() || o.is_add() || open_node;

@@ -10,6 +10,7 @@
 use crate::compose::is_runtime_override;
 use crate::node::{python_str, Node, Value};
 use crate::overrides::{parse_override, Override};
+use crate::schema::{check_runtime_mandatory, RuntimeMode};
 use crate::{yaml, Composed, Composer, ConfigError};
 use indexmap::IndexMap;
 use std::path::Path;
@@ -206,6 +207,8 @@ pub fn sweep_overrides(
             .cloned()
             .collect::<Vec<_>>(),
     )?;
+    // The sweep's own keys (`sweep.dir`, `sweeper.*`, `launcher`) are read once, by the sweep.
+    check_runtime_mandatory(&master, RuntimeMode::Multirun)?;
     if let Some(params) = master.select("sweeper.params") {
         for text in params_as_overrides(params)? {
             all.push(parse_override(&text)?);

@@ -26,6 +26,14 @@ pub fn trained_job(job: &JobConfig) -> Result<Cow<'_, JobConfig>, String> {
         .model
         .check_window("data.seq_len", job.data.seq_len())
         .map_err(|e| format!("model.init_from {dir}: {e}"))?;
+    let positions = owned.model.max_position_embeddings;
+    if positions > 0 && job.data.seq_len() > positions {
+        return Err(format!(
+            "data.seq_len: {} exceeds model.init_from's max_position_embeddings ({positions}); \
+             set data.seq_len={positions} or less",
+            job.data.seq_len()
+        ));
+    }
     check_tokenizer(job, &owned.model)?;
     Ok(Cow::Owned(owned))
 }

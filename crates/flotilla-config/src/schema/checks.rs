@@ -593,12 +593,35 @@ impl Check<'_> {
                 "set trainer.dist.backend=cpu (or auto), or trainer.device=cuda".into(),
             );
         }
+        // The cpu backend's collectives take CPU tensors only, and every rank's are on the GPU:
+        // the job would fail at its first collective, once queued and started (one process
+        // has no collective and trains).
+        if t.dist.backend() == Some(Backend::Cpu) && t.device == Device::Cuda && world > 1 {
+            let device_note = self
+                .job
+                .select("trainer.device")
+                .map(|n| set_note(&n.origin))
+                .unwrap_or_default();
+            self.invalid(
+                "trainer.dist.backend",
+                format!(
+                    "cpu exchanges CPU tensors only, but trainer.device is cuda{device_note}: \
+                     the {world} ranks would fail at their first collective, after the job started"
+                ),
+                "set trainer.dist.backend=nccl (or auto, which is nccl on CUDA), or \
+                 trainer.device=cpu"
+                    .into(),
+            );
+        }
     }
 
     fn data(&mut self, d: &DataConfig, model: Option<&ModelConfig>) {
         let seq_len = d.seq_len();
         if self.at_least("data.seq_len", seq_len as u64, 1) {
-            if let Some(m) = model.filter(|m| m.max_position_embeddings > 0) {
+            // A job from a base has the base's positions, checked where the base is read
+            // (`run`'s pre-flight, the trainer), not the preset's.
+            let own = model.filter(|m| m.max_position_embeddings > 0 && m.init_from.is_none());
+            if let Some(m) = own {
                 if seq_len > m.max_position_embeddings {
                     self.invalid(
                         "data.seq_len",

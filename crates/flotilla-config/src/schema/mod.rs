@@ -20,6 +20,8 @@
 //! near-miss suggestions); `gpus` is the table of GPU models `compute.gpu_type` names;
 //! `architecture` is what the Hugging Face architectures add to Llama (biases, a sliding window)
 //! and how a `config.json` says which one a model is.
+//! `runtime_mandatory` refuses the `???` values of the runtime node that hydra-core itself reads
+//! ([`check_runtime_mandatory`]).
 
 mod architecture;
 mod checks;
@@ -28,6 +30,7 @@ mod gpus;
 pub mod hf_config;
 mod messages;
 mod precision;
+mod runtime_mandatory;
 mod shard_size;
 mod types;
 
@@ -43,6 +46,7 @@ pub use checks::{
     MAX_ARITHMETIC_DIGITS, USER_TASK_COMPUTE_DEFAULTS,
 };
 pub use gpus::{gpu_model, gpu_names, GpuModel, GPU_MODELS};
+pub use runtime_mandatory::{check_runtime_mandatory, RuntimeMode};
 pub use shard_size::{ShardSize, DEFAULT_MAX_SHARD_SIZE};
 pub use types::ModelType;
 pub use types::{

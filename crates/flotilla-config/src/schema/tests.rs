@@ -193,7 +193,11 @@ fn default_config_validates() {
     assert!((700_000..1_200_000).contains(&cfg.model.num_parameters()));
     assert_eq!(cfg.trainer.dist, DistConfig::None);
     assert_eq!(cfg.trainer.precision, Precision::Auto);
-    assert_eq!(cfg.precision(), Precision::Full32, "auto on the default CPU job");
+    assert_eq!(
+        cfg.precision(),
+        Precision::Full32,
+        "auto on the default CPU job"
+    );
     assert_eq!(cfg.trainer.schedule, LrSchedule::Cosine);
     assert_eq!(cfg.trainer.resume, Resume::Auto);
     assert_eq!(cfg.trainer.betas, [0.9, 0.95]);
@@ -804,6 +808,45 @@ fn trainer_rules() {
 }
 
 #[test]
+fn cuda_ranks_with_the_cpu_backend_are_refused() {
+    // The cpu backend's collectives take CPU tensors only: CUDA ranks fail at the first one.
+    for dist in ["ddp", "fsdp"] {
+        let mut job = compose("tiny", dist, "arithmetic", "local");
+        set(
+            &mut job,
+            "trainer.device",
+            json!("cuda"),
+            ovr("trainer.device=cuda"),
+        );
+        set(
+            &mut job,
+            "trainer.dist.backend",
+            json!("cpu"),
+            ovr("trainer.dist.backend=cpu"),
+        );
+        let p = only(&job);
+        assert_eq!(p.key, "trainer.dist.backend", "{dist}");
+        for text in [
+            "trainer.device is cuda (set by override 'trainer.device=cuda')",
+            "the 2 ranks would fail",
+            "(set by override 'trainer.dist.backend=cpu')",
+            "set trainer.dist.backend=nccl",
+            "or trainer.device=cpu",
+        ] {
+            assert!(p.message.contains(text), "{text:?} not in {}", p.message);
+        }
+        // nccl and auto are what CUDA ranks use; one process has no collective and trains.
+        for backend in ["nccl", "auto"] {
+            set(&mut job, "trainer.dist.backend", json!(backend), ovr("b"));
+            validate(&job).unwrap();
+        }
+        set(&mut job, "trainer.dist.backend", json!("cpu"), ovr("b"));
+        set(&mut job, "compute.tasks_per_node", json!(1), ovr("t"));
+        validate(&job).unwrap();
+    }
+}
+
+#[test]
 fn compute_rules() {
     // The local launcher simulates several nodes on one host (hybrid sharding tests).
     let mut job = base();
@@ -1053,7 +1096,11 @@ fn shard_sizes_read_as_transformers_writes_them() {
 fn precision_auto_is_bf16_mixed_on_gpus_and_32_true_on_cpus() {
     let mut job = compose("tiny", "ddp", "arithmetic", "local");
     let cfg = validate(&job).unwrap();
-    assert_eq!(cfg.trainer.precision, Precision::Auto, "the shipped default");
+    assert_eq!(
+        cfg.trainer.precision,
+        Precision::Auto,
+        "the shipped default"
+    );
     for (device, gpus, want) in [
         ("cpu", 0, Precision::Full32),
         ("cuda", 0, Precision::Bf16Mixed),
