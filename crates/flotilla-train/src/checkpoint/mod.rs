@@ -5,7 +5,7 @@
 //! flat parameter, gradient-free AdamW moments and `sharded_meta.json` with the layout.
 //!
 //! A full checkpoint of sharded weights is streamed: rank 0 writes each file's header first,
-//! then each group as it is gathered to it ([`ParallelWeights::visit_full`]), so no rank holds
+//! then each group as it is gathered to it (`ParallelWeights::visit_full`), so no rank holds
 //! more than a group beyond its shards. Restoring reads, on every rank, only the elements that
 //! rank holds, from either kind and whatever world size wrote it ([`CheckpointFiles`]);
 //! [`consolidate`] turns either kind into a Hugging Face directory a parameter at a time.

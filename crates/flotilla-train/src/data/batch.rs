@@ -18,12 +18,12 @@ pub struct Batch {
     /// `[M, T]` int64 input ids.
     pub input_ids: Tensor,
     /// `[M, T]` int64 targets of each position (already shifted: `labels[:, t]` is the token
-    /// that should follow `input_ids[:, ..=t]`), [`IGNORE_INDEX`] where there is no loss.
+    /// that should follow `input_ids[:, ..=t]`), [`IGNORE_INDEX`](super::IGNORE_INDEX) where there is no loss.
     pub labels: Tensor,
     /// `[M, T]` int64 position ids when a row packs several sequences that must not see each
     /// other (see [`Sample::positions`]); rows that do not are `0..T`. `None` when no row does.
     pub positions: Option<Tensor>,
-    /// Labels other than [`IGNORE_INDEX`] in this micro-batch.
+    /// Labels other than [`IGNORE_INDEX`](super::IGNORE_INDEX) in this micro-batch.
     pub num_loss_tokens: u64,
 }
 

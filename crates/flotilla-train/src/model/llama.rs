@@ -2,7 +2,7 @@
 //! token embedding, one unit per decoder block (pre-norm attention and SwiGLU MLP, each with a
 //! residual connection), and the final RMSNorm with the LM head (as torchtitan groups them).
 //! The same units are `MistralForCausalLM` (Llama's math within its sliding window, which a
-//! context must not exceed: [`CausalLm::check_window`]) and `Qwen2ForCausalLM` (biases on
+//! context must not exceed: [`CausalLm::check_window`](super::CausalLm::check_window)) and `Qwen2ForCausalLM` (biases on
 //! q/k/v_proj), as the config's `model_type` says.
 //!
 //! Numerics follow transformers' `modeling_llama.py` (each layer's docs say how); the attention

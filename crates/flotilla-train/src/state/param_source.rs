@@ -2,12 +2,12 @@
 //! [`TensorSource`] gives elements `lo..hi` of one flattened parameter (or of its AdamW
 //! moment) without producing the rest. The seeded initialisation ([`Seeded`]) computes just
 //! those elements; safetensors files ([`FileSource`]: a Hugging Face directory, a full
-//! checkpoint's `model.safetensors` / `optimizer.safetensors`) read just those bytes; a sharded
-//! checkpoint ([`ShardedSource`]) finds them in the shard files of whatever world size wrote
-//! it; tensors already in memory ([`Params`]) are sliced. An FSDP rank builds its shards from a
-//! source ([`GroupLayout::shard_from`]) and so never holds the whole model; replicated weights
-//! take every parameter whole ([`materialize`]).
-
+//! checkpoint's `model.safetensors` / `optimizer.safetensors`) read just those bytes; tensors
+//! already in memory ([`Params`]) are sliced; an [`Overlay`] takes some parameters from one
+//! source and the rest from another. Higher layers add their own sources (a sharded
+//! checkpoint's, `checkpoint::files::ShardedSource`) and build from any source: an FSDP rank
+//! only its shards (`parallel::layout::GroupLayout::shard_from`), replicated weights every
+//! parameter whole ([`materialize`]).
 use std::collections::HashMap;
 use std::path::PathBuf;
 

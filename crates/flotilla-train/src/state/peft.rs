@@ -1,11 +1,10 @@
 //! LoRA's files in PEFT's format: reading an adapter directory to start from
-//! ([`PeftAdapter`]), and writing a LoRA job's `final/` as one ([`save_adapter`]:
-//! `adapter_config.json`, `adapter_model.safetensors` with PEFT's key names, the tokenizer)
-//! with, on request, `final/merged/`, the base with `W + scale·B·A` folded in
-//! ([`MergedWeights`]); and merging an adapter directory into its base after the fact
-//! ([`merge_into_base`], `flotilla consolidate ADAPTER --base BASE`). The adapters themselves are parameters of the model
-//! (`model::llama`, `CausalLm::with_lora`); the trainer trains them like any other.
-
+//! ([`PeftAdapter`]), the adapter's `adapter_config.json` ([`adapter_config`]), the base with
+//! `W + scale·B·A` folded in ([`MergedWeights`]), and merging an adapter directory into its base
+//! after the fact ([`merge_into_base`], `flotilla consolidate ADAPTER --base BASE`). Writing a
+//! LoRA job's `final/` as an adapter directory is `checkpoint::final_dir`'s. The adapters
+//! themselves are parameters of the model (`model::llama`, `CausalLm::with_lora`); the trainer
+//! trains them like any other.
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 
