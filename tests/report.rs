@@ -533,6 +533,86 @@ fn plot_writes_every_figure_as_svg_and_as_a_png_of_the_same_picture() {
     }
 }
 
+/// Legends whose labels are longer than the legend's column stay inside the figure: wrapped,
+/// or cut with an ellipsis and the whole label as the entry's `<title>`, so that nothing is
+/// drawn at the figure's right edge (the labels ran past it); a legend with more entries than
+/// fit ends with `+N more`.
+#[test]
+fn long_legend_labels_stay_inside_the_figures() {
+    let tmp = tempfile::tempdir().unwrap();
+    let proj = tmp.path().join("proj");
+    std::fs::create_dir_all(proj.join("conf")).unwrap();
+    std::fs::write(
+        proj.join("conf/config.yaml"),
+        "x: 0\nname: a\nflotilla:\n  task:\n    command: [bash, job.sh, '${x}']\n",
+    )
+    .unwrap();
+    std::fs::write(proj.join("job.sh"), "").unwrap();
+    let long = "warmup_cosine_schedule_with_restarts_and_a_rather_long_name";
+    for (jobs, xs) in [(4, "x=1,2"), (30, "x=range(0,15)")] {
+        let sweep = tmp.path().join(format!("sweep{jobs}"));
+        ok(flotilla_in(
+            &proj,
+            &[
+                "run",
+                "-m",
+                "--dry-run",
+                xs,
+                &format!("name={long},linear_decay_to_zero_over_the_whole_run"),
+                &format!("flotilla.sweep.dir={}", sweep.display()),
+            ],
+        ));
+        for num in 0..jobs {
+            let rows: String = (0..20)
+                .map(|s| format!("{s},{}\n", 3.0 + num as f64 * 0.1 - s as f64 * 0.05))
+                .collect();
+            std::fs::write(
+                sweep.join(format!("{num}/metrics.csv")),
+                format!("step,loss\n{rows}"),
+            )
+            .unwrap();
+        }
+        let plots = tmp.path().join(format!("plots{jobs}"));
+        ok(flotilla(&[
+            "report",
+            sweep.to_str().unwrap(),
+            "--plot",
+            plots.to_str().unwrap(),
+        ]));
+        let svg = std::fs::read_to_string(plots.join("curves_loss.svg")).unwrap();
+        let png = std::fs::read(plots.join("curves_loss.png")).unwrap();
+        let (width, height, pixels) = decode_png(&png);
+        assert_eq!(width, 2 * svg_attr(&svg, "width"));
+        // Nothing drawn in the 3 units at the figure's right edge (6 PNG pixels).
+        let at_edge = pixels
+            .iter()
+            .enumerate()
+            .filter(|(i, p)| (*i as u32 % width) >= width - 6 && p[..3] != [255, 255, 255])
+            .count();
+        assert_eq!(
+            at_edge, 0,
+            "{jobs} jobs: {at_edge} pixels drawn at the right edge of a {width}x{height} figure"
+        );
+        if jobs == 4 {
+            // Room enough: every label whole, wrapped.
+            assert!(
+                svg.matches(">rather_long_name</text>").count() == 2 && !svg.contains("<title>"),
+                "{svg}"
+            );
+        } else {
+            // One line each, cut, the whole label as the entry's title; the rest counted.
+            assert!(
+                svg.contains(&format!("<title>0 x=0 name={long}</title>")),
+                "{svg}"
+            );
+            assert!(svg.contains(">+10 more</text>"), "{svg}");
+        }
+        if let Ok(keep) = std::env::var("FLOTILLA_KEEP_PNG") {
+            std::fs::copy(plots.join("curves_loss.png"), format!("{keep}.{jobs}.png")).unwrap();
+        }
+    }
+}
+
 #[test]
 fn without_any_font_the_pngs_are_still_written_and_one_warning_names_the_fix() {
     let tmp = tempfile::tempdir().unwrap();

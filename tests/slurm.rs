@@ -706,10 +706,10 @@ fn real_cluster() {
     run.plan
         .set_job_id(0, Some("999998".into()), JobState::Running)
         .unwrap();
-    assert_eq!(
-        slurm::status(&fail_dir).unwrap().jobs[0].state,
-        JobState::Unknown
-    );
+    let forgotten = slurm::status(&fail_dir).unwrap().jobs.remove(0);
+    assert_eq!(forgotten.state, JobState::Unknown);
+    let why = forgotten.message.unwrap_or_default();
+    assert!(why.starts_with("its job 999998 is no longer"), "{why}");
     println!("failing job: {:.1?}", t.elapsed());
 
     // 3. Shell injection: directory, job name and sbatch values full of shell syntax; a sweep

@@ -196,7 +196,8 @@ fn check_overlaps(runs: &[Seen], slots: usize) {
 
 #[test]
 fn packed_sweeps_on_the_real_cluster() {
-    let Some(_cluster) = Cluster::start(1, &[]) else {
+    // MaxArraySize 4: every sweep below fits; section 7 checks `plan` and `run` split at it.
+    let Some(_cluster) = Cluster::start(1, &[("SLURM_TEST_MAX_ARRAY_SIZE", "4")]) else {
         return;
     };
     let tmp = tempfile::Builder::new()
@@ -528,5 +529,358 @@ fn packed_sweeps_on_the_real_cluster() {
     println!(
         "built-in trainer, 3 jobs packed and unpacked: {:.1?}",
         t.elapsed()
+    );
+
+    // 6. A job back in the queue whose allocation ended is PENDING while another allocation of
+    //    its array can take it, and that one runs it. With `--no-requeue`, allocation 0 cannot
+    //    requeue itself after USR2: its two jobs stay REQUEUED and it ends, while allocation 1
+    //    is held (`--begin` an hour away) until the test releases it.
+    let t = Instant::now();
+    let proj = project(root, "steps", 2);
+    let sweep = root.join("pack-sibling");
+    ok(flotilla(
+        &proj,
+        &[
+            "run",
+            "-m",
+            "x=range(0,4)",
+            "+compute.requeue=false",
+            "+compute.additional_parameters.begin=now+1hour",
+            &format!("flotilla.sweep.dir={}", sweep.display()),
+        ],
+    ));
+    let plan: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(sweep.join("sweep.json")).unwrap()).unwrap();
+    let array = plan["jobs"][0]["pack_array"].as_str().unwrap().to_string();
+    // The held allocation would start in an hour: cancelled whatever happens here.
+    let _cancel = CancelOnDrop(array.clone());
+    let (first, second) = (format!("{array}_0"), format!("{array}_1"));
+    let release = |id: &str| {
+        let out = Command::new("scontrol")
+            .args(["update", &format!("jobid={id}"), "StartTime=now"])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    release(&first);
+    let running = |st: &serde_json::Value| {
+        st["jobs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|j| j["state"] == "RUNNING" && j["step"].is_u64())
+            .count()
+    };
+    let t0 = Instant::now();
+    while running(&status_json(&sweep)) < 2 {
+        assert!(
+            t0.elapsed() < Duration::from_secs(90),
+            "{:#}",
+            status_json(&sweep)
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    std::thread::sleep(Duration::from_secs(1));
+    let sc = Command::new("scancel")
+        .args(["--signal=USR2", "--batch", &first])
+        .output()
+        .unwrap();
+    assert!(
+        sc.status.success(),
+        "{}",
+        String::from_utf8_lossy(&sc.stderr)
+    );
+    // Allocation 0 ends; its jobs wait in the queue for allocation 1.
+    let t0 = Instant::now();
+    loop {
+        let ended = Command::new("squeue")
+            .args(["-j", &first, "-t", "all", "-h", "-o", "%T"])
+            .output()
+            .unwrap();
+        if String::from_utf8_lossy(&ended.stdout).trim() == "COMPLETED" {
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "{:#}",
+            status_json(&sweep)
+        );
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    let recorded: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(sweep.join("sweep.json")).unwrap()).unwrap();
+    let requeued = recorded["jobs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|j| j["state"] == "REQUEUED" && j["job_id"] == first.as_str())
+        .count();
+    assert_eq!(requeued, 2, "two jobs went back in the queue: {recorded:#}");
+    let st = status_json(&sweep);
+    for j in st["jobs"].as_array().unwrap() {
+        assert_eq!(
+            j["state"], "PENDING",
+            "allocation {second} will run it: {st:#}"
+        );
+    }
+    release(&second);
+    let st = wait_terminal(&sweep, Duration::from_secs(120));
+    for j in st["jobs"].as_array().unwrap() {
+        assert_eq!(j["state"], "COMPLETED", "{st:#}");
+        assert_eq!(j["job_id"], second.as_str(), "{st:#}");
+    }
+    let runs = seen(&sweep, 4);
+    let resumed = runs
+        .iter()
+        .filter(|r| r.allocation == array_job_id(&second) && r.from_step > 0)
+        .count();
+    assert_eq!(
+        resumed, 2,
+        "allocation 1 resumed both stopped jobs: {runs:#?}"
+    );
+    println!(
+        "queued jobs of an ended allocation, taken by its sibling: {:.1?}",
+        t.elapsed()
+    );
+
+    // 7. `plan` prints the submissions `run` makes, split at the cluster's MaxArraySize (4 on
+    //    a cluster this test started): 12 jobs packed 2 at a time need 6 allocations, an array
+    //    holds 4; 6 unpacked jobs are two arrays.
+    let max = flotilla_launch::slurm::max_array_size().unwrap();
+    let proj = project(root, "run", 2);
+    let plan = ok(flotilla(&proj, &["plan", "-m", "x=range(0,12)"]));
+    let allocations = 6.min(max);
+    assert!(
+        plan.contains(&format!("(MaxArraySize {max})"))
+            && plan.contains(&format!(
+                "1. job array --array=0-{}, packed: 12 jobs (0-11) into {allocations} allocations",
+                allocations - 1
+            )),
+        "{plan}"
+    );
+    let plan = ok(flotilla(
+        &proj,
+        &["plan", "-m", "x=range(0,6)", "compute.pack=1"],
+    ));
+    let dry = root.join("plan-dry");
+    ok(flotilla(
+        &proj,
+        &[
+            "run",
+            "-m",
+            "--dry-run",
+            "x=range(0,6)",
+            "compute.pack=1",
+            &format!("flotilla.sweep.dir={}", dry.display()),
+        ],
+    ));
+    let mut arrays: Vec<String> = std::fs::read_dir(dry.join("slurm"))
+        .unwrap()
+        .map(|e| std::fs::read_to_string(e.unwrap().path()).unwrap())
+        .filter_map(|text| {
+            text.lines()
+                .find_map(|l| l.strip_prefix("#SBATCH --array=").map(str::to_string))
+        })
+        .collect();
+    arrays.sort();
+    let planned: Vec<String> = plan
+        .lines()
+        .filter_map(|l| l.split("--array=").nth(1))
+        .map(|rest| rest.split(':').next().unwrap().to_string())
+        .collect();
+    assert_eq!(planned.len(), 6usize.div_ceil(max), "{plan}");
+    let mut sorted = planned.clone();
+    sorted.sort();
+    assert_eq!(sorted, arrays, "plan and run agree: {plan}");
+}
+
+/// Cancels a SLURM job (or array) when dropped.
+struct CancelOnDrop(String);
+
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        let _ = Command::new("scancel").arg(&self.0).output();
+    }
+}
+
+/// `123` of the allocation `123_1`, as the job records `$SLURM_JOB_ID` (an array task's own
+/// job id differs; the test's program records it, so compare by the task's job id).
+fn array_job_id(allocation: &str) -> String {
+    let out = Command::new("squeue")
+        .args(["-j", allocation, "-t", "all", "-h", "-o", "%A"])
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+// ---------------------------------------------------------------------------------------------
+// States the live cluster cannot produce on demand: `flotilla status` against a stand-in
+// `squeue` (its output given) and `sacct` (no accounting) on PATH.
+// ---------------------------------------------------------------------------------------------
+
+/// A sweep directory whose `sweep.json` holds `jobs` (records, as JSON) on SLURM, with a
+/// `bin/` holding a `squeue` that prints `squeue_out` (exit status `squeue_rc`, its error on
+/// stderr) and an `sacct` of a cluster without accounting. Returns `flotilla status --format
+/// json` of it.
+fn status_with_scheduler(
+    root: &Path,
+    jobs: serde_json::Value,
+    squeue_out: &str,
+    squeue_rc: i32,
+) -> serde_json::Value {
+    use std::os::unix::fs::PermissionsExt;
+    let sweep = root.join("sweep");
+    let bin = root.join("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    for j in jobs.as_array().unwrap() {
+        std::fs::create_dir_all(sweep.join(j["dir"].as_str().unwrap())).unwrap();
+    }
+    let plan = serde_json::json!({
+        "version": 1, "sweep": true, "created": "2026-11-26T08:00:00+00:00",
+        "launcher": "slurm", "argv": ["flotilla", "run", "-m"], "jobs": jobs,
+    });
+    std::fs::write(sweep.join("sweep.json"), plan.to_string()).unwrap();
+    let script = |name: &str, text: String| {
+        let p = bin.join(name);
+        std::fs::write(&p, text).unwrap();
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+    };
+    std::fs::write(root.join("squeue.out"), squeue_out).unwrap();
+    script(
+        "squeue",
+        format!(
+            "#!/bin/sh\ncat '{}'\n[ {squeue_rc} = 0 ] || echo 'slurm_load_jobs error: Invalid job id specified' >&2\nexit {squeue_rc}\n",
+            root.join("squeue.out").display()
+        ),
+    );
+    script(
+        "sacct",
+        "#!/bin/sh\necho 'Slurm accounting storage is disabled' >&2\nexit 1\n".into(),
+    );
+    let out = Command::new(common::flotilla_bin())
+        .args(["status", "--format", "json"])
+        .arg(&sweep)
+        .env(
+            "PATH",
+            format!("{}:{}", bin.display(), std::env::var("PATH").unwrap()),
+        )
+        .env_remove("FLOTILLA_LOG")
+        .output()
+        .unwrap();
+    serde_json::from_str(&ok(out)).unwrap()
+}
+
+/// A packed job's record (`sweep.json`) of the array `array`.
+fn packed_record(num: usize, state: &str, job_id: Option<&str>, array: &str) -> serde_json::Value {
+    let mut r = serde_json::json!({
+        "num": num, "dir": num.to_string(), "overrides": [format!("x={num}")],
+        "job_id": job_id, "state": state, "pack_array": array,
+    });
+    if let (Some(id), "RUNNING") = (job_id, state) {
+        r["allocation"] = id.into();
+    }
+    r
+}
+
+/// A job put back in the queue (REQUEUED) by an allocation that then ended is PENDING while
+/// another allocation of its array is queued or running and can take it (it was UNKNOWN).
+#[test]
+fn a_queued_packed_job_is_pending_while_a_sibling_allocation_can_take_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    let jobs = serde_json::json!([
+        packed_record(0, "REQUEUED", Some("40_0"), "40"),
+        packed_record(1, "COMPLETED", Some("40_0"), "40"),
+        packed_record(2, "PENDING", None, "40"),
+    ]);
+    for (sibling, reason) in [("PENDING", "BeginTime"), ("RUNNING", "None")] {
+        let st = status_with_scheduler(
+            tmp.path(),
+            jobs.clone(),
+            &format!("40_0|COMPLETED|None|node1\n40_1|{sibling}|{reason}|\n"),
+            0,
+        );
+        let states: Vec<&str> = st["jobs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|j| j["state"].as_str().unwrap())
+            .collect();
+        assert_eq!(
+            states,
+            ["PENDING", "COMPLETED", "PENDING"],
+            "sibling {sibling}: {st:#}"
+        );
+    }
+    // Once no allocation of the array is left to take it: as before, UNKNOWN.
+    let st = status_with_scheduler(
+        tmp.path(),
+        jobs,
+        "40_0|COMPLETED|None|node1\n40_1|COMPLETED|None|node1\n",
+        0,
+    );
+    assert_eq!(st["jobs"][0]["state"], "UNKNOWN", "{st:#}");
+}
+
+/// Without accounting, a job left RUNNING by an allocation that was killed outright is UNKNOWN
+/// once the scheduler has forgotten that allocation (it stayed RUNNING), with the reason; an
+/// unpacked job forgotten so gets the reason too (it was UNKNOWN without one).
+#[test]
+fn a_running_packed_job_of_a_forgotten_allocation_is_unknown_with_the_reason() {
+    let tmp = tempfile::tempdir().unwrap();
+    // Job 2 is not packed: its own batch job 60_0, which left no exit marker.
+    let unpacked = serde_json::json!({
+        "num": 2, "dir": "2", "overrides": ["x=2"], "job_id": "60_0", "state": "RUNNING",
+    });
+    let jobs = serde_json::json!([
+        packed_record(0, "RUNNING", Some("50_0"), "50"),
+        packed_record(1, "RUNNING", Some("50_1"), "50"),
+        unpacked,
+    ]);
+    // The scheduler still knows allocation 50_1 (running), not 50_0 nor 60_0.
+    let st = status_with_scheduler(tmp.path(), jobs.clone(), "50_1|RUNNING|None|node1\n", 0);
+    assert_eq!(st["jobs"][0]["state"], "UNKNOWN", "{st:#}");
+    let why = st["jobs"][0]["message"].as_str().unwrap_or_default();
+    assert!(
+        why.starts_with("its allocation 50_0 is no longer known to the scheduler")
+            && why.contains("flotilla run --resume-sweep"),
+        "{why}"
+    );
+    assert_eq!(st["jobs"][1]["state"], "RUNNING", "{st:#}");
+    assert!(st["jobs"][1]["message"].is_null(), "{st:#}");
+    assert_eq!(st["jobs"][2]["state"], "UNKNOWN", "{st:#}");
+    let why = st["jobs"][2]["message"].as_str().unwrap_or_default();
+    assert!(
+        why.starts_with("its job 60_0 is no longer known to the scheduler"),
+        "{why}"
+    );
+    // Every allocation of the array forgotten: squeue refuses the ids.
+    let st = status_with_scheduler(tmp.path(), jobs, "", 1);
+    for j in st["jobs"].as_array().unwrap() {
+        assert_eq!(j["state"], "UNKNOWN", "{st:#}");
+        assert!(
+            j["message"]
+                .as_str()
+                .unwrap_or_default()
+                .contains("is no longer known to the scheduler"),
+            "{st:#}"
+        );
+    }
+    // A packed job's record is the packing loop's: status does not rewrite it; an unpacked
+    // job's state and reason are written to the plan, where `report` reads them.
+    let plan: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(tmp.path().join("sweep/sweep.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(plan["jobs"][0]["state"], "RUNNING", "{plan:#}");
+    assert_eq!(plan["jobs"][2]["state"], "UNKNOWN", "{plan:#}");
+    assert!(
+        plan["jobs"][2]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("60_0")),
+        "{plan:#}"
     );
 }

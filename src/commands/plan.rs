@@ -1,12 +1,18 @@
 //! `flotilla plan`: the jobs a command would run, as a table or JSON; with `--memory`, each
-//! job's memory estimate (`flotilla_launch::memory`).
+//! job's memory estimate (`flotilla_launch::memory`); under a SLURM sweep's table, the `sbatch`
+//! submissions `run` would make (`flotilla_launch::slurm::batches`).
 
 use anyhow::Context;
 use clap::{Args, ValueEnum};
 use flotilla_config::node::to_json_text;
+use flotilla_config::schema::Launcher;
 use flotilla_config::sweep::sweep_overrides;
 use flotilla_config::sweep::{plan_map, PlannedJob, SweepFile};
 use flotilla_launch::memory::{self, Advice, Estimate};
+use flotilla_launch::slurm::{
+    self,
+    batches::{describe_batches, plan_batches, JobShape, Submit},
+};
 use flotilla_launch::study::{first_trials, search_space};
 use flotilla_study::config::{study_config, StudyConfig};
 use flotilla_study::SearchSpace;
@@ -105,8 +111,8 @@ pub fn plan(args: PlanArgs) -> Result<(), Failure> {
     let start_dir = std::env::current_dir().context("the current directory")?;
     let mut text = String::new();
     let mut count = 0usize;
-    // Each job's compute, to say what allocations a packed sweep asks for.
-    let computes = std::sync::Mutex::new(Vec::new());
+    // Each job's compute and task kind, to say what `sbatch` submissions a SLURM sweep makes.
+    let planned = std::sync::Mutex::new(Vec::new());
     if let PlanFormat::Json = args.format {
         text.push_str("{\"jobs\":[");
     }
@@ -124,9 +130,17 @@ pub fn plan(args: PlanArgs) -> Result<(), Failure> {
                     composer.context(),
                     &start_dir,
                 )?;
-                computes.lock().unwrap().push(runs.compute);
+                planned.lock().unwrap().push(JobShape {
+                    num: job.num,
+                    compute: runs.compute,
+                    ranks: runs.task.map(|t| t.ranks),
+                });
             } else if let Some(c) = &job.composed.typed {
-                computes.lock().unwrap().push(c.compute.clone());
+                planned.lock().unwrap().push(JobShape {
+                    num: job.num,
+                    compute: c.compute.clone(),
+                    ranks: None,
+                });
             }
             Ok(match (args.format, args.memory) {
                 (PlanFormat::Json, false) => json_job(&job),
@@ -152,7 +166,7 @@ pub fn plan(args: PlanArgs) -> Result<(), Failure> {
                 if count == 1 { "" } else { "s" }
             ));
             if args.multirun {
-                text.push_str(&packing(&computes.into_inner().unwrap()));
+                text.push_str(&submissions(planned.into_inner().unwrap())?);
             }
         }
     }
@@ -228,39 +242,21 @@ fn table_row(job: &PlannedJob) -> String {
     format!("{:>5}  {}\n", job.num, line)
 }
 
-/// The allocations a packed sweep (`compute.pack`) asks for, one line per group of jobs with the
-/// same `compute`; nothing for an unpacked sweep.
-fn packing(computes: &[flotilla_config::schema::ComputeConfig]) -> String {
-    let mut groups: Vec<(&flotilla_config::schema::ComputeConfig, usize)> = Vec::new();
-    for c in computes {
-        match groups.iter_mut().find(|(g, _)| *g == c) {
-            Some((_, n)) => *n += 1,
-            None => groups.push((c, 1)),
-        }
+/// The `sbatch` submissions a SLURM sweep makes, as `flotilla run` would make them (the same
+/// [`plan_batches`], split at the cluster's `MaxArraySize`): one line per job array, with its
+/// jobs, their size and, packed, the allocations; nothing for a sweep on the local launcher.
+fn submissions(mut jobs: Vec<JobShape>) -> Result<String, Failure> {
+    // Composed on several threads: back in job order, as submission lists them.
+    jobs.sort_by_key(|j| j.num);
+    jobs.retain(|j| j.compute.launcher == Launcher::Slurm);
+    if jobs.is_empty() {
+        return Ok(String::new());
     }
-    let mut out = String::new();
-    for (c, n) in groups {
-        let Some(s) = flotilla_launch::slurm::pack::pack_shape(c, n) else {
-            continue;
-        };
-        let gpus = if s.gpus > 0 {
-            format!(", {} GPUs", s.gpus)
-        } else {
-            String::new()
-        };
-        let mem = s.mem_gb.map(|m| format!(", {m}G")).unwrap_or_default();
-        out.push_str(&format!(
-            "packed: {n} jobs into {} allocation{} of 1 node ({} slots: {} CPUs{gpus}{mem}), \
-             {} job{} at a time in each ({} rank{} per job)\n",
-            s.allocations,
-            if s.allocations == 1 { "" } else { "s" },
-            s.slots,
-            s.cpus,
-            s.jobs_at_once,
-            if s.jobs_at_once == 1 { "" } else { "s" },
-            s.ranks_per_job,
-            if s.ranks_per_job == 1 { "" } else { "s" },
-        ));
-    }
-    out
+    let (max_array_size, from_cluster) = match slurm::max_array_size() {
+        Ok(n) => (n, true),
+        Err(_) => (slurm::DEFAULT_MAX_ARRAY_SIZE, false),
+    };
+    let batches = plan_batches(&jobs, Submit::Arrays { max_array_size })
+        .map_err(|e| Failure::Other(e.into()))?;
+    Ok(describe_batches(&batches, max_array_size, from_cluster))
 }

@@ -11,6 +11,9 @@
 //! - `quote.rs`: every value that reaches a shell goes through [`shell_quote`]; every value in
 //!   an `#SBATCH` line through [`sbatch_quote`] (sbatch's own quoting; a newline is refused), so
 //!   a config value such as `$(touch x)` is never executed.
+//! - `batches.rs`: which `sbatch` submissions a run's jobs make (grouping by `compute` and task
+//!   kind, splitting at `MaxArraySize`, packing; [`batches::plan_batches`]), what submission
+//!   renders and `flotilla plan` prints ([`batches::describe_batches`]).
 //! - `submit.rs`: writing the scripts ([`write_scripts`]) and handing them to
 //!   `sbatch --parsable` ([`submit_scripts`]), arrays included.
 //! - `queue.rs`: asking `squeue`/`sacct` about jobs ([`query`]), the state a job is in
@@ -32,6 +35,7 @@
 //! ([`crate::resume`]) re-submits, through [`SlurmLauncher`], the jobs of a sweep that did not
 //! complete.
 
+pub mod batches;
 mod error;
 pub mod pack;
 mod queue;
@@ -50,7 +54,10 @@ pub use render::{
     format_time, load_template, render_script, render_with, sbatch_options, ScriptSpec,
     BUILTIN_TEMPLATE, BUILTIN_TEMPLATE_NAME, STOP_SIGNAL,
 };
-pub use status::{end_message, failure_message, parse_srun_error, status, LOG_TAIL_LINES};
+pub use status::{
+    end_message, failure_message, forgotten_message, live_view, parse_srun_error, status,
+    LOG_TAIL_LINES,
+};
 pub use submit::{
     job_specs, max_array_size, parse_max_array_size, submit, submit_scripts, submit_scripts_after,
     write_scripts, write_single_scripts, JobSpec, Script, SlurmOptions, Submission, SubmittedJob,

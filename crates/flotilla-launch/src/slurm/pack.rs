@@ -187,7 +187,10 @@ pub(super) fn write_pack_script(
             line(format!("#SBATCH --{key}={}", q(v)?));
         }
     }
-    line(format!("#SBATCH --array=0-{}", shape.allocations - 1));
+    line(format!(
+        "#SBATCH --array={}",
+        super::batches::array_range(shape.allocations, 0)
+    ));
     let base = script_dir.display().to_string().replace('%', "%%");
     line(format!(
         "#SBATCH --output={}",
@@ -689,22 +692,47 @@ fn finish(
     Ok(())
 }
 
-/// The state to show for a packed job whose record says `recorded`, when its allocation's state
-/// is `allocation` (`None`: unknown): the record (the loop keeps it current) while the
-/// allocation runs; REQUEUED while a requeued allocation waits; the allocation's end when it
-/// ended without the loop recording the job's (cancelled, timed out, node failure).
-pub fn packed_state(recorded: JobState, allocation: Option<JobState>) -> Option<JobState> {
+/// The state to show for a packed job whose record says `recorded` and names the allocation
+/// that last ran it, when the scheduler gives that allocation the state `allocation` (`None`:
+/// it does not know it) and the allocations of the job's array the states `array` (`None`: the
+/// scheduler could not be asked). The record (the loop keeps it current) while the allocation
+/// runs; REQUEUED while a requeued allocation waits. A job back in the queue (PENDING or
+/// REQUEUED) of an allocation that ended is PENDING while another allocation of its array is
+/// queued or running: that one takes it. Otherwise the allocation's end when it ended without
+/// the loop recording the job's (cancelled, timed out, node failure), and UNKNOWN for a RUNNING
+/// job whose allocation the scheduler no longer knows (a hard kill, then forgotten; `status`
+/// gives the reason, [`super::forgotten_message`]).
+pub fn packed_state(
+    recorded: JobState,
+    allocation: Option<JobState>,
+    array: Option<&[JobState]>,
+) -> Option<JobState> {
     if recorded.is_terminal() {
         return None;
     }
-    match allocation? {
-        JobState::Running => None,
-        JobState::Pending | JobState::Requeued | JobState::Preempted => {
-            (recorded != JobState::Pending).then_some(JobState::Requeued)
+    match allocation {
+        Some(JobState::Running) => return None,
+        Some(JobState::Pending | JobState::Requeued | JobState::Preempted) => {
+            return (recorded != JobState::Pending).then_some(JobState::Requeued);
         }
-        JobState::Completed | JobState::Unknown => Some(JobState::Unknown),
-        ended => Some(ended),
+        _ => {}
     }
+    let queued = matches!(recorded, JobState::Pending | JobState::Requeued);
+    if queued && array.is_some_and(|a| a.iter().any(|s| allocation_live(*s))) {
+        return Some(JobState::Pending);
+    }
+    match allocation {
+        Some(JobState::Completed | JobState::Unknown) => Some(JobState::Unknown),
+        Some(ended) => Some(ended),
+        None if array.is_some() && recorded == JobState::Running => Some(JobState::Unknown),
+        None => None,
+    }
+}
+
+/// Whether an allocation in `state` may still claim jobs: queued (or waiting to be requeued)
+/// or running.
+fn allocation_live(state: JobState) -> bool {
+    !state.is_terminal() && state != JobState::Unknown
 }
 
 /// The state to show for a packed job no allocation has claimed yet (PENDING in its record),
@@ -718,10 +746,7 @@ pub fn unclaimed_state(recorded: JobState, allocations: Option<&[JobState]>) -> 
         return None;
     }
     let allocations = allocations?;
-    if allocations
-        .iter()
-        .any(|s| !s.is_terminal() && *s != JobState::Unknown)
-    {
+    if allocations.iter().any(|s| allocation_live(*s)) {
         return None;
     }
     Some(if allocations.contains(&JobState::Cancelled) {
@@ -818,12 +843,63 @@ mod tests {
     #[test]
     fn shown_states() {
         use JobState::*;
-        assert_eq!(packed_state(Completed, Some(Cancelled)), None);
-        assert_eq!(packed_state(Running, Some(Running)), None);
-        assert_eq!(packed_state(Running, Some(Pending)), Some(Requeued));
-        assert_eq!(packed_state(Pending, Some(Pending)), None);
-        assert_eq!(packed_state(Running, Some(Cancelled)), Some(Cancelled));
-        assert_eq!(packed_state(Requeued, Some(Timeout)), Some(Timeout));
-        assert_eq!(packed_state(Running, None), None);
+        let none: &[JobState] = &[];
+        assert_eq!(packed_state(Completed, Some(Cancelled), Some(none)), None);
+        assert_eq!(packed_state(Running, Some(Running), Some(&[Running])), None);
+        assert_eq!(
+            packed_state(Running, Some(Pending), Some(&[Pending])),
+            Some(Requeued)
+        );
+        assert_eq!(packed_state(Pending, Some(Pending), Some(&[Pending])), None);
+        assert_eq!(
+            packed_state(Running, Some(Cancelled), Some(&[Cancelled])),
+            Some(Cancelled)
+        );
+        assert_eq!(
+            packed_state(Requeued, Some(Timeout), Some(&[Timeout])),
+            Some(Timeout)
+        );
+        assert_eq!(packed_state(Running, None, None), None);
+    }
+
+    /// A job back in the queue whose allocation ended waits for the others of its array.
+    #[test]
+    fn a_queued_job_is_pending_while_a_sibling_allocation_can_take_it() {
+        use JobState::*;
+        for sibling in [Pending, Running, Requeued] {
+            assert_eq!(
+                packed_state(Requeued, Some(Completed), Some(&[Completed, sibling])),
+                Some(Pending)
+            );
+            assert_eq!(
+                packed_state(Requeued, Some(Timeout), Some(&[Timeout, sibling])),
+                Some(Pending)
+            );
+            assert_eq!(
+                packed_state(Requeued, None, Some(&[sibling])),
+                Some(Pending)
+            );
+        }
+        // None left to take it: as before.
+        assert_eq!(
+            packed_state(Requeued, Some(Completed), Some(&[Completed, Failed])),
+            Some(Unknown)
+        );
+        assert_eq!(packed_state(Requeued, None, Some(&[Completed])), None);
+        // A job left RUNNING is no sibling's to take.
+        assert_eq!(
+            packed_state(Running, Some(NodeFail), Some(&[NodeFail, Pending])),
+            Some(NodeFail)
+        );
+    }
+
+    /// A RUNNING job whose allocation the scheduler forgot is UNKNOWN, with the reason.
+    #[test]
+    fn a_running_job_of_a_forgotten_allocation_is_unknown() {
+        use JobState::*;
+        assert_eq!(packed_state(Running, None, Some(&[])), Some(Unknown));
+        assert_eq!(packed_state(Running, None, Some(&[Pending])), Some(Unknown));
+        // The scheduler could not be asked: no opinion.
+        assert_eq!(packed_state(Running, None, None), None);
     }
 }

@@ -126,13 +126,9 @@ pub fn render_with(spec: &ScriptSpec, name: &str, text: &str) -> Result<String, 
             message: format!("a script runs one job or an array of jobs, got {n} directories"),
         });
     }
-    let array = spec.array.then(|| {
-        let mut a = format!("0-{}", n - 1);
-        if c.array_parallelism > 0 {
-            a.push_str(&format!("%{}", c.array_parallelism));
-        }
-        a
-    });
+    let array = spec
+        .array
+        .then(|| super::batches::array_range(n, c.array_parallelism));
     let first = &spec.job_dirs[0];
     let (output, error) = if spec.array {
         let base = escape_pattern(spec.script_dir);

@@ -1,9 +1,11 @@
 //! Submitting: [`write_scripts`] renders the scripts of a run's jobs into
 //! `<plan dir>/slurm/submit-<k>.sbatch` (one batch job for a single run, job arrays for a sweep,
-//! split by `compute` config and by the cluster's `MaxArraySize`), and [`submit_scripts`] hands
+//! split by `compute` config, task kind and the cluster's `MaxArraySize` as
+//! [`super::batches::plan_batches`] decides), and [`submit_scripts`] hands
 //! them to `sbatch --parsable`, recording every job id in the plan as soon as its `sbatch`
 //! returns. Nothing waits for the jobs (fire and forget).
 
+use super::batches::{plan_batches, BatchJob, BatchKind, Submit};
 use super::error::io_err;
 use super::render::{render_script, ScriptSpec};
 use super::{run_command, SlurmError};
@@ -91,6 +93,18 @@ pub struct SubmittedJob {
     pub job_id: String,
 }
 
+impl BatchJob for JobSpec {
+    fn num(&self) -> usize {
+        self.num
+    }
+    fn compute(&self) -> &ComputeConfig {
+        &self.compute
+    }
+    fn ranks(&self) -> Option<TaskRanks> {
+        self.ranks
+    }
+}
+
 /// The jobs of a prepared run.
 pub fn job_specs(run: &PreparedRun) -> Vec<JobSpec> {
     run.jobs
@@ -127,7 +141,8 @@ pub fn write_single_scripts(
 
 /// `array`: a sweep's jobs go in job arrays (or packed allocations); `adaptive`: the trials of
 /// an adaptive study, submitted one at a time, which cannot be packed. A single run's one job is
-/// never packed.
+/// never packed. What each script holds is [`plan_batches`]'s decision, which `flotilla plan`
+/// prints.
 fn write_scripts_as(
     plan: &PlanFile,
     jobs: &[JobSpec],
@@ -138,24 +153,16 @@ fn write_scripts_as(
     if jobs.is_empty() {
         return Ok(Vec::new());
     }
-    let max_array = if array {
-        opts.max_array_size
-            .unwrap_or_else(|| max_array_size().unwrap_or(DEFAULT_MAX_ARRAY_SIZE))
-            .max(1)
-    } else {
-        1
-    };
-    // Group by compute config and task kind, keeping the jobs' order inside each group.
-    let mut groups: Vec<(&ComputeConfig, Option<TaskRanks>, Vec<&JobSpec>)> = Vec::new();
-    for job in jobs {
-        match groups
-            .iter_mut()
-            .find(|(c, r, _)| **c == job.compute && *r == job.ranks)
-        {
-            Some((_, _, g)) => g.push(job),
-            None => groups.push((&job.compute, job.ranks, vec![job])),
+    let how = if array {
+        Submit::Arrays {
+            max_array_size: opts
+                .max_array_size
+                .unwrap_or_else(|| max_array_size().unwrap_or(DEFAULT_MAX_ARRAY_SIZE)),
         }
-    }
+    } else {
+        Submit::Singles { adaptive }
+    };
+    let batches = plan_batches(jobs, how)?;
     let exec_task = match (&opts.exec_task, jobs.iter().any(|j| j.ranks.is_some())) {
         (Some(c), _) => Some(c.clone()),
         (None, true) => Some(
@@ -181,69 +188,53 @@ fn write_scripts_as(
         .or(recorded.as_deref())
         .unwrap_or("flotilla");
     let mut out = Vec::new();
-    for (compute, ranks, group) in groups {
-        let task = match (ranks, &exec_task) {
+    for batch in batches {
+        let task = match (batch.ranks, &exec_task) {
             (Some(_), Some(exec_task)) => exec_task,
             _ => &opts.task,
         };
-        let shape = array
-            .then(|| super::pack::pack_shape(compute, group.len()))
-            .flatten();
-        if adaptive && super::pack::pack_shape(compute, group.len()).is_some() {
-            return Err(SlurmError::Parameter {
-                key: "compute.pack".into(),
-                message: super::pack::ADAPTIVE_REFUSAL.into(),
-            });
-        }
-        if let Some(mut shape) = shape {
-            shape.allocations = shape.allocations.min(max_array);
-            let dirs = group
-                .iter()
-                .map(|j| absolute(&j.dir))
-                .collect::<Result<Vec<PathBuf>, _>>()?;
-            let nums: Vec<usize> = group.iter().map(|j| j.num).collect();
-            let path = super::pack::write_pack_script(
-                plan,
-                compute,
-                &shape,
-                ranks,
-                task,
-                &nums,
-                job_name,
-                &script_dir,
-            )?;
-            out.push(Script {
-                path,
-                array: true,
-                packed: true,
-                jobs: nums.into_iter().zip(dirs).collect(),
-            });
-            continue;
-        }
-        for chunk in group.chunks(max_array) {
-            let dirs = chunk
-                .iter()
-                .map(|j| absolute(&j.dir))
-                .collect::<Result<Vec<PathBuf>, _>>()?;
-            let nums: Vec<usize> = chunk.iter().map(|j| j.num).collect();
-            let spec = ScriptSpec {
-                compute,
-                job_name,
-                task,
-                ranks,
-                job_dirs: &dirs,
-                job_nums: &nums,
-                array,
-                script_dir: &script_dir,
-            };
-            let text = render_script(&spec)?;
-            out.push(Script {
-                path: write_new_script(&script_dir, &text)?,
-                array,
-                packed: false,
-                jobs: nums.into_iter().zip(dirs).collect(),
-            });
-        }
+        let dirs = batch
+            .jobs
+            .iter()
+            .map(|j| absolute(&j.dir))
+            .collect::<Result<Vec<PathBuf>, _>>()?;
+        let nums: Vec<usize> = batch.jobs.iter().map(|j| j.num).collect();
+        let (path, is_array, packed) = match &batch.kind {
+            BatchKind::Packed(shape) => {
+                let path = super::pack::write_pack_script(
+                    plan,
+                    batch.compute,
+                    shape,
+                    batch.ranks,
+                    task,
+                    &nums,
+                    job_name,
+                    &script_dir,
+                )?;
+                (path, true, true)
+            }
+            kind => {
+                let is_array = *kind == BatchKind::Array;
+                let spec = ScriptSpec {
+                    compute: batch.compute,
+                    job_name,
+                    task,
+                    ranks: batch.ranks,
+                    job_dirs: &dirs,
+                    job_nums: &nums,
+                    array: is_array,
+                    script_dir: &script_dir,
+                };
+                let text = render_script(&spec)?;
+                (write_new_script(&script_dir, &text)?, is_array, false)
+            }
+        };
+        out.push(Script {
+            path,
+            array: is_array,
+            packed,
+            jobs: nums.into_iter().zip(dirs).collect(),
+        });
     }
     Ok(out)
 }

@@ -3,8 +3,9 @@
 //! (log axis where a parameter spans more than two decades), parallel coordinates of parameters
 //! → best metric with a colour bar, and the optimization history (each job's best value in job
 //! order, the best so far) — and one self-contained HTML page holding them with the sortable
-//! results table.
+//! results table. Legends are fitted into the figure by `legend.rs`.
 
+use super::legend;
 use super::render::{number, param};
 use super::{param_header, Mode, Report};
 use std::fmt::Write as _;
@@ -17,6 +18,10 @@ const TOP: f64 = 34.0;
 const BOTTOM: f64 = 48.0;
 /// The right margin of a figure without a legend.
 const RIGHT_BARE: f64 = 24.0;
+/// The font size of the figures' text (the `<svg>`'s `font-size`).
+const FONT_SIZE: f64 = 11.0;
+/// Room kept between a legend's longest line and the figure's right edge.
+const LEGEND_MARGIN: f64 = 4.0;
 /// Most distinct values an axis ticks one by one.
 const MAX_VALUE_TICKS: usize = 6;
 /// A text's white outline, so that lines under it do not strike it through.
@@ -159,7 +164,7 @@ impl Svg {
 
     fn with_right(title: &str, right: f64) -> Svg {
         let mut body = format!(
-            "<svg xmlns=\"http://www.w3.org/2000/svg\" viewBox=\"0 0 {WIDTH} {HEIGHT}\" width=\"{WIDTH}\" height=\"{HEIGHT}\" font-family=\"sans-serif\" font-size=\"11\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n"
+            "<svg xmlns=\"http://www.w3.org/2000/svg\" viewBox=\"0 0 {WIDTH} {HEIGHT}\" width=\"{WIDTH}\" height=\"{HEIGHT}\" font-family=\"sans-serif\" font-size=\"{FONT_SIZE}\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n"
         );
         let _ = writeln!(
             body,
@@ -212,16 +217,55 @@ impl Svg {
         );
     }
 
+    /// The legend in the column right of the plot: a colour swatch and its label per entry,
+    /// each label wrapped, or cut with its whole text as the entry's `<title>`, so that it fits
+    /// inside the figure ([`super::legend`]).
     fn legend(&mut self, labels: &[(String, &str)]) {
-        for (i, (label, colour)) in labels.iter().enumerate().take(20) {
-            let y = TOP + 8.0 + i as f64 * 15.0;
-            let x = WIDTH - RIGHT + 12.0;
+        let x = WIDTH - RIGHT + 12.0;
+        let (text_x, first) = (x + 14.0, TOP + 8.0);
+        let texts: Vec<&str> = labels.iter().map(|(l, _)| l.as_str()).collect();
+        let layout = legend::layout(
+            &texts,
+            WIDTH - LEGEND_MARGIN - text_x,
+            FONT_SIZE,
+            first,
+            HEIGHT - 12.0,
+        );
+        for ((entry, y), (label, colour)) in layout
+            .entries
+            .iter()
+            .zip(layout.baselines(first))
+            .zip(labels)
+        {
+            let mut lines = String::new();
+            for (k, line) in entry.lines.iter().enumerate() {
+                let _ = write!(
+                    lines,
+                    "<text x=\"{text_x}\" y=\"{}\">{}</text>",
+                    y + k as f64 * legend::LINE_STEP,
+                    escape(line)
+                );
+            }
+            let swatch = format!(
+                "<rect x=\"{x}\" y=\"{}\" width=\"10\" height=\"10\" fill=\"{colour}\"/>",
+                y - 9.0
+            );
+            if entry.cut {
+                let _ = writeln!(
+                    self.body,
+                    "<g class=\"legend-entry\"><title>{}</title>{swatch}{lines}</g>",
+                    escape(label)
+                );
+            } else {
+                let _ = writeln!(self.body, "{swatch}{lines}");
+            }
+        }
+        if layout.more > 0 {
             let _ = writeln!(
                 self.body,
-                "<rect x=\"{x}\" y=\"{}\" width=\"10\" height=\"10\" fill=\"{colour}\"/><text x=\"{}\" y=\"{y}\">{}</text>",
-                y - 9.0,
-                x + 14.0,
-                escape(label)
+                "<text x=\"{text_x}\" y=\"{}\" fill=\"#555\">+{} more</text>",
+                layout.end(first),
+                layout.more
             );
         }
     }

@@ -8,6 +8,7 @@
 
 pub mod discover;
 pub mod html;
+pub mod legend;
 pub mod png;
 pub mod render;
 
