@@ -12,7 +12,6 @@ use flotilla_config::schema::{
 };
 use serde::Serialize;
 
-use super::model::is_gpu_job;
 use super::peak;
 
 /// One change and what it gives.
@@ -253,7 +252,7 @@ fn changes(job: &JobConfig) -> Vec<Change> {
 
 /// The advice for `job` against a GPU of `capacity` bytes, ranked (see the module docs).
 pub fn advise(job: &JobConfig, capacity: u64) -> Vec<Advice> {
-    if !is_gpu_job(job) {
+    if !job.runs_on_gpu() {
         return vec![];
     }
     let changes = changes(job);

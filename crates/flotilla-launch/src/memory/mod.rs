@@ -27,8 +27,8 @@ use serde::Serialize;
 pub use advice::{advise, Advice};
 pub use gpu::{job_gpu, GpuMemory};
 pub use model::{
-    flat_groups, is_gpu_job, precision_bytes, Activations, FlatGroup, Moment, Phase, Step,
-    TermKind, Units, ALLOCATOR_MARGIN, CUDA_CONTEXT_BYTES,
+    flat_groups, precision_bytes, Activations, FlatGroup, Moment, Phase, Step, TermKind, Units,
+    ALLOCATOR_MARGIN, CUDA_CONTEXT_BYTES,
 };
 
 /// Bytes in a GiB.
@@ -298,7 +298,7 @@ pub enum MemoryError {
 /// false`, or one whose GPU is unknown; else an error when the estimated peak exceeds one GPU,
 /// naming `what` (the job), the largest term and the ranked advice with their estimates.
 pub fn check(job: &JobConfig, what: &str) -> Result<(), MemoryError> {
-    if !job.compute.check_memory || !is_gpu_job(job) {
+    if !job.compute.check_memory || !job.runs_on_gpu() {
         return Ok(());
     }
     let Some(gpu) = job_gpu(&job.compute) else {

@@ -271,12 +271,6 @@ fn dtype_bytes(d: Dtype) -> u64 {
     }
 }
 
-/// Whether the job's ranks train on GPUs: `trainer.device: cuda`, or `auto` with GPUs
-/// requested (`compute.gpus_per_node > 0`).
-pub fn is_gpu_job(job: &JobConfig) -> bool {
-    job.runs_on_gpu()
-}
-
 /// The parameter elements of the model's units: what each owns and reads, and its largest
 /// tensor (`flotilla-train`'s `model/llama.rs`: the embedding, the blocks with their attention
 /// biases, the final norm with the head; a tied head reads the embedding's weight).
@@ -752,7 +746,7 @@ pub struct Step<'a> {
 impl<'a> Step<'a> {
     pub fn new(job: &'a JobConfig) -> Self {
         let t = &job.trainer;
-        let gpu = is_gpu_job(job);
+        let gpu = job.runs_on_gpu();
         let units = Units::of(job);
         let (m, c) = precision_bytes(job.precision());
         let world = job.compute.world_size();
