@@ -6,6 +6,11 @@
 //! tokenizer files byte for byte; a small `max_shard_size` splits it into shards with an index
 //! that transformers reads, and a large one writes a single `model.safetensors` (removing the
 //! shards and index an earlier write left).
+//!
+//! A LoRA job's `final/merged/` under FSDP on 2 ranks (threads over one `MemoryStore`) is
+//! streamed unit by unit: rank 0 never gathers more than one flat group at a time, and the
+//! files hold exactly the adapters folded into the base as `MergedWeights` folds them (the
+//! merge that tests/lora.rs checks against PEFT).
 
 #[path = "../../../tests/common/mod.rs"]
 mod common;
@@ -14,13 +19,22 @@ mod compose;
 
 use std::path::Path;
 use std::process::Command;
+use std::sync::Arc;
+use std::time::Duration;
 
+use flotilla_comm::comm::Communicator;
+use flotilla_comm::cpu::{CpuComm, CpuOptions};
+use flotilla_comm::store::MemoryStore;
 use flotilla_config::schema::DataConfig;
-use flotilla_train::checkpoint::{save_final, FinalOptions};
+use flotilla_config::schema::JobConfig;
+use flotilla_train::checkpoint::{save_adapter, save_final, FinalOptions};
 use flotilla_train::data::{self, BatchLayout, DataLoader, DataOptions, Tokenizer};
 use flotilla_train::model::hf_config::{read_hf_config, weight_kind};
+use flotilla_train::model::CausalLm;
 use flotilla_train::state::hf_weights::HfWeights;
-use flotilla_train::Trainer;
+use flotilla_train::state::merge::MergedWeights;
+use flotilla_train::state::peft::MERGED_DIR;
+use flotilla_train::{DistContext, Trainer};
 use serde_json::Value;
 use tch::{Device, Kind};
 
@@ -175,4 +189,160 @@ fn final_dir_is_what_save_pretrained_writes() {
     );
     let again = oracle(&python, &["load", fin.to_str().unwrap()]);
     assert_eq!(again["sums"], loaded["sums"]);
+}
+
+/// A LoRA job of the tiny model under FSDP FULL_SHARD on 2 CPU ranks, merged at the end.
+fn lora_fsdp_job() -> JobConfig {
+    let overrides = [
+        "model=tiny",
+        "trainer/dist=fsdp",
+        "trainer.dist.backend=cpu",
+        "trainer.precision=32-true",
+        "trainer.device=cpu",
+        "trainer.lr=0.01",
+        "trainer.micro_batch_size=2",
+        "trainer.global_batch_size=4",
+        "data.seq_len=16",
+        "data.num_train=64",
+        "compute.tasks_per_node=2",
+        "compute.gpus_per_node=0",
+        "peft=lora",
+        "peft.target_modules=all-linear",
+        "peft.merge=true",
+    ];
+    compose::composer()
+        .compose(&common::ov(&overrides))
+        .unwrap()
+        .typed
+        .unwrap()
+}
+
+/// On one rank of 2: 3 steps, then `final/` with `final/merged/` in `dir` (collective).
+/// Returns rank 0's largest gathered group for the merge, the model's bytes, and (rank 0) the
+/// reference merge of the gathered parameters.
+fn merge_on_rank(
+    job: &JobConfig,
+    dir: &Path,
+    comm: Arc<dyn Communicator>,
+) -> (usize, usize, Vec<(String, tch::Tensor)>) {
+    tch::set_num_threads(1);
+    let rank = comm.rank();
+    let lora = job.peft.lora().unwrap();
+    let model = CausalLm::with_lora(&job.model, Some(lora)).unwrap();
+    let params = model.init_params(3, Device::Cpu, Kind::Float);
+    let d = data::build(
+        &job.data,
+        &DataOptions {
+            model_vocab_size: job.model.vocab_size,
+            run_dir: None,
+            init_from: None,
+        },
+    )
+    .unwrap();
+    let layout = BatchLayout {
+        global_batch_size: job.trainer.global_batch_size,
+        micro_batch_size: job.trainer.micro_batch_size,
+        rank,
+        world_size: 2,
+    };
+    let loader = DataLoader::new(d.train, true, 7, layout, Device::Cpu).unwrap();
+    let dist = DistContext {
+        comm,
+        local_world_size: 2,
+    };
+    let mut trainer = Trainer::distributed(
+        model,
+        &params,
+        &job.trainer,
+        loader,
+        Device::Cpu,
+        Some(dist),
+    )
+    .unwrap();
+    let model_bytes: usize = params.iter().map(|(_, t)| t.numel() * 4).sum();
+    drop(params);
+    trainer.run(3, None).unwrap();
+    let opts = FinalOptions {
+        kind: Kind::Float,
+        max_shard_bytes: u64::MAX,
+        base: None,
+    };
+    save_adapter(&trainer, dir, lora, None, None, opts).unwrap();
+    let peak = trainer.weights().transient_peaks().checkpoint_gathered;
+    let full = trainer.full_params().unwrap();
+    let mut reference = vec![];
+    if rank == 0 {
+        let base = CausalLm::new(&job.model).unwrap();
+        let merged = MergedWeights::new(&full, trainer.model(), lora);
+        let mut changed = 0;
+        for spec in base.param_specs() {
+            let m = merged.merged(&spec.name).unwrap();
+            changed +=
+                usize::from(!m.allclose(full.require(&spec.name).unwrap(), 1e-6, 1e-6, false));
+            reference.push((spec.name.clone(), m));
+        }
+        // Training moved the adapters: merging changes every adapted weight (all-linear: 7 a
+        // block).
+        let blocks = job.model.num_hidden_layers as usize;
+        assert_eq!(
+            changed,
+            7 * blocks,
+            "merged weights that differ from the base"
+        );
+    }
+    (peak, model_bytes, reference)
+}
+
+#[test]
+fn merged_final_under_fsdp_streams_a_group_at_a_time_and_equals_the_merge() {
+    let job = lora_fsdp_job();
+    let tmp = tempfile::tempdir().unwrap();
+    let fin = tmp.path().join("final");
+    let handles: Vec<_> = MemoryStore::group_with_timeout(2, Duration::from_secs(120))
+        .into_iter()
+        .map(|store| {
+            let (job, fin) = (job.clone(), fin.clone());
+            std::thread::spawn(move || {
+                let options = CpuOptions {
+                    timeout: Duration::from_secs(120),
+                    ..CpuOptions::default()
+                };
+                let comm = CpuComm::new(store, options).unwrap();
+                merge_on_rank(&job, &fin, Arc::new(comm))
+            })
+        })
+        .collect();
+    let results: Vec<_> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+    let (peak, model_bytes, mut reference) = results.into_iter().next().unwrap();
+    // Rank 0 gathered one flat group at a time: a block's, never the model.
+    assert!(peak > 0, "the merge gathered to rank 0");
+    assert!(
+        peak * 2 < model_bytes,
+        "rank 0 gathered {peak} bytes at once of a {model_bytes}-byte model"
+    );
+    let mut written =
+        tch::Tensor::read_safetensors(fin.join(MERGED_DIR).join("model.safetensors")).unwrap();
+    written.sort_by(|a, b| a.0.cmp(&b.0));
+    reference.sort_by(|a, b| a.0.cmp(&b.0));
+    assert_eq!(
+        written.iter().map(|(n, _)| n).collect::<Vec<_>>(),
+        reference.iter().map(|(n, _)| n).collect::<Vec<_>>(),
+        "the base's parameters, no factor"
+    );
+    let mut adapted = 0;
+    for ((name, ours), (_, theirs)) in written.iter().zip(&reference) {
+        assert!(ours.equal(theirs), "{name} differs from the merge");
+        if name.contains("_proj") {
+            adapted += 1;
+        }
+    }
+    assert!(adapted > 0);
+    let config: Value = serde_json::from_str(
+        &std::fs::read_to_string(fin.join(MERGED_DIR).join("config.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(
+        config["architectures"],
+        serde_json::json!(["LlamaForCausalLM"])
+    );
 }

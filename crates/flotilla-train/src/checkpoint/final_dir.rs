@@ -5,17 +5,19 @@
 
 use std::path::Path;
 
-use tch::Kind;
+use tch::{Kind, Tensor};
 
-use super::state_file::{write_state_file, StateFile};
+use super::state_file::{visit_on_root, write_state_file, StateFile};
 use super::{io, on_all_ranks};
 use crate::data::Tokenizer;
 use crate::error::TrainError;
 use crate::model::hf_config::{read_hf_config, weight_kind};
 use crate::model::CausalLm;
 use crate::model::{finish_hf_dir, write_generation_config, SpecialIds};
-use crate::state::hf_weights::{save_hf_dir, HfDirOptions};
-use crate::state::peft::{adapter_config, MergedWeights, ADAPTER_CONFIG, MERGED_DIR};
+use crate::parallel::weights::StatePart;
+use crate::state::hf_weights::HfDirOptions;
+use crate::state::merge::MergedStream;
+use crate::state::peft::{adapter_config, ADAPTER_CONFIG, MERGED_DIR};
 use crate::trainer::Trainer;
 use flotilla_config::schema::{JobConfig, LoraConfig, Precision, SaveDtype};
 
@@ -143,20 +145,59 @@ pub fn save_adapter(
         Ok(())
     })?;
     if lora.merge {
+        let merged_dir = dir.join(MERGED_DIR);
         on_all_ranks(trainer, "write of final/merged/", || {
-            let params = trainer.weights().full_params()?;
-            if root {
-                let merged_dir = dir.join(MERGED_DIR);
-                let base_model = CausalLm::new(trainer.model.config())?;
-                let weights = MergedWeights::new(&params, &trainer.model, lora);
-                let hf = merged.hf_dir(tokenizer);
-                save_hf_dir(&merged_dir, &base_model, &weights, merged.kind, &hf)?;
-                if let Some(tok) = tokenizer {
-                    tok.save_into(&merged_dir)?;
-                }
-            }
-            Ok(())
+            save_merged(trainer, &merged_dir, lora, tokenizer, merged, root)
         })?;
+    }
+    Ok(())
+}
+
+/// Writes `final/merged/`: the adapters folded into the base, streamed unit by unit on the
+/// root's host as the weights are gathered to it (each unit's base weights and factors, no
+/// more), in `opts.kind`, with the files [`save_final`] writes besides the weights.
+/// Collective; only `root` writes.
+fn save_merged(
+    trainer: &Trainer,
+    dir: &Path,
+    lora: &LoraConfig,
+    tokenizer: Option<&Tokenizer>,
+    opts: FinalOptions<'_>,
+    root: bool,
+) -> Result<(), TrainError> {
+    let mut stream = None;
+    let mut failure = None;
+    if root {
+        let started = std::fs::create_dir_all(dir)
+            .map_err(io(dir))
+            .and_then(|()| {
+                MergedStream::create(dir, &trainer.model, lora, opts.kind, opts.max_shard_bytes)
+            });
+        match started {
+            Ok(s) => stream = Some(s),
+            Err(e) => failure = Some(e),
+        }
+    }
+    let mut take = |_: StatePart, name: &str, t: &Tensor| match stream.as_mut() {
+        Some(s) => s.take(name, t),
+        None => Ok(()),
+    };
+    // A root that could not start its files still takes part in the gathers.
+    let sink = root && failure.is_none();
+    let visited = visit_on_root(trainer.weights(), &[StatePart::Model], sink, &mut take);
+    if let Some(e) = failure {
+        return Err(e);
+    }
+    visited?;
+    if let Some(stream) = stream {
+        stream.finish()?;
+        let base_model = CausalLm::new(trainer.model.config())?;
+        let hf = opts.hf_dir(tokenizer);
+        finish_hf_dir(dir, &base_model, opts.kind, hf.base, &hf.special)?;
+        write_generation_config(dir, hf.base, &hf.special)?;
+        if let Some(tok) = tokenizer {
+            tok.save_into(dir)?;
+        }
     }
     Ok(())
 }

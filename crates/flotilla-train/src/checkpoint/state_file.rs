@@ -85,22 +85,45 @@ pub fn write_state_file(
             Err(e) => failure = Some(e.into()),
         }
     }
+    let mut write = |part: StatePart, name: &str, t: &Tensor| -> Result<(), TrainError> {
+        match writer.as_mut() {
+            Some(w) => Ok(w.write(&format!("{prefix}{name}{}", part.suffix()), t)?),
+            None => Ok(()),
+        }
+    };
+    // A root that could not start its files still takes part in the gathers.
+    let visited = visit_on_root(weights, parts, is_root && failure.is_none(), &mut write);
+    if let Some(e) = failure {
+        return Err(e);
+    }
+    visited?;
+    if let Some(w) = writer {
+        w.finish()?;
+    }
+    Ok(())
+}
+
+/// Gives `sink` each full tensor of `parts` on the root, as the weights gather them. A
+/// failure of the sink does not stop the root taking part in the gathers (the other ranks
+/// would wait for it): the sink is not called again, and the failure is returned once every
+/// gather is done. Collective.
+pub fn visit_on_root(
+    weights: &dyn ParallelWeights,
+    parts: &[StatePart],
+    is_root: bool,
+    sink: &mut dyn FnMut(StatePart, &str, &Tensor) -> Result<(), TrainError>,
+) -> Result<(), TrainError> {
+    let mut failure: Option<TrainError> = None;
     for &part in parts {
         let mut visit = |name: &str, t: &Tensor| -> Result<(), TrainError> {
-            if let (None, Some(w)) = (&failure, writer.as_mut()) {
-                if let Err(e) = w.write(&format!("{prefix}{name}{}", part.suffix()), t) {
-                    failure = Some(e.into());
+            if failure.is_none() {
+                if let Err(e) = sink(part, name, t) {
+                    failure = Some(e);
                 }
             }
             Ok(())
         };
         weights.visit_full(part, is_root.then_some(&mut visit as _))?;
     }
-    if let Some(e) = failure {
-        return Err(e);
-    }
-    if let Some(w) = writer {
-        w.finish()?;
-    }
-    Ok(())
+    failure.map_or(Ok(()), Err)
 }

@@ -338,6 +338,25 @@ impl Fsdp {
         self.groups.iter().filter(|g| g.layout.trainable)
     }
 
+    /// The groups whose full tensors make up `part`, in group order: every group for
+    /// [`StatePart::Model`], the trained ones otherwise.
+    fn visited_groups(&self, part: StatePart) -> impl Iterator<Item = &Group> {
+        let all = part == StatePart::Model;
+        self.groups
+            .iter()
+            .filter(move |g| all || g.layout.trainable)
+    }
+
+    /// The dtype a group's shard is held in: the master dtype, or the param dtype for a
+    /// frozen group (only ever gathered).
+    fn held_kind(&self, g: &Group) -> Kind {
+        if g.layout.trainable {
+            self.options.master_kind
+        } else {
+            self.options.param_kind
+        }
+    }
+
     /// This rank's place in the shard group: `(rank, size)`.
     pub fn shard_rank_world(&self) -> (usize, usize) {
         (self.shard_rank, self.shard_world)
@@ -910,11 +929,17 @@ impl ParallelWeights for Fsdp {
         })
     }
 
-    /// The trained groups' parameters (a LoRA job's frozen base is not state).
-    fn full_layout(&self, _part: StatePart) -> Vec<(String, Vec<i64>, Kind)> {
-        self.trained_groups()
-            .flat_map(|g| g.layout.entries.iter())
-            .map(|e| (e.name.clone(), e.shape.clone(), self.options.master_kind))
+    /// The trained groups' parameters (a LoRA job's frozen base is not state), or for
+    /// [`StatePart::Model`] every group's, frozen ones in the param dtype.
+    fn full_layout(&self, part: StatePart) -> Vec<(String, Vec<i64>, Kind)> {
+        self.visited_groups(part)
+            .flat_map(|g| {
+                let kind = self.held_kind(g);
+                g.layout
+                    .entries
+                    .iter()
+                    .map(move |e| (e.name.clone(), e.shape.clone(), kind))
+            })
             .collect()
     }
 
@@ -929,9 +954,9 @@ impl ParallelWeights for Fsdp {
         if !self.is_first_replica() {
             return Ok(());
         }
-        for g in self.trained_groups() {
+        for g in self.visited_groups(part) {
             let shard = match part {
-                StatePart::Params => &g.shard,
+                StatePart::Params | StatePart::Model => &g.shard,
                 StatePart::ExpAvg => &g.exp_avg,
                 StatePart::ExpAvgSq => &g.exp_avg_sq,
             };

@@ -177,6 +177,7 @@ impl ParallelWeights for Replicated {
             .iter()
             .filter(|(n, _)| match part {
                 StatePart::Params => !self.frozen.contains(*n),
+                StatePart::Model => true,
                 _ => state.contains_key(*n),
             })
             .map(|(n, t)| (n.to_string(), t.size(), t.kind()))
@@ -194,7 +195,7 @@ impl ParallelWeights for Replicated {
         for (name, p) in self.params.iter() {
             match (part, state.get(name)) {
                 (StatePart::Params, _) if self.frozen.contains(name) => {}
-                (StatePart::Params, _) => visit(name, p)?,
+                (StatePart::Params | StatePart::Model, _) => visit(name, p)?,
                 (StatePart::ExpAvg, Some(s)) => visit(name, &s.exp_avg)?,
                 (StatePart::ExpAvgSq, Some(s)) => visit(name, &s.exp_avg_sq)?,
                 _ => {}

@@ -63,8 +63,11 @@ pub(crate) fn nbytes(t: &Tensor) -> usize {
 /// A part of the training state that a full checkpoint stores tensor by tensor.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum StatePart {
-    /// The parameters in the master dtype.
+    /// The trained parameters in the master dtype.
     Params,
+    /// Every parameter of the model, a LoRA job's frozen base included (each in the dtype it
+    /// is held in): what merging the adapters into the base reads.
+    Model,
     /// AdamW's first moment of each parameter.
     ExpAvg,
     /// AdamW's second moment of each parameter.
@@ -75,7 +78,7 @@ impl StatePart {
     /// The suffix of the part's tensors in `optimizer.safetensors` (`""` for parameters).
     pub fn suffix(self) -> &'static str {
         match self {
-            StatePart::Params => "",
+            StatePart::Params | StatePart::Model => "",
             StatePart::ExpAvg => ".exp_avg",
             StatePart::ExpAvgSq => ".exp_avg_sq",
         }

@@ -1,7 +1,7 @@
 //! LoRA's files in PEFT's format: reading an adapter directory to start from
-//! ([`PeftAdapter`]), the adapter's `adapter_config.json` ([`adapter_config`]), the base with
-//! `W + scale·B·A` folded in ([`MergedWeights`]), and merging an adapter directory into its base
-//! after the fact ([`merge_into_base`], `flotilla consolidate ADAPTER --base BASE`). Writing a
+//! ([`PeftAdapter`]), the adapter's `adapter_config.json` ([`adapter_config`]), and merging an
+//! adapter directory into its base after the fact ([`merge_into_base`], `flotilla consolidate
+//! ADAPTER --base BASE`; the arithmetic is [`super::merge`]'s). Writing a
 //! LoRA job's `final/` as an adapter directory is `checkpoint::final_dir`'s. The adapters
 //! themselves are parameters of the model (`model::llama`, `CausalLm::with_lora`); the trainer
 //! trains them like any other.
@@ -12,9 +12,10 @@ use serde_json::{json, Value};
 use tch::{Kind, Tensor};
 
 use super::hf_weights::{save_hf_dir, HfDirOptions, HfWeights};
+use super::merge::MergedWeights;
 use crate::data::Tokenizer;
 use crate::error::TrainError;
-use crate::model::names::{LoraFactor, ParamName};
+use crate::model::names::ParamName;
 use crate::model::SpecialIds;
 use crate::model::{CausalLm, ModelError};
 use crate::state::param_source::{FileSource, TensorSource};
@@ -209,66 +210,6 @@ pub fn adapter_config(lora: &LoraConfig, base: Option<&str>) -> Value {
         "alpha_pattern": {},
         "revision": null,
     })
-}
-
-/// The base parameters with each adapted weight merged: `W + scale · B @ A` (in fp32), the
-/// rest as they are; read from a LoRA model's parameters (base and factors), one parameter at
-/// a time.
-pub struct MergedWeights<'a> {
-    source: &'a dyn TensorSource,
-    model: &'a CausalLm,
-    scale: f64,
-}
-
-impl<'a> MergedWeights<'a> {
-    /// Over `source`, which gives the parameters of `model` (built with `lora`).
-    pub fn new(source: &'a dyn TensorSource, model: &'a CausalLm, lora: &LoraConfig) -> Self {
-        Self {
-            source,
-            model,
-            scale: lora.scale(),
-        }
-    }
-
-    /// Parameter `name` of the model, whole, in fp32.
-    fn whole(&self, name: &str) -> Result<Option<Tensor>, TrainError> {
-        let Some(spec) = self.model.param_spec(name) else {
-            return Ok(None);
-        };
-        let t = self.source.read_range(name, 0, spec.numel() as i64)?;
-        Ok(Some(
-            t.f_to_kind(Kind::Float)?.f_reshape(spec.shape.as_slice())?,
-        ))
-    }
-
-    /// The whole merged tensor of base parameter `name`.
-    pub fn merged(&self, name: &str) -> Result<Tensor, TrainError> {
-        let _guard = tch::no_grad_guard();
-        let w = self
-            .whole(name)?
-            .ok_or_else(|| ModelError::MissingParam { name: name.into() })?;
-        let Some(ParamName::Layer(i, layer)) = ParamName::parse(name) else {
-            return Ok(w);
-        };
-        let factor = |f| ParamName::Lora(i, layer, f).hf_name();
-        match (
-            self.whole(&factor(LoraFactor::A))?,
-            self.whole(&factor(LoraFactor::B))?,
-        ) {
-            (Some(a), Some(b)) => Ok(w.f_add(&(b.f_matmul(&a)? * self.scale))?),
-            _ => Ok(w),
-        }
-    }
-}
-
-impl TensorSource for MergedWeights<'_> {
-    fn read_range(&self, name: &str, lo: i64, hi: i64) -> Result<Tensor, TrainError> {
-        Ok(self
-            .merged(name)?
-            .f_reshape([-1])?
-            .f_narrow(0, lo, hi - lo)?
-            .f_to_device(tch::Device::Cpu)?)
-    }
 }
 
 /// The LoRA settings of a PEFT adapter directory: `r`, `lora_alpha`, `use_rslora` and
