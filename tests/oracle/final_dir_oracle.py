@@ -6,10 +6,14 @@ usage:
                                     a generation_config.json with its own eos ids, and a
                                     tokenizer (tokenizer.json, tokenizer_config.json,
                                     special_tokens_map.json); prints {"shards": N}
-  final_dir_oracle.py load DIR      loads DIR with AutoModelForCausalLM and AutoTokenizer; fails
+  final_dir_oracle.py load DIR [TEXT]
+                                    loads DIR with AutoModelForCausalLM and AutoTokenizer; fails
                                     (non-zero exit) on any missing, unexpected or mismatched
                                     weight; prints {"dtypes": [...], "sums": {name: float sum},
-                                    "generation_eos": ..., "config_eos": ..., "tokenizer_eos": ...}
+                                    "generation_eos": ..., "config_eos": ..., "tokenizer_eos": ...};
+                                    with TEXT, also "prompt": TEXT's ids by DIR's tokenizer and
+                                    "output": DIR's model.generate() from them (greedy, at most 12
+                                    new tokens, DIR's generation_config.json deciding where it stops)
 """
 
 import json
@@ -49,7 +53,7 @@ def base(out):
     print(json.dumps({"shards": len(shards)}))
 
 
-def load(path):
+def load(path, text=None):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     model, info = AutoModelForCausalLM.from_pretrained(path, output_loading_info=True)
@@ -57,14 +61,21 @@ def load(path):
     if problems:
         sys.exit(f"transformers loaded {path} with problems: {problems}")
     tok = AutoTokenizer.from_pretrained(path)
-    print(json.dumps({
+    found = {
         "dtypes": sorted({str(p.dtype) for p in model.parameters()}),
         "sums": {n: p.detach().double().sum().item() for n, p in model.state_dict().items()},
         "generation_eos": model.generation_config.eos_token_id,
         "config_eos": model.config.eos_token_id,
         "tokenizer_eos": tok.eos_token_id,
-    }))
+    }
+    if text is not None:
+        ids = tok(text, return_tensors="pt").input_ids
+        with torch.no_grad():
+            out = model.eval().generate(ids, max_new_tokens=12, do_sample=False)
+        found["prompt"] = ids[0].tolist()
+        found["output"] = out[0].tolist()
+    print(json.dumps(found))
 
 
 if __name__ == "__main__":
-    {"base": base, "load": load}[sys.argv[1]](sys.argv[2])
+    {"base": base, "load": load}[sys.argv[1]](*sys.argv[2:])

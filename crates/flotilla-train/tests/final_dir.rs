@@ -283,7 +283,7 @@ fn merge_on_rank(
         }
         // Training moved the adapters: merging changes every adapted weight (all-linear: 7 a
         // block).
-        let blocks = job.model.num_hidden_layers as usize;
+        let blocks = job.model.num_hidden_layers;
         assert_eq!(
             changed,
             7 * blocks,

@@ -379,9 +379,10 @@ fn announce(
         }
         None => String::new(),
     };
+    // A job from a base is the base's model, whatever preset gave the defaults.
+    let model_name = job.model.init_from.as_deref().unwrap_or(&job.model.name);
     let intro = format!(
-        "training {} on {device:?} ({mode}, {}{peft}): {} steps from step {}",
-        job.model.name,
+        "training {model_name} on {device:?} ({mode}, {}{peft}): {} steps from step {}",
         t.precision.as_str(),
         t.max_steps,
         trainer.step_index()
