@@ -37,6 +37,12 @@ pub fn tiny_model_config(tied: bool) -> ModelConfig {
         model_type: None,
         attention_bias: None,
         sliding_window: None,
+        head_dim: None,
+        layer_types: None,
+        query_pre_attn_scalar: None,
+        attn_logit_softcapping: None,
+        final_logit_softcapping: None,
+        rope_local_base_freq: None,
     }
 }
 

@@ -1,13 +1,16 @@
-//! The Hugging Face architectures flotilla implements (`llama`, `mistral`, `qwen2`) and what
-//! each adds to Llama's math: which attention projections carry a bias
-//! ([`ModelConfig::attention_biases`]) and the sliding attention window, with the refusal of a
-//! context longer than it ([`ModelConfig::check_window`]). [`hf_architecture`] reads these
-//! from a `config.json`, the one reading the trainer (`flotilla-train`'s `model/hf.rs`) and the
-//! login side (`flotilla-launch`'s `base_model.rs`) share.
+//! The Hugging Face architectures flotilla implements and what each adds to Llama's math:
+//! `llama`, `mistral` and `qwen2` (Llama's units with biases and a sliding window), `qwen3`
+//! (per-head q/k norms), `gemma2` and `gemma3_text` (Gemma's norms, GeGLU, scaled embeddings,
+//! soft-capping, alternating sliding and global layers). This file owns which attention
+//! projections carry a bias ([`ModelConfig::attention_biases`]), each layer's attention window
+//! ([`ModelConfig::layer_window`]), the per-family traits the model and the memory planner read
+//! ([`ModelConfig::gemma_style`], [`ModelConfig::qk_norm`]), and [`hf_architecture`], which reads
+//! them from a `config.json`: the one reading the trainer (`flotilla-train`) and the login side
+//! (`flotilla-launch`'s `base_model.rs`) share.
 
 use serde_json::{Map, Value};
 
-use super::types::{ModelConfig, ModelType};
+use super::types::{LayerType, ModelConfig, ModelType};
 
 impl ModelType {
     /// The transformers class a directory of this architecture loads as.
@@ -16,6 +19,9 @@ impl ModelType {
             ModelType::Llama => "LlamaForCausalLM",
             ModelType::Mistral => "MistralForCausalLM",
             ModelType::Qwen2 => "Qwen2ForCausalLM",
+            ModelType::Qwen3 => "Qwen3ForCausalLM",
+            ModelType::Gemma2 => "Gemma2ForCausalLM",
+            ModelType::Gemma3 => "Gemma3ForCausalLM",
         }
     }
 
@@ -25,7 +31,25 @@ impl ModelType {
             ModelType::Llama => "Llama",
             ModelType::Mistral => "Mistral",
             ModelType::Qwen2 => "Qwen2",
+            ModelType::Qwen3 => "Qwen3",
+            ModelType::Gemma2 => "Gemma 2",
+            ModelType::Gemma3 => "Gemma 3",
         }
+    }
+
+    /// The MLP's activation as `config.json` names it: `silu` (SwiGLU) but for Gemma's
+    /// `gelu_pytorch_tanh` (GeGLU).
+    pub fn activation(self) -> &'static str {
+        if self.is_gemma() {
+            "gelu_pytorch_tanh"
+        } else {
+            "silu"
+        }
+    }
+
+    /// Gemma 2 and 3.
+    pub fn is_gemma(self) -> bool {
+        matches!(self, ModelType::Gemma2 | ModelType::Gemma3)
     }
 }
 
@@ -55,47 +79,74 @@ impl ModelConfig {
         self.model_type.unwrap_or(ModelType::Llama)
     }
 
-    /// The biases of a block's attention projections: Qwen2's on q/k/v, Llama's on q/k/v/o
-    /// with `attention_bias`, none for Mistral.
+    /// The biases of a block's attention projections: Qwen2's on q/k/v, those of Llama, Qwen3
+    /// and Gemma on q/k/v/o with `attention_bias`, none for Mistral.
     pub fn attention_biases(&self) -> AttentionBiases {
         match self.architecture() {
-            ModelType::Llama => {
-                let on = self.attention_bias == Some(true);
-                AttentionBiases { qkv: on, o: on }
-            }
             ModelType::Mistral => AttentionBiases::default(),
             ModelType::Qwen2 => AttentionBiases {
                 qkv: true,
                 o: false,
             },
+            ModelType::Llama | ModelType::Qwen3 | ModelType::Gemma2 | ModelType::Gemma3 => {
+                let on = self.attention_bias == Some(true);
+                AttentionBiases { qkv: on, o: on }
+            }
         }
     }
 
-    /// Refuses `len` positions (of `what`, e.g. `data.seq_len`) beyond the sliding window:
-    /// flotilla attends to every earlier position, which is the model's attention only within
-    /// the window. The message names the window, the length and the fix.
-    pub fn check_window(&self, what: &str, len: usize) -> Result<(), String> {
-        match self.sliding_window {
-            Some(window) if len > window => Err(format!(
-                "{what} = {len} exceeds the {} model's sliding window of {window} positions \
-                 (sliding_window = {window}): flotilla attends to every earlier position, which \
-                 is this model's attention only within the window, and does not train or \
-                 generate beyond it; set {what}={window} or less",
-                self.architecture().display_name()
-            )),
-            _ => Ok(()),
+    /// Gemma's conventions: RMSNorm scaled by `1 + w` in fp32, four norms a block (the
+    /// attention's and the MLP's outputs normed too), embeddings scaled by `sqrt(hidden)`,
+    /// GeGLU.
+    pub fn gemma_style(&self) -> bool {
+        self.architecture().is_gemma()
+    }
+
+    /// Whether each head's queries and keys are RMS-normed before the rotary embedding
+    /// (`q_norm`, `k_norm`: Qwen3, Gemma 3).
+    pub fn qk_norm(&self) -> bool {
+        matches!(self.architecture(), ModelType::Qwen3 | ModelType::Gemma3)
+    }
+
+    /// The norm weights of one decoder block, in elements.
+    pub fn block_norm_elements(&self) -> u64 {
+        let h = self.hidden_size as u64;
+        let per_block = if self.gemma_style() { 4 * h } else { 2 * h };
+        let qk = if self.qk_norm() {
+            2 * self.head_dim() as u64
+        } else {
+            0
+        };
+        per_block + qk
+    }
+
+    /// The attention window of layer `i` (positions a token attends to, itself included):
+    /// `sliding_window` for a `sliding_attention` layer of `layer_types` (for every layer
+    /// without `layer_types`), `None` for full attention.
+    pub fn layer_window(&self, i: usize) -> Option<usize> {
+        match &self.layer_types {
+            Some(types) => match types.get(i) {
+                Some(LayerType::Sliding) => self.sliding_window,
+                _ => None,
+            },
+            None => self.sliding_window,
         }
     }
 }
 
 /// What a `config.json` says about the architecture, as [`ModelConfig`] carries it:
-/// `model_type` (`None` for Llama), `attention_bias` (`Some(true)` only for a Llama with
-/// biases) and the sliding window in force (`None`: full attention).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// `model_type` (`None` for Llama), `attention_bias` (`Some(true)` only with biases), the
+/// sliding window and which layers use it (`layer_types`, only when layers differ), and the
+/// head size when the architecture sets its own.
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct HfArchitecture {
     pub model_type: Option<ModelType>,
     pub attention_bias: Option<bool>,
     pub sliding_window: Option<usize>,
+    pub layer_types: Option<Vec<LayerType>>,
+    /// `head_dim` as the config has it, else the architecture's default (Qwen3 128, Gemma
+    /// 256); `None`: `hidden_size / num_attention_heads`.
+    pub head_dim: Option<usize>,
 }
 
 /// A `config.json` field flotilla cannot take: the field's name and why.
@@ -113,17 +164,21 @@ fn refuse(field: &str, message: impl Into<String>) -> HfFieldError {
     }
 }
 
-/// transformers' default `sliding_window` of `MistralConfig` and `Qwen2Config` when the key is
+/// transformers' default `sliding_window` of the configs that have one, when the key is
 /// absent.
 const DEFAULT_WINDOW: usize = 4096;
-/// `Qwen2Config`'s default `max_window_layers`.
+/// `Qwen2Config`'s and `Qwen3Config`'s default `max_window_layers`.
 const DEFAULT_MAX_WINDOW_LAYERS: usize = 28;
+/// What `model_type` may be.
+const KNOWN_TYPES: &str = "`llama`, `mistral`, `qwen2`, `qwen3`, `gemma2` and `gemma3_text`";
 
 /// Reads the architecture of a `config.json` object as transformers does: `model_type`
-/// (absent: `llama`; others are refused), Llama's `attention_bias` (`mlp_bias` is refused),
-/// Mistral's `sliding_window` (absent: 4096, null: none) and Qwen2's (only with
-/// `use_sliding_window`, on the layers `layer_types` or `max_window_layers` make sliding; a
-/// model whose layers mix sliding and full attention is refused).
+/// (absent: `llama`; others are refused, a Gemma 3 multimodal checkpoint naming what to do),
+/// `attention_bias` (`mlp_bias` is refused), the sliding window (Mistral's on every layer,
+/// absent: 4096, null: none; Qwen2's and Qwen3's with `use_sliding_window`, on the layers
+/// `layer_types` or `max_window_layers` make sliding; Gemma's on the layers `layer_types`
+/// names, by default every second layer for Gemma 2 and five of six for Gemma 3), and the
+/// head size.
 pub fn hf_architecture(config: &Map<String, Value>) -> Result<HfArchitecture, HfFieldError> {
     let model_type = match config.get("model_type") {
         None | Some(Value::Null) => ModelType::Llama,
@@ -131,36 +186,155 @@ pub fn hf_architecture(config: &Map<String, Value>) -> Result<HfArchitecture, Hf
             "llama" => ModelType::Llama,
             "mistral" => ModelType::Mistral,
             "qwen2" => ModelType::Qwen2,
+            "qwen3" => ModelType::Qwen3,
+            "gemma2" => ModelType::Gemma2,
+            "gemma3_text" => ModelType::Gemma3,
+            "gemma3" => {
+                return Err(refuse(
+                    "model_type",
+                    "`gemma3` is a Gemma 3 image-text checkpoint (Gemma3ForConditionalGeneration:                      its language model under `text_config`, its weights under                      `language_model.`); flotilla fine-tunes the text model: save it alone                      first, e.g. `Gemma3ForCausalLM.from_pretrained(DIR).save_pretrained(OUT)`                      in transformers, and pass OUT",
+                ))
+            }
             other => {
                 return Err(refuse(
                     "model_type",
-                    format!(
-                        "`{other}` is not supported; flotilla implements `llama`, `mistral` and \
-                         `qwen2`"
-                    ),
+                    format!("`{other}` is not supported; flotilla implements {KNOWN_TYPES}"),
                 ))
             }
         },
         Some(v) => return Err(refuse("model_type", format!("expected a string, got {v}"))),
     };
-    let (attention_bias, sliding_window) = match model_type {
-        ModelType::Llama => {
-            if flag(config, "mlp_bias")? {
-                return Err(refuse(
-                    "mlp_bias",
-                    "biases on the MLP are not supported (only on the attention projections)",
-                ));
+    if flag(config, "mlp_bias")? {
+        return Err(refuse(
+            "mlp_bias",
+            "biases on the MLP are not supported (only on the attention projections)",
+        ));
+    }
+    if model_type.is_gemma() && flag(config, "use_bidirectional_attention")? {
+        return Err(refuse(
+            "use_bidirectional_attention",
+            "bidirectional attention (an encoder) is not a causal language model; flotilla              trains causal models",
+        ));
+    }
+    let layers = config
+        .get("num_hidden_layers")
+        .and_then(Value::as_u64)
+        .unwrap_or(0) as usize;
+    let window_on = |sliding: Vec<bool>, window: Option<usize>| -> LayerWindows {
+        let count = sliding.iter().filter(|s| **s).count();
+        match window {
+            Some(w) if count == sliding.len() && count > 0 => (Some(w), None),
+            Some(w) if count > 0 => {
+                let types = sliding
+                    .iter()
+                    .map(|s| if *s { LayerType::Sliding } else { LayerType::Full })
+                    .collect();
+                (Some(w), Some(types))
             }
-            (flag(config, "attention_bias")?.then_some(true), None)
+            _ => (None, None),
         }
-        ModelType::Mistral => (None, size(config, "sliding_window", Some(DEFAULT_WINDOW))?),
-        ModelType::Qwen2 => (None, qwen2_window(config)?),
+    };
+    let attention_bias = match model_type {
+        ModelType::Mistral | ModelType::Qwen2 => None,
+        _ => flag(config, "attention_bias")?.then_some(true),
+    };
+    let (sliding_window, layer_types) = match model_type {
+        ModelType::Llama => (None, None),
+        ModelType::Mistral => (size(config, "sliding_window", Some(DEFAULT_WINDOW))?, None),
+        ModelType::Qwen2 | ModelType::Qwen3 => {
+            if !flag(config, "use_sliding_window")? {
+                (None, None)
+            } else {
+                let window = size(config, "sliding_window", Some(DEFAULT_WINDOW))?;
+                let sliding = match layer_types_of(config)? {
+                    Some(types) => types,
+                    None => {
+                        let first = match config.get("max_window_layers") {
+                            None | Some(Value::Null) => DEFAULT_MAX_WINDOW_LAYERS,
+                            Some(v) => v.as_u64().ok_or_else(|| {
+                                refuse(
+                                    "max_window_layers",
+                                    format!("expected a non-negative integer, got {v}"),
+                                )
+                            })? as usize,
+                        };
+                        (0..layers).map(|i| i >= first).collect()
+                    }
+                };
+                window_on(sliding, window)
+            }
+        }
+        ModelType::Gemma2 | ModelType::Gemma3 => {
+            let window = size(config, "sliding_window", Some(DEFAULT_WINDOW))?;
+            let pattern = if model_type == ModelType::Gemma2 {
+                2
+            } else {
+                match config.get("sliding_window_pattern") {
+                    Some(v) => v.as_u64().filter(|p| *p > 0).ok_or_else(|| {
+                        refuse(
+                            "sliding_window_pattern",
+                            format!("expected a positive integer, got {v}"),
+                        )
+                    })? as usize,
+                    None => 6,
+                }
+            };
+            let sliding = match layer_types_of(config)? {
+                Some(types) => types,
+                None => (0..layers).map(|i| (i + 1) % pattern != 0).collect(),
+            };
+            window_on(sliding, window)
+        }
+    };
+    let head_dim = match size(config, "head_dim", None)? {
+        Some(d) => Some(d),
+        None => match model_type {
+            ModelType::Qwen3 => Some(128),
+            ModelType::Gemma2 | ModelType::Gemma3 => Some(256),
+            _ => None,
+        },
     };
     Ok(HfArchitecture {
         model_type: (model_type != ModelType::Llama).then_some(model_type),
         attention_bias,
         sliding_window,
+        layer_types,
+        head_dim,
     })
+}
+
+/// The window all layers share, and each layer's kind when they differ.
+type LayerWindows = (Option<usize>, Option<Vec<LayerType>>);
+
+/// `layer_types` as a list of "is sliding", when present (one entry per layer).
+fn layer_types_of(config: &Map<String, Value>) -> Result<Option<Vec<bool>>, HfFieldError> {
+    let layers = config
+        .get("num_hidden_layers")
+        .and_then(Value::as_u64)
+        .unwrap_or(0) as usize;
+    match config.get("layer_types") {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Array(types)) if types.len() != layers => Err(refuse(
+            "layer_types",
+            format!(
+                "{} entries for {layers} layers (num_hidden_layers)",
+                types.len()
+            ),
+        )),
+        Some(Value::Array(types)) => types
+            .iter()
+            .map(|t| match t.as_str() {
+                Some("sliding_attention") => Ok(true),
+                Some("full_attention") => Ok(false),
+                _ => Err(refuse(
+                    "layer_types",
+                    format!("`{t}` is not `full_attention` or `sliding_attention`"),
+                )),
+            })
+            .collect::<Result<Vec<bool>, _>>()
+            .map(Some),
+        Some(v) => Err(refuse("layer_types", format!("expected a list, got {v}"))),
+    }
 }
 
 /// A true/false key (absent or null: false).
@@ -189,56 +363,6 @@ fn size(
     }
 }
 
-/// Qwen2's window: none without `use_sliding_window` or when no layer slides, the window when
-/// every layer does; a mix is refused.
-fn qwen2_window(config: &Map<String, Value>) -> Result<Option<usize>, HfFieldError> {
-    if !flag(config, "use_sliding_window")? {
-        return Ok(None);
-    }
-    let Some(window) = size(config, "sliding_window", Some(DEFAULT_WINDOW))? else {
-        return Ok(None);
-    };
-    let layers = config
-        .get("num_hidden_layers")
-        .and_then(Value::as_u64)
-        .unwrap_or(0) as usize;
-    let sliding: Vec<bool> = match config.get("layer_types") {
-        Some(Value::Array(types)) => types
-            .iter()
-            .map(|t| t.as_str() == Some("sliding_attention"))
-            .collect(),
-        _ => {
-            let first = match config.get("max_window_layers") {
-                None | Some(Value::Null) => DEFAULT_MAX_WINDOW_LAYERS,
-                Some(v) => v.as_u64().ok_or_else(|| {
-                    refuse(
-                        "max_window_layers",
-                        format!("expected a non-negative integer, got {v}"),
-                    )
-                })? as usize,
-            };
-            (0..layers).map(|i| i >= first).collect()
-        }
-    };
-    let count = sliding.iter().filter(|s| **s).count();
-    if count == 0 {
-        Ok(None)
-    } else if count == sliding.len() {
-        Ok(Some(window))
-    } else {
-        Err(refuse(
-            "use_sliding_window",
-            format!(
-                "{count} of {} layers use sliding-window attention and the others full \
-                 attention (layer_types / max_window_layers); flotilla implements one kind for \
-                 every layer: set use_sliding_window to false if the window never matters, or \
-                 max_window_layers to 0",
-                sliding.len()
-            ),
-        ))
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -256,7 +380,9 @@ mod tests {
             HfArchitecture {
                 model_type: None,
                 attention_bias: None,
-                sliding_window: None
+                sliding_window: None,
+                layer_types: None,
+                head_dim: None,
             }
         );
         let biased = arch(r#"{"model_type": "llama", "attention_bias": true}"#).unwrap();
@@ -290,18 +416,51 @@ mod tests {
         assert_eq!(all.sliding_window, Some(64));
         let none = arch(&format!(r#"{{{q}, "use_sliding_window": true}}"#)).unwrap();
         assert_eq!(none.sliding_window, None, "max_window_layers 28 > 4 layers");
-        let err = arch(&format!(
+        let mixed = arch(&format!(
             r#"{{{q}, "use_sliding_window": true, "max_window_layers": 2}}"#
         ))
-        .unwrap_err()
-        .to_string();
-        assert!(err.contains("2 of 4 layers"), "{err}");
+        .unwrap();
+        use LayerType::{Full, Sliding};
+        assert_eq!(mixed.sliding_window, Some(64));
+        assert_eq!(mixed.layer_types, Some(vec![Full, Full, Sliding, Sliding]));
         let typed = arch(&format!(
             r#"{{{q}, "use_sliding_window": true, "max_window_layers": 2,
-                "layer_types": ["full_attention", "full_attention"]}}"#
+                "layer_types": ["full_attention", "full_attention", "full_attention",
+                                "full_attention"]}}"#
         ))
         .unwrap();
         assert_eq!(typed.sliding_window, None, "layer_types wins");
+
+        let q3 = arch(r#"{"model_type": "qwen3", "num_hidden_layers": 2}"#).unwrap();
+        assert_eq!(
+            (q3.head_dim, q3.sliding_window, q3.attention_bias),
+            (Some(128), None, None),
+            "Qwen3Config's head_dim"
+        );
+        let g2 = arch(r#"{"model_type": "gemma2", "num_hidden_layers": 4}"#).unwrap();
+        assert_eq!((g2.head_dim, g2.sliding_window), (Some(256), Some(4096)));
+        assert_eq!(
+            g2.layer_types,
+            Some(vec![Sliding, Full, Sliding, Full]),
+            "Gemma2Config: every second layer global"
+        );
+        let g3 = arch(r#"{"model_type": "gemma3_text", "num_hidden_layers": 7, "head_dim": 16,
+                          "sliding_window": 8}"#)
+        .unwrap();
+        assert_eq!((g3.head_dim, g3.sliding_window), (Some(16), Some(8)));
+        let mut want = vec![Sliding; 7];
+        want[5] = Full;
+        assert_eq!(g3.layer_types, Some(want), "five local layers to one global");
+        let err = arch(r#"{"model_type": "gemma3"}"#).unwrap_err().to_string();
+        assert!(
+            err.contains("image-text") && err.contains("Gemma3ForCausalLM"),
+            "{err}"
+        );
+        let err = arch(r#"{"model_type": "gemma2", "num_hidden_layers": 3,
+                           "layer_types": ["full_attention"]}"#)
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("1 entries for 3 layers"), "{err}");
 
         let err = arch(r#"{"model_type": "gemma"}"#).unwrap_err().to_string();
         assert!(

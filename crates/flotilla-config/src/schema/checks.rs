@@ -104,9 +104,6 @@ pub fn validate(job: &Node) -> Result<JobConfig, SchemaError> {
     if let (Some(PeftConfig::Lora(l)), Some(m)) = (&peft, &model) {
         ck.lora(l, m);
     }
-    if let (Some(m), Some(d)) = (&model, &data) {
-        ck.window(m, d);
-    }
 
     match (seed, model, peft, trainer, data, compute) {
         (Some(seed), Some(model), Some(peft), Some(trainer), Some(data), Some(compute))
@@ -342,14 +339,17 @@ impl Check<'_> {
         }
     }
 
-    /// The architecture's own keys: `attention_bias` is Llama's, a window Mistral's or Qwen2's.
+    /// The architecture's own keys: `attention_bias` is refused where the architecture fixes its
+    /// biases (Mistral, Qwen2), a window where it has none (Llama), `layer_types` without a
+    /// window or of another length than the layers, and Gemma's keys on another architecture.
     fn architecture(&mut self, m: &ModelConfig) {
         let arch = m.architecture();
-        if m.attention_bias == Some(true) && arch != ModelType::Llama {
+        if m.attention_bias == Some(true) && matches!(arch, ModelType::Mistral | ModelType::Qwen2)
+        {
             self.invalid(
                 "model.attention_bias",
                 format!(
-                    "is Llama's (biases on q/k/v/o_proj); {} has {}",
+                    "{} has {}",
                     arch.display_name(),
                     if arch == ModelType::Qwen2 {
                         "its q/k/v biases by model_type"
@@ -371,23 +371,51 @@ impl Check<'_> {
                 self.at_least("model.sliding_window", w as u64, 1);
             }
         }
-    }
-
-    /// A job from the `model` section trains within its sliding window (a job from
-    /// `model.init_from` is checked against the directory's window by `run` and the trainer).
-    fn window(&mut self, m: &ModelConfig, d: &DataConfig) {
-        if m.init_from.is_some() {
-            return;
+        if let Some(types) = &m.layer_types {
+            if m.sliding_window.is_none() {
+                self.invalid(
+                    "model.layer_types",
+                    "names sliding layers but model.sliding_window is not set".into(),
+                    "set model.sliding_window, or remove model.layer_types".into(),
+                );
+            } else if types.len() != m.num_hidden_layers {
+                self.invalid(
+                    "model.layer_types",
+                    format!(
+                        "lists {} layers; the model has {} (model.num_hidden_layers)",
+                        types.len(),
+                        m.num_hidden_layers
+                    ),
+                    "give one entry per layer".into(),
+                );
+            }
         }
-        if let Err(message) = m.check_window("data.seq_len", d.seq_len()) {
-            let origin = self
-                .job
-                .select("data.seq_len")
-                .map(|n| n.origin.clone())
-                .unwrap_or_default();
-            let message = format!("{message}{}", set_note(&origin));
-            self.cx
-                .push(ProblemKind::Invalid, "data.seq_len", &origin, message);
+        if let Some(d) = m.head_dim {
+            if self.at_least("model.head_dim", d as u64, 2) && d % 2 != 0 {
+                self.invalid(
+                    "model.head_dim",
+                    format!("{d} is odd; rotary embeddings need an even head size"),
+                    "set an even model.head_dim".into(),
+                );
+            }
+        }
+        let gemma_keys = [
+            ("model.query_pre_attn_scalar", m.query_pre_attn_scalar),
+            ("model.attn_logit_softcapping", m.attn_logit_softcapping),
+            ("model.final_logit_softcapping", m.final_logit_softcapping),
+            ("model.rope_local_base_freq", m.rope_local_base_freq),
+        ];
+        for (key, value) in gemma_keys {
+            let Some(v) = value else { continue };
+            if !arch.is_gemma() {
+                self.invalid(
+                    key,
+                    format!("is Gemma's; {} has none", arch.display_name()),
+                    format!("remove it, or set model.model_type=gemma2 or gemma3_text"),
+                );
+            } else {
+                self.positive(key, v);
+            }
         }
     }
 

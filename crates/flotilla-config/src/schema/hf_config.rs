@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use super::architecture::hf_architecture;
-use super::types::{ModelConfig, ModelType, RopeScaling, RopeType};
+use super::types::{LayerType, ModelConfig, ModelType, RopeScaling, RopeType};
 
 /// Why a `config.json` cannot be read as a model flotilla trains; each names the file and,
 /// where it is one field, the field.
@@ -75,8 +75,12 @@ pub struct HfLlamaConfig {
     pub num_key_value_heads: Option<usize>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub head_dim: Option<usize>,
-    #[serde(default = "default_act")]
-    pub hidden_act: String,
+    /// The MLP's activation (absent: the architecture's, `silu` but for Gemma).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hidden_act: Option<String>,
+    /// Gemma's spelling of `hidden_act`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hidden_activation: Option<String>,
     #[serde(default = "default_max_positions")]
     pub max_position_embeddings: usize,
     #[serde(default = "default_initializer_range")]
@@ -117,6 +121,32 @@ pub struct HfLlamaConfig {
     pub layer_types: Option<Vec<String>>,
     #[serde(default)]
     pub attention_dropout: f64,
+    /// Gemma: queries scaled by `query_pre_attn_scalar ** -0.5` (absent: 256).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub query_pre_attn_scalar: Option<f64>,
+    /// Gemma's soft-capping of attention scores and logits: absent (the architecture's
+    /// default: Gemma 2's 50 and 30, none for Gemma 3), `null` (none) or the cap.
+    #[serde(
+        default,
+        deserialize_with = "present_f64",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub attn_logit_softcapping: Option<Option<f64>>,
+    #[serde(
+        default,
+        deserialize_with = "present_f64",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub final_logit_softcapping: Option<Option<f64>>,
+    /// Gemma 3: the rope theta of its sliding-window layers (absent: 10000).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rope_local_base_freq: Option<f64>,
+    /// Gemma 3: one global layer every this many (absent: 6), when `layer_types` is absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sliding_window_pattern: Option<usize>,
+    /// Gemma: an encoder's attention, refused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub use_bidirectional_attention: Option<bool>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bos_token_id: Option<serde_json::Value>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -139,9 +169,13 @@ fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Option<usize
     Option::<usize>::deserialize(d).map(Some)
 }
 
-fn default_act() -> String {
-    "silu".into()
+/// [`present`] for a number.
+fn present_f64<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Option<f64>>, D::Error> {
+    Option::<f64>::deserialize(d).map(Some)
 }
+
+/// Gemma 3's default rope thetas: its global layers' and its sliding layers'.
+const GEMMA3_THETAS: (f64, f64) = (1_000_000.0, 10_000.0);
 fn default_max_positions() -> usize {
     2048
 }
@@ -167,7 +201,7 @@ fn bad(field: &str, message: impl Into<String>) -> HfConfigError {
 impl HfLlamaConfig {
     /// Parses a `config.json` text; errors quote the offending line.
     pub fn from_json(text: &str, path: &Path) -> Result<Self, HfConfigError> {
-        serde_json::from_str(text).map_err(|e| {
+        let quoted = |e: serde_json::Error| {
             let line = text
                 .lines()
                 .nth(e.line().saturating_sub(1))
@@ -182,6 +216,17 @@ impl HfLlamaConfig {
                 path: path.to_path_buf(),
                 message,
             }
+        };
+        let parsed: serde_json::Value = serde_json::from_str(text).map_err(quoted)?;
+        serde_json::from_value(gemma3_rope_flattened(parsed)).map_err(|e| {
+            // The same error read from the text itself names its line.
+            match serde_json::from_str::<HfLlamaConfig>(text) {
+                Err(e) => quoted(e),
+                Ok(_) => HfConfigError::BadConfigJson {
+                    path: path.to_path_buf(),
+                    message: e.to_string(),
+                },
+            }
         })
     }
 
@@ -189,6 +234,48 @@ impl HfLlamaConfig {
     pub fn declared_dtype(&self) -> Option<&str> {
         self.dtype.as_deref().or(self.torch_dtype.as_deref())
     }
+}
+
+/// A Gemma 3 `config.json` with its rope as the other architectures have theirs: the per-layer
+/// `rope_parameters` of transformers 5 (`{"full_attention": {...}, "sliding_attention":
+/// {...}}`) become the global layers' `rope_parameters` and the sliding layers'
+/// `rope_local_base_freq`, and the default thetas of `Gemma3TextConfig` fill what is absent.
+fn gemma3_rope_flattened(mut config: serde_json::Value) -> serde_json::Value {
+    let Some(map) = config.as_object_mut() else {
+        return config;
+    };
+    if map.get("model_type").and_then(|t| t.as_str()) != Some("gemma3_text") {
+        return config;
+    }
+    let nested = map
+        .get("rope_parameters")
+        .and_then(|p| p.as_object())
+        .filter(|p| p.contains_key("full_attention") || p.contains_key("sliding_attention"))
+        .cloned();
+    if let Some(nested) = nested {
+        let local = nested
+            .get("sliding_attention")
+            .and_then(|p| p.get("rope_theta"))
+            .cloned();
+        match nested.get("full_attention") {
+            Some(full) => map.insert("rope_parameters".into(), full.clone()),
+            None => map.remove("rope_parameters"),
+        };
+        if let Some(local) = local {
+            map.insert("rope_local_base_freq".into(), local);
+        }
+    }
+    let has_theta = map.contains_key("rope_theta")
+        || map
+            .get("rope_parameters")
+            .and_then(|p| p.get("rope_theta"))
+            .is_some();
+    if !has_theta {
+        map.insert("rope_theta".into(), GEMMA3_THETAS.0.into());
+    }
+    map.entry("rope_local_base_freq")
+        .or_insert(GEMMA3_THETAS.1.into());
+    config
 }
 
 impl TryFrom<&HfLlamaConfig> for ModelConfig {
@@ -201,36 +288,52 @@ impl TryFrom<&HfLlamaConfig> for ModelConfig {
             _ => serde_json::Map::new(),
         };
         let arch = hf_architecture(&keys).map_err(|e| bad(&e.field, e.message))?;
-        if hf.hidden_act != "silu" {
+        let model_type = arch.model_type.unwrap_or(ModelType::Llama);
+        let (act_field, act) = match (&hf.hidden_activation, &hf.hidden_act) {
+            (Some(a), _) if model_type.is_gemma() => ("hidden_activation", Some(a)),
+            (_, a) => ("hidden_act", a.as_ref()),
+        };
+        let wanted = model_type.activation();
+        if let Some(act) = act.filter(|a| a.as_str() != wanted) {
             return Err(bad(
-                "hidden_act",
+                act_field,
                 format!(
-                    "`{}` is not supported; {} uses `silu`",
-                    hf.hidden_act,
-                    arch.model_type.unwrap_or(ModelType::Llama).display_name()
+                    "`{act}` is not supported; {} uses `{wanted}`",
+                    model_type.display_name()
                 ),
             ));
         }
-        if hf.num_attention_heads == 0 || !hf.hidden_size.is_multiple_of(hf.num_attention_heads) {
+        if hf.num_attention_heads == 0
+            || (arch.head_dim.is_none() && !hf.hidden_size.is_multiple_of(hf.num_attention_heads))
+        {
             return Err(bad(
                 "num_attention_heads",
                 format!(
-                    "{} does not divide hidden_size {}",
+                    "{} does not divide hidden_size {} (and there is no head_dim)",
                     hf.num_attention_heads, hf.hidden_size
                 ),
             ));
         }
-        if let Some(d) = hf.head_dim {
-            let implied = hf.hidden_size / hf.num_attention_heads;
-            if d != implied {
-                return Err(bad(
-                    "head_dim",
-                    format!(
-                        "{d} differs from hidden_size / num_attention_heads = {implied}, which is not supported"
-                    ),
-                ));
+        let implied = hf.hidden_size / hf.num_attention_heads;
+        let head_dim = arch.head_dim.filter(|d| *d != implied);
+        let gemma = model_type.is_gemma();
+        let (attn_cap, final_cap) = match model_type {
+            ModelType::Gemma2 => (Some(50.0), Some(30.0)),
+            _ => (None, None),
+        };
+        let softcap = |v: Option<Option<f64>>, default: Option<f64>, field: &str| {
+            match v.unwrap_or(default) {
+                Some(c) if !(c > 0.0) => Err(bad(field, format!("{c} must be positive"))),
+                c => Ok(c.filter(|_| gemma)),
             }
-        }
+        };
+        let attn_logit_softcapping =
+            softcap(hf.attn_logit_softcapping, attn_cap, "attn_logit_softcapping")?;
+        let final_logit_softcapping =
+            softcap(hf.final_logit_softcapping, final_cap, "final_logit_softcapping")?;
+        let query_pre_attn_scalar = gemma.then(|| hf.query_pre_attn_scalar.unwrap_or(256.0));
+        let rope_local_base_freq = (model_type == ModelType::Gemma3)
+            .then(|| hf.rope_local_base_freq.unwrap_or(GEMMA3_THETAS.1));
 
         // rope_parameters (transformers >= 5) wins over the legacy rope_theta / rope_scaling.
         let (rope, rope_field) = match (&hf.rope_parameters, &hf.rope_scaling) {
@@ -306,6 +409,12 @@ impl TryFrom<&HfLlamaConfig> for ModelConfig {
             model_type: arch.model_type,
             attention_bias: arch.attention_bias,
             sliding_window: arch.sliding_window,
+            head_dim,
+            layer_types: arch.layer_types,
+            query_pre_attn_scalar,
+            attn_logit_softcapping,
+            final_logit_softcapping,
+            rope_local_base_freq,
         })
     }
 }
@@ -313,12 +422,25 @@ impl TryFrom<&HfLlamaConfig> for ModelConfig {
 impl From<&ModelConfig> for HfLlamaConfig {
     /// The `config.json` transformers writes for this architecture (in the legacy
     /// `rope_theta` / `rope_scaling` form, which transformers 4 and 5 both read): its class and
-    /// `model_type`, Llama's `attention_bias`, Mistral's `sliding_window` (`null`: none), and
-    /// Qwen2's window on every layer or none.
+    /// `model_type`, `attention_bias`, the sliding window (`null`: none) and each layer's
+    /// attention (`layer_types`), Gemma's scalars and soft-capping.
     fn from(c: &ModelConfig) -> Self {
         let arch = c.architecture();
         let llama = arch == ModelType::Llama;
-        let qwen2 = arch == ModelType::Qwen2;
+        let qwen = matches!(arch, ModelType::Qwen2 | ModelType::Qwen3);
+        let gemma = arch.is_gemma();
+        let biased = !matches!(arch, ModelType::Mistral | ModelType::Qwen2);
+        // Each layer's attention, written out whenever the layers differ or the architecture
+        // would otherwise pick its own pattern (Gemma).
+        let layer_types = (c.layer_types.is_some() || (gemma && c.sliding_window.is_some()))
+            .then(|| {
+                (0..c.num_hidden_layers)
+                    .map(|i| match c.layer_window(i) {
+                        Some(_) => LayerType::Sliding.as_str().to_string(),
+                        None => LayerType::Full.as_str().to_string(),
+                    })
+                    .collect()
+            });
         HfLlamaConfig {
             architectures: Some(vec![arch.hf_class().into()]),
             model_type: Some(arch.as_str().into()),
@@ -329,7 +451,8 @@ impl From<&ModelConfig> for HfLlamaConfig {
             num_attention_heads: c.num_attention_heads,
             num_key_value_heads: Some(c.num_key_value_heads),
             head_dim: Some(c.head_dim()),
-            hidden_act: default_act(),
+            hidden_act: (!gemma).then(|| arch.activation().into()),
+            hidden_activation: gemma.then(|| arch.activation().into()),
             max_position_embeddings: c.max_position_embeddings,
             initializer_range: c.initializer_range,
             rms_norm_eps: c.rms_norm_eps,
@@ -344,13 +467,19 @@ impl From<&ModelConfig> for HfLlamaConfig {
             }),
             rope_parameters: None,
             tie_word_embeddings: c.tie_word_embeddings,
-            attention_bias: llama.then_some(c.attention_bias == Some(true)),
+            attention_bias: biased.then_some(c.attention_bias == Some(true)),
             mlp_bias: llama.then_some(false),
             sliding_window: (!llama).then_some(c.sliding_window),
-            use_sliding_window: qwen2.then_some(c.sliding_window.is_some()),
-            max_window_layers: (qwen2 && c.sliding_window.is_some()).then_some(0),
-            layer_types: None,
+            use_sliding_window: qwen.then_some(c.sliding_window.is_some()),
+            max_window_layers: (qwen && c.sliding_window.is_some()).then_some(0),
+            layer_types,
             attention_dropout: 0.0,
+            query_pre_attn_scalar: c.query_pre_attn_scalar.filter(|_| gemma),
+            attn_logit_softcapping: gemma.then_some(c.attn_logit_softcapping),
+            final_logit_softcapping: gemma.then_some(c.final_logit_softcapping),
+            rope_local_base_freq: c.rope_local_base_freq,
+            sliding_window_pattern: None,
+            use_bidirectional_attention: None,
             bos_token_id: None,
             eos_token_id: None,
             pad_token_id: None,
@@ -519,10 +648,13 @@ mod tests {
             err.contains("`hidden_act`") && err.contains("gelu"),
             "{err}"
         );
-        let err = convert(&json(r#", "head_dim": 32"#))
+        // A head size of its own (Mistral Nemo's 128 for 5120 / 32 = 160).
+        let nemo = convert(&json(r#", "head_dim": 32"#)).unwrap();
+        assert_eq!((nemo.head_dim, nemo.head_dim()), (Some(32), 32));
+        let err = convert(&json(r#", "hidden_act": "gelu_pytorch_tanh", "model_type": "qwen3""#))
             .unwrap_err()
             .to_string();
-        assert!(err.contains("`head_dim`"), "{err}");
+        assert!(err.contains("Qwen3 uses `silu`"), "{err}");
         let err = convert(&json(
             r#", "rope_scaling": {"rope_type": "yarn", "factor": 2.0}"#,
         ))

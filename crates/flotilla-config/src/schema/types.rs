@@ -222,7 +222,19 @@ choice! {
     /// The Hugging Face architecture `model` describes (`model.model_type`, `config.json`'s
     /// `model_type`): Llama, or Mistral and Qwen2, which are Llama's math with a sliding
     /// attention window (Mistral, Qwen2) and biases on q/k/v_proj (Qwen2).
-    pub enum ModelType { Llama = "llama", Mistral = "mistral", Qwen2 = "qwen2" }
+    pub enum ModelType {
+        Llama = "llama",
+        Mistral = "mistral",
+        Qwen2 = "qwen2",
+        Qwen3 = "qwen3",
+        Gemma2 = "gemma2",
+        Gemma3 = "gemma3_text",
+    }
+}
+
+choice! {
+    /// The attention of one decoder layer (`model.layer_types`, `config.json`'s `layer_types`).
+    pub enum LayerType { Full = "full_attention", Sliding = "sliding_attention" }
 }
 
 choice! {
@@ -492,6 +504,23 @@ section! {
         /// Mistral's and Qwen2's sliding attention window (positions a token attends to);
         /// absent: full attention. Training and generating stay within it.
         sliding_window: Option<usize> => "4096",
+        /// The size of each attention head; absent: `hidden_size / num_attention_heads`
+        /// (Mistral Nemo, Qwen3 and Gemma set their own).
+        head_dim: Option<usize> => "128",
+        /// Each layer's attention, `full_attention` or `sliding_attention` (within
+        /// `sliding_window`); absent: every layer the same (sliding when `sliding_window` is
+        /// set). Gemma 2 and 3 alternate them.
+        layer_types: Option<Vec<LayerType>> => "[sliding_attention, full_attention]",
+        /// Gemma: queries are scaled by `query_pre_attn_scalar ** -0.5` (absent:
+        /// `head_dim ** -0.5`).
+        query_pre_attn_scalar: Option<f64> => "256",
+        /// Gemma 2: attention scores soft-capped as `cap * tanh(score / cap)`.
+        attn_logit_softcapping: Option<f64> => "50.0",
+        /// Gemma 2: logits soft-capped as `cap * tanh(logit / cap)`.
+        final_logit_softcapping: Option<f64> => "30.0",
+        /// Gemma 3: the rope theta of its sliding-window layers (`rope_theta` is the global
+        /// layers').
+        rope_local_base_freq: Option<f64> => "10000.0",
     }
 }
 
@@ -507,19 +536,21 @@ section! {
 }
 
 impl ModelConfig {
-    /// Per-head dimension (`hidden_size / num_attention_heads`).
+    /// Per-head dimension: `head_dim`, else `hidden_size / num_attention_heads`.
     pub fn head_dim(&self) -> usize {
-        self.hidden_size / self.num_attention_heads.max(1)
+        self.head_dim
+            .unwrap_or(self.hidden_size / self.num_attention_heads.max(1))
     }
 
     /// Parameter count of the architecture this config describes.
     pub fn num_parameters(&self) -> u64 {
         let h = self.hidden_size as u64;
+        let q = (self.num_attention_heads * self.head_dim()) as u64;
         let kv = (self.num_key_value_heads * self.head_dim()) as u64;
-        let layer = 2 * h * h
+        let layer = 2 * h * q
             + 2 * h * kv
             + 3 * h * self.intermediate_size as u64
-            + 2 * h
+            + self.block_norm_elements()
             + self.attention_biases().elements(self);
         let embeddings = self.vocab_size as u64 * h;
         let head = if self.tie_word_embeddings {
