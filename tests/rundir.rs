@@ -670,8 +670,8 @@ fn a_base_the_trainer_refuses_is_refused_before_anything_is_created() {
         "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4"#;
     for (extra, want) in [
         (
-            r#""rope_scaling": {"rope_type": "yarn", "factor": 4.0}"#,
-            "field `rope_scaling.rope_type`: `yarn` is not supported; flotilla implements `default` and `llama3`",
+            r#""rope_scaling": {"rope_type": "ntk", "factor": 4.0}"#,
+            "field `rope_scaling.rope_type`: `ntk` is not a rope type flotilla implements; the types are 'default', 'linear', 'dynamic', 'yarn', 'longrope' or 'llama3'",
         ),
         (
             r#""hidden_act": "gelu""#,

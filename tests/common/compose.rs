@@ -31,6 +31,7 @@ pub fn tiny_model_config(tied: bool) -> ModelConfig {
         rms_norm_eps: 1e-5,
         rope_theta: 10000.0,
         rope_scaling: None,
+        partial_rotary_factor: None,
         tie_word_embeddings: tied,
         initializer_range: 0.02,
         init_from: None,

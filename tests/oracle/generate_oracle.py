@@ -46,7 +46,21 @@ FAMILIES = {
     "llama": ("LlamaConfig", {}),
     "mistral": ("MistralConfig", {"sliding_window": None}),
     "qwen2": ("Qwen2Config", {"use_sliding_window": False}),
+    "qwen3": ("Qwen3Config", {"head_dim": 24}),
+    # Windows of 6 on prompts of 12 and more: generation attends within them from its cache.
+    "gemma2": ("Gemma2Config", {"head_dim": 16, "query_pre_attn_scalar": 24, "sliding_window": 6,
+                                "attn_logit_softcapping": 2.0, "final_logit_softcapping": 3.0}),
+    "gemma3_text": ("Gemma3TextConfig", {
+        "head_dim": 16, "query_pre_attn_scalar": 16, "sliding_window": 6,
+        "layer_types": ["sliding_attention", "full_attention"],
+        "rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                            "sliding_attention": {"rope_type": "default", "rope_theta": 100.0}},
+    }),
 }
+
+# The attention implementation each family runs in (transformers' default otherwise): Gemma
+# 2's soft-capped scores exist only in eager attention.
+ATTENTION = {"gemma2": "eager"}
 
 SPECIALS = ["<pad>", "<s>", "</s>", "<unk>", "<|im_start|>", "<|im_end|>"]
 CHARS = ["\n"] + [chr(c) for c in range(32, 127)]
@@ -146,7 +160,10 @@ def adapter(a):
 def generate(a):
     directory, adapter_dir, prompts, n = a
     tok = AutoTokenizer.from_pretrained(directory)
-    model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32)
+    with open(os.path.join(directory, "config.json")) as f:
+        attention = ATTENTION.get(json.load(f).get("model_type"))
+    extra = {"attn_implementation": attention} if attention else {}
+    model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32, **extra)
     if adapter_dir != "-":
         from peft import PeftModel
 

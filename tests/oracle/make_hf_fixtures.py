@@ -1,5 +1,6 @@
 """Oracle for flotilla's model (crates/flotilla-train/tests/model_hf.rs): the real transformers
-LlamaForCausalLM, MistralForCausalLM and Qwen2ForCausalLM.
+LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Gemma2ForCausalLM and
+Gemma3ForCausalLM (Gemma 2 in eager attention, the one that soft-caps its scores).
 
     make_hf_fixtures.py make OUT     small random models saved with save_pretrained (biases and
                                      norm weights random too), a token batch, and transformers'
@@ -27,19 +28,32 @@ import torch  # noqa: E402
 from safetensors.torch import load_file, save_file  # noqa: E402
 from transformers import (  # noqa: E402
     AutoModelForCausalLM,
+    Gemma2Config,
+    Gemma2ForCausalLM,
+    Gemma3ForCausalLM,
+    Gemma3TextConfig,
     LlamaConfig,
     LlamaForCausalLM,
     MistralConfig,
     MistralForCausalLM,
     Qwen2Config,
     Qwen2ForCausalLM,
+    Qwen3Config,
+    Qwen3ForCausalLM,
 )
 
 ARCHS = {
     "llama": (LlamaConfig, LlamaForCausalLM),
     "mistral": (MistralConfig, MistralForCausalLM),
     "qwen2": (Qwen2Config, Qwen2ForCausalLM),
+    "qwen3": (Qwen3Config, Qwen3ForCausalLM),
+    "gemma2": (Gemma2Config, Gemma2ForCausalLM),
+    "gemma3_text": (Gemma3TextConfig, Gemma3ForCausalLM),
 }
+
+# The attention implementation each architecture is checked in (transformers' default
+# otherwise): Gemma 2's soft-capped scores exist only in eager attention.
+ATTENTION = {"gemma2": "eager"}
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -97,10 +111,15 @@ FIXTURES = {
         dict(num_key_value_heads=2, tie_word_embeddings=False, attention_bias=True),
         dict(),
     ),
-    # Mistral: Llama's math while the sequence fits the window (here exactly SEQ).
+    # Mistral: a window of 6 over sequences of 16 (packed rows: within each sequence too).
     "mistral_window": (
-        dict(num_key_value_heads=2, tie_word_embeddings=False, sliding_window=16,
+        dict(num_key_value_heads=2, tie_word_embeddings=False, sliding_window=6,
              rope_parameters={"rope_type": "default", "rope_theta": 1e6}),
+        dict(arch="mistral"),
+    ),
+    # Mistral Nemo's shape: heads of their own size (24, not 64 / 4).
+    "mistral_nemo_head_dim": (
+        dict(num_key_value_heads=2, tie_word_embeddings=False, head_dim=24, sliding_window=None),
         dict(arch="mistral"),
     ),
     # Qwen2: biases on q/k/v_proj, tied and untied, with and without a window on every layer.
@@ -112,6 +131,32 @@ FIXTURES = {
         dict(num_key_value_heads=1, tie_word_embeddings=False, use_sliding_window=True,
              sliding_window=32, max_window_layers=0),
         dict(arch="qwen2"),
+    ),
+    # Qwen3: per-head q/k norms, a head size of its own; then a window of 5 on its second layer.
+    "qwen3": (
+        dict(num_key_value_heads=2, tie_word_embeddings=False, head_dim=24),
+        dict(arch="qwen3"),
+    ),
+    "qwen3_tied_window": (
+        dict(num_key_value_heads=1, tie_word_embeddings=True, head_dim=16,
+             use_sliding_window=True, sliding_window=5, max_window_layers=1),
+        dict(arch="qwen3"),
+    ),
+    # Gemma 2: caps low enough to bite, a window of 6 on every second layer.
+    "gemma2": (
+        dict(num_key_value_heads=2, head_dim=16, query_pre_attn_scalar=24, sliding_window=6,
+             attn_logit_softcapping=2.0, final_logit_softcapping=3.0,
+             rope_parameters={"rope_type": "default", "rope_theta": 10000.0}),
+        dict(arch="gemma2"),
+    ),
+    # Gemma 3 text: q/k norms, local layers (window 6, their own theta) around a global one.
+    "gemma3": (
+        dict(num_key_value_heads=2, head_dim=16, query_pre_attn_scalar=16, sliding_window=6,
+             num_hidden_layers=3,
+             layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+             rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 100000.0},
+                              "sliding_attention": {"rope_type": "default", "rope_theta": 100.0}}),
+        dict(arch="gemma3_text"),
     ),
 }
 
@@ -135,6 +180,9 @@ def make(out):
         arch = opts.get("arch", "llama")
         config_class, model_class = ARCHS[arch]
         config = config_class(**{**BASE, **overrides})
+        attention = ATTENTION.get(arch)
+        if attention:
+            config._attn_implementation = attention
         model = model_class(config).eval()
         with torch.no_grad():
             for pname, p in model.named_parameters():
@@ -163,7 +211,8 @@ def make(out):
                 json.dump(cfg, f, indent=2)
 
         # The reference: the directory as transformers loads it, in the compute dtype.
-        ref = model_class.from_pretrained(model_dir, dtype=DTYPES[compute]).eval()
+        extra = {"attn_implementation": attention} if attention else {}
+        ref = model_class.from_pretrained(model_dir, dtype=DTYPES[compute], **extra).eval()
         gen = torch.Generator().manual_seed(seed)
         input_ids = torch.randint(0, config.vocab_size, (BATCH, SEQ), generator=gen)
         labels = input_ids.clone()
@@ -204,8 +253,11 @@ def check(path):
         checks = json.load(f)
     failed = False
     for c in checks:
+        saved = json.load(open(os.path.join(c["dir"], "config.json")))
+        attention = ATTENTION.get(saved.get("model_type"))
+        extra = {"attn_implementation": attention} if attention else {}
         model, info = AutoModelForCausalLM.from_pretrained(
-            c["dir"], dtype=DTYPES[c["compute"]], output_loading_info=True
+            c["dir"], dtype=DTYPES[c["compute"]], output_loading_info=True, **extra
         )
         model.eval()
         problems = {k: list(v) for k, v in info.items() if v}
@@ -214,7 +266,6 @@ def check(path):
         if "sliding_window" in c and getattr(model.config, "sliding_window", None) != c["sliding_window"]:
             problems["sliding_window"] = [getattr(model.config, "sliding_window", None)]
         # transformers 5 writes the weights' dtype as `dtype` (4.x: `torch_dtype`)
-        saved = json.load(open(os.path.join(c["dir"], "config.json")))
         saved_dtype = saved.get("dtype", saved.get("torch_dtype"))
         if saved_dtype != c["dtype"]:
             problems["dtype"] = [saved_dtype]

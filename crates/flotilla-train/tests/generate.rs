@@ -26,9 +26,17 @@ use tch::{Device, Kind};
 
 /// The model families the greedy oracle covers, each with whether transformers tokenizes the
 /// test's character-level tokenizer generically (its `Qwen2Tokenizer` class rebuilds it and
-/// drops whitespace, so Qwen2's greedy tokens are compared on flotilla's prompt ids). Adding a
+/// drops whitespace, so Qwen's and Gemma's greedy tokens are compared on flotilla's prompt ids,
+/// as their tokenizer classes may rebuild it). Adding a
 /// family is one line here and one in FAMILIES of generate_oracle.py.
-const FAMILIES: &[(&str, bool)] = &[("llama", true), ("mistral", true), ("qwen2", false)];
+const FAMILIES: &[(&str, bool)] = &[
+    ("llama", true),
+    ("mistral", true),
+    ("qwen2", false),
+    ("qwen3", false),
+    ("gemma2", false),
+    ("gemma3_text", false),
+];
 
 fn oracle() -> Option<PathBuf> {
     common::oracle_python()
@@ -543,8 +551,8 @@ fn an_unsupported_model_directory_is_bad_input_named_once() {
         (
             r#"{"model_type": "llama", "vocab_size": 100, "hidden_size": 64, "intermediate_size": 128,
                "num_hidden_layers": 2, "num_attention_heads": 4,
-               "rope_scaling": {"rope_type": "dynamic", "factor": 2.0}}"#,
-            "field `rope_scaling.rope_type`: `dynamic` is not supported",
+               "rope_scaling": {"rope_type": "ntk", "factor": 2.0}}"#,
+            "field `rope_scaling.rope_type`: `ntk` is not a rope type flotilla implements",
         ),
     ];
     for (k, (config, want)) in cases.iter().enumerate() {

@@ -227,7 +227,13 @@ pub fn hf_architecture(config: &Map<String, Value>) -> Result<HfArchitecture, Hf
             Some(w) if count > 0 => {
                 let types = sliding
                     .iter()
-                    .map(|s| if *s { LayerType::Sliding } else { LayerType::Full })
+                    .map(|s| {
+                        if *s {
+                            LayerType::Sliding
+                        } else {
+                            LayerType::Full
+                        }
+                    })
                     .collect();
                 (Some(w), Some(types))
             }
@@ -444,20 +450,28 @@ mod tests {
             Some(vec![Sliding, Full, Sliding, Full]),
             "Gemma2Config: every second layer global"
         );
-        let g3 = arch(r#"{"model_type": "gemma3_text", "num_hidden_layers": 7, "head_dim": 16,
-                          "sliding_window": 8}"#)
+        let g3 = arch(
+            r#"{"model_type": "gemma3_text", "num_hidden_layers": 7, "head_dim": 16,
+                          "sliding_window": 8}"#,
+        )
         .unwrap();
         assert_eq!((g3.head_dim, g3.sliding_window), (Some(16), Some(8)));
         let mut want = vec![Sliding; 7];
         want[5] = Full;
-        assert_eq!(g3.layer_types, Some(want), "five local layers to one global");
+        assert_eq!(
+            g3.layer_types,
+            Some(want),
+            "five local layers to one global"
+        );
         let err = arch(r#"{"model_type": "gemma3"}"#).unwrap_err().to_string();
         assert!(
             err.contains("image-text") && err.contains("Gemma3ForCausalLM"),
             "{err}"
         );
-        let err = arch(r#"{"model_type": "gemma2", "num_hidden_layers": 3,
-                           "layer_types": ["full_attention"]}"#)
+        let err = arch(
+            r#"{"model_type": "gemma2", "num_hidden_layers": 3,
+                           "layer_types": ["full_attention"]}"#,
+        )
         .unwrap_err()
         .to_string();
         assert!(err.contains("1 entries for 3 layers"), "{err}");

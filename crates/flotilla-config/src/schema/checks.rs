@@ -344,8 +344,7 @@ impl Check<'_> {
     /// window or of another length than the layers, and Gemma's keys on another architecture.
     fn architecture(&mut self, m: &ModelConfig) {
         let arch = m.architecture();
-        if m.attention_bias == Some(true) && matches!(arch, ModelType::Mistral | ModelType::Qwen2)
-        {
+        if m.attention_bias == Some(true) && matches!(arch, ModelType::Mistral | ModelType::Qwen2) {
             self.invalid(
                 "model.attention_bias",
                 format!(
@@ -411,7 +410,7 @@ impl Check<'_> {
                 self.invalid(
                     key,
                     format!("is Gemma's; {} has none", arch.display_name()),
-                    format!("remove it, or set model.model_type=gemma2 or gemma3_text"),
+                    "remove it, or set model.model_type=gemma2 or gemma3_text".to_string(),
                 );
             } else {
                 self.positive(key, v);
@@ -437,33 +436,8 @@ impl Check<'_> {
         self.positive("model.rms_norm_eps", m.rms_norm_eps);
         self.positive("model.rope_theta", m.rope_theta);
         self.positive("model.initializer_range", m.initializer_range);
-        if let Some(r) = &m.rope_scaling {
-            if r.factor.is_nan() || r.factor < 1.0 {
-                self.invalid(
-                    "model.rope_scaling.factor",
-                    format!("must be at least 1, got {}", python_float_repr(r.factor)),
-                    "set model.rope_scaling.factor=1.0 or more (Llama 3.1 uses 8.0)".into(),
-                );
-            }
-            if self.positive("model.rope_scaling.low_freq_factor", r.low_freq_factor)
-                && r.high_freq_factor.partial_cmp(&r.low_freq_factor)
-                    != Some(std::cmp::Ordering::Greater)
-            {
-                self.invalid(
-                    "model.rope_scaling.high_freq_factor",
-                    format!(
-                        "{} must be above model.rope_scaling.low_freq_factor ({})",
-                        python_float_repr(r.high_freq_factor),
-                        python_float_repr(r.low_freq_factor)
-                    ),
-                    "raise it (Llama 3 uses low 1.0, high 4.0)".into(),
-                );
-            }
-            self.at_least(
-                "model.rope_scaling.original_max_position_embeddings",
-                r.original_max_position_embeddings as u64,
-                1,
-            );
+        for p in m.rope_problems("model.") {
+            self.invalid(&p.key, p.problem, p.fix);
         }
         if !all_positive {
             return;

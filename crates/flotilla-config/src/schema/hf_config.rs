@@ -11,7 +11,8 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use super::architecture::hf_architecture;
-use super::types::{LayerType, ModelConfig, ModelType, RopeScaling, RopeType};
+use super::rope::{check_hf_rope, hf_rope, hf_rope_scaling};
+use super::types::{LayerType, ModelConfig, ModelType};
 
 /// Why a `config.json` cannot be read as a model flotilla trains; each names the file and,
 /// where it is one field, the field.
@@ -54,6 +55,22 @@ pub struct HfRopeParameters {
     pub original_max_position_embeddings: Option<usize>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub partial_rotary_factor: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attention_factor: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub beta_fast: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub beta_slow: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mscale: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mscale_all_dim: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub truncate: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub short_factor: Option<Vec<f64>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub long_factor: Option<Vec<f64>>,
 }
 
 /// A `config.json` of `LlamaForCausalLM`, `MistralForCausalLM` or `Qwen2ForCausalLM`. Defaults
@@ -96,6 +113,13 @@ pub struct HfLlamaConfig {
     /// transformers ≥ 5: `rope_type`, `rope_theta` and the scaling values together.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rope_parameters: Option<HfRopeParameters>,
+    /// Phi-3/4's fraction of each head the rotary embeddings rotate (transformers 5 also
+    /// writes it into `rope_parameters`, which wins).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub partial_rotary_factor: Option<f64>,
+    /// Phi-3's pretraining context, read when `rope_scaling` does not give its own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub original_max_position_embeddings: Option<usize>,
     #[serde(default)]
     pub tie_word_embeddings: bool,
     /// Llama's biases on q/k/v/o_proj (written for Llama only).
@@ -121,8 +145,13 @@ pub struct HfLlamaConfig {
     pub layer_types: Option<Vec<String>>,
     #[serde(default)]
     pub attention_dropout: f64,
-    /// Gemma: queries scaled by `query_pre_attn_scalar ** -0.5` (absent: 256).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// Gemma: queries scaled by `query_pre_attn_scalar ** -0.5` (absent: 256). Written as an
+    /// integer when it is one (transformers' config class checks that it is).
+    #[serde(
+        default,
+        serialize_with = "whole_as_integer",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub query_pre_attn_scalar: Option<f64>,
     /// Gemma's soft-capping of attention scores and logits: absent (the architecture's
     /// default: Gemma 2's 50 and 30, none for Gemma 3), `null` (none) or the cap.
@@ -167,6 +196,14 @@ pub struct HfLlamaConfig {
 /// A key that is present: `null` is `Some(None)`, unlike an absent key (`None`).
 fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Option<usize>>, D::Error> {
     Option::<usize>::deserialize(d).map(Some)
+}
+
+/// A number written as an integer when it is whole.
+fn whole_as_integer<S: serde::Serializer>(v: &Option<f64>, s: S) -> Result<S::Ok, S::Error> {
+    match v {
+        Some(x) if x.fract() == 0.0 && x.abs() < 9e15 => s.serialize_some(&(*x as i64)),
+        other => other.serialize(s),
+    }
 }
 
 /// [`present`] for a number.
@@ -321,77 +358,29 @@ impl TryFrom<&HfLlamaConfig> for ModelConfig {
             ModelType::Gemma2 => (Some(50.0), Some(30.0)),
             _ => (None, None),
         };
-        let softcap = |v: Option<Option<f64>>, default: Option<f64>, field: &str| {
-            match v.unwrap_or(default) {
-                Some(c) if !(c > 0.0) => Err(bad(field, format!("{c} must be positive"))),
-                c => Ok(c.filter(|_| gemma)),
-            }
+        let softcap = |v: Option<Option<f64>>, default: Option<f64>, field: &str| match v
+            .unwrap_or(default)
+        {
+            Some(c) if c.is_nan() || c <= 0.0 => Err(bad(field, format!("{c} must be positive"))),
+            c => Ok(c.filter(|_| gemma)),
         };
-        let attn_logit_softcapping =
-            softcap(hf.attn_logit_softcapping, attn_cap, "attn_logit_softcapping")?;
-        let final_logit_softcapping =
-            softcap(hf.final_logit_softcapping, final_cap, "final_logit_softcapping")?;
+        let attn_logit_softcapping = softcap(
+            hf.attn_logit_softcapping,
+            attn_cap,
+            "attn_logit_softcapping",
+        )?;
+        let final_logit_softcapping = softcap(
+            hf.final_logit_softcapping,
+            final_cap,
+            "final_logit_softcapping",
+        )?;
         let query_pre_attn_scalar = gemma.then(|| hf.query_pre_attn_scalar.unwrap_or(256.0));
         let rope_local_base_freq = (model_type == ModelType::Gemma3)
             .then(|| hf.rope_local_base_freq.unwrap_or(GEMMA3_THETAS.1));
 
-        // rope_parameters (transformers >= 5) wins over the legacy rope_theta / rope_scaling.
-        let (rope, rope_field) = match (&hf.rope_parameters, &hf.rope_scaling) {
-            (Some(p), _) => (Some(p), "rope_parameters"),
-            (None, Some(s)) => (Some(s), "rope_scaling"),
-            (None, None) => (None, ""),
-        };
-        let rope_theta = hf
-            .rope_parameters
-            .as_ref()
-            .and_then(|p| p.rope_theta)
-            .or(hf.rope_theta)
-            .unwrap_or(10000.0);
-        let rope_scaling = match rope {
-            None => None,
-            Some(p) => {
-                if let Some(f) = p.partial_rotary_factor {
-                    if f != 1.0 {
-                        return Err(bad(
-                            &format!("{rope_field}.partial_rotary_factor"),
-                            format!("{f} is not supported (only 1.0)"),
-                        ));
-                    }
-                }
-                match p.rope_type.as_deref().or(p.legacy_type.as_deref()) {
-                    None | Some("default") => None,
-                    Some("llama3") => {
-                        let need = |v: Option<f64>, key: &str| {
-                            v.ok_or_else(|| {
-                                bad(&format!("{rope_field}.{key}"), "required for rope_type llama3")
-                            })
-                        };
-                        Some(RopeScaling {
-                            rope_type: RopeType::Llama3,
-                            factor: need(p.factor, "factor")?,
-                            low_freq_factor: need(p.low_freq_factor, "low_freq_factor")?,
-                            high_freq_factor: need(p.high_freq_factor, "high_freq_factor")?,
-                            original_max_position_embeddings: p
-                                .original_max_position_embeddings
-                                .ok_or_else(|| {
-                                    bad(
-                                        &format!("{rope_field}.original_max_position_embeddings"),
-                                        "required for rope_type llama3",
-                                    )
-                                })?,
-                        })
-                    }
-                    Some(other) => {
-                        return Err(bad(
-                            &format!("{rope_field}.rope_type"),
-                            format!("`{other}` is not supported; flotilla implements `default` and `llama3`"),
-                        ))
-                    }
-                }
-            }
-        };
+        let rope = hf_rope(hf).map_err(|(field, message)| bad(&field, message))?;
 
-        Ok(ModelConfig {
+        let config = ModelConfig {
             name: "hf".into(),
             vocab_size: hf.vocab_size,
             hidden_size: hf.hidden_size,
@@ -401,8 +390,9 @@ impl TryFrom<&HfLlamaConfig> for ModelConfig {
             num_key_value_heads: hf.num_key_value_heads.unwrap_or(hf.num_attention_heads),
             max_position_embeddings: hf.max_position_embeddings,
             rms_norm_eps: hf.rms_norm_eps,
-            rope_theta,
-            rope_scaling,
+            rope_theta: rope.rope_theta,
+            rope_scaling: rope.rope_scaling,
+            partial_rotary_factor: rope.partial_rotary_factor,
             tie_word_embeddings: hf.tie_word_embeddings,
             initializer_range: hf.initializer_range,
             init_from: None,
@@ -415,7 +405,9 @@ impl TryFrom<&HfLlamaConfig> for ModelConfig {
             attn_logit_softcapping,
             final_logit_softcapping,
             rope_local_base_freq,
-        })
+        };
+        check_hf_rope(&config, rope.field).map_err(|(field, message)| bad(&field, message))?;
+        Ok(config)
     }
 }
 
@@ -432,8 +424,8 @@ impl From<&ModelConfig> for HfLlamaConfig {
         let biased = !matches!(arch, ModelType::Mistral | ModelType::Qwen2);
         // Each layer's attention, written out whenever the layers differ or the architecture
         // would otherwise pick its own pattern (Gemma).
-        let layer_types = (c.layer_types.is_some() || (gemma && c.sliding_window.is_some()))
-            .then(|| {
+        let layer_types =
+            (c.layer_types.is_some() || (gemma && c.sliding_window.is_some())).then(|| {
                 (0..c.num_hidden_layers)
                     .map(|i| match c.layer_window(i) {
                         Some(_) => LayerType::Sliding.as_str().to_string(),
@@ -457,15 +449,10 @@ impl From<&ModelConfig> for HfLlamaConfig {
             initializer_range: c.initializer_range,
             rms_norm_eps: c.rms_norm_eps,
             rope_theta: Some(c.rope_theta),
-            rope_scaling: c.rope_scaling.as_ref().map(|s| HfRopeParameters {
-                rope_type: Some(s.rope_type.as_str().into()),
-                factor: Some(s.factor),
-                low_freq_factor: Some(s.low_freq_factor),
-                high_freq_factor: Some(s.high_freq_factor),
-                original_max_position_embeddings: Some(s.original_max_position_embeddings),
-                ..Default::default()
-            }),
+            rope_scaling: hf_rope_scaling(c),
             rope_parameters: None,
+            partial_rotary_factor: c.partial_rotary_factor,
+            original_max_position_embeddings: None,
             tie_word_embeddings: c.tie_word_embeddings,
             attention_bias: biased.then_some(c.attention_bias == Some(true)),
             mlp_bias: llama.then_some(false),
@@ -564,7 +551,7 @@ mod tests {
         .unwrap();
         assert_eq!(legacy, new);
         assert_eq!(new.rope_theta, 500000.0);
-        assert_eq!(new.rope_scaling.as_ref().unwrap().factor, 8.0);
+        assert_eq!(new.rope_scaling.as_ref().unwrap().factor, Some(8.0));
 
         let plain = convert(&json(
             r#", "rope_parameters": {"rope_type": "default", "rope_theta": 1000.0}"#,
@@ -651,17 +638,19 @@ mod tests {
         // A head size of its own (Mistral Nemo's 128 for 5120 / 32 = 160).
         let nemo = convert(&json(r#", "head_dim": 32"#)).unwrap();
         assert_eq!((nemo.head_dim, nemo.head_dim()), (Some(32), 32));
-        let err = convert(&json(r#", "hidden_act": "gelu_pytorch_tanh", "model_type": "qwen3""#))
-            .unwrap_err()
-            .to_string();
+        let err = convert(&json(
+            r#", "hidden_act": "gelu_pytorch_tanh", "model_type": "qwen3""#,
+        ))
+        .unwrap_err()
+        .to_string();
         assert!(err.contains("Qwen3 uses `silu`"), "{err}");
         let err = convert(&json(
-            r#", "rope_scaling": {"rope_type": "yarn", "factor": 2.0}"#,
+            r#", "rope_scaling": {"rope_type": "ntk", "factor": 2.0}"#,
         ))
         .unwrap_err()
         .to_string();
         assert!(
-            err.contains("rope_scaling.rope_type") && err.contains("yarn"),
+            err.contains("rope_scaling.rope_type") && err.contains("`ntk`"),
             "{err}"
         );
         let err = convert(&json(

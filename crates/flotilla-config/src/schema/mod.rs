@@ -20,6 +20,7 @@
 //! near-miss suggestions); `gpus` is the table of GPU models `compute.gpu_type` names;
 //! `architecture` is what the Hugging Face architectures add to Llama (biases, a sliding window)
 //! and how a `config.json` says which one a model is.
+//! `rope` is which keys each rope type reads and the checks of a config's rotary embeddings.
 //! `runtime_mandatory` refuses the `???` values of the runtime node that hydra-core itself reads
 //! ([`check_runtime_mandatory`]).
 
@@ -30,6 +31,7 @@ mod gpus;
 pub mod hf_config;
 mod messages;
 mod precision;
+mod rope;
 mod runtime_mandatory;
 mod shard_size;
 mod types;
@@ -46,9 +48,9 @@ pub use checks::{
     MAX_ARITHMETIC_DIGITS, USER_TASK_COMPUTE_DEFAULTS,
 };
 pub use gpus::{gpu_model, gpu_names, GpuModel, GPU_MODELS};
+pub use rope::RopeProblem;
 pub use runtime_mandatory::{check_runtime_mandatory, RuntimeMode};
 pub use shard_size::{ShardSize, DEFAULT_MAX_SHARD_SIZE};
-pub use types::ModelType;
 pub use types::{
     ArithmeticData, AutoWrapPolicy, Backend, BackwardPrefetch, ChatData, ChatFormat, ComputeConfig,
     ConfigArg, DataConfig, DataKind, DdpConfig, Device, DistConfig, DistMode, Dtype, FsdpConfig,
@@ -57,6 +59,7 @@ pub use types::{
     SavedModule, ShardingStrategy, StateDictType, TaskConfig, TaskRanks, TextData, TokenDtype,
     TokenizerSpec, TokensData, TrainOn, TrainerConfig,
 };
+pub use types::{LayerType, ModelType};
 
 /// What kind of problem a [`Problem`] is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -214,8 +214,16 @@ choice! {
 }
 
 choice! {
-    /// Rotary-embedding scaling (Hugging Face `rope_scaling.rope_type`).
-    pub enum RopeType { Llama3 = "llama3" }
+    /// The rotary-embedding type (Hugging Face `rope_scaling.rope_type`), transformers' names:
+    /// what each reads and computes is `schema::rope`'s and `flotilla-train`'s `rope.rs`.
+    pub enum RopeType {
+        Default = "default",
+        Linear = "linear",
+        Dynamic = "dynamic",
+        Yarn = "yarn",
+        Longrope = "longrope",
+        Llama3 = "llama3",
+    }
 }
 
 choice! {
@@ -490,8 +498,13 @@ section! {
         max_position_embeddings: usize,
         rms_norm_eps: f64,
         rope_theta: f64,
-        /// Llama 3 rotary scaling; `None` for plain RoPE.
+        /// The rotary embeddings' type and its parameters (Hugging Face's `rope_scaling`);
+        /// absent: plain RoPE.
         rope_scaling: Option<RopeScaling>,
+        /// The fraction of each head's features the rotary embeddings rotate (the first
+        /// `int(head_dim * partial_rotary_factor)`; the rest pass through, as Phi-3/4 do);
+        /// absent: 1.0, all of them.
+        partial_rotary_factor: Option<f64> => "0.75",
         tie_word_embeddings: bool,
         initializer_range: f64,
         /// Hugging Face model directory (`config.json` + `*.safetensors`) to load weights from.
@@ -525,13 +538,46 @@ section! {
 }
 
 section! {
-    /// `model.rope_scaling` (Hugging Face's `rope_scaling` dict for `rope_type: llama3`).
+    /// `model.rope_scaling`: Hugging Face's `rope_scaling` dict, with its keys. Which keys each
+    /// `rope_type` reads, requires and defaults is `schema::rope`'s ([`RopeType::keys`]); a
+    /// key the type does not read is refused.
     pub struct RopeScaling {
         rope_type: RopeType,
-        factor: f64,
-        low_freq_factor: f64,
-        high_freq_factor: f64,
-        original_max_position_embeddings: usize,
+        /// The context extension: every type but `default` (`yarn`, `longrope`: absent is
+        /// `max_position_embeddings / original_max_position_embeddings`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        factor: Option<f64> => "8.0",
+        /// `llama3`, `yarn`, `longrope`: the pretraining context; absent:
+        /// `max_position_embeddings`.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        original_max_position_embeddings: Option<usize> => "8192",
+        /// `llama3`: the wavelength bounds of the smoothed band.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        low_freq_factor: Option<f64> => "1.0",
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        high_freq_factor: Option<f64> => "4.0",
+        /// `yarn`, `longrope`: the factor cos and sin are scaled by; absent: the type's own.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        attention_factor: Option<f64> => "1.0",
+        /// `yarn`: the ramp's bounds in rotations (absent: 32 and 1), the attention factor's
+        /// `mscale` and `mscale_all_dim`, and whether the ramp's bounds are rounded
+        /// (absent: true).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        beta_fast: Option<f64> => "32.0",
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        beta_slow: Option<f64> => "1.0",
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        mscale: Option<f64> => "1.0",
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        mscale_all_dim: Option<f64> => "1.0",
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        truncate: Option<bool> => "true",
+        /// `longrope`: one divisor per inverse frequency, for sequences up to
+        /// `original_max_position_embeddings` and beyond.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        short_factor: Option<Vec<f64>> => "[1.0, 1.0]",
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        long_factor: Option<Vec<f64>> => "[1.0, 4.0]",
     }
 }
 

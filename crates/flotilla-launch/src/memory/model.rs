@@ -296,9 +296,13 @@ impl Units {
         );
         let q = (m.num_attention_heads * m.head_dim()) as u64;
         let kv = (m.num_key_value_heads * m.head_dim()) as u64;
-        // Norms, projections, and the attention biases the architecture has (Qwen2's q/k/v).
-        let block =
-            2 * h + 2 * q * h + 2 * kv * h + 3 * inter * h + m.attention_biases().elements(m);
+        // Norms (two a block, Gemma's four, per-head q/k norms), projections, and the
+        // attention biases the architecture has (Qwen2's q/k/v).
+        let block = m.block_norm_elements()
+            + 2 * q * h
+            + 2 * kv * h
+            + 3 * inter * h
+            + m.attention_biases().elements(m);
         let embed = vocab * h;
         let head = h + if m.tie_word_embeddings { 0 } else { embed };
         let layers = m.num_hidden_layers;

@@ -781,9 +781,6 @@ impl Generator {
                 decode_s: 0.0,
             });
         }
-        self.model
-            .check_window("the prompt and --max-new-tokens", prompt.len() + budget)
-            .map_err(|e| GenerateError::Usage(e.to_string()))?;
         let mut cache = KvCache::new(&self.model, prompt.len() + budget);
         let _guard = tch::no_grad_guard();
         let step = |ids: &[i64], cache: &mut KvCache, decoding: &mut Decoding, phase: &str| {

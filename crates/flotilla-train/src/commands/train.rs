@@ -266,8 +266,6 @@ impl StartingWeights {
             }
             None => (CausalLm::new(&job.model)?, None),
         };
-        // Sequences beyond a sliding window would train full attention the model does not have.
-        base.check_window("data.seq_len", job.data.seq_len())?;
         let lora = job.peft.lora();
         let model = match lora {
             Some(l) => CausalLm::with_lora(base.config(), Some(l))?,

@@ -2,17 +2,18 @@
 //! parameter table, its units in forward order, which parameters are trained), the forward
 //! context of a batch (rotary tables, packed rows' mask), whole-graph and cached forwards, and
 //! transformers' causal-LM loss. Which units a config gets is its family file's business
-//! (`llama.rs`); this file is the same for every family.
+//! (`llama.rs`, `qwen3.rs`, `gemma.rs`, over `decoder/`); this file is the same for every
+//! family.
 
 use tch::{Device, Kind, Reduction, Tensor};
 
-use flotilla_config::schema::{LoraConfig, ModelConfig};
+use flotilla_config::schema::{LoraConfig, ModelConfig, ModelType};
 
 use super::layers::mask::packed_attention_mask;
-use super::layers::rope::{inv_freq, rotary_tables};
+use super::layers::rope::{inv_freq, rotary_tables, Rope};
 use super::{
-    is_float_kind, llama, FamilyUnits, ForwardCtx, KvCache, ModelError, ParamSpec, Params,
-    TokenInput, Unit,
+    gemma, is_float_kind, llama, qwen3, FamilyUnits, ForwardCtx, KvCache, ModelError, ParamSpec,
+    Params, TokenInput, Unit,
 };
 
 /// The architecture: config, parameter table and units. Holds no tensors (it is `Send + Sync`);
@@ -23,7 +24,11 @@ pub struct CausalLm {
     units: Vec<Box<dyn Unit>>,
     /// For each unit, whether each parameter it reads is trained ([`CausalLm::trainable_mask`]).
     unit_trainable: Vec<Vec<bool>>,
-    inv_freq: Vec<f32>,
+    /// The rotary embeddings (every layer's but for `local_inv_freq`'s).
+    rope: Rope,
+    /// The local layers' inverse frequencies (Gemma 3's sliding layers), when they have their
+    /// own theta.
+    local_inv_freq: Option<Vec<f32>>,
 }
 
 impl std::fmt::Debug for CausalLm {
@@ -48,8 +53,19 @@ impl CausalLm {
     /// after the block's weights in its parameter list): only the adapters and
     /// `lora.modules_to_save` are trainable. `None`: [`CausalLm::new`], every parameter trainable.
     pub fn with_lora(config: &ModelConfig, lora: Option<&LoraConfig>) -> Result<Self, ModelError> {
-        // Every model_type flotilla loads (llama, mistral, qwen2) is Llama's units.
-        let FamilyUnits { specs, units } = llama::build(config, lora)?;
+        let FamilyUnits { specs, units } = match config.architecture() {
+            ModelType::Llama | ModelType::Mistral | ModelType::Qwen2 => llama::build(config, lora)?,
+            ModelType::Qwen3 => qwen3::build(config, lora)?,
+            ModelType::Gemma2 | ModelType::Gemma3 => gemma::build(config, lora)?,
+        };
+        // Gemma 3's sliding layers: plain rotary embeddings of their own theta.
+        let local_inv_freq = config.rope_local_base_freq.map(|theta| {
+            inv_freq(&ModelConfig {
+                rope_theta: theta,
+                rope_scaling: None,
+                ..config.clone()
+            })
+        });
         let unit_trainable = units
             .iter()
             .map(|u| {
@@ -64,7 +80,8 @@ impl CausalLm {
             specs,
             units,
             unit_trainable,
-            inv_freq: inv_freq(config),
+            rope: Rope::new(config),
+            local_inv_freq,
         })
     }
 
@@ -76,16 +93,6 @@ impl CausalLm {
 
     pub fn config(&self) -> &ModelConfig {
         &self.config
-    }
-
-    /// Refuses a context of `len` positions (`what`: where the length comes from, e.g.
-    /// `data.seq_len`) beyond the model's sliding window, naming the window, the length and the
-    /// fix: the units attend to every earlier position, which is the model's attention only
-    /// within the window. Every path that trains or generates checks its length here.
-    pub fn check_window(&self, what: &str, len: usize) -> Result<(), ModelError> {
-        self.config
-            .check_window(what, len)
-            .map_err(ModelError::BeyondWindow)
     }
 
     /// The units in forward order: `embed`, `layers.0` … `layers.{n-1}`, `head`.
@@ -163,12 +170,16 @@ impl CausalLm {
     /// The forward context for explicit position ids, `[T]` or `[B, T]` (transformers'
     /// `position_ids`).
     pub fn ctx_for_positions(&self, positions: &Tensor) -> ForwardCtx {
-        let (cos, sin) = rotary_tables(&self.inv_freq, positions);
+        let (cos, sin) = self.rope.tables(positions);
         ForwardCtx {
             cos,
             sin,
             attention_mask: None,
             dropout_seed: None,
+            local_rope: self
+                .local_inv_freq
+                .as_ref()
+                .map(|f| rotary_tables(f, positions)),
         }
     }
 
@@ -194,7 +205,6 @@ impl CausalLm {
     /// [`CausalLm::forward`] of token ids with their position ids when rows are packed.
     pub fn forward_input(&self, params: &Params, input: &TokenInput) -> Result<Tensor, ModelError> {
         let tokens = &input.ids;
-        self.check_window("the input length", tokens.size()[1] as usize)?;
         let ctx = self.ctx_for_input(input);
         let mut x = tokens.shallow_clone();
         for (i, unit) in self.units.iter().enumerate() {
@@ -223,7 +233,6 @@ impl CausalLm {
                 needed,
             });
         }
-        self.check_window("the prompt and the generated tokens", needed)?;
         let positions = Tensor::arange_start(start, start + t, (Kind::Int64, tokens.device()));
         let ctx = self.ctx_for_positions(&positions);
         let mut x = tokens.shallow_clone();

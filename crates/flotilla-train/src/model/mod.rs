@@ -30,12 +30,15 @@
 //! means gathering the owner's flat parameter too (or keeping it gathered).
 
 pub mod causal_lm;
+pub mod decoder;
+pub mod gemma;
 pub mod hf_config;
 pub mod init;
 pub mod kv_cache;
 pub mod layers;
 pub mod llama;
 pub mod names;
+pub mod qwen3;
 
 use std::path::PathBuf;
 
@@ -100,10 +103,6 @@ pub enum ModelError {
         file: PathBuf,
         class: &'static str,
     },
-    /// A context longer than the model's sliding window (the message names the window, the
-    /// length and the fix).
-    #[error("{0}")]
-    BeyondWindow(String),
     /// Generation past the positions a [`KvCache`] was made for.
     #[error(
         "the key/value cache holds {capacity} positions; {needed} are needed (make it larger, \
@@ -137,8 +136,7 @@ impl ModelError {
             | ModelError::MissingTensor { .. }
             | ModelError::ShapeMismatch { .. }
             | ModelError::UnsupportedDtype { .. }
-            | ModelError::UnexpectedTensor { .. }
-            | ModelError::BeyondWindow(_) => true,
+            | ModelError::UnexpectedTensor { .. } => true,
             ModelError::Io { source, .. } => source.kind() == std::io::ErrorKind::NotFound,
             ModelError::File(e) => e.is_bad_input(),
             ModelError::CacheFull { .. }
@@ -234,6 +232,20 @@ pub struct ForwardCtx {
     /// Training with dropout: the seed of this micro-batch's masks. `None`: no dropout
     /// (evaluation, generation).
     pub dropout_seed: Option<u64>,
+    /// The rotary tables of the local layers (Gemma 3's sliding layers, their own theta), in
+    /// `cos`'s shape; `None` when every layer takes `cos` and `sin`.
+    pub local_rope: Option<(Tensor, Tensor)>,
+}
+
+impl ForwardCtx {
+    /// The rotary tables `(cos, sin)` of a layer: the local ones when it takes them and the
+    /// model has them, else the global ones.
+    pub fn rope(&self, local: bool) -> (&Tensor, &Tensor) {
+        match (&self.local_rope, local) {
+            (Some((cos, sin)), true) => (cos, sin),
+            _ => (&self.cos, &self.sin),
+        }
+    }
 }
 
 /// A unit of the model: a pure function of its input and an explicit parameter list.

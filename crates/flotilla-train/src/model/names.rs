@@ -1,9 +1,9 @@
 //! The one mapping between the architecture's parameters and transformers' weight names:
-//! [`ParamName`] (a parameter of `LlamaForCausalLM`, `MistralForCausalLM` or
-//! `Qwen2ForCausalLM`, which share their names) and [`LayerWeight`] (a weight of one decoder
-//! layer), with their Hugging Face names and the parsing of those names. The
-//! architecture (`llama.rs`) builds its parameter table from them and the Hugging Face format
-//! (`hf.rs`) reads and writes files under them; this module depends on neither.
+//! [`ParamName`] (a parameter of any family's `*ForCausalLM`: they share their names, each
+//! family with its own subset of a block's weights) and [`LayerWeight`] (a weight of one
+//! decoder layer), with their Hugging Face names and the parsing of those names. The decoder
+//! (`decoder/`) builds its parameter table from them and the Hugging Face format (`state/`)
+//! reads and writes files under them; this module depends on neither.
 
 /// The weights of one decoder layer, in the order a block unit takes them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -17,10 +17,38 @@ pub enum LayerWeight {
     Gate,
     Up,
     Down,
+    /// Qwen3's and Gemma 3's per-head norm of the queries (`[head_dim]`).
+    QNorm,
+    /// ... and of the keys.
+    KNorm,
+    /// Gemma's norm of the MLP's input (its `post_attention_layernorm` norms the attention's
+    /// output).
+    PreFeedforwardNorm,
+    /// Gemma's norm of the MLP's output.
+    PostFeedforwardNorm,
 }
 
 impl LayerWeight {
-    pub const ALL: [LayerWeight; 9] = [
+    /// Every layer weight of every family.
+    pub const ALL: [LayerWeight; 13] = [
+        LayerWeight::InputNorm,
+        LayerWeight::Q,
+        LayerWeight::K,
+        LayerWeight::V,
+        LayerWeight::O,
+        LayerWeight::PostAttentionNorm,
+        LayerWeight::Gate,
+        LayerWeight::Up,
+        LayerWeight::Down,
+        LayerWeight::QNorm,
+        LayerWeight::KNorm,
+        LayerWeight::PreFeedforwardNorm,
+        LayerWeight::PostFeedforwardNorm,
+    ];
+
+    /// The weights of a Llama block, in the order its unit takes them (other families add
+    /// theirs after these).
+    pub const LLAMA: [LayerWeight; 9] = [
         LayerWeight::InputNorm,
         LayerWeight::Q,
         LayerWeight::K,
@@ -51,6 +79,10 @@ impl LayerWeight {
             LayerWeight::Gate => "mlp.gate_proj.weight",
             LayerWeight::Up => "mlp.up_proj.weight",
             LayerWeight::Down => "mlp.down_proj.weight",
+            LayerWeight::QNorm => "self_attn.q_norm.weight",
+            LayerWeight::KNorm => "self_attn.k_norm.weight",
+            LayerWeight::PreFeedforwardNorm => "pre_feedforward_layernorm.weight",
+            LayerWeight::PostFeedforwardNorm => "post_feedforward_layernorm.weight",
         }
     }
 }

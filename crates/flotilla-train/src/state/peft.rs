@@ -146,7 +146,7 @@ fn is_factor(name: &str) -> bool {
 fn adapted_modules<'a>(names: impl Iterator<Item = &'a str>) -> Vec<&'static str> {
     let mut found: Vec<&'static str> = names
         .filter_map(|n| match ParamName::parse(n) {
-            Some(ParamName::Lora(_, w, _)) => crate::model::llama::lora_module(w),
+            Some(ParamName::Lora(_, w, _)) => crate::model::decoder::lora_module(w),
             _ => None,
         })
         .map(|m| m.as_str())

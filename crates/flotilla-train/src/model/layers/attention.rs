@@ -1,8 +1,24 @@
-//! Causal scaled dot-product attention with grouped-query heads, as transformers' `sdpa`
-//! attention computes it: over a whole row, within each sequence of a packed row (a mask), or
-//! for new positions against a key/value cache.
+//! Causal attention with grouped-query heads, as transformers computes it: scaled dot-product
+//! attention (`sdpa`) over a whole row, within each sequence of a packed row (a mask), within a
+//! sliding window, or for new positions against a key/value cache; and the eager attention of
+//! Gemma 2, whose scores are soft-capped before the softmax.
 
 use tch::{Kind, Tensor};
+
+use super::softcap::soft_cap;
+
+/// What a layer's attention does besides causal masking.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct AttentionOptions {
+    /// The scores' scale (`None`: `head_dim ** -0.5`).
+    pub scale: Option<f64>,
+    /// Scores soft-capped at this value before the softmax (eager attention, as transformers
+    /// runs Gemma 2).
+    pub softcap: Option<f64>,
+    /// Each query sees the keys of the last `window` positions, itself included
+    /// (transformers' `kv_idx > q_idx - sliding_window`).
+    pub window: Option<i64>,
+}
 
 /// Causal attention of queries `q` `[B, num_heads, T_q, head_dim]` to keys `k` and values `v`
 /// `[B, num_kv_heads, T_k, head_dim]`, where the queries are the last `T_q` of the `T_k` key
@@ -16,35 +32,99 @@ pub fn causal_attention(
     packed_mask: Option<&Tensor>,
     num_heads: i64,
     num_kv_heads: i64,
+    options: &AttentionOptions,
 ) -> Tensor {
     let gqa = num_kv_heads != num_heads;
     let (t_q, t_k) = (q.size()[2], k.size()[2]);
-    if t_q == t_k {
-        match packed_mask {
-            Some(mask) => {
-                // With a mask the fused GPU kernels take no grouped-query heads (SDPA would
-                // fall back to the math kernel, which holds [B, heads, T, T]): the KV heads
-                // are repeated instead, as transformers does.
-                let repeat = num_heads / num_kv_heads;
-                let (k, v) = if gqa {
-                    (
-                        k.repeat_interleave_self_int(repeat, 1, None),
-                        v.repeat_interleave_self_int(repeat, 1, None),
-                    )
-                } else {
-                    (k.shallow_clone(), v.shallow_clone())
-                };
-                Tensor::scaled_dot_product_attention(q, &k, &v, Some(mask), 0.0, false, None, false)
-            }
-            None => {
-                Tensor::scaled_dot_product_attention::<&Tensor>(q, k, v, None, 0.0, true, None, gqa)
-            }
+    // The window hides keys only when some query has more than `window` positions behind it.
+    let window = options.window.filter(|w| t_k > *w);
+    let repeated = || {
+        // With a mask the fused GPU kernels take no grouped-query heads (SDPA would fall back
+        // to the math kernel, which holds [B, heads, T, T]): the KV heads are repeated instead,
+        // as transformers does.
+        let repeat = num_heads / num_kv_heads;
+        if gqa {
+            (
+                k.repeat_interleave_self_int(repeat, 1, None),
+                v.repeat_interleave_self_int(repeat, 1, None),
+            )
+        } else {
+            (k.shallow_clone(), v.shallow_clone())
         }
-    } else {
-        // Query i sits at position t_k - t_q + i and sees keys 0 ..= t_k - t_q + i (one
-        // query sees them all: no mask).
-        let mask =
-            (t_q > 1).then(|| Tensor::ones([t_q, t_k], (Kind::Bool, q.device())).tril(t_k - t_q));
-        Tensor::scaled_dot_product_attention(q, k, v, mask.as_ref(), 0.0, false, None, gqa)
+    };
+    if options.softcap.is_none() && window.is_none() {
+        let scale = options.scale;
+        if t_q == t_k {
+            return match packed_mask {
+                Some(mask) => {
+                    let (k, v) = repeated();
+                    Tensor::scaled_dot_product_attention(
+                        q,
+                        &k,
+                        &v,
+                        Some(mask),
+                        0.0,
+                        false,
+                        scale,
+                        false,
+                    )
+                }
+                None => Tensor::scaled_dot_product_attention::<&Tensor>(
+                    q, k, v, None, 0.0, true, scale, gqa,
+                ),
+            };
+        }
+        // Query i sits at position t_k - t_q + i and sees keys 0 ..= t_k - t_q + i (one query
+        // sees them all: no mask).
+        let mask = (t_q > 1).then(|| visible_keys(q, t_q, t_k, None));
+        return Tensor::scaled_dot_product_attention(
+            q,
+            k,
+            v,
+            mask.as_ref(),
+            0.0,
+            false,
+            scale,
+            gqa,
+        );
+    }
+    let mut mask = visible_keys(q, t_q, t_k, window);
+    if let Some(packed) = packed_mask {
+        mask = mask.logical_and(packed);
+    }
+    let (k, v) = repeated();
+    match options.softcap {
+        None => Tensor::scaled_dot_product_attention(
+            q,
+            &k,
+            &v,
+            Some(&mask),
+            0.0,
+            false,
+            options.scale,
+            false,
+        ),
+        Some(cap) => {
+            // transformers' eager attention: scores in the activation dtype, capped, masked,
+            // a softmax in fp32 cast back.
+            let scale = options.scale.unwrap_or(1.0 / (q.size()[3] as f64).sqrt());
+            let scores = soft_cap(&(q.matmul(&k.transpose(2, 3)) * scale), cap);
+            let scores = scores.masked_fill(&mask.logical_not(), f64::NEG_INFINITY);
+            let probs = scores.softmax(-1, Kind::Float).to_kind(q.kind());
+            probs.matmul(&v)
+        }
+    }
+}
+
+/// `[T_q, T_k]`, true where query `i` (at position `T_k - T_q + i`) may see key `j`: `j` at or
+/// before it and, with a window, fewer than `window` positions behind it.
+fn visible_keys(q: &Tensor, t_q: i64, t_k: i64, window: Option<i64>) -> Tensor {
+    let device = q.device();
+    let rows = (Tensor::arange(t_q, (Kind::Int64, device)) + (t_k - t_q)).unsqueeze(1);
+    let cols = Tensor::arange(t_k, (Kind::Int64, device)).unsqueeze(0);
+    let causal = cols.le_tensor(&rows);
+    match window {
+        Some(w) => causal.logical_and(&cols.gt_tensor(&(rows - w))),
+        None => causal,
     }
 }

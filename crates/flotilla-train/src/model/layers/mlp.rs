@@ -6,3 +6,8 @@ use tch::Tensor;
 pub fn swiglu(gate: &Tensor, up: &Tensor) -> Tensor {
     gate.silu() * up
 }
+
+/// GeGLU with the tanh GELU (`Gemma2MLP`, `gelu_pytorch_tanh`): `gelu_tanh(gate) * up`.
+pub fn geglu(gate: &Tensor, up: &Tensor) -> Tensor {
+    gate.gelu("tanh") * up
+}

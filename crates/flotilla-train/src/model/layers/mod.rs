@@ -2,8 +2,8 @@
 //! its own, no knowledge of units or parallelism): [`norm`] (RMSNorm), [`rope`] (rotary
 //! embeddings), [`mask`] (packed rows' attention mask), [`attention`] (causal scaled
 //! dot-product attention with grouped-query heads), [`linear`] (projections with biases and
-//! LoRA adapters), [`mlp`] (the gated MLP). A family file (`model/llama.rs`) says which it uses
-//! and in what order. Numerics follow transformers': each function's docs name its original.
+//! LoRA adapters), [`mlp`] (the gated MLP), [`softcap`] (Gemma's soft-capping). The decoder
+//! (`model/decoder/`) puts them together as a family's style says. Numerics follow transformers': each function's docs name its original.
 
 pub mod attention;
 pub mod linear;
@@ -11,3 +11,4 @@ pub mod mask;
 pub mod mlp;
 pub mod norm;
 pub mod rope;
+pub mod softcap;
