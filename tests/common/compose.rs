@@ -44,6 +44,8 @@ pub fn tiny_model_config(tied: bool) -> ModelConfig {
         attn_logit_softcapping: None,
         final_logit_softcapping: None,
         rope_local_base_freq: None,
+        no_rope_layers: None,
+        pad_token_id: None,
     }
 }
 

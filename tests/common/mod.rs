@@ -9,7 +9,8 @@
 //! `#[path = "../../../tests/common/mod.rs"] mod common;`. Helpers with heavier dependencies
 //! live beside it, each included the same way by the tests that can compile it:
 //! `compose.rs` (flotilla_config: the composer, tiny model and trainer configs), `launch.rs`
-//! (flotilla_launch: preparing runs) and `world.rs` (the multi-process harness).
+//! (flotilla_launch: preparing runs), `world.rs` (the multi-process harness) and
+//! `chromium.rs` (headless Chromium, the HTML report's oracle).
 
 #![allow(dead_code)]
 

@@ -33,6 +33,8 @@ from transformers import (  # noqa: E402
     Gemma3ForCausalLM,
     Gemma3TextConfig,
     LlamaConfig,
+    Phi3Config,
+    Phi3ForCausalLM,
     LlamaForCausalLM,
     MistralConfig,
     MistralForCausalLM,
@@ -40,6 +42,8 @@ from transformers import (  # noqa: E402
     Qwen2ForCausalLM,
     Qwen3Config,
     Qwen3ForCausalLM,
+    SmolLM3Config,
+    SmolLM3ForCausalLM,
 )
 
 ARCHS = {
@@ -49,6 +53,8 @@ ARCHS = {
     "qwen3": (Qwen3Config, Qwen3ForCausalLM),
     "gemma2": (Gemma2Config, Gemma2ForCausalLM),
     "gemma3_text": (Gemma3TextConfig, Gemma3ForCausalLM),
+    "phi3": (Phi3Config, Phi3ForCausalLM),
+    "smollm3": (SmolLM3Config, SmolLM3ForCausalLM),
 }
 
 # The attention implementation each architecture is checked in (transformers' default
@@ -157,6 +163,25 @@ FIXTURES = {
              rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 100000.0},
                               "sliding_attention": {"rope_type": "default", "rope_theta": 100.0}}),
         dict(arch="gemma3_text"),
+    ),
+    # Phi-3: fused qkv_proj and gate_up_proj, a window of 7 on every layer.
+    "phi3": (
+        dict(num_key_value_heads=2, tie_word_embeddings=False, sliding_window=7,
+             pad_token_id=0),
+        dict(arch="phi3"),
+    ),
+    # Phi-4-mini's shape: rotary embeddings on three quarters of each head, tied embeddings.
+    "phi4_mini_partial_rotary": (
+        dict(num_key_value_heads=1, tie_word_embeddings=True, pad_token_id=0,
+             rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                              "partial_rotary_factor": 0.75}),
+        dict(arch="phi3"),
+    ),
+    # SmolLM3: no rotary embeddings on its second layer.
+    "smollm3_nope": (
+        dict(num_key_value_heads=2, tie_word_embeddings=True, no_rope_layers=[1, 0],
+             pad_token_id=0),
+        dict(arch="smollm3"),
     ),
 }
 

@@ -29,7 +29,7 @@ import sys
 import numpy as np
 import torch
 from safetensors.torch import load_file
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
 
 def lr_at(step, lr, min_lr, warmup, max_steps, schedule):
@@ -89,8 +89,10 @@ def hyper(a):
 
 def replay(a):
     model_dir, batches, steps = a[0], a[1], int(a[2])
-    model = LlamaForCausalLM.from_pretrained(
-        model_dir, torch_dtype=torch.float32, attn_implementation="eager"
+    # Any family, as its directory's config.json says; eager attention (Gemma 2's soft-capped
+    # scores exist only there).
+    model = AutoModelForCausalLM.from_pretrained(
+        model_dir, dtype=torch.float32, attn_implementation="eager"
     )
     data = load_file(batches)
 

@@ -8,7 +8,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use flotilla_config::schema::{JobConfig, LoraConfig};
+use flotilla_config::schema::{JobConfig, LoraConfig, LoraModule};
 
 /// PEFT's prefix before a parameter's Hugging Face name in an adapter file.
 const PEFT_PREFIX: &str = "base_model.model.";
@@ -22,6 +22,8 @@ struct BaseDims {
     kv_out: i64,
     layers: usize,
     vocab: i64,
+    /// A block's linear layers (Phi-3's are fused).
+    linear: &'static [LoraModule],
     /// Where they were read (for messages).
     source: String,
 }
@@ -39,6 +41,7 @@ impl BaseDims {
             kv_out: m.num_key_value_heads as i64 * hd,
             layers: m.num_hidden_layers,
             vocab: m.vocab_size as i64,
+            linear: m.linear_modules(),
             source: match &m.init_from {
                 Some(dir) => Path::new(dir).join("config.json").display().to_string(),
                 None => "the model config".into(),
@@ -54,6 +57,8 @@ impl BaseDims {
             "self_attn.o_proj" => (self.hidden, self.q_out),
             "mlp.gate_proj" | "mlp.up_proj" => (self.intermediate, self.hidden),
             "mlp.down_proj" => (self.hidden, self.intermediate),
+            "self_attn.qkv_proj" => (self.q_out + 2 * self.kv_out, self.hidden),
+            "mlp.gate_up_proj" => (2 * self.intermediate, self.hidden),
             _ => return None,
         })
     }
@@ -159,8 +164,11 @@ fn check_adapter(dir: &Path, lora: &LoraConfig, base: &BaseDims) -> Result<(), S
             ));
         }
     }
-    let ours: std::collections::BTreeSet<&str> =
-        lora.targets().iter().map(|m| m.as_str()).collect();
+    let ours: std::collections::BTreeSet<&str> = lora
+        .targets_among(base.linear)
+        .iter()
+        .map(|m| m.as_str())
+        .collect();
     if adapted
         .iter()
         .map(String::as_str)
@@ -249,6 +257,7 @@ mod tests {
             kv_out: 32,
             layers: 2,
             vocab: 32,
+            linear: &LoraModule::LINEAR,
             source: "the model config".into(),
         }
     }

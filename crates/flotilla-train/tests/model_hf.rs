@@ -4,7 +4,8 @@
 //! attention biases; Mistral with a window shorter than the sequence and with Nemo's head size;
 //! Qwen2 with random q/k/v biases, tied and untied; Qwen3 with its q/k norms, alone and with a
 //! window on one layer; Gemma 2 with soft-capping and alternating windows; Gemma 3 with q/k norms
-//! and local rotary tables) and transformers' logits and loss for a token batch, and its logits
+//! and local rotary tables; Phi-3 with its fused projections and a window, Phi-4-mini's partial
+//! rotary embeddings; SmolLM3 with a layer without rotary embeddings) and transformers' logits and loss for a token batch, and its logits
 //! for the batch as packed rows (position ids restarting at each sequence); flotilla loads each,
 //! matches the logits, the loss and the packed logits, saves its own directory, and
 //! transformers loads that as the same class and matches flotilla's logits. Every family but
@@ -79,7 +80,7 @@ fn transformers_oracle_both_directions() {
     let manifest: Vec<serde_json::Value> =
         serde_json::from_str(&std::fs::read_to_string(tmp.path().join("manifest.json")).unwrap())
             .unwrap();
-    assert_eq!(manifest.len(), 15);
+    assert_eq!(manifest.len(), 18);
     let mut checks = Vec::new();
     let mut failures = Vec::new();
     for fx in &manifest {
@@ -462,6 +463,9 @@ fn every_family_trains_and_final_loads_as_the_same_class() {
         "qwen3_tied_window",
         "gemma2",
         "gemma3",
+        "phi3",
+        "phi4_mini_partial_rotary",
+        "smollm3_nope",
     ] {
         let fx = fixture(&manifest, name);
         let base = PathBuf::from(fx["dir"].as_str().unwrap());

@@ -1,7 +1,9 @@
 //! The Hugging Face architectures flotilla implements and what each adds to Llama's math:
 //! `llama`, `mistral` and `qwen2` (Llama's units with biases and a sliding window), `qwen3`
 //! (per-head q/k norms), `gemma2` and `gemma3_text` (Gemma's norms, GeGLU, scaled embeddings,
-//! soft-capping, alternating sliding and global layers). This file owns which attention
+//! soft-capping, alternating sliding and global layers), `phi3` (q/k/v and gate/up fused into one
+//! projection each, partial rotary embeddings) and `smollm3` (layers without rotary
+//! embeddings). This file owns which attention
 //! projections carry a bias ([`ModelConfig::attention_biases`]), each layer's attention window
 //! ([`ModelConfig::layer_window`]), the per-family traits the model and the memory planner read
 //! ([`ModelConfig::gemma_style`], [`ModelConfig::qk_norm`]), and [`hf_architecture`], which reads
@@ -10,7 +12,7 @@
 
 use serde_json::{Map, Value};
 
-use super::types::{LayerType, ModelConfig, ModelType};
+use super::types::{LayerType, LoraModule, ModelConfig, ModelType};
 
 impl ModelType {
     /// The transformers class a directory of this architecture loads as.
@@ -22,6 +24,8 @@ impl ModelType {
             ModelType::Qwen3 => "Qwen3ForCausalLM",
             ModelType::Gemma2 => "Gemma2ForCausalLM",
             ModelType::Gemma3 => "Gemma3ForCausalLM",
+            ModelType::Phi3 => "Phi3ForCausalLM",
+            ModelType::SmolLm3 => "SmolLM3ForCausalLM",
         }
     }
 
@@ -34,6 +38,8 @@ impl ModelType {
             ModelType::Qwen3 => "Qwen3",
             ModelType::Gemma2 => "Gemma 2",
             ModelType::Gemma3 => "Gemma 3",
+            ModelType::Phi3 => "Phi-3",
+            ModelType::SmolLm3 => "SmolLM3",
         }
     }
 
@@ -79,16 +85,36 @@ impl ModelConfig {
         self.model_type.unwrap_or(ModelType::Llama)
     }
 
+    /// A block's linear layers (what LoRA may adapt, and `all-linear` means): Phi-3's fused
+    /// ones, else Llama's seven.
+    pub fn linear_modules(&self) -> &'static [LoraModule] {
+        match self.architecture() {
+            ModelType::Phi3 => &LoraModule::FUSED_LINEAR,
+            _ => &LoraModule::LINEAR,
+        }
+    }
+
+    /// Whether layer `i` applies rotary embeddings (all but SmolLM3's NoPE layers).
+    pub fn layer_has_rope(&self, i: usize) -> bool {
+        self.no_rope_layers
+            .as_ref()
+            .is_none_or(|flags| flags.get(i) != Some(&0))
+    }
+
     /// The biases of a block's attention projections: Qwen2's on q/k/v, those of Llama, Qwen3
     /// and Gemma on q/k/v/o with `attention_bias`, none for Mistral.
     pub fn attention_biases(&self) -> AttentionBiases {
         match self.architecture() {
-            ModelType::Mistral => AttentionBiases::default(),
+            ModelType::Mistral | ModelType::Phi3 => AttentionBiases::default(),
             ModelType::Qwen2 => AttentionBiases {
                 qkv: true,
                 o: false,
             },
-            ModelType::Llama | ModelType::Qwen3 | ModelType::Gemma2 | ModelType::Gemma3 => {
+            ModelType::Llama
+            | ModelType::Qwen3
+            | ModelType::Gemma2
+            | ModelType::Gemma3
+            | ModelType::SmolLm3 => {
                 let on = self.attention_bias == Some(true);
                 AttentionBiases { qkv: on, o: on }
             }
@@ -144,6 +170,8 @@ pub struct HfArchitecture {
     pub attention_bias: Option<bool>,
     pub sliding_window: Option<usize>,
     pub layer_types: Option<Vec<LayerType>>,
+    /// SmolLM3's `no_rope_layers` (1: rotary embeddings, 0: none), when some layer has none.
+    pub no_rope_layers: Option<Vec<usize>>,
     /// `head_dim` as the config has it, else the architecture's default (Qwen3 128, Gemma
     /// 256); `None`: `hidden_size / num_attention_heads`.
     pub head_dim: Option<usize>,
@@ -170,7 +198,8 @@ const DEFAULT_WINDOW: usize = 4096;
 /// `Qwen2Config`'s and `Qwen3Config`'s default `max_window_layers`.
 const DEFAULT_MAX_WINDOW_LAYERS: usize = 28;
 /// What `model_type` may be.
-const KNOWN_TYPES: &str = "`llama`, `mistral`, `qwen2`, `qwen3`, `gemma2` and `gemma3_text`";
+const KNOWN_TYPES: &str =
+    "`llama`, `mistral`, `qwen2`, `qwen3`, `gemma2`, `gemma3_text`, `phi3` and `smollm3`";
 
 /// Reads the architecture of a `config.json` object as transformers does: `model_type`
 /// (absent: `llama`; others are refused, a Gemma 3 multimodal checkpoint naming what to do),
@@ -189,6 +218,8 @@ pub fn hf_architecture(config: &Map<String, Value>) -> Result<HfArchitecture, Hf
             "qwen3" => ModelType::Qwen3,
             "gemma2" => ModelType::Gemma2,
             "gemma3_text" => ModelType::Gemma3,
+            "phi3" => ModelType::Phi3,
+            "smollm3" => ModelType::SmolLm3,
             "gemma3" => {
                 return Err(refuse(
                     "model_type",
@@ -241,12 +272,31 @@ pub fn hf_architecture(config: &Map<String, Value>) -> Result<HfArchitecture, Hf
         }
     };
     let attention_bias = match model_type {
-        ModelType::Mistral | ModelType::Qwen2 => None,
+        ModelType::Mistral | ModelType::Qwen2 | ModelType::Phi3 => None,
         _ => flag(config, "attention_bias")?.then_some(true),
     };
     let (sliding_window, layer_types) = match model_type {
         ModelType::Llama => (None, None),
         ModelType::Mistral => (size(config, "sliding_window", Some(DEFAULT_WINDOW))?, None),
+        // Phi-3's window (absent: none) is every layer's.
+        ModelType::Phi3 => (size(config, "sliding_window", None)?, None),
+        // SmolLM3: with use_sliding_window, the layers `layer_types` names, by default those
+        // without rotary embeddings.
+        ModelType::SmolLm3 => {
+            let window = size(config, "sliding_window", None)?;
+            if !flag(config, "use_sliding_window")? || window.is_none() {
+                (None, None)
+            } else {
+                let sliding = match layer_types_of(config)? {
+                    Some(types) => types,
+                    None => no_rope_layers(config, layers)?
+                        .iter()
+                        .map(|r| *r == 0)
+                        .collect(),
+                };
+                window_on(sliding, window)
+            }
+        }
         ModelType::Qwen2 | ModelType::Qwen3 => {
             if !flag(config, "use_sliding_window")? {
                 (None, None)
@@ -300,13 +350,53 @@ pub fn hf_architecture(config: &Map<String, Value>) -> Result<HfArchitecture, Hf
             _ => None,
         },
     };
+    let no_rope = match model_type {
+        ModelType::SmolLm3 => Some(no_rope_layers(config, layers)?).filter(|f| f.contains(&0)),
+        _ => None,
+    };
     Ok(HfArchitecture {
         model_type: (model_type != ModelType::Llama).then_some(model_type),
         attention_bias,
         sliding_window,
         layer_types,
+        no_rope_layers: no_rope,
         head_dim,
     })
+}
+
+/// SmolLM3's `no_rope_layers` (1: rotary embeddings, 0: none), as `SmolLM3Config` fills it
+/// when absent: none every `no_rope_layer_interval` (4) layers.
+fn no_rope_layers(config: &Map<String, Value>, layers: usize) -> Result<Vec<usize>, HfFieldError> {
+    match config.get("no_rope_layers") {
+        None | Some(Value::Null) => {
+            let interval = match config.get("no_rope_layer_interval") {
+                None | Some(Value::Null) => 4,
+                Some(v) => v.as_u64().filter(|n| *n > 0).ok_or_else(|| {
+                    refuse(
+                        "no_rope_layer_interval",
+                        format!("expected a positive integer, got {v}"),
+                    )
+                })? as usize,
+            };
+            Ok((0..layers)
+                .map(|i| usize::from((i + 1) % interval != 0))
+                .collect())
+        }
+        Some(Value::Array(flags)) if flags.len() == layers => flags
+            .iter()
+            .map(|f| match f.as_u64() {
+                Some(b @ (0 | 1)) => Ok(b as usize),
+                _ => Err(refuse(
+                    "no_rope_layers",
+                    format!("`{f}` is not 0 (no rotary embeddings) or 1"),
+                )),
+            })
+            .collect(),
+        Some(v) => Err(refuse(
+            "no_rope_layers",
+            format!("expected a list of {layers} zeros and ones, got {v}"),
+        )),
+    }
 }
 
 /// The window all layers share, and each layer's kind when they differ.
@@ -388,6 +478,7 @@ mod tests {
                 attention_bias: None,
                 sliding_window: None,
                 layer_types: None,
+                no_rope_layers: None,
                 head_dim: None,
             }
         );
@@ -475,6 +566,22 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(err.contains("1 entries for 3 layers"), "{err}");
+
+        let phi =
+            arch(r#"{"model_type": "phi3", "num_hidden_layers": 2, "sliding_window": 7}"#).unwrap();
+        assert_eq!((phi.sliding_window, phi.attention_bias), (Some(7), None));
+        let smol = arch(r#"{"model_type": "smollm3", "num_hidden_layers": 5}"#).unwrap();
+        assert_eq!(
+            smol.no_rope_layers,
+            Some(vec![1, 1, 1, 0, 1]),
+            "SmolLM3Config: no rotary embeddings every fourth layer"
+        );
+        let windowed = arch(
+            r#"{"model_type": "smollm3", "num_hidden_layers": 4, "use_sliding_window": true,
+                "sliding_window": 3, "no_rope_layers": [1, 0, 1, 1]}"#,
+        )
+        .unwrap();
+        assert_eq!(windowed.layer_types, Some(vec![Full, Sliding, Full, Full]));
 
         let err = arch(r#"{"model_type": "gemma"}"#).unwrap_err().to_string();
         assert!(

@@ -321,6 +321,26 @@ impl Check<'_> {
                 "write peft.target_modules=all-linear alone".into(),
             );
         }
+        // A job from a base is checked against the base's layers, by `run` and the trainer.
+        let linear = m.linear_modules();
+        let absent: Vec<&str> = l
+            .target_modules
+            .iter()
+            .filter(|t| **t != LoraModule::AllLinear && !linear.contains(t))
+            .map(|t| t.as_str())
+            .collect();
+        if !absent.is_empty() && m.init_from.is_none() {
+            self.invalid(
+                "peft.target_modules",
+                format!(
+                    "{} is not a linear layer of {} (its layers: {})",
+                    quote_list(&absent),
+                    m.architecture().display_name(),
+                    quote_list(&linear.iter().map(|t| t.as_str()).collect::<Vec<_>>())
+                ),
+                "list the model's own layers, or peft.target_modules=all-linear".into(),
+            );
+        }
         if m.tie_word_embeddings && !l.modules_to_save.is_empty() {
             self.invalid(
                 "peft.modules_to_save",
@@ -395,6 +415,24 @@ impl Check<'_> {
                     "model.head_dim",
                     format!("{d} is odd; rotary embeddings need an even head size"),
                     "set an even model.head_dim".into(),
+                );
+            }
+        }
+        if let Some(flags) = &m.no_rope_layers {
+            if arch != ModelType::SmolLm3 {
+                self.invalid(
+                    "model.no_rope_layers",
+                    format!("is SmolLM3's; {} has none", arch.display_name()),
+                    "remove it, or set model.model_type=smollm3".into(),
+                );
+            } else if flags.len() != m.num_hidden_layers || flags.iter().any(|f| *f > 1) {
+                self.invalid(
+                    "model.no_rope_layers",
+                    format!(
+                        "must list one 0 or 1 per layer ({} layers), got {flags:?}",
+                        m.num_hidden_layers
+                    ),
+                    "give 1 (rotary embeddings) or 0 (none) for each layer".into(),
                 );
             }
         }

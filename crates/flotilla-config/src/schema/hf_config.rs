@@ -173,6 +173,12 @@ pub struct HfLlamaConfig {
     /// Gemma 3: one global layer every this many (absent: 6), when `layer_types` is absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sliding_window_pattern: Option<usize>,
+    /// SmolLM3: which layers apply rotary embeddings (1) and which none (0), and how often a
+    /// layer has none when the list is absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub no_rope_layers: Option<Vec<u64>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub no_rope_layer_interval: Option<usize>,
     /// Gemma: an encoder's attention, refused.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub use_bidirectional_attention: Option<bool>,
@@ -375,6 +381,30 @@ impl TryFrom<&HfLlamaConfig> for ModelConfig {
             "final_logit_softcapping",
         )?;
         let query_pre_attn_scalar = gemma.then(|| hf.query_pre_attn_scalar.unwrap_or(256.0));
+        // The padding id (`padding_idx` of the embedding): the config's, else its class's
+        // default where that is a token of the vocabulary.
+        let pad_token_id = match &hf.pad_token_id {
+            Some(serde_json::Value::Null) => None,
+            Some(v) => Some(v.as_u64().ok_or_else(|| {
+                bad(
+                    "pad_token_id",
+                    format!("expected a token id or null, got {v}"),
+                )
+            })? as usize),
+            None => match model_type {
+                ModelType::Gemma2 | ModelType::Gemma3 => Some(0),
+                ModelType::Phi3 => Some(32000),
+                ModelType::SmolLm3 => Some(128004),
+                _ => None,
+            }
+            .filter(|p| *p < hf.vocab_size),
+        };
+        if let Some(p) = pad_token_id.filter(|p| *p >= hf.vocab_size) {
+            return Err(bad(
+                "pad_token_id",
+                format!("{p} is not below vocab_size {}", hf.vocab_size),
+            ));
+        }
         let rope_local_base_freq = (model_type == ModelType::Gemma3)
             .then(|| hf.rope_local_base_freq.unwrap_or(GEMMA3_THETAS.1));
 
@@ -401,6 +431,8 @@ impl TryFrom<&HfLlamaConfig> for ModelConfig {
             sliding_window: arch.sliding_window,
             head_dim,
             layer_types: arch.layer_types,
+            no_rope_layers: arch.no_rope_layers,
+            pad_token_id,
             query_pre_attn_scalar,
             attn_logit_softcapping,
             final_logit_softcapping,
@@ -420,19 +452,24 @@ impl From<&ModelConfig> for HfLlamaConfig {
         let arch = c.architecture();
         let llama = arch == ModelType::Llama;
         let qwen = matches!(arch, ModelType::Qwen2 | ModelType::Qwen3);
+        let smol = arch == ModelType::SmolLm3;
         let gemma = arch.is_gemma();
-        let biased = !matches!(arch, ModelType::Mistral | ModelType::Qwen2);
+        let biased = !matches!(
+            arch,
+            ModelType::Mistral | ModelType::Qwen2 | ModelType::Phi3
+        );
         // Each layer's attention, written out whenever the layers differ or the architecture
         // would otherwise pick its own pattern (Gemma).
-        let layer_types =
-            (c.layer_types.is_some() || (gemma && c.sliding_window.is_some())).then(|| {
-                (0..c.num_hidden_layers)
-                    .map(|i| match c.layer_window(i) {
-                        Some(_) => LayerType::Sliding.as_str().to_string(),
-                        None => LayerType::Full.as_str().to_string(),
-                    })
-                    .collect()
-            });
+        let layer_types = (c.layer_types.is_some()
+            || ((gemma || smol) && c.sliding_window.is_some()))
+        .then(|| {
+            (0..c.num_hidden_layers)
+                .map(|i| match c.layer_window(i) {
+                    Some(_) => LayerType::Sliding.as_str().to_string(),
+                    None => LayerType::Full.as_str().to_string(),
+                })
+                .collect()
+        });
         HfLlamaConfig {
             architectures: Some(vec![arch.hf_class().into()]),
             model_type: Some(arch.as_str().into()),
@@ -455,10 +492,16 @@ impl From<&ModelConfig> for HfLlamaConfig {
             original_max_position_embeddings: None,
             tie_word_embeddings: c.tie_word_embeddings,
             attention_bias: biased.then_some(c.attention_bias == Some(true)),
-            mlp_bias: llama.then_some(false),
+            mlp_bias: (llama || smol).then_some(false),
             sliding_window: (!llama).then_some(c.sliding_window),
-            use_sliding_window: qwen.then_some(c.sliding_window.is_some()),
+            use_sliding_window: (qwen || smol).then_some(c.sliding_window.is_some()),
             max_window_layers: (qwen && c.sliding_window.is_some()).then_some(0),
+            no_rope_layers: smol.then(|| {
+                (0..c.num_hidden_layers)
+                    .map(|i| u64::from(c.layer_has_rope(i)))
+                    .collect()
+            }),
+            no_rope_layer_interval: None,
             layer_types,
             attention_dropout: 0.0,
             query_pre_attn_scalar: c.query_pre_attn_scalar.filter(|_| gemma),
@@ -469,7 +512,10 @@ impl From<&ModelConfig> for HfLlamaConfig {
             use_bidirectional_attention: None,
             bos_token_id: None,
             eos_token_id: None,
-            pad_token_id: None,
+            pad_token_id: Some(
+                c.pad_token_id
+                    .map_or(serde_json::Value::Null, serde_json::Value::from),
+            ),
             torch_dtype: None,
             dtype: None,
             use_cache: Some(true),

@@ -638,8 +638,14 @@ mod tests {
             );
             assert_eq!(c.rope_original_max_position_embeddings(), 4096);
             for (extra, want) in [
-                (r#""type": "longrope", "original_max_position_embeddings": 16"#, 32),
-                (r#""type": "su", "original_max_position_embeddings": 16"#, 16),
+                (
+                    r#""type": "longrope", "original_max_position_embeddings": 16"#,
+                    32,
+                ),
+                (
+                    r#""type": "su", "original_max_position_embeddings": 16"#,
+                    16,
+                ),
             ] {
                 let c = hf(&format!(
                     r#", "model_type": "phi3", "original_max_position_embeddings": 32,

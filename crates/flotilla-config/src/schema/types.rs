@@ -122,12 +122,16 @@ choice! {
         GateProj = "gate_proj",
         UpProj = "up_proj",
         DownProj = "down_proj",
+        /// Phi-3's fused q/k/v projection.
+        QkvProj = "qkv_proj",
+        /// Phi-3's fused gate and up projection.
+        GateUpProj = "gate_up_proj",
         AllLinear = "all-linear",
     }
 }
 
 impl LoraModule {
-    /// The block's linear layers, in Hugging Face order.
+    /// A block's linear layers, in Hugging Face order.
     pub const LINEAR: [LoraModule; 7] = [
         LoraModule::QProj,
         LoraModule::KProj,
@@ -135,6 +139,14 @@ impl LoraModule {
         LoraModule::OProj,
         LoraModule::GateProj,
         LoraModule::UpProj,
+        LoraModule::DownProj,
+    ];
+
+    /// A Phi-3 block's linear layers (q/k/v and gate/up fused), in Hugging Face order.
+    pub const FUSED_LINEAR: [LoraModule; 4] = [
+        LoraModule::QkvProj,
+        LoraModule::OProj,
+        LoraModule::GateUpProj,
         LoraModule::DownProj,
     ];
 }
@@ -237,6 +249,8 @@ choice! {
         Qwen3 = "qwen3",
         Gemma2 = "gemma2",
         Gemma3 = "gemma3_text",
+        Phi3 = "phi3",
+        SmolLm3 = "smollm3",
     }
 }
 
@@ -534,6 +548,13 @@ section! {
         /// Gemma 3: the rope theta of its sliding-window layers (`rope_theta` is the global
         /// layers').
         rope_local_base_freq: Option<f64> => "10000.0",
+        /// SmolLM3: whether each layer applies rotary embeddings (1) or none (0); absent:
+        /// every layer does.
+        no_rope_layers: Option<Vec<usize>> => "[1, 1, 1, 0]",
+        /// The padding token, whose embedding row training leaves alone (transformers'
+        /// `nn.Embedding` `padding_idx`: no gradient reaches it through the embedding); absent:
+        /// none.
+        pad_token_id: Option<usize> => "0",
     }
 }
 
@@ -833,10 +854,16 @@ section! {
 }
 
 impl LoraConfig {
-    /// The adapted layers, `all-linear` expanded, in Hugging Face order.
-    pub fn targets(&self) -> Vec<LoraModule> {
-        LoraModule::LINEAR
-            .into_iter()
+    /// The adapted layers of `model`, `all-linear` expanded, in Hugging Face order.
+    pub fn targets(&self, model: &ModelConfig) -> Vec<LoraModule> {
+        self.targets_among(model.linear_modules())
+    }
+
+    /// The adapted layers among a block's `linear` layers, `all-linear` expanded.
+    pub fn targets_among(&self, linear: &[LoraModule]) -> Vec<LoraModule> {
+        linear
+            .iter()
+            .copied()
             .filter(|m| {
                 self.target_modules
                     .iter()

@@ -97,6 +97,23 @@ fn read_csv(path: &Path, only: Option<&[String]>) -> JobMetrics {
     }
     // A last line without its newline may be cut short: keep it only when it parses whole.
     let complete = text.ends_with(b"\n");
+    // The trainer's file holds numbers only, never a quote: its lines are split by hand, which
+    // on a sweep of thousands of jobs is most of the time a report takes. A file with quotes
+    // goes through the CSV reader.
+    if let (false, Ok(text)) = (text.contains(&b'"'), std::str::from_utf8(&text)) {
+        let mut lines = text
+            .split('\n')
+            .map(|l| l.strip_suffix('\r').unwrap_or(l))
+            .filter(|l| !l.is_empty());
+        let Some(header) = lines.next() else {
+            out.problem = Some(format!("{METRICS_CSV} is empty"));
+            return out;
+        };
+        let headers: Vec<&str> = header.split(',').map(str::trim).collect();
+        let records = lines.map(|l| Some(l.split(',').collect::<Vec<&str>>()));
+        csv_series(&mut out, &headers, records, complete, only);
+        return out;
+    }
     let mut reader = csv::ReaderBuilder::new()
         .flexible(true)
         .from_reader(text.as_slice());
@@ -107,13 +124,31 @@ fn read_csv(path: &Path, only: Option<&[String]>) -> JobMetrics {
             return out;
         }
     };
-    let Some(step_col) = headers.iter().position(|h| h == "step") else {
+    let rows: Vec<Option<csv::StringRecord>> = reader.records().map(Result::ok).collect();
+    let headers: Vec<&str> = headers.iter().map(String::as_str).collect();
+    let records = rows
+        .iter()
+        .map(|r| r.as_ref().map(|r| r.iter().collect::<Vec<&str>>()));
+    csv_series(&mut out, &headers, records, complete, only);
+    out
+}
+
+/// The series of a CSV's `records` (`None`: a row the reader could not parse) under
+/// `headers`, into `out`.
+fn csv_series<'a>(
+    out: &mut JobMetrics,
+    headers: &[&str],
+    records: impl Iterator<Item = Option<Vec<&'a str>>>,
+    complete: bool,
+    only: Option<&[String]>,
+) {
+    let Some(step_col) = headers.iter().position(|h| *h == "step") else {
         out.problem = Some(format!("{METRICS_CSV} has no 'step' column"));
-        return out;
+        return;
     };
-    let wanted = |name: &String| only.is_none_or(|only| only.contains(name));
-    for name in headers.iter().filter(|h| *h != "step" && wanted(h)) {
-        out.series.insert(name.clone(), Vec::new());
+    let wanted = |name: &str| only.is_none_or(|only| only.iter().any(|o| o == name));
+    for name in headers.iter().filter(|h| **h != "step" && wanted(h)) {
+        out.series.insert(name.to_string(), Vec::new());
     }
     // Each column's series, by its index in `out.series` (found once, not per cell).
     let series_of: Vec<Option<usize>> = headers
@@ -121,13 +156,13 @@ fn read_csv(path: &Path, only: Option<&[String]>) -> JobMetrics {
         .enumerate()
         .map(|(col, name)| {
             (col != step_col)
-                .then(|| out.series.get_index_of(name))
+                .then(|| out.series.get_index_of(*name))
                 .flatten()
         })
         .collect();
-    let mut records = reader.records().enumerate().peekable();
+    let mut records = records.enumerate().peekable();
     while let Some((i, record)) = records.next() {
-        let Ok(record) = record else {
+        let Some(record) = record else {
             out.problem = Some(format!("{METRICS_CSV}: row {} is malformed", i + 2));
             continue;
         };
@@ -161,7 +196,6 @@ fn read_csv(path: &Path, only: Option<&[String]>) -> JobMetrics {
         }
     }
     out.series.retain(|_, s| !s.is_empty());
-    out
 }
 
 /// A number as Python, pandas or Rust print it (`nan`, `NaN`, `inf`, `-Infinity`, ...).
@@ -290,6 +324,19 @@ mod tests {
             .problem
             .unwrap()
             .contains("no 'step'"));
+    }
+
+    #[test]
+    fn quoted_and_plain_files_read_the_same() {
+        let plain = "step,loss,eval_loss\r\n0,2.5,\r\n\r\n1,2.0,2.2\r\n2,1.5,\r\n";
+        let quoted = "\"step\",loss,\"eval_loss\"\n0,2.5,\n1,\"2.0\",2.2\n2,1.5,\n";
+        let (a, b) = (csv_text(plain), csv_text(quoted));
+        assert_eq!(a.series, b.series);
+        assert_eq!(a.get("eval_loss").unwrap(), &vec![(1, 2.2)]);
+        assert_eq!((a.problem, b.problem), (None, None));
+        let cut = csv_text("step,loss,eval_loss\n0,2.5,\n1,\"2.");
+        assert_eq!(cut.get("loss").unwrap(), &vec![(0, 2.5)]);
+        assert!(cut.problem.unwrap().contains("cut short"));
     }
 
     #[test]

@@ -329,9 +329,11 @@ impl Units {
         // LoRA (`Llama::with_lora`): A [r, in] and B [out, r] per adapted layer of a block.
         let r = lora.r as u64;
         let (mut adapter, mut largest_factor) = (0, 0);
-        for t in lora.targets() {
+        for t in lora.targets(m) {
             let (inp, out) = match t {
                 LoraModule::QProj => (h, q),
+                LoraModule::QkvProj => (h, q + 2 * kv),
+                LoraModule::GateUpProj => (h, 2 * inter),
                 LoraModule::KProj | LoraModule::VProj => (h, kv),
                 LoraModule::OProj => (q, h),
                 LoraModule::GateProj | LoraModule::UpProj => (h, inter),

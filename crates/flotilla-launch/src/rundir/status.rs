@@ -29,9 +29,35 @@ pub fn has_final_model(job_dir: &Path) -> bool {
     job_dir.join(flotilla_contract::layout::FINAL_DIR).is_dir()
 }
 
-/// The `step` column of the last data row of a metrics CSV.
+/// Bytes read from the end of a metrics CSV for its last row: a long run's file costs no more
+/// than a short one's.
+const TAIL_BYTES: u64 = 64 * 1024;
+
+/// The `step` column of the last data row of a metrics CSV (its header and at most its last
+/// [`TAIL_BYTES`] are read).
 fn last_step(path: &Path) -> Option<u64> {
-    let text = std::fs::read_to_string(path).ok()?;
+    use std::io::{Read, Seek, SeekFrom};
+    let mut file = std::fs::File::open(path).ok()?;
+    let len = file.metadata().ok()?.len();
+    let mut text = Vec::new();
+    let tail_start = len.saturating_sub(TAIL_BYTES);
+    if tail_start == 0 {
+        file.read_to_end(&mut text).ok()?;
+    } else {
+        // The header from the first few KiB, then the tail.
+        let mut head = vec![0u8; 4096];
+        let n = file.read(&mut head).ok()?;
+        head.truncate(n);
+        let header_end = head.iter().position(|b| *b == b'\n')? + 1;
+        text.extend_from_slice(&head[..header_end]);
+        file.seek(SeekFrom::Start(tail_start)).ok()?;
+        let mut tail = Vec::new();
+        file.read_to_end(&mut tail).ok()?;
+        // The tail's first line is likely cut: skip it.
+        let first_end = tail.iter().position(|b| *b == b'\n')? + 1;
+        text.extend_from_slice(&tail[first_end..]);
+    }
+    let text = String::from_utf8_lossy(&text);
     let mut lines = text.lines().filter(|l| !l.trim().is_empty());
     let header = lines.next()?;
     let col = header.split(',').position(|h| h.trim() == "step")?;
@@ -215,4 +241,31 @@ pub fn read_status(
         launcher: Some(plan.launcher),
         jobs,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_last_step_of_short_long_and_cut_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("metrics.csv");
+        std::fs::write(&path, "step,loss\n0,2.5\n1,2.0\n").unwrap();
+        assert_eq!(last_step(&path), Some(1));
+        // A row being written: the last whole one counts.
+        std::fs::write(&path, "loss,step\n2.5,0\n2.0,1\n1.9,").unwrap();
+        assert_eq!(last_step(&path), Some(1));
+        // Longer than the tail read: the header from the head, the step from the tail.
+        let mut text = String::from("loss,step,eval_loss\n");
+        for step in 0..20_000 {
+            text.push_str(&format!("{},{step},\n", 3.0 - step as f64 * 1e-4));
+        }
+        assert!(text.len() as u64 > 2 * TAIL_BYTES);
+        std::fs::write(&path, &text).unwrap();
+        assert_eq!(last_step(&path), Some(19_999));
+        std::fs::write(&path, "step,loss\n").unwrap();
+        assert_eq!(last_step(&path), None);
+        assert_eq!(last_step(&dir.path().join("missing.csv")), None);
+    }
 }

@@ -135,7 +135,8 @@ pub fn save_adapter(
         if root {
             let path = dir.join(ADAPTER_CONFIG);
             let mut text =
-                serde_json::to_string_pretty(&adapter_config(lora, base)).expect("serialises");
+                serde_json::to_string_pretty(&adapter_config(lora, trainer.model.config(), base))
+                    .expect("serialises");
             text.push('\n');
             std::fs::write(&path, text).map_err(io(&path))?;
             if let Some(tok) = tokenizer {

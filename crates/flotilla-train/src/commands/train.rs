@@ -367,7 +367,7 @@ fn announce(
             format!(
                 ", LoRA r={} on {}: {trained} of {all} parameters trained ({:.2}%)",
                 l.r,
-                l.targets()
+                l.targets(trainer.model.config())
                     .iter()
                     .map(|m| m.as_str())
                     .collect::<Vec<_>>()

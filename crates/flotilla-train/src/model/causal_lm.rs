@@ -2,7 +2,7 @@
 //! parameter table, its units in forward order, which parameters are trained), the forward
 //! context of a batch (rotary tables, packed rows' mask), whole-graph and cached forwards, and
 //! transformers' causal-LM loss. Which units a config gets is its family file's business
-//! (`llama.rs`, `qwen3.rs`, `gemma.rs`, over `decoder/`); this file is the same for every
+//! (`llama.rs`, `qwen3.rs`, `gemma.rs`, `phi3.rs`, over `decoder/`); this file is the same for every
 //! family.
 
 use tch::{Device, Kind, Reduction, Tensor};
@@ -12,8 +12,8 @@ use flotilla_config::schema::{LoraConfig, ModelConfig, ModelType};
 use super::layers::mask::packed_attention_mask;
 use super::layers::rope::{inv_freq, rotary_tables, Rope};
 use super::{
-    gemma, is_float_kind, llama, qwen3, FamilyUnits, ForwardCtx, KvCache, ModelError, ParamSpec,
-    Params, TokenInput, Unit,
+    gemma, is_float_kind, llama, phi3, qwen3, FamilyUnits, ForwardCtx, KvCache, ModelError,
+    ParamSpec, Params, TokenInput, Unit,
 };
 
 /// The architecture: config, parameter table and units. Holds no tensors (it is `Send + Sync`);
@@ -54,7 +54,10 @@ impl CausalLm {
     /// `lora.modules_to_save` are trainable. `None`: [`CausalLm::new`], every parameter trainable.
     pub fn with_lora(config: &ModelConfig, lora: Option<&LoraConfig>) -> Result<Self, ModelError> {
         let FamilyUnits { specs, units } = match config.architecture() {
-            ModelType::Llama | ModelType::Mistral | ModelType::Qwen2 => llama::build(config, lora)?,
+            ModelType::Llama | ModelType::Mistral | ModelType::Qwen2 | ModelType::SmolLm3 => {
+                llama::build(config, lora)?
+            }
+            ModelType::Phi3 => phi3::build(config, lora)?,
             ModelType::Qwen3 => qwen3::build(config, lora)?,
             ModelType::Gemma2 | ModelType::Gemma3 => gemma::build(config, lora)?,
         };

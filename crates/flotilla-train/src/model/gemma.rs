@@ -30,6 +30,7 @@ pub fn build(config: &ModelConfig, lora: Option<&LoraConfig>) -> Result<FamilyUn
         attn_scale: config.query_pre_attn_scalar.map(|s| s.powf(-0.5)),
         attn_softcap: config.attn_logit_softcapping,
         final_softcap: config.final_logit_softcapping,
+        fused_projections: false,
     };
     let local = config.rope_local_base_freq.is_some();
     decoder::build(config, lora, style, |i| {
@@ -38,8 +39,8 @@ pub fn build(config: &ModelConfig, lora: Option<&LoraConfig>) -> Result<FamilyUn
             None => config.sliding_window.is_some(),
         };
         LayerStyle {
-            window: config.layer_window(i).map(|w| w as i64),
             local_rope: local && sliding,
+            ..LayerStyle::of(config, i)
         }
     })
 }

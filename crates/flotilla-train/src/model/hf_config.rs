@@ -135,7 +135,7 @@ pub fn finish_hf_dir(
             let mut hf = HfLlamaConfig::from(model.config());
             hf.bos_token_id = special.bos.clone();
             hf.eos_token_id = special.eos.clone();
-            hf.pad_token_id = special.pad.clone();
+            hf.pad_token_id = special.pad.clone().or(hf.pad_token_id);
             match serde_json::to_value(&hf).expect("config serialises") {
                 serde_json::Value::Object(map) => map,
                 _ => unreachable!("a config serialises as an object"),

@@ -38,6 +38,7 @@ pub mod kv_cache;
 pub mod layers;
 pub mod llama;
 pub mod names;
+pub mod phi3;
 pub mod qwen3;
 
 use std::path::PathBuf;

@@ -26,11 +26,15 @@ pub enum LayerWeight {
     PreFeedforwardNorm,
     /// Gemma's norm of the MLP's output.
     PostFeedforwardNorm,
+    /// Phi-3's fused q/k/v projection (`[(heads + 2 kv_heads) head_dim, hidden]`).
+    Qkv,
+    /// Phi-3's fused gate and up projection (`[2 intermediate, hidden]`).
+    GateUp,
 }
 
 impl LayerWeight {
     /// Every layer weight of every family.
-    pub const ALL: [LayerWeight; 13] = [
+    pub const ALL: [LayerWeight; 15] = [
         LayerWeight::InputNorm,
         LayerWeight::Q,
         LayerWeight::K,
@@ -44,6 +48,8 @@ impl LayerWeight {
         LayerWeight::KNorm,
         LayerWeight::PreFeedforwardNorm,
         LayerWeight::PostFeedforwardNorm,
+        LayerWeight::Qkv,
+        LayerWeight::GateUp,
     ];
 
     /// The weights of a Llama block, in the order its unit takes them (other families add
@@ -83,6 +89,8 @@ impl LayerWeight {
             LayerWeight::KNorm => "self_attn.k_norm.weight",
             LayerWeight::PreFeedforwardNorm => "pre_feedforward_layernorm.weight",
             LayerWeight::PostFeedforwardNorm => "post_feedforward_layernorm.weight",
+            LayerWeight::Qkv => "self_attn.qkv_proj.weight",
+            LayerWeight::GateUp => "mlp.gate_up_proj.weight",
         }
     }
 }

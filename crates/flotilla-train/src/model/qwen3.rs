@@ -15,8 +15,5 @@ pub fn build(config: &ModelConfig, lora: Option<&LoraConfig>) -> Result<FamilyUn
         qk_norm: true,
         ..DecoderStyle::LLAMA
     };
-    decoder::build(config, lora, style, |i| LayerStyle {
-        window: config.layer_window(i).map(|w| w as i64),
-        local_rope: false,
-    })
+    decoder::build(config, lora, style, |i| LayerStyle::of(config, i))
 }

@@ -19,8 +19,8 @@ use crate::model::names::ParamName;
 use crate::model::SpecialIds;
 use crate::model::{CausalLm, ModelError};
 use crate::state::param_source::{FileSource, TensorSource};
-use flotilla_config::schema::LoraConfig;
 use flotilla_config::schema::DEFAULT_MAX_SHARD_SIZE;
+use flotilla_config::schema::{LoraConfig, ModelConfig};
 
 /// PEFT's adapter settings file.
 pub const ADAPTER_CONFIG: &str = "adapter_config.json";
@@ -181,7 +181,7 @@ fn adapter_names(source: &FileSource) -> impl Iterator<Item = &str> {
 
 /// `adapter_config.json` for `lora`, as PEFT writes it for a causal LM (`target_modules`
 /// expanded, `base_model_name_or_path` the base directory when there is one).
-pub fn adapter_config(lora: &LoraConfig, base: Option<&str>) -> Value {
+pub fn adapter_config(lora: &LoraConfig, model: &ModelConfig, base: Option<&str>) -> Value {
     let alpha = if lora.alpha.fract() == 0.0 {
         json!(lora.alpha as i64)
     } else {
@@ -196,7 +196,7 @@ pub fn adapter_config(lora: &LoraConfig, base: Option<&str>) -> Value {
         "r": lora.r,
         "lora_alpha": alpha,
         "lora_dropout": lora.dropout,
-        "target_modules": lora.targets().iter().map(|m| m.as_str()).collect::<Vec<_>>(),
+        "target_modules": lora.targets(model).iter().map(|m| m.as_str()).collect::<Vec<_>>(),
         "use_rslora": lora.use_rslora,
         "modules_to_save": modules_to_save,
         "bias": "none",

@@ -62,6 +62,9 @@ pub struct DecoderStyle {
     pub attn_softcap: Option<f64>,
     /// Logits soft-capped at this value.
     pub final_softcap: Option<f64>,
+    /// Phi-3's fused projections: one `qkv_proj` split into queries, keys and values, one
+    /// `gate_up_proj` split into the gate and the up projection.
+    pub fused_projections: bool,
 }
 
 impl DecoderStyle {
@@ -75,12 +78,23 @@ impl DecoderStyle {
         attn_scale: None,
         attn_softcap: None,
         final_softcap: None,
+        fused_projections: false,
     };
 
     /// The weights of one block, in the order its unit takes them (then its biases and LoRA
     /// factors).
     fn block_weights(&self) -> Vec<LayerWeight> {
-        let mut weights = LayerWeight::LLAMA.to_vec();
+        let mut weights = match self.fused_projections {
+            true => vec![
+                LayerWeight::InputNorm,
+                LayerWeight::Qkv,
+                LayerWeight::O,
+                LayerWeight::PostAttentionNorm,
+                LayerWeight::GateUp,
+                LayerWeight::Down,
+            ],
+            false => LayerWeight::LLAMA.to_vec(),
+        };
         if self.qk_norm {
             weights.extend([LayerWeight::QNorm, LayerWeight::KNorm]);
         }
@@ -109,12 +123,26 @@ impl DecoderStyle {
     }
 }
 
-/// What one layer of a family does differently from the others: its attention window and
-/// whether it takes the local rotary tables (Gemma 3's sliding layers).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+/// What one layer of a family does differently from the others: its attention window, whether
+/// it takes the local rotary tables (Gemma 3's sliding layers), and whether it applies rotary
+/// embeddings at all (not SmolLM3's NoPE layers).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct LayerStyle {
     pub window: Option<i64>,
     pub local_rope: bool,
+    pub rope: bool,
+}
+
+impl LayerStyle {
+    /// Layer `i` of `config` as the config alone says: its window and whether it has rotary
+    /// embeddings, the global ones.
+    pub fn of(config: &ModelConfig, i: usize) -> Self {
+        LayerStyle {
+            window: config.layer_window(i).map(|w| w as i64),
+            local_rope: false,
+            rope: config.layer_has_rope(i),
+        }
+    }
 }
 
 /// The parameter table and units of `config` in `style`, after checking that it is one; each
@@ -129,6 +157,28 @@ pub fn build(
 ) -> Result<FamilyUnits, ModelError> {
     validate(config)?;
     let c = config;
+    if let Some(l) = lora {
+        let linear = c.linear_modules();
+        if let Some(t) = l
+            .target_modules
+            .iter()
+            .find(|t| **t != LoraModule::AllLinear && !linear.contains(t))
+        {
+            return Err(invalid(
+                "model_type",
+                format!(
+                    "peft.target_modules lists `{t}`, which {} does not have; its linear layers \
+                     are {}: list those, or peft.target_modules=all-linear",
+                    c.architecture().display_name(),
+                    linear
+                        .iter()
+                        .map(|m| format!("`{m}`"))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            ));
+        }
+    }
     let (h, hd) = (c.hidden_size as i64, c.head_dim() as i64);
     let (q_out, kv_out) = (
         c.num_attention_heads as i64 * hd,
@@ -166,9 +216,10 @@ pub fn build(
         name: "embed".into(),
         params: vec![embed.clone()],
         scale: style.embed_scale,
+        padding_idx: c.pad_token_id.map_or(-1, |p| p as i64),
     }));
 
-    let targets = lora.map(LoraConfig::targets).unwrap_or_default();
+    let targets = lora.map(|l| l.targets(c)).unwrap_or_default();
     let weights = style.block_weights();
     for i in 0..c.num_hidden_layers {
         let u = i + 1;
@@ -182,6 +233,8 @@ pub fn build(
                 | LayerWeight::PostFeedforwardNorm => (vec![h], norm_init),
                 LayerWeight::QNorm | LayerWeight::KNorm => (vec![hd], norm_init),
                 LayerWeight::Q => (vec![q_out, h], normal),
+                LayerWeight::Qkv => (vec![q_out + 2 * kv_out, h], normal),
+                LayerWeight::GateUp => (vec![2 * inter, h], normal),
                 LayerWeight::K | LayerWeight::V => (vec![kv_out, h], normal),
                 LayerWeight::O => (vec![h, q_out], normal),
                 LayerWeight::Gate | LayerWeight::Up => (vec![inter, h], normal),
@@ -331,17 +384,26 @@ fn validate(c: &ModelConfig) -> Result<(), ModelError> {
     if !positive(c.rope_theta) {
         return Err(invalid("rope_theta", "must be positive"));
     }
+    if let Some(p) = c.pad_token_id.filter(|p| *p >= c.vocab_size) {
+        return Err(invalid(
+            "pad_token_id",
+            format!("{p} is not below vocab_size {}", c.vocab_size),
+        ));
+    }
     if !(positive(c.initializer_range) || c.initializer_range == 0.0) {
         return Err(invalid("initializer_range", "must be non-negative"));
     }
     super::layers::rope::validate(c)
 }
 
-/// `model.embed_tokens`: token ids to hidden states (scaled, for Gemma).
+/// `model.embed_tokens`: token ids to hidden states (scaled, for Gemma). As transformers'
+/// `nn.Embedding(..., padding_idx)`, no gradient reaches the padding token's row through it
+/// (`-1`: no padding token).
 struct Embedding {
     name: String,
     params: Vec<String>,
     scale: Option<f64>,
+    padding_idx: i64,
 }
 
 impl Unit for Embedding {
@@ -352,7 +414,7 @@ impl Unit for Embedding {
         &self.params
     }
     fn forward(&self, params: &[Tensor], input: &Tensor, _ctx: &ForwardCtx) -> Tensor {
-        let x = Tensor::embedding(&params[0], input, -1, false, false);
+        let x = Tensor::embedding(&params[0], input, self.padding_idx, false, false);
         match self.scale {
             // The scale rounded to the activation dtype first, as Gemma's `normalizer` is.
             Some(s) => {
@@ -376,6 +438,8 @@ pub fn lora_module(w: LayerWeight) -> Option<LoraModule> {
         LayerWeight::Gate => LoraModule::GateProj,
         LayerWeight::Up => LoraModule::UpProj,
         LayerWeight::Down => LoraModule::DownProj,
+        LayerWeight::Qkv => LoraModule::QkvProj,
+        LayerWeight::GateUp => LoraModule::GateUpProj,
         LayerWeight::InputNorm
         | LayerWeight::PostAttentionNorm
         | LayerWeight::QNorm
@@ -472,12 +536,32 @@ impl Block {
                 .view([b, t, n, self.head_dim])
                 .transpose(1, 2)
         };
-        let mut q = heads(LayerWeight::Q, self.num_heads);
-        let mut k = heads(LayerWeight::K, self.num_kv_heads);
-        let v = heads(LayerWeight::V, self.num_kv_heads);
+        let split = |t: Tensor, n: i64| t.view([b, t.size()[1], n, self.head_dim]).transpose(1, 2);
+        let (mut q, mut k, v) = if self.style.fused_projections {
+            // Phi-3: queries, then keys, then values along the fused output.
+            let qkv = self.project(params, LayerWeight::Qkv, &h, ctx);
+            let (nq, nkv) = (
+                self.num_heads * self.head_dim,
+                self.num_kv_heads * self.head_dim,
+            );
+            (
+                split(qkv.narrow(-1, 0, nq), self.num_heads),
+                split(qkv.narrow(-1, nq, nkv), self.num_kv_heads),
+                split(qkv.narrow(-1, nq + nkv, nkv), self.num_kv_heads),
+            )
+        } else {
+            (
+                heads(LayerWeight::Q, self.num_heads),
+                heads(LayerWeight::K, self.num_kv_heads),
+                heads(LayerWeight::V, self.num_kv_heads),
+            )
+        };
         if self.style.qk_norm {
             q = self.norm(params, LayerWeight::QNorm, &q);
             k = self.norm(params, LayerWeight::KNorm, &k);
+        }
+        if !self.layer.rope {
+            return (q, k, v);
         }
         let (cos, sin) = ctx.rope(self.layer.local_rope);
         let (cos, sin) = shape_tables(cos, sin, q.kind());
@@ -529,8 +613,17 @@ impl Block {
             LayerWeight::PostAttentionNorm
         };
         let h = self.norm(params, pre_mlp, &x);
-        let gate = self.project(params, LayerWeight::Gate, &h, ctx);
-        let up = self.project(params, LayerWeight::Up, &h, ctx);
+        let (gate, up) = if self.style.fused_projections {
+            // Phi-3: the gate, then the up projection, along the fused output.
+            let fused = self.project(params, LayerWeight::GateUp, &h, ctx);
+            let half = fused.size()[2] / 2;
+            (fused.narrow(-1, 0, half), fused.narrow(-1, half, half))
+        } else {
+            (
+                self.project(params, LayerWeight::Gate, &h, ctx),
+                self.project(params, LayerWeight::Up, &h, ctx),
+            )
+        };
         let gated = match self.style.activation {
             Activation::SwiGlu => swiglu(&gate, &up),
             Activation::GeGlu => geglu(&gate, &up),

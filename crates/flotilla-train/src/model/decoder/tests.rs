@@ -36,6 +36,8 @@ pub(crate) fn tiny(tied: bool, kv_heads: usize) -> ModelConfig {
         attn_logit_softcapping: None,
         final_logit_softcapping: None,
         rope_local_base_freq: None,
+        no_rope_layers: None,
+        pad_token_id: None,
     }
 }
 

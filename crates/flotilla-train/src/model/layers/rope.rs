@@ -383,3 +383,154 @@ pub fn shape_tables(cos: &Tensor, sin: &Tensor, kind: Kind) -> (Tensor, Tensor) 
     };
     (shape(cos), shape(sin))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::CausalLm;
+    use flotilla_config::schema::hf_config::HfLlamaConfig;
+
+    /// head_dim 16, `max_position_embeddings` 64.
+    fn config(scaling: Option<RopeScaling>, partial: Option<f64>) -> ModelConfig {
+        let text = r#"{"vocab_size": 32, "hidden_size": 64, "intermediate_size": 64,
+                       "num_hidden_layers": 1, "num_attention_heads": 4,
+                       "max_position_embeddings": 64}"#;
+        let hf = HfLlamaConfig::from_json(text, std::path::Path::new("config.json")).unwrap();
+        ModelConfig {
+            rope_scaling: scaling,
+            partial_rotary_factor: partial,
+            ..ModelConfig::try_from(&hf).unwrap()
+        }
+    }
+
+    fn max_diff(a: &Tensor, b: &Tensor) -> f64 {
+        (a - b).abs().max().double_value(&[])
+    }
+
+    #[test]
+    fn partial_rotary_rotates_the_first_features_and_passes_the_rest() {
+        let c = config(None, Some(0.5));
+        let rope = Rope::new(&c);
+        assert_eq!(rope.inv_freq().len(), 4);
+        let (cos, sin) = rope.tables(&Tensor::arange(5, (Kind::Int64, Device::Cpu)));
+        assert_eq!(cos.size(), [5, 8]);
+        let (cos, sin) = shape_tables(&cos, &sin, Kind::Float);
+        let x = Tensor::randn([2, 3, 5, 16], (Kind::Float, Device::Cpu));
+        let y = apply_rotary(&x, &cos, &sin);
+        assert_eq!(y.size(), x.size());
+        assert!(
+            y.narrow(-1, 8, 8).equal(&x.narrow(-1, 8, 8)),
+            "the rest passed"
+        );
+        let rotated = apply_rotary(&x.narrow(-1, 0, 8), &cos, &sin);
+        assert!(y.narrow(-1, 0, 8).equal(&rotated));
+        // Position 0 rotates nothing; later positions do.
+        assert!(max_diff(&y.narrow(2, 0, 1), &x.narrow(2, 0, 1)) < 1e-6);
+        assert!(max_diff(&y.narrow(-1, 0, 8), &x.narrow(-1, 0, 8)) > 0.1);
+        // Partial frequencies are the full ones of an 8-wide head.
+        let narrow = config(None, None);
+        let narrow = ModelConfig {
+            hidden_size: 32,
+            ..narrow
+        };
+        assert_eq!(Rope::new(&narrow).inv_freq(), rope.inv_freq());
+    }
+
+    #[test]
+    fn longrope_switches_to_its_long_factors_beyond_the_original_context() {
+        let scaling = RopeScaling {
+            short_factor: Some(vec![1.0; 8]),
+            long_factor: Some(vec![2.0; 8]),
+            original_max_position_embeddings: Some(16),
+            ..RopeScaling::new(RopeType::Longrope)
+        };
+        let c = config(Some(scaling), None);
+        let rope = Rope::new(&c);
+        let plain = Rope::new(&config(None, None));
+        assert_eq!(rope.inv_freq(), plain.inv_freq(), "short factors of 1");
+        assert_eq!(rope.inv_freq_for(16), plain.inv_freq_for(16));
+        let long = rope.inv_freq_for(17);
+        for (l, p) in long.iter().zip(plain.inv_freq()) {
+            assert!((l * 2.0 / p - 1.0).abs() < 1e-6, "long factors of 2");
+        }
+        // max_position_embeddings / original = 4: sqrt(1 + ln 4 / ln 16) = sqrt(1.5).
+        assert!((rope.attention_scaling() - 1.5f64.sqrt()).abs() < 1e-12);
+        // The whole table takes the frequencies of its longest sequence.
+        let (cos, _) = rope.tables(&Tensor::arange(20, (Kind::Int64, Device::Cpu)));
+        let (within, _) = rope.tables(&Tensor::arange(16, (Kind::Int64, Device::Cpu)));
+        let (plain_cos, _) = plain.tables(&Tensor::arange(20, (Kind::Int64, Device::Cpu)));
+        assert!(max_diff(&within, &(plain_cos.narrow(0, 0, 16) * 1.5f64.sqrt())) < 1e-6);
+        assert!(max_diff(&cos.narrow(0, 0, 16), &within) > 1e-2);
+    }
+
+    #[test]
+    fn dynamic_rope_scales_only_beyond_max_position_embeddings() {
+        let scaling = RopeScaling {
+            factor: Some(2.0),
+            ..RopeScaling::new(RopeType::Dynamic)
+        };
+        let rope = Rope::new(&config(Some(scaling), None));
+        let plain = Rope::new(&config(None, None));
+        assert_eq!(rope.inv_freq(), plain.inv_freq());
+        assert_eq!(rope.inv_freq_for(64), plain.inv_freq_for(64));
+        let grown = rope.inv_freq_for(128);
+        // base * (2 * 128 / 64 - 1)^(16 / 14): the first frequency stays 1, the rest fall.
+        assert_eq!(grown[0], 1.0);
+        let base = 10000.0f64 * 3.0f64.powf(16.0 / 14.0);
+        let want = base.powf(-14.0 / 16.0);
+        assert!(
+            (grown[7] as f64 / want - 1.0).abs() < 1e-5,
+            "{} vs {want}",
+            grown[7]
+        );
+        assert!(rope.inv_freq_for(100)[7] > grown[7]);
+    }
+
+    #[test]
+    fn yarn_scales_cos_and_sin_by_its_attention_factor() {
+        let scaling = RopeScaling {
+            factor: Some(4.0),
+            original_max_position_embeddings: Some(16),
+            ..RopeScaling::new(RopeType::Yarn)
+        };
+        let rope = Rope::new(&config(Some(scaling.clone()), None));
+        let want = 0.1 * 4.0f64.ln() + 1.0;
+        assert_eq!(rope.attention_scaling(), want);
+        let (cos, sin) = rope.tables(&Tensor::from_slice(&[0i64]));
+        assert!(
+            max_diff(
+                &cos,
+                &Tensor::full([1, 16], want, (Kind::Float, Device::Cpu))
+            ) < 1e-6
+        );
+        assert_eq!(sin.abs().max().double_value(&[]), 0.0);
+        let given = RopeScaling {
+            attention_factor: Some(0.5),
+            ..scaling
+        };
+        assert_eq!(
+            Rope::new(&config(Some(given), None)).attention_scaling(),
+            0.5
+        );
+    }
+
+    #[test]
+    fn a_model_refuses_rope_settings_naming_the_key() {
+        let scaling = RopeScaling::new(RopeType::Linear);
+        let err = CausalLm::new(&config(Some(scaling), None))
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            err,
+            "model.rope_scaling.factor: is missing; rope_type linear requires it; add it, e.g. \
+             rope_scaling.factor=8.0"
+        );
+        let err = CausalLm::new(&config(None, Some(0.0)))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.starts_with("model.partial_rotary_factor: must be above 0"),
+            "{err}"
+        );
+    }
+}
