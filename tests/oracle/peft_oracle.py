@@ -2,8 +2,10 @@
 
 Modes (each prints one JSON value as the last line of stdout):
 
-- make OUT TARGETS SAVE R ALPHA RSLORA RANDOM_B: a seeded tiny untied LlamaForCausalLM saved
-  with save_pretrained in OUT/base, and a LoRA adapter created by peft.get_peft_model
+- make OUT TARGETS SAVE R ALPHA RSLORA RANDOM_B [FAMILY]: a seeded tiny untied model of FAMILY
+  (llama, the default; qwen3 with heads of their own size; phi3 shaped as Phi-4-mini, with
+  fused projections and rotary embeddings on three quarters of each head) saved
+  with save_pretrained in OUT/base (norm weights away from one), and a LoRA adapter created by peft.get_peft_model
   (target_modules TARGETS, comma-separated or all-linear; modules_to_save SAVE, comma-separated
   or "-"; PEFT's default init, or with RANDOM_B=1 `init_lora_weights=False` so that B is not
   zero) saved with save_pretrained in OUT/adapter. Prints the adapter's key names.
@@ -17,7 +19,7 @@ Modes (each prints one JSON value as the last line of stdout):
   ids TOKENS (a JSON list of lists), with the warnings PEFT emitted while loading.
   Prints {"logits": [...], "warnings": [...]}.
 
-- hf_logits MODEL_DIR TOKENS: logits of transformers' LlamaForCausalLM loaded from MODEL_DIR
+- hf_logits MODEL_DIR TOKENS: logits of transformers' model loaded from MODEL_DIR
   (a merged model). Prints {"logits": [...], "warnings": [...]}.
 """
 import json
@@ -27,7 +29,7 @@ import warnings
 
 import torch
 from safetensors.torch import load_file
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import AutoModelForCausalLM, LlamaConfig, Phi3Config, Qwen3Config
 
 from peft import LoraConfig, PeftModel, get_peft_model
 
@@ -36,21 +38,39 @@ from train_oracle import hyper, train  # noqa: E402
 
 
 def base_model(path):
-    return LlamaForCausalLM.from_pretrained(
-        path, torch_dtype=torch.float32, attn_implementation="eager"
+    return AutoModelForCausalLM.from_pretrained(
+        path, dtype=torch.float32, attn_implementation="eager"
     )
 
 
+# The config class of each family `make` builds, and what it adds to the common sizes.
+FAMILIES = {
+    "llama": (LlamaConfig, {}),
+    "qwen3": (Qwen3Config, {"head_dim": 24}),
+    "phi3": (Phi3Config, {"pad_token_id": 0, "rope_parameters": {
+        "rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.75}}),
+}
+
+
 def make(a):
-    out, targets, save, r, alpha, rslora, random_b = a
+    out, targets, save, r, alpha, rslora, random_b = a[:7]
+    family = a[7] if len(a) > 7 else "llama"
+    config_class, extra = FAMILIES[family]
     torch.manual_seed(4321)
-    config = LlamaConfig(
+    sizes = dict(
         vocab_size=32, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
         rms_norm_eps=1e-5, tie_word_embeddings=False, initializer_range=0.02,
         rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
     )
-    LlamaForCausalLM(config).float().save_pretrained(os.path.join(out, "base"))
+    config = config_class(**{**sizes, **extra})
+    model = AutoModelForCausalLM.from_config(config).float()
+    if family != "llama":
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if "norm" in name:  # not all ones, so the norm weights are exercised
+                    p.normal_(1.0, 0.2)
+    model.save_pretrained(os.path.join(out, "base"))
     base = base_model(os.path.join(out, "base"))
     lora = LoraConfig(
         r=int(r),
