@@ -678,8 +678,9 @@ fn a_base_the_trainer_refuses_is_refused_before_anything_is_created() {
             "field `hidden_act`: `gelu` is not supported",
         ),
         (
-            r#""head_dim": 32"#,
-            "field `head_dim`: 32 differs from hidden_size / num_attention_heads = 16",
+            r#""rope_parameters": {"rope_type": "default", "partial_rotary_factor": 0.5}"#,
+            "field `partial_rotary_factor`: 0.5 is Phi-3's setting: transformers rotates whole \
+             heads in Llama",
         ),
     ] {
         std::fs::write(base.join("config.json"), format!("{{{sizes}, {extra}}}")).unwrap();

@@ -56,6 +56,9 @@ FAMILIES = {
         "rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 10000.0},
                             "sliding_attention": {"rope_type": "default", "rope_theta": 100.0}},
     }),
+    # Phi-4-mini's shape: fused projections, rotary embeddings on three quarters of each head.
+    "phi3": ("Phi3Config", {"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0,
+                                                "partial_rotary_factor": 0.75}}),
 }
 
 # The attention implementation each family runs in (transformers' default otherwise): Gemma

@@ -13,9 +13,10 @@ transformers' rotary-embedding modules and models.
                                   it used; prints the cases as one JSON line.
     rope_oracle.py model OUT      small random models saved with save_pretrained: Llama with
                                   yarn, dynamic and longrope scaling, and a Phi-3 with longrope
-                                  and partial_rotary_factor 0.5 saved under Llama's weight names
-                                  (q/k/v_proj, gate/up_proj split from qkv_proj and gate_up_proj:
-                                  Phi-3's math is Llama's but for the partial rotary); for each,
+                                  and partial_rotary_factor 0.5, as saved and also under Llama's
+                                  weight names (q/k/v_proj, gate/up_proj split from qkv_proj and
+                                  gate_up_proj: Phi-3's math is Llama's but for the partial
+                                  rotary); for each,
                                   transformers' logits for token batches longer and shorter than
                                   the original context, and the last logits of each step of a
                                   cached forward (a prefill then one token at a time, as
@@ -224,8 +225,11 @@ def model(out):
             tensors["cached_logits"] = torch.stack(steps).contiguous()
         reference = os.path.join(out, name, "reference.safetensors")
         save_file(tensors, reference)
-        manifest.append(dict(name=name, dir=model_dir, reference=reference, lengths=lengths,
-                             chunks=chunks, cls=model_class.__name__))
+        entry = dict(name=name, dir=model_dir, reference=reference, lengths=lengths,
+                     chunks=chunks, cls=model_class.__name__)
+        if arch == "phi3":
+            entry["phi3_dir"] = ref_dir
+        manifest.append(entry)
     with open(os.path.join(out, "manifest.json"), "w") as f:
         json.dump(manifest, f, indent=2)
 

@@ -83,9 +83,8 @@ impl Trainer {
                     .unwrap_or(0);
                 let agree = |active: bool| -> Result<bool, TrainError> {
                     let Some(comm) = &comm else { return Ok(active) };
-                    let flag = Tensor::from_slice(&[active as i64]);
-                    comm.all_reduce_tensor(&flag, ReduceOp::Max)?.wait()?;
-                    Ok(flag.f_int64_value(&[0])? != 0)
+                    let flag = comm.all_reduce_host(&[active as i64], ReduceOp::Max)?;
+                    Ok(flag[0] != 0)
                 };
                 let mut generate = |prompts: &[Vec<i64>], max_new: usize| {
                     greedy_generate_in_step(
@@ -121,9 +120,7 @@ impl Trainer {
         }
         if let Some(comm) = &comm {
             let (c, t) = correct_total.unwrap_or((0.0, 0.0));
-            let sums = Tensor::from_slice(&[sum as f32, c as f32, t as f32]);
-            comm.all_reduce_tensor(&sums, ReduceOp::Sum)?.wait()?;
-            let v = Vec::<f32>::try_from(&sums)?;
+            let v = comm.all_reduce_host(&[sum as f32, c as f32, t as f32], ReduceOp::Sum)?;
             sum = v[0] as f64;
             if correct_total.is_some() {
                 correct_total = Some((v[1] as f64, v[2] as f64));

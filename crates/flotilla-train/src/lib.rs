@@ -23,6 +23,7 @@
 
 pub mod safetensors_io;
 
+pub mod cuda;
 pub mod host_memory;
 pub mod preempt;
 pub mod progress;

@@ -10,7 +10,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use tch::{Device, Tensor};
+use tch::Device;
 
 use crate::data::DataLoader;
 use crate::error::TrainError;
@@ -32,7 +32,7 @@ pub fn torch_device(device: schema::Device) -> Device {
     match device {
         schema::Device::Cpu => Device::Cpu,
         schema::Device::Cuda => Device::Cuda(0),
-        schema::Device::Auto => Device::cuda_if_available(),
+        schema::Device::Auto => crate::cuda::auto_device(),
     }
 }
 
@@ -225,9 +225,9 @@ impl Trainer {
                 // keeps f64 precision; the third entry is the stop flag.
                 let hi = local_loss as f32;
                 let lo = (local_loss - hi as f64) as f32;
-                let t = Tensor::from_slice(&[hi, lo, stop_here as i32 as f32]);
-                d.comm.all_reduce_tensor(&t, ReduceOp::Sum)?.wait()?;
-                let v: Vec<f32> = Vec::<f32>::try_from(&t)?;
+                let v = d
+                    .comm
+                    .all_reduce_host(&[hi, lo, stop_here as i32 as f32], ReduceOp::Sum)?;
                 (v[0] as f64 + v[1] as f64, v[2] > 0.0, d.comm.world_size())
             }
             _ => (local_loss, stop_here, 1),

@@ -36,6 +36,7 @@ const FAMILIES: &[(&str, bool)] = &[
     ("qwen3", false),
     ("gemma2", false),
     ("gemma3_text", false),
+    ("phi3", false),
 ];
 
 fn oracle() -> Option<PathBuf> {

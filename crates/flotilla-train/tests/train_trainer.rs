@@ -3,7 +3,8 @@
 //! gradient norm and learning rate of 20 steps, and the `metrics.csv` it writes; the same for a
 //! tiny model of every family (Mistral, Qwen3, Gemma 2 and 3, Phi-3, SmolLM3) with its norm
 //! weights and biases made non-trivial, windows shorter than the sequences, and Gemma's padding
-//! token, whose embedding row transformers never trains.
+//! token, whose embedding row transformers never trains. FSDP FULL_SHARD over 2 ranks (threads
+//! over one `MemoryStore`) trains Gemma 2 and Qwen3 as one process does.
 
 #[path = "../../../tests/common/mod.rs"]
 mod common;
@@ -15,12 +16,15 @@ mod replay;
 use std::path::Path;
 use std::process::Command;
 use std::sync::Arc;
+use std::time::Duration;
 
+use flotilla_comm::cpu::{CpuComm, CpuOptions};
+use flotilla_comm::store::MemoryStore;
 use flotilla_config::schema::{DataConfig, LayerType, ModelConfig, ModelType, TrainerConfig};
 use flotilla_train::data::{self, BatchLayout, DataLoader, DataOptions, Dataset};
 use flotilla_train::model::CausalLm;
 use flotilla_train::state::hf_weights::save_hf;
-use flotilla_train::{MetricsWriter, Trainer};
+use flotilla_train::{DistContext, MetricsRow, MetricsWriter, Trainer};
 use tch::{Device, Kind, Tensor};
 
 const STEPS: u64 = 20;
@@ -57,11 +61,16 @@ fn dataset() -> Arc<dyn Dataset> {
 }
 
 fn loader(t: &TrainerConfig) -> DataLoader {
+    rank_loader(t, 0, 1)
+}
+
+/// Rank `rank`'s share of every global batch.
+fn rank_loader(t: &TrainerConfig, rank: usize, world_size: usize) -> DataLoader {
     let layout = BatchLayout {
         global_batch_size: t.global_batch_size,
         micro_batch_size: t.micro_batch_size,
-        rank: 0,
-        world_size: 1,
+        rank,
+        world_size,
     };
     DataLoader::new(dataset(), true, t.seed as u64, layout, Device::Cpu).unwrap()
 }
@@ -308,5 +317,71 @@ fn every_family_trains_as_transformers_and_adamw_do() {
             "{family}: loss {dl:e}, grad_norm {dn:e}"
         );
         assert!(rows.last().unwrap().loss < rows[0].loss, "{family}");
+    }
+}
+
+#[test]
+fn fsdp_two_ranks_train_gemma2_and_qwen3_as_one_process() {
+    for family in [ModelType::Gemma2, ModelType::Qwen3] {
+        let config = family_config(family);
+        let model = CausalLm::new(&config).unwrap();
+        let params = model.init_params(5, Device::Cpu, Kind::Float);
+        let single = trainer_config("cosine");
+        let mut one = Trainer::new(model, &params, &single, loader(&single), Device::Cpu).unwrap();
+        let want = one.run(10, None).unwrap();
+
+        let sharded = compose::trainer_config(&format!(
+            "{{max_steps: {STEPS}, min_lr: 3.0e-4, warmup_steps: 5, schedule: cosine, \
+             micro_batch_size: 4, dist: {{mode: fsdp, backend: cpu, timeout_s: 120, \
+             sharding_strategy: FULL_SHARD, auto_wrap_policy: block, min_num_params: 0, \
+             activation_checkpointing: false, limit_all_gathers: true, \
+             forward_prefetch: false, backward_prefetch: BACKWARD_PRE, \
+             sync_module_states: false, cpu_offload: false, param_dtype: null, \
+             reduce_dtype: null, state_dict_type: full}}}}"
+        ));
+        let handles: Vec<_> = MemoryStore::group_with_timeout(2, Duration::from_secs(120))
+            .into_iter()
+            .map(|store| {
+                let (config, t) = (config.clone(), sharded.clone());
+                std::thread::spawn(move || -> Vec<MetricsRow> {
+                    tch::set_num_threads(1);
+                    let options = CpuOptions {
+                        timeout: Duration::from_secs(120),
+                        ..CpuOptions::default()
+                    };
+                    let comm = Arc::new(CpuComm::new(store, options).unwrap());
+                    let rank = flotilla_comm::comm::Communicator::rank(comm.as_ref());
+                    let model = CausalLm::new(&config).unwrap();
+                    let params = model.init_params(5, Device::Cpu, Kind::Float);
+                    let dist = DistContext {
+                        comm,
+                        local_world_size: 2,
+                    };
+                    let mut tr = Trainer::distributed(
+                        model,
+                        &params,
+                        &t,
+                        rank_loader(&t, rank, 2),
+                        Device::Cpu,
+                        Some(dist),
+                    )
+                    .unwrap();
+                    tr.run(10, None).unwrap()
+                })
+            })
+            .collect();
+        let ranks: Vec<Vec<MetricsRow>> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+        let rel = |a: f64, b: f64| (a - b).abs() / b.abs().max(1e-12);
+        let (mut dl, mut dn) = (0f64, 0f64);
+        for (r, w) in ranks[0].iter().zip(&want) {
+            dl = dl.max(rel(r.loss, w.loss));
+            dn = dn.max(rel(r.grad_norm, w.grad_norm));
+        }
+        eprintln!("{family}: FSDP x2 vs one process: loss {dl:e}, grad_norm {dn:e}");
+        assert_eq!(ranks[0].len(), 10);
+        assert!(
+            dl < 1e-5 && dn < 1e-5,
+            "{family}: loss {dl:e}, grad_norm {dn:e}"
+        );
     }
 }

@@ -94,6 +94,18 @@ impl ModelConfig {
         }
     }
 
+    /// Why `partial_rotary_factor` cannot be this model's: transformers rotates part of each
+    /// head only in Phi-3 (its other families ignore the factor or fail on it).
+    pub fn partial_rotary_problem(&self) -> Option<String> {
+        match self.partial_rotary_factor {
+            Some(f) if f != 1.0 && self.architecture() != ModelType::Phi3 => Some(format!(
+                "{f} is Phi-3's setting: transformers rotates whole heads in {}",
+                self.architecture().display_name()
+            )),
+            _ => None,
+        }
+    }
+
     /// Whether layer `i` applies rotary embeddings (all but SmolLM3's NoPE layers).
     pub fn layer_has_rope(&self, i: usize) -> bool {
         self.no_rope_layers

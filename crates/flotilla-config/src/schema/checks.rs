@@ -474,6 +474,13 @@ impl Check<'_> {
         self.positive("model.rms_norm_eps", m.rms_norm_eps);
         self.positive("model.rope_theta", m.rope_theta);
         self.positive("model.initializer_range", m.initializer_range);
+        if let Some(problem) = m.partial_rotary_problem() {
+            self.invalid(
+                "model.partial_rotary_factor",
+                problem,
+                "remove it, or set model.model_type=phi3".into(),
+            );
+        }
         for p in m.rope_problems("model.") {
             self.invalid(&p.key, p.problem, p.fix);
         }

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use super::architecture::hf_architecture;
-use super::rope::{check_hf_rope, hf_rope, hf_rope_scaling};
+use super::rope::{check_hf_rope, hf_phi3_original_max, hf_rope, hf_rope_scaling};
 use super::types::{LayerType, ModelConfig, ModelType};
 
 /// Why a `config.json` cannot be read as a model flotilla trains; each names the file and,
@@ -439,6 +439,9 @@ impl TryFrom<&HfLlamaConfig> for ModelConfig {
             rope_local_base_freq,
         };
         check_hf_rope(&config, rope.field).map_err(|(field, message)| bad(&field, message))?;
+        if let Some(problem) = config.partial_rotary_problem() {
+            return Err(bad("partial_rotary_factor", problem));
+        }
         Ok(config)
     }
 }
@@ -489,7 +492,7 @@ impl From<&ModelConfig> for HfLlamaConfig {
             rope_scaling: hf_rope_scaling(c),
             rope_parameters: None,
             partial_rotary_factor: c.partial_rotary_factor,
-            original_max_position_embeddings: None,
+            original_max_position_embeddings: hf_phi3_original_max(c),
             tie_word_embeddings: c.tie_word_embeddings,
             attention_bias: biased.then_some(c.attention_bias == Some(true)),
             mlp_bias: (llama || smol).then_some(false),

@@ -20,7 +20,8 @@
 //! near-miss suggestions); `gpus` is the table of GPU models `compute.gpu_type` names;
 //! `architecture` is what the Hugging Face architectures add to Llama (biases, a sliding window)
 //! and how a `config.json` says which one a model is.
-//! `rope` is which keys each rope type reads and the checks of a config's rotary embeddings.
+//! `rope` declares the rope types and `model.rope_scaling`, which keys each type reads, and the
+//! checks of a config's rotary embeddings.
 //! `runtime_mandatory` refuses the `???` values of the runtime node that hydra-core itself reads
 //! ([`check_runtime_mandatory`]).
 

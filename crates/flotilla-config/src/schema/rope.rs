@@ -1,5 +1,5 @@
-//! Rotary embeddings as a model config describes them: which keys of `rope_scaling` each rope
-//! type reads and requires ([`RopeType::keys`], [`RopeType::required`]), the values
+//! Rotary embeddings as a model config describes them: the rope types ([`RopeType`]) and
+//! `model.rope_scaling` ([`RopeScaling`]), which keys of it each rope type reads and requires ([`RopeType::keys`], [`RopeType::required`]), the values
 //! transformers fills in when a key is absent ([`ModelConfig::rope_factor`],
 //! [`ModelConfig::rope_original_max_position_embeddings`], [`ModelConfig::rotary_dim`]), and
 //! the checks ([`ModelConfig::rope_problems`]) that the YAML validation, the `config.json`
@@ -9,10 +9,70 @@
 
 use std::fmt;
 
+use serde::{Deserialize, Serialize};
+
+use super::from_node::{field, parse_choice, Choice, Cx, Fail, FromNode, Parsed};
 use super::hf_config::{HfLlamaConfig, HfRopeParameters};
-use super::messages::alternatives;
-use super::types::{ModelConfig, RopeScaling, RopeType};
-use crate::node::python_float_repr;
+use super::messages::{alternatives, quote_list};
+use super::types::{choice, section, ModelConfig, ModelType};
+use crate::node::{python_float_repr, Dict, Node, Value};
+
+choice! {
+    /// The rotary-embedding type (Hugging Face `rope_scaling.rope_type`), transformers' names:
+    /// what each reads is [`RopeType::keys`], what each computes `flotilla-train`'s `rope.rs`.
+    pub enum RopeType {
+        Default = "default",
+        Linear = "linear",
+        Dynamic = "dynamic",
+        Yarn = "yarn",
+        Longrope = "longrope",
+        Llama3 = "llama3",
+    }
+}
+
+section! {
+    /// `model.rope_scaling`: Hugging Face's `rope_scaling` dict, with its keys. Which keys each
+    /// `rope_type` reads, requires and defaults is [`RopeType::keys`]'s; a key the type does
+    /// not read is refused.
+    pub struct RopeScaling {
+        rope_type: RopeType,
+        /// The context extension: every type but `default` (`yarn`, `longrope`: absent is
+        /// `max_position_embeddings / original_max_position_embeddings`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        factor: Option<f64> => "8.0",
+        /// `llama3`, `yarn`, `longrope`: the pretraining context; absent:
+        /// `max_position_embeddings`.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        original_max_position_embeddings: Option<usize> => "8192",
+        /// `llama3`: the wavelength bounds of the smoothed band.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        low_freq_factor: Option<f64> => "1.0",
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        high_freq_factor: Option<f64> => "4.0",
+        /// `yarn`, `longrope`: the factor cos and sin are scaled by; absent: the type's own.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        attention_factor: Option<f64> => "1.0",
+        /// `yarn`: the ramp's bounds in rotations (absent: 32 and 1), the attention factor's
+        /// `mscale` and `mscale_all_dim`, and whether the ramp's bounds are rounded
+        /// (absent: true).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        beta_fast: Option<f64> => "32.0",
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        beta_slow: Option<f64> => "1.0",
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        mscale: Option<f64> => "1.0",
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        mscale_all_dim: Option<f64> => "1.0",
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        truncate: Option<bool> => "true",
+        /// `longrope`: one divisor per inverse frequency, for sequences up to
+        /// `original_max_position_embeddings` and beyond.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        short_factor: Option<Vec<f64>> => "[1.0, 1.0]",
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        long_factor: Option<Vec<f64>> => "[1.0, 4.0]",
+    }
+}
 
 /// One thing wrong with a config's rotary embeddings: the key (under the prefix the caller
 /// gave), what is wrong, and how to fix it.
@@ -485,6 +545,18 @@ pub(super) fn check_hf_rope(c: &ModelConfig, field: &str) -> Result<(), (String,
     })
 }
 
+/// Phi-3's top-level `original_max_position_embeddings`, which transformers' `Phi3Config` takes
+/// over the scaling dict's: written beside the dict's, so that both say the same.
+pub(super) fn hf_phi3_original_max(c: &ModelConfig) -> Option<usize> {
+    let reads = c.rope_scaling.as_ref().is_some_and(|s| {
+        s.rope_type
+            .keys()
+            .contains(&"original_max_position_embeddings")
+    });
+    (c.architecture() == ModelType::Phi3 && reads)
+        .then(|| c.rope_original_max_position_embeddings())
+}
+
 /// The legacy `rope_scaling` dict of `c` (which transformers 4 and 5 both read): its type and
 /// the keys it sets, with the pretraining context and, for `yarn` (whose `factor` transformers
 /// requires), the factor written out as resolved.
@@ -629,31 +701,41 @@ mod tests {
                          "long_factor": [2.0, 2.0, 2.0, 2.0, 2.0, 2.0, 2.0, 2.0]"#;
         let c = hf(&format!(
             r#", "model_type": "phi3", "rope_scaling": {{"type": "su", {factors}}}"#
-        ));
-        // The architecture is not flotilla's (yet), or it is: either way the rope reads so.
-        if let Ok(c) = &c {
+        ))
+        .unwrap();
+        let s = c.rope_scaling.as_ref().unwrap();
+        assert_eq!(s.rope_type, RopeType::Longrope);
+        assert_eq!(c.rope_original_max_position_embeddings(), 4096);
+        // Written back as longrope with the context it read.
+        let written = HfLlamaConfig::from(&c).rope_scaling.unwrap();
+        assert_eq!(written.rope_type.as_deref(), Some("longrope"));
+        assert_eq!(written.original_max_position_embeddings, Some(4096));
+        round_trip(&c);
+        for (extra, want) in [
+            (
+                r#""type": "longrope", "original_max_position_embeddings": 16"#,
+                32,
+            ),
+            (
+                r#""type": "yarn", "original_max_position_embeddings": 16"#,
+                32,
+            ),
+            (
+                r#""type": "su", "original_max_position_embeddings": 16"#,
+                16,
+            ),
+        ] {
+            let c = hf(&format!(
+                r#", "model_type": "phi3", "original_max_position_embeddings": 32,
+                   "rope_scaling": {{{extra}, {factors}}}"#
+            ))
+            .unwrap();
+            assert_eq!(c.rope_original_max_position_embeddings(), want, "{extra}");
             assert_eq!(
                 c.rope_scaling.as_ref().unwrap().rope_type,
                 RopeType::Longrope
             );
-            assert_eq!(c.rope_original_max_position_embeddings(), 4096);
-            for (extra, want) in [
-                (
-                    r#""type": "longrope", "original_max_position_embeddings": 16"#,
-                    32,
-                ),
-                (
-                    r#""type": "su", "original_max_position_embeddings": 16"#,
-                    16,
-                ),
-            ] {
-                let c = hf(&format!(
-                    r#", "model_type": "phi3", "original_max_position_embeddings": 32,
-                       "rope_scaling": {{{extra}, {factors}}}"#
-                ))
-                .unwrap();
-                assert_eq!(c.rope_original_max_position_embeddings(), want, "{extra}");
-            }
+            round_trip(&c);
         }
         let llama = hf(&format!(
             r#", "original_max_position_embeddings": 64,
@@ -671,12 +753,12 @@ mod tests {
 
     #[test]
     fn partial_rotary_factor_is_read_from_both_places_and_written_back() {
-        let c = hf(r#", "partial_rotary_factor": 0.5"#).unwrap();
+        let c = hf(r#", "model_type": "phi3", "partial_rotary_factor": 0.5"#).unwrap();
         assert_eq!((c.partial_rotary_factor, c.rotary_dim()), (Some(0.5), 8));
         assert_eq!(c.rotary_frequencies(), 4);
         round_trip(&c);
         let c = hf(
-            r#", "partial_rotary_factor": 0.5, "rope_parameters": {"rope_type": "default",
+            r#", "model_type": "phi3", "partial_rotary_factor": 0.5, "rope_parameters": {"rope_type": "default",
                        "rope_theta": 10000.0, "partial_rotary_factor": 0.75}"#,
         )
         .unwrap();
@@ -685,17 +767,17 @@ mod tests {
         assert!(text.contains(r#""partial_rotary_factor":0.75"#), "{text}");
         round_trip(&c);
         // An odd rotary width rotates one feature more, as transformers' arange(0, dim, 2).
-        let c = hf(r#", "partial_rotary_factor": 0.3"#).unwrap();
+        let c = hf(r#", "model_type": "phi3", "partial_rotary_factor": 0.3"#).unwrap();
         assert_eq!((c.rotary_dim(), c.rotary_frequencies()), (4, 2));
-        let c = hf(r#", "partial_rotary_factor": 0.35"#).unwrap();
+        let c = hf(r#", "model_type": "phi3", "partial_rotary_factor": 0.35"#).unwrap();
         assert_eq!((c.rotary_dim(), c.rotary_frequencies()), (5, 3));
 
-        let err = hf(r#", "partial_rotary_factor": 1.5"#).unwrap_err();
+        let err = hf(r#", "model_type": "phi3", "partial_rotary_factor": 1.5"#).unwrap_err();
         assert!(
             err.contains("field `partial_rotary_factor`") && err.contains("got 1.5"),
             "{err}"
         );
-        let err = hf(r#", "partial_rotary_factor": 0.1"#).unwrap_err();
+        let err = hf(r#", "model_type": "phi3", "partial_rotary_factor": 0.1"#).unwrap_err();
         assert!(err.contains("int(16 * 0.1) = 1 features"), "{err}");
     }
 

@@ -1,9 +1,11 @@
 //! The typed config: the sections `validate` returns (`model`, `trainer` with
 //! `trainer.dist`, `data`, `compute`) and the string enums they use, each declared with how it
-//! is read from a node (`choice!` and `section!` generate the `FromNode` impls).
+//! is read from a node (`choice!` and `section!` generate the `FromNode` impls; `rope.rs` uses
+//! them for the rope types and `model.rope_scaling`).
 
 use super::from_node::{field, parse_choice, parse_tagged, Choice, Cx, Fail, FromNode, Parsed};
 use super::messages::{alternatives, quote_list, set_note, show, suggest};
+pub use super::rope::{RopeScaling, RopeType};
 use super::shard_size::{ShardSize, DEFAULT_MAX_SHARD_SIZE};
 use super::ProblemKind;
 use crate::node::{Dict, Node, Value};
@@ -62,6 +64,7 @@ macro_rules! choice {
         }
     };
 }
+pub(super) use choice;
 
 choice! {
     /// Learning-rate schedule after warmup.
@@ -223,19 +226,6 @@ choice! {
 choice! {
     /// FSDP checkpoint layout: one consolidated file, or one shard per rank.
     pub enum StateDictType { Full = "full", Sharded = "sharded" }
-}
-
-choice! {
-    /// The rotary-embedding type (Hugging Face `rope_scaling.rope_type`), transformers' names:
-    /// what each reads and computes is `schema::rope`'s and `flotilla-train`'s `rope.rs`.
-    pub enum RopeType {
-        Default = "default",
-        Linear = "linear",
-        Dynamic = "dynamic",
-        Yarn = "yarn",
-        Longrope = "longrope",
-        Llama3 = "llama3",
-    }
 }
 
 choice! {
@@ -484,6 +474,7 @@ macro_rules! section {
     (@ex) => { None };
     (@ex $ex:literal) => { Some($ex) };
 }
+pub(super) use section;
 
 /// The validated job config.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -555,50 +546,6 @@ section! {
         /// `nn.Embedding` `padding_idx`: no gradient reaches it through the embedding); absent:
         /// none.
         pad_token_id: Option<usize> => "0",
-    }
-}
-
-section! {
-    /// `model.rope_scaling`: Hugging Face's `rope_scaling` dict, with its keys. Which keys each
-    /// `rope_type` reads, requires and defaults is `schema::rope`'s ([`RopeType::keys`]); a
-    /// key the type does not read is refused.
-    pub struct RopeScaling {
-        rope_type: RopeType,
-        /// The context extension: every type but `default` (`yarn`, `longrope`: absent is
-        /// `max_position_embeddings / original_max_position_embeddings`).
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        factor: Option<f64> => "8.0",
-        /// `llama3`, `yarn`, `longrope`: the pretraining context; absent:
-        /// `max_position_embeddings`.
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        original_max_position_embeddings: Option<usize> => "8192",
-        /// `llama3`: the wavelength bounds of the smoothed band.
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        low_freq_factor: Option<f64> => "1.0",
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        high_freq_factor: Option<f64> => "4.0",
-        /// `yarn`, `longrope`: the factor cos and sin are scaled by; absent: the type's own.
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        attention_factor: Option<f64> => "1.0",
-        /// `yarn`: the ramp's bounds in rotations (absent: 32 and 1), the attention factor's
-        /// `mscale` and `mscale_all_dim`, and whether the ramp's bounds are rounded
-        /// (absent: true).
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        beta_fast: Option<f64> => "32.0",
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        beta_slow: Option<f64> => "1.0",
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        mscale: Option<f64> => "1.0",
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        mscale_all_dim: Option<f64> => "1.0",
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        truncate: Option<bool> => "true",
-        /// `longrope`: one divisor per inverse frequency, for sequences up to
-        /// `original_max_position_embeddings` and beyond.
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        short_factor: Option<Vec<f64>> => "[1.0, 1.0]",
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        long_factor: Option<Vec<f64>> => "[1.0, 4.0]",
     }
 }
 

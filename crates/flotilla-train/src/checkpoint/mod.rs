@@ -30,7 +30,6 @@ pub use state_file::{write_state_file, StateFile};
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
-use tch::Tensor;
 
 use crate::data::SamplerState;
 use crate::error::TrainError;
@@ -189,9 +188,7 @@ pub fn newest_intact(trainer: &Trainer, run_dir: &Path) -> Result<Option<PathBuf
 fn min_over_ranks(trainer: &Trainer, value: i64) -> Result<i64, TrainError> {
     match trainer.comm() {
         Some(comm) if comm.world_size() > 1 => {
-            let t = Tensor::from_slice(&[value]);
-            comm.all_reduce_tensor(&t, ReduceOp::Min)?.wait()?;
-            Ok(t.f_int64_value(&[0])?)
+            Ok(comm.all_reduce_host(&[value], ReduceOp::Min)?[0])
         }
         _ => Ok(value),
     }
@@ -202,9 +199,7 @@ fn min_over_ranks(trainer: &Trainer, value: i64) -> Result<i64, TrainError> {
 fn agree(trainer: &Trainer, ok: bool) -> Result<bool, TrainError> {
     match trainer.comm() {
         Some(comm) if comm.world_size() > 1 => {
-            let flag = Tensor::from_slice(&[(!ok) as i64]);
-            comm.all_reduce_tensor(&flag, ReduceOp::Max)?.wait()?;
-            Ok(flag.f_int64_value(&[0])? == 0)
+            Ok(comm.all_reduce_host(&[(!ok) as i64], ReduceOp::Max)?[0] == 0)
         }
         _ => Ok(ok),
     }

@@ -131,13 +131,9 @@ impl DeviceChoice {
     pub fn resolve(self) -> Result<Device, GenerateError> {
         match self {
             DeviceChoice::Cpu => Ok(Device::Cpu),
-            DeviceChoice::Auto => Ok(Device::cuda_if_available()),
+            DeviceChoice::Auto => Ok(crate::cuda::auto_device()),
             DeviceChoice::Cuda(n) => {
-                let count = if tch::Cuda::is_available() {
-                    tch::Cuda::device_count().max(0) as usize
-                } else {
-                    0
-                };
+                let count = crate::cuda::device_count();
                 if n >= count {
                     return Err(GenerateError::Usage(format!(
                         "--device cuda:{n}: {}; use --device cpu{}",
@@ -837,6 +833,7 @@ impl Generator {
 /// comes and the timings on stderr; json: one object on stdout).
 pub fn run(args: &GenerateArgs) -> Result<(), GenerateError> {
     let device = args.device.resolve()?;
+    crate::cuda::bind(device).map_err(GenerateError::Usage)?;
     let seed = args.seed.unwrap_or_else(|| {
         std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -944,7 +941,7 @@ mod tests {
         let err = parse_device("tpu").unwrap_err();
         assert!(err.contains("`tpu`") && err.contains("cuda:N"), "{err}");
         assert!(parse_device("cuda:x").is_err());
-        if !tch::Cuda::is_available() {
+        if crate::cuda::device_count() == 0 {
             let err = DeviceChoice::Cuda(0).resolve().unwrap_err().to_string();
             assert!(
                 err.contains("no CUDA GPU") && err.contains("--device cpu"),

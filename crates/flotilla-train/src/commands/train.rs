@@ -54,50 +54,13 @@ impl std::fmt::Display for JobSummary {
     }
 }
 
-/// Loads `libtorch_cuda.so` (global symbols) from the directory where `libtorch_cpu.so` is
-/// mapped, so that tch can see CUDA; the binary does not link it (a login node composing
-/// configs should not load 13 CUDA libraries). Returns whether it loaded.
-pub fn load_torch_cuda() -> bool {
-    let Ok(maps) = std::fs::read_to_string("/proc/self/maps") else {
-        return false;
-    };
-    let Some(dir) = maps
-        .lines()
-        .filter_map(|l| l.split_whitespace().nth(5))
-        .find(|p| p.ends_with("/libtorch_cpu.so"))
-        .and_then(|p| Path::new(p).parent().map(|d| d.to_path_buf()))
-    else {
-        return false;
-    };
-    let path = dir.join("libtorch_cuda.so");
-    if !path.is_file() {
-        return false;
-    }
-    use libloading::os::unix::{Library, RTLD_GLOBAL, RTLD_NOW};
-    // SAFETY: loading libtorch's own CUDA library, whose initialisers only register kernels.
-    match unsafe { Library::open(Some(&path), RTLD_NOW | RTLD_GLOBAL) } {
-        Ok(lib) => {
-            // Keep it loaded for the life of the process.
-            std::mem::forget(lib);
-            true
-        }
-        Err(e) => {
-            tracing::warn!("cannot load {}: {e}", path.display());
-            false
-        }
-    }
-}
-
 /// The training device of `trainer.device` for a rank: with CUDA, the rank's device among
 /// the visible ones (device 0 when the launcher bound one device per task through
 /// `CUDA_VISIBLE_DEVICES`, else `LOCAL_RANK`).
 pub fn train_device(device: schema::Device, rank: &RankInfo) -> Result<Device, TrainError> {
     let cuda = || -> Option<Device> {
-        if !(load_torch_cuda() && tch::Cuda::is_available()) {
-            return None;
-        }
-        let count = tch::Cuda::device_count().max(1) as usize;
-        Some(Device::Cuda(rank.local_rank % count))
+        let count = crate::cuda::device_count();
+        (count > 0).then(|| Device::Cuda(rank.local_rank % count))
     };
     match device {
         schema::Device::Cpu => Ok(Device::Cpu),
@@ -186,6 +149,9 @@ fn run_job_unguarded(
     let wall = Instant::now();
     prepare_process()?;
     let device = train_device(job.trainer.device, rank)?;
+    // The rank's GPU is the current device before anything (NCCL, the allocator, the FSDP
+    // storage shim) allocates on one.
+    crate::cuda::bind(device).map_err(TrainError::BadState)?;
     // `trainer.precision: auto` for the device this rank got: bf16-mixed on a GPU.
     let resolved;
     let job = match job.trainer.precision {

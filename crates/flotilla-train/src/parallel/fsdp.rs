@@ -791,9 +791,7 @@ impl ParallelWeights for Fsdp {
             inv_scale,
         )?;
         if let Some(world) = &self.world_comm {
-            let flag = Tensor::from_slice(&[found_inf as i64]);
-            world.all_reduce_tensor(&flag, ReduceOp::Max)?.wait()?;
-            found_inf = flag.int64_value(&[0]) != 0;
+            found_inf = world.all_reduce_host(&[found_inf as i64], ReduceOp::Max)?[0] != 0;
         }
         Ok(found_inf)
     }

@@ -1,8 +1,11 @@
 //! Collectives over tch tensors: the [`TensorCollectives`] front end every
 //! [`Communicator`] gets (CPU tensors for the CPU backend, CUDA tensors on the communicator's
 //! device for NCCL). Each checks that its tensors are defined, contiguous, of a supported dtype
-//! and on the communicator's device, and keeps a shallow clone of them in the returned [`Work`]
-//! so their storage outlives the operation.
+//! and on the communicator's device (a tensor elsewhere is an error naming the call site), and
+//! keeps a shallow clone of them in the returned [`Work`] so their storage outlives the
+//! operation. Host values (a loss, a flag, a count) travel through
+//! [`TensorCollectives::all_reduce_host`] alone, which puts them on the communicator's device
+//! first: a tensor built on the host would be refused by NCCL.
 
 use flotilla_comm::comm::{CommError, Communicator, DType, Device, OpKind, RawOp, ReduceOp, Work};
 
@@ -23,11 +26,20 @@ struct TensorBuf {
     dtype: DType,
 }
 
+/// The tch device of a communicator's device.
+pub fn torch_device_of(device: Device) -> tch::Device {
+    match device {
+        Device::Cpu => tch::Device::Cpu,
+        Device::Cuda(i) => tch::Device::Cuda(i),
+    }
+}
+
 fn tensor_buf(
     comm: &(impl Communicator + ?Sized),
     t: &tch::Tensor,
     op: &'static str,
     what: &str,
+    caller: &std::panic::Location<'_>,
 ) -> Result<TensorBuf, CommError> {
     if !t.defined() {
         return Err(CommError::invalid(
@@ -58,7 +70,9 @@ fn tensor_buf(
         return Err(CommError::invalid(
             op,
             format!(
-                "{what} tensor is on {:?} but the {} communicator works on {want:?}",
+                "{what} tensor (at {}:{}) is on {:?} but the {} communicator works on {want:?}",
+                caller.file(),
+                caller.line(),
                 t.device(),
                 comm.backend()
             ),
@@ -75,8 +89,9 @@ fn tensor_buf(
 pub trait TensorCollectives: Communicator {
     /// all_reduce of a contiguous tensor (CPU tensor for the CPU backend, CUDA tensor on the
     /// communicator's device for NCCL), in place.
+    #[track_caller]
     fn all_reduce_tensor(&self, t: &tch::Tensor, op: ReduceOp) -> Result<Work<'static>, CommError> {
-        let b = tensor_buf(self, t, "all_reduce", "the")?;
+        let b = tensor_buf(self, t, "all_reduce", "the", std::panic::Location::caller())?;
         let raw = RawOp {
             kind: OpKind::AllReduce(op),
             dtype: b.dtype,
@@ -90,14 +105,16 @@ pub trait TensorCollectives: Communicator {
 
     /// reduce_scatter of tensors: `input` has `n * k` elements, `output` `k` (same dtype).
     /// `output` may be the view of `input` at offset `rank * k` (in place).
+    #[track_caller]
     fn reduce_scatter_tensor(
         &self,
         input: &tch::Tensor,
         output: &tch::Tensor,
         op: ReduceOp,
     ) -> Result<Work<'static>, CommError> {
-        let i = tensor_buf(self, input, "reduce_scatter", "input")?;
-        let o = tensor_buf(self, output, "reduce_scatter", "output")?;
+        let at = std::panic::Location::caller();
+        let i = tensor_buf(self, input, "reduce_scatter", "input", at)?;
+        let o = tensor_buf(self, output, "reduce_scatter", "output", at)?;
         check_pair(
             "reduce_scatter",
             &i,
@@ -119,13 +136,15 @@ pub trait TensorCollectives: Communicator {
 
     /// all_gather of tensors: `input` has `k` elements, `output` `n * k` (same dtype).
     /// `input` may be the view of `output` at offset `rank * k` (in place).
+    #[track_caller]
     fn all_gather_tensor(
         &self,
         input: &tch::Tensor,
         output: &tch::Tensor,
     ) -> Result<Work<'static>, CommError> {
-        let i = tensor_buf(self, input, "all_gather", "input")?;
-        let o = tensor_buf(self, output, "all_gather", "output")?;
+        let at = std::panic::Location::caller();
+        let i = tensor_buf(self, input, "all_gather", "input", at)?;
+        let o = tensor_buf(self, output, "all_gather", "output", at)?;
         check_pair(
             "all_gather",
             &i,
@@ -146,8 +165,9 @@ pub trait TensorCollectives: Communicator {
     }
 
     /// broadcast of a tensor from `root`, in place.
+    #[track_caller]
     fn broadcast_tensor(&self, t: &tch::Tensor, root: usize) -> Result<Work<'static>, CommError> {
-        let b = tensor_buf(self, t, "broadcast", "the")?;
+        let b = tensor_buf(self, t, "broadcast", "the", std::panic::Location::caller())?;
         let raw = RawOp {
             kind: OpKind::Broadcast { root },
             dtype: b.dtype,
@@ -157,6 +177,33 @@ pub trait TensorCollectives: Communicator {
         };
         // SAFETY: the Work keeps a shallow clone of the tensor.
         Ok(unsafe { self.submit(raw) }?.keep_alive(Box::new(t.shallow_clone())))
+    }
+
+    /// Reduces host values over the group (`op` elementwise) and returns the result on the
+    /// host: the values are put on the communicator's device, reduced, and read back after the
+    /// wait. The one way a host scalar (a loss, a flag, a count) enters a collective.
+    #[track_caller]
+    fn all_reduce_host<T: tch::kind::Element + Copy>(
+        &self,
+        values: &[T],
+        op: ReduceOp,
+    ) -> Result<Vec<T>, CommError> {
+        let at = std::panic::Location::caller();
+        let on_device = tch::Tensor::f_from_slice(values)
+            .and_then(|t| t.f_to_device(torch_device_of(self.device())))
+            .map_err(|e| {
+                CommError::invalid(
+                    "all_reduce",
+                    format!("host values (at {}:{}): {e}", at.file(), at.line()),
+                )
+            })?;
+        self.all_reduce_tensor(&on_device, op)?.wait()?;
+        Vec::<T>::try_from(&on_device).map_err(|e| {
+            CommError::invalid(
+                "all_reduce",
+                format!("reading back (at {}:{}): {e}", at.file(), at.line()),
+            )
+        })
     }
 }
 

@@ -1,0 +1,107 @@
+//! The one way the task asks about CUDA. The binaries do not link libtorch's CUDA library (a
+//! login node composing configs should not load a dozen CUDA libraries), and libtorch caches
+//! "no CUDA" at the first query made without it: every question (is there a GPU, how many,
+//! which device `auto` means) goes through here, which loads the library first. Training,
+//! `generate` and `bench comm` all choose their device with [`device_count`] and
+//! [`auto_device`], so `auto` means the same thing everywhere. [`bind`] makes a rank's device
+//! the current one explicitly, before anything allocates on it.
+
+use std::path::Path;
+use std::sync::{Arc, OnceLock};
+
+use tch::Device;
+
+/// Loads `libtorch_cuda.so` (global symbols) from the directory where `libtorch_cpu.so` is
+/// mapped, once per process, so that tch can see CUDA. Returns whether it is loaded.
+pub fn load_torch_cuda() -> bool {
+    static LOADED: OnceLock<bool> = OnceLock::new();
+    *LOADED.get_or_init(|| {
+        let Ok(maps) = std::fs::read_to_string("/proc/self/maps") else {
+            return false;
+        };
+        let Some(dir) = maps
+            .lines()
+            .filter_map(|l| l.split_whitespace().nth(5))
+            .find(|p| p.ends_with("/libtorch_cpu.so"))
+            .and_then(|p| Path::new(p).parent().map(|d| d.to_path_buf()))
+        else {
+            return false;
+        };
+        let path = dir.join("libtorch_cuda.so");
+        if !path.is_file() {
+            return false;
+        }
+        use libloading::os::unix::{Library, RTLD_GLOBAL, RTLD_NOW};
+        // SAFETY: loading libtorch's own CUDA library, whose initialisers only register
+        // kernels.
+        match unsafe { Library::open(Some(&path), RTLD_NOW | RTLD_GLOBAL) } {
+            Ok(lib) => {
+                // Keep it loaded for the life of the process.
+                std::mem::forget(lib);
+                true
+            }
+            Err(e) => {
+                tracing::warn!("cannot load {}: {e}", path.display());
+                false
+            }
+        }
+    })
+}
+
+/// The CUDA devices libtorch can use (0 without a GPU or without CUDA libtorch).
+pub fn device_count() -> usize {
+    if load_torch_cuda() && tch::Cuda::is_available() {
+        tch::Cuda::device_count().max(0) as usize
+    } else {
+        0
+    }
+}
+
+/// What `auto` means: the first CUDA device when there is one, else the CPU.
+pub fn auto_device() -> Device {
+    if device_count() > 0 {
+        Device::Cuda(0)
+    } else {
+        Device::Cpu
+    }
+}
+
+/// Makes `device` the calling thread's current CUDA device (its primary context, kept for the
+/// life of the process), as `torch.cuda.set_device` does: libtorch's allocator, the FSDP
+/// storage shim and NCCL then all work on it rather than on device 0. Nothing for the CPU.
+pub fn bind(device: Device) -> Result<(), String> {
+    let Device::Cuda(ordinal) = device else {
+        return Ok(());
+    };
+    static BOUND: OnceLock<Arc<cudarc::driver::CudaContext>> = OnceLock::new();
+    if let Some(ctx) = BOUND.get() {
+        if ctx.ordinal() != ordinal {
+            return Err(format!(
+                "this process already works on cuda:{}; it cannot also bind cuda:{ordinal}",
+                ctx.ordinal()
+            ));
+        }
+        return ctx
+            .bind_to_thread()
+            .map_err(|e| format!("binding cuda:{ordinal}: {e}"));
+    }
+    let ctx = cudarc::driver::CudaContext::new(ordinal)
+        .map_err(|e| format!("making cuda:{ordinal} the current device: {e}"))?;
+    let _ = BOUND.set(ctx);
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Without a GPU, `auto` is the CPU and binding the CPU does nothing; the count agrees
+    /// with libtorch's own answer once the library is loaded.
+    #[test]
+    fn auto_follows_the_count() {
+        let n = device_count();
+        assert_eq!(auto_device() == Device::Cpu, n == 0);
+        assert_eq!(n, tch::Cuda::device_count().max(0) as usize);
+        bind(Device::Cpu).unwrap();
+    }
+}
