@@ -48,7 +48,7 @@ impl Trainer {
     pub fn evaluate(&mut self, eval: &EvalSet<'_>) -> Result<EvalMetrics, TrainError> {
         let device = self.device;
         let (rank, world) = self.rank_world();
-        let comm = self.comm().filter(|c| c.world_size() > 1).cloned();
+        let comm = self.comm().cloned();
         let n = eval.num_batches * eval.micro_batch_size;
         let batches = eval_batches(
             eval.dataset.as_ref(),

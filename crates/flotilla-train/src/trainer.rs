@@ -220,7 +220,7 @@ impl Trainer {
             .sum();
         let stop_here = crate::preempt::requested();
         let (loss, stop, world) = match &self.dist {
-            Some(d) if d.comm.world_size() > 1 => {
+            Some(d) => {
                 // The loss travels as an f32 pair (value, rounding remainder) so that its sum
                 // keeps f64 precision; the third entry is the stop flag.
                 let hi = local_loss as f32;

@@ -4,7 +4,9 @@
 //! tiny model of every family (Mistral, Qwen3, Gemma 2 and 3, Phi-3, SmolLM3) with its norm
 //! weights and biases made non-trivial, windows shorter than the sequences, and Gemma's padding
 //! token, whose embedding row transformers never trains. FSDP FULL_SHARD over 2 ranks (threads
-//! over one `MemoryStore`) trains Gemma 2 and Qwen3 as one process does.
+//! over one `MemoryStore`) trains Gemma 2 and Qwen3 as one process does. A process group of
+//! one (`trainer.dist.process_group: always`) runs every collective of DDP and FSDP (FULL_SHARD,
+//! HYBRID_SHARD) through the communicator, counted, and trains exactly as no group does.
 
 #[path = "../../../tests/common/mod.rs"]
 mod common;
@@ -18,6 +20,9 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
+use flotilla_comm::comm::{
+    Backend, CommError, Communicator, Device as CommDevice, OpKind, RawOp, Work,
+};
 use flotilla_comm::cpu::{CpuComm, CpuOptions};
 use flotilla_comm::store::MemoryStore;
 use flotilla_config::schema::{DataConfig, LayerType, ModelConfig, ModelType, TrainerConfig};
@@ -383,5 +388,134 @@ fn fsdp_two_ranks_train_gemma2_and_qwen3_as_one_process() {
             dl < 1e-5 && dn < 1e-5,
             "{family}: loss {dl:e}, grad_norm {dn:e}"
         );
+    }
+}
+
+/// A communicator that counts the collectives of each kind it runs for another.
+struct Counting {
+    inner: Box<dyn Communicator>,
+    counts: Arc<std::sync::Mutex<std::collections::BTreeMap<String, usize>>>,
+}
+
+impl Communicator for Counting {
+    fn rank(&self) -> usize {
+        self.inner.rank()
+    }
+    fn world_size(&self) -> usize {
+        self.inner.world_size()
+    }
+    fn backend(&self) -> Backend {
+        self.inner.backend()
+    }
+    fn device(&self) -> CommDevice {
+        self.inner.device()
+    }
+    unsafe fn submit(&self, op: RawOp) -> Result<Work<'static>, CommError> {
+        let kind = match op.kind {
+            OpKind::AllReduce(_) => "all_reduce",
+            OpKind::ReduceScatter(_) => "reduce_scatter",
+            OpKind::AllGather => "all_gather",
+            OpKind::Broadcast { .. } => "broadcast",
+            _ => "other",
+        };
+        *self.counts.lock().unwrap().entry(kind.into()).or_default() += 1;
+        // SAFETY: the caller's promise about `op`'s buffers is passed on unchanged.
+        unsafe { self.inner.submit(op) }
+    }
+    fn split(&self, color: usize, key: usize) -> Result<Box<dyn Communicator>, CommError> {
+        *self
+            .counts
+            .lock()
+            .unwrap()
+            .entry("split".into())
+            .or_default() += 1;
+        Ok(Box::new(Counting {
+            inner: self.inner.split(color, key)?,
+            counts: self.counts.clone(),
+        }))
+    }
+}
+
+#[test]
+fn a_process_group_of_one_runs_every_collective_and_changes_nothing() {
+    let base = trainer_config("cosine");
+    let model = || CausalLm::new(&model_config()).unwrap();
+    // Fresh weights for each trainer (a replicated one trains the tensors it is given).
+    let params = || model().init_params(5, Device::Cpu, Kind::Float);
+    let mut alone = Trainer::new(model(), &params(), &base, loader(&base), Device::Cpu).unwrap();
+    let want = alone.run(6, None).unwrap();
+    let fsdp = |strategy: &str| {
+        format!(
+            "{{mode: fsdp, backend: cpu, timeout_s: 120, process_group: always, \
+             sharding_strategy: {strategy}, auto_wrap_policy: block, min_num_params: 0, \
+             activation_checkpointing: false, limit_all_gathers: true, \
+             forward_prefetch: false, backward_prefetch: BACKWARD_PRE, \
+             sync_module_states: true, cpu_offload: false, param_dtype: null, \
+             reduce_dtype: null, state_dict_type: full}}"
+        )
+    };
+    for (name, dist, kinds) in [
+        (
+            "ddp",
+            "{mode: ddp, backend: cpu, timeout_s: 120, bucket_cap_mb: 25, process_group: always}"
+                .to_string(),
+            vec!["all_reduce", "broadcast"],
+        ),
+        (
+            "fsdp FULL_SHARD",
+            fsdp("FULL_SHARD"),
+            vec!["all_gather", "all_reduce", "broadcast", "reduce_scatter"],
+        ),
+        (
+            "fsdp HYBRID_SHARD",
+            fsdp("HYBRID_SHARD"),
+            vec![
+                "all_gather",
+                "all_reduce",
+                "broadcast",
+                "reduce_scatter",
+                "split",
+            ],
+        ),
+    ] {
+        let t = compose::trainer_config(&format!(
+            "{{max_steps: {STEPS}, min_lr: 3.0e-4, warmup_steps: 5, schedule: cosine, \
+             dist: {dist}}}"
+        ));
+        let store = MemoryStore::group_with_timeout(1, Duration::from_secs(60))
+            .pop()
+            .unwrap();
+        let counts = Arc::new(std::sync::Mutex::new(Default::default()));
+        let comm: Arc<dyn Communicator> = Arc::new(Counting {
+            inner: Box::new(CpuComm::new(store, CpuOptions::default()).unwrap()),
+            counts: counts.clone(),
+        });
+        let dist = DistContext {
+            comm,
+            local_world_size: 1,
+        };
+        let mut tr =
+            Trainer::distributed(model(), &params(), &t, loader(&t), Device::Cpu, Some(dist))
+                .unwrap();
+        let rows = tr.run(6, None).unwrap();
+        let counts = counts.lock().unwrap().clone();
+        // DDP bit for bit; FSDP's norm sums per-parameter pieces in another order.
+        let rel = |a: f64, b: f64| (a - b).abs() / b.abs();
+        for (r, w) in rows.iter().zip(&want) {
+            assert!(
+                rel(r.loss, w.loss) < 1e-6 && rel(r.grad_norm, w.grad_norm) < 1e-6,
+                "{name}: {:?} vs {:?}",
+                (r.loss, r.grad_norm),
+                (w.loss, w.grad_norm)
+            );
+            if name == "ddp" {
+                assert_eq!((r.loss, r.grad_norm), (w.loss, w.grad_norm));
+            }
+        }
+        eprintln!("{name}: a group of one ran {counts:?}");
+        let ran: Vec<&str> = counts.keys().map(String::as_str).collect();
+        assert_eq!(ran, kinds, "{name}");
+        // The loss and stop flag every step, at least.
+        assert!(counts["all_reduce"] >= 6, "{name}: {counts:?}");
     }
 }

@@ -60,7 +60,7 @@ pub use types::{
     SavedModule, ShardingStrategy, StateDictType, TaskConfig, TaskRanks, TextData, TokenDtype,
     TokenizerSpec, TokensData, TrainOn, TrainerConfig,
 };
-pub use types::{LayerType, ModelType};
+pub use types::{LayerType, ModelType, ProcessGroup};
 
 /// What kind of problem a [`Problem`] is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -245,6 +245,11 @@ choice! {
 }
 
 choice! {
+    /// When a job builds its process group (`trainer.dist.process_group`).
+    pub enum ProcessGroup { Auto = "auto", Always = "always" }
+}
+
+choice! {
     /// The attention of one decoder layer (`model.layer_types`, `config.json`'s `layer_types`).
     pub enum LayerType { Full = "full_attention", Sliding = "sliding_attention" }
 }
@@ -656,6 +661,9 @@ section! {
         /// Gradient bucket size in MB (torch default 25); a bucket ends at the first unit
         /// boundary where it holds this much.
         bucket_cap_mb: f64,
+        /// `always`: a process group and every collective even for one rank (proves the NCCL
+        /// path on one GPU); absent or `auto`: only with more than one rank.
+        process_group: Option<ProcessGroup> => "always",
     }
 }
 
@@ -687,6 +695,9 @@ section! {
         backend: Backend,
         /// Collective timeout in seconds.
         timeout_s: u64,
+        /// `always`: a process group and every collective even for one rank; absent or `auto`:
+        /// only with more than one rank.
+        process_group: Option<ProcessGroup> => "always",
         sharding_strategy: ShardingStrategy,
         auto_wrap_policy: AutoWrapPolicy,
         /// Threshold of the `size` wrap policy.

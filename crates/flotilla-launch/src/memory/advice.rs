@@ -44,6 +44,7 @@ fn fsdp_from(job: &JobConfig) -> FsdpConfig {
     FsdpConfig {
         backend,
         timeout_s,
+        process_group: None,
         sharding_strategy: ShardingStrategy::FullShard,
         auto_wrap_policy: AutoWrapPolicy::Block,
         min_num_params: 100_000_000,

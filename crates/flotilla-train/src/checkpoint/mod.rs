@@ -187,9 +187,7 @@ pub fn newest_intact(trainer: &Trainer, run_dir: &Path) -> Result<Option<PathBuf
 /// group, `value` itself.
 fn min_over_ranks(trainer: &Trainer, value: i64) -> Result<i64, TrainError> {
     match trainer.comm() {
-        Some(comm) if comm.world_size() > 1 => {
-            Ok(comm.all_reduce_host(&[value], ReduceOp::Min)?[0])
-        }
+        Some(comm) => Ok(comm.all_reduce_host(&[value], ReduceOp::Min)?[0]),
         _ => Ok(value),
     }
 }
@@ -198,9 +196,7 @@ fn min_over_ranks(trainer: &Trainer, value: i64) -> Result<i64, TrainError> {
 /// flags, which is also a barrier. Without a process group, `ok` itself.
 fn agree(trainer: &Trainer, ok: bool) -> Result<bool, TrainError> {
     match trainer.comm() {
-        Some(comm) if comm.world_size() > 1 => {
-            Ok(comm.all_reduce_host(&[(!ok) as i64], ReduceOp::Max)?[0] == 0)
-        }
+        Some(comm) => Ok(comm.all_reduce_host(&[(!ok) as i64], ReduceOp::Max)?[0] == 0),
         _ => Ok(ok),
     }
 }

@@ -76,13 +76,15 @@ pub fn train_device(device: schema::Device, rank: &RankInfo) -> Result<Device, T
 /// Longest wait for the master and the other ranks to join.
 pub const RENDEZVOUS_TIMEOUT: Duration = Duration::from_secs(300);
 
-/// Joins the process group of `rank` for `trainer.dist` (`None` for one process).
+/// Joins the process group of `rank` for `trainer.dist` (`None` for one process, unless
+/// `trainer.dist.process_group: always` asks for a group of one, whose collectives then all run
+/// as they would with more ranks).
 pub fn join_group(
     rank: &RankInfo,
     dist: &DistConfig,
     device: Device,
 ) -> Result<Option<DistContext>, TrainError> {
-    let (backend, timeout_s) = match dist {
+    let (backend, timeout_s, group) = match dist {
         DistConfig::None => {
             if rank.world_size > 1 {
                 return Err(TrainError::Unsupported(format!(
@@ -92,10 +94,10 @@ pub fn join_group(
             }
             return Ok(None);
         }
-        DistConfig::Ddp(d) => (d.backend, d.timeout_s),
-        DistConfig::Fsdp(f) => (f.backend, f.timeout_s),
+        DistConfig::Ddp(d) => (d.backend, d.timeout_s, d.process_group),
+        DistConfig::Fsdp(f) => (f.backend, f.timeout_s, f.process_group),
     };
-    if rank.world_size == 1 {
+    if rank.world_size == 1 && group != Some(schema::ProcessGroup::Always) {
         return Ok(None);
     }
     let backend = match backend {
@@ -314,6 +316,14 @@ fn announce(
 ) {
     let t = &job.trainer;
     let mode = match &t.dist {
+        // A process group of one (`process_group: always`) runs every collective.
+        DistConfig::Ddp(_) if trainer.comm().is_some() && rank.world_size == 1 => {
+            "DDP, a process group of 1 rank".to_string()
+        }
+        DistConfig::Fsdp(f) if trainer.comm().is_some() && rank.world_size == 1 => format!(
+            "FSDP {}, a process group of 1 rank",
+            f.sharding_strategy.as_str()
+        ),
         _ if rank.world_size == 1 => "single process".to_string(),
         DistConfig::None => "single process".to_string(),
         DistConfig::Ddp(_) => format!("DDP, {} ranks", rank.world_size),

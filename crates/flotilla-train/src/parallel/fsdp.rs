@@ -174,13 +174,16 @@ pub fn process_groups(
     local_world_size: usize,
 ) -> Result<ProcessGroups, TrainError> {
     let all = world.cloned();
-    let Some(world) = world.filter(|w| w.world_size() > 1) else {
+    // A group of one exists only when `process_group: always` asked for it: its collectives,
+    // HYBRID's split included, run as they would with more ranks.
+    let Some(world) = world else {
         return Ok(ProcessGroups {
             world: all,
             shard: None,
             replica: None,
         });
     };
+    let exercised = world.world_size() == 1;
     let (shard, replica) = match sharding {
         ShardingStrategy::FullShard | ShardingStrategy::ShardGradOp => (Some(world.clone()), None),
         ShardingStrategy::NoShard => (None, Some(world.clone())),
@@ -189,8 +192,8 @@ pub fn process_groups(
             let intra: Arc<dyn Communicator> = Arc::from(intra);
             let inter: Arc<dyn Communicator> = Arc::from(inter);
             (
-                (intra.world_size() > 1).then_some(intra),
-                (inter.world_size() > 1).then_some(inter),
+                (intra.world_size() > 1 || exercised).then_some(intra),
+                (inter.world_size() > 1 || exercised).then_some(inter),
             )
         }
     };
@@ -253,9 +256,7 @@ impl Fsdp {
         } else {
             device
         };
-        let sync = world_comm
-            .as_ref()
-            .filter(|w| sync_from_rank0 && w.world_size() > 1);
+        let sync = world_comm.as_ref().filter(|_| sync_from_rank0);
         let mut groups = vec![];
         for layout in layouts {
             // A frozen group is only ever gathered: it is held in the param dtype.

@@ -84,10 +84,8 @@ pub fn parallelize(
             let compute = (compute_kind != master_kind).then_some(compute_kind);
             let mut w = Replicated::new(model, params, adam, compute);
             if let (DistConfig::Ddp(ddp), Some(comm)) = (&config.dist, &comm) {
-                if comm.world_size() > 1 {
-                    broadcast_params(comm.as_ref(), &w.params)?;
-                    w.reducer = Some(GradReducer::new(comm.clone(), ddp, model, &w.params));
-                }
+                broadcast_params(comm.as_ref(), &w.params)?;
+                w.reducer = Some(GradReducer::new(comm.clone(), ddp, model, &w.params));
             }
             Box::new(w)
         }
