@@ -16,8 +16,9 @@ Subcommands (each under ~9 minutes on an H200):
   scaling from 65536); bf16-true: bf16 weights and AdamW state, fp32 gradients. A reduced
   precision passes when its difference is within the stated tolerance or at most twice
   PyTorch's own difference between that precision and 32-true. Then, in flotilla at 32-true,
-  `trainer/dist=ddp` and `trainer/dist=fsdp` with every sharding strategy at world size 1
-  against `trainer/dist=none`; one LoRA step (`peft=lora` from a PEFT-made adapter with a
+  `trainer/dist=ddp` and `trainer/dist=fsdp` with every sharding strategy at world size 1 with
+  `trainer.dist.process_group=always` (a process group of one: every collective runs through
+  NCCL on the GPU) against `trainer/dist=none`; one LoRA step (`peft=lora` from a PEFT-made adapter with a
   non-zero B) against PEFT; `flotilla generate` greedy ids on --device against the CPU and
   against transformers' `generate` on --device (a tiny model trained briefly on the built-in
   arithmetic data); and a job far too large for the GPU (llama-1b, micro batch 64 x 2048,
@@ -391,8 +392,12 @@ def correctness(p):
     # DDP and FSDP at world size 1 against no parallelism (flotilla both sides, 32-true).
     if "32-true" in results:
         rows0, w_none = results["32-true"]
-        for name, extra in [("ddp", ["trainer/dist=ddp"])] + [
-                (f"fsdp {s}", ["trainer/dist=fsdp", f"trainer.dist.sharding_strategy={s}"])
+        # `process_group=always`: a group of one rank, so that every collective of DDP and
+        # FSDP (and the host-scalar reductions) runs through NCCL on --device (the CPU backend
+        # with --device cpu).
+        always = ["trainer.dist.process_group=always"]
+        for name, extra in [("ddp", ["trainer/dist=ddp"] + always)] + [
+                (f"fsdp {s}", ["trainer/dist=fsdp", f"trainer.dist.sharding_strategy={s}"] + always)
                 for s in SHARDING]:
             rows, final, out = flotilla(name.replace(" ", "-"), "32-true", extra)
             if rows is None:
@@ -407,9 +412,6 @@ def correctness(p):
                     f"{fmt(d)} (tol {TOL_DIST}); flotilla says: "
                     f"{mode.group(1) if mode else '?'}")
 
-    findings.append("at world size 1 flotilla runs DDP and FSDP as one process without a "
-                    "process group (it says `single process`): DDP is then the plain step, "
-                    "FSDP its flat-shard path without collectives; NCCL is exercised by `comm`")
     lora_step(p, preset, init, tokens, stream, seq, gbs, mbs, steps, dev, flotilla)
     generate_check(p, cuda, findings)
     oom_check(p, cuda, findings)

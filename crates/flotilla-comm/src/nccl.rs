@@ -636,10 +636,41 @@ impl NcclComm {
             c_int::try_from(n).map_err(|_| CommError::setup(Backend::Nccl, "world too large"))?;
         ctx.bind_to_thread()
             .map_err(cuda_err("binding the context"))?;
-        let mut comm: ncclComm_t = std::ptr::null_mut();
-        // SAFETY: `comm` is a live local for the new handle, `id` a unique id made by
-        // `ncclGetUniqueId` on rank 0, and the device's context is current on this thread.
-        let r = unsafe { (lib.comm_init_rank)(&mut comm, nranks, id, rank as c_int) };
+        // ncclCommInitRank blocks until every rank has called it: a rank that died after the id
+        // exchange would hang the others for ever. It runs on a thread of its own, waited for
+        // at most the collective timeout; past it the rank fails, naming the wait, and the
+        // stuck thread goes with the process.
+        let (done_tx, done_rx) = std::sync::mpsc::channel();
+        let init_ctx = ctx.clone();
+        std::thread::Builder::new()
+            .name("nccl-init".into())
+            .spawn(move || {
+                let result = init_ctx.bind_to_thread().map_err(|e| e.to_string()).map(|()| {
+                    let mut comm: ncclComm_t = std::ptr::null_mut();
+                    // SAFETY: `comm` is a live local for the new handle, `id` a unique id made
+                    // by `ncclGetUniqueId` on rank 0, and the device's context is current on
+                    // this thread.
+                    let r = unsafe { (lib.comm_init_rank)(&mut comm, nranks, id, rank as c_int) };
+                    (r, RawComm(comm))
+                });
+                let _ = done_tx.send(result);
+            })
+            .map_err(|e| CommError::setup(Backend::Nccl, format!("spawning the init: {e}")))?;
+        let (r, RawComm(comm)) = match done_rx.recv_timeout(opts.timeout) {
+            Ok(Ok(done)) => done,
+            Ok(Err(e)) => return Err(CommError::Cuda(format!("binding the context: {e}"))),
+            Err(_) => {
+                return Err(CommError::setup(
+                    Backend::Nccl,
+                    format!(
+                        "ncclCommInitRank on rank {rank} did not complete within {:?}: a rank \
+                         of the {n} died or hangs after the id exchange (see the other ranks' \
+                         logs)",
+                        opts.timeout
+                    ),
+                ))
+            }
+        };
         lib.check(r, None, "ncclCommInitRank")?;
         tracing::info!(
             "NCCL {} from {}: rank {rank}/{n} on cuda:{ordinal}",

@@ -119,11 +119,49 @@ fn edit_json(path: &Path, edit: impl FnOnce(&mut Value)) {
     std::fs::write(path, serde_json::to_string_pretty(&v).unwrap()).unwrap();
 }
 
+/// One test per family, so that the test harness runs them side by side.
+macro_rules! greedy_tests {
+    ($($test:ident: $family:literal,)+) => {$(
+        #[test]
+        fn $test() {
+            greedy_equals_transformers_and_stops_at_eos($family);
+        }
+    )+};
+}
+
+greedy_tests! {
+    greedy_llama: "llama",
+    greedy_mistral: "mistral",
+    greedy_qwen2: "qwen2",
+    greedy_qwen3: "qwen3",
+    greedy_gemma2: "gemma2",
+    greedy_gemma3_text: "gemma3_text",
+    greedy_phi3: "phi3",
+}
+
+/// Every family of [`FAMILIES`] has a test above.
 #[test]
-fn greedy_equals_transformers_for_each_family_and_stops_at_eos() {
+fn every_family_has_a_greedy_test() {
+    let source = include_str!("generate.rs");
+    for (family, _) in FAMILIES {
+        assert!(
+            source.contains(&format!("greedy_{family}: \"{family}\"")),
+            "{family}"
+        );
+    }
+}
+
+/// Greedy generation of `family` equals transformers' (text and chat prompts) and stops
+/// after an end-of-sequence id of generation_config.json, else of config.json.
+fn greedy_equals_transformers_and_stops_at_eos(family: &str) {
     let Some(python) = oracle() else {
-        return skip("greedy_equals_transformers_for_each_family_and_stops_at_eos");
+        return skip("greedy_equals_transformers_and_stops_at_eos");
     };
+    let generic_tokenizer = FAMILIES
+        .iter()
+        .find(|(f, _)| *f == family)
+        .map(|(_, g)| *g)
+        .expect("a family of FAMILIES");
     let tmp = tempfile::tempdir().unwrap();
     let messages = json!([
         {"role": "system", "content": "You add numbers."},
@@ -132,7 +170,7 @@ fn greedy_equals_transformers_for_each_family_and_stops_at_eos() {
     let messages_file = tmp.path().join("messages.json");
     std::fs::write(&messages_file, messages.to_string()).unwrap();
     let n = "24";
-    for &(family, generic_tokenizer) in FAMILIES {
+    {
         let dir = tmp.path().join(family);
         run_oracle(&python, &["make", dir.to_str().unwrap(), family]);
         let text = generate_json(&dir, &["--prompt", "Hello world", "--max-new-tokens", n]);

@@ -275,16 +275,28 @@ fn family_config(family: ModelType) -> ModelConfig {
     }
 }
 
-#[test]
-fn every_family_trains_as_transformers_and_adamw_do() {
-    for family in [
-        ModelType::Mistral,
-        ModelType::Qwen3,
-        ModelType::Gemma2,
-        ModelType::Gemma3,
-        ModelType::Phi3,
-        ModelType::SmolLm3,
-    ] {
+/// One test per family, so that the test harness runs them side by side.
+macro_rules! family_training_tests {
+    ($($test:ident: $family:expr,)+) => {$(
+        #[test]
+        fn $test() {
+            trains_as_transformers_and_adamw_do($family);
+        }
+    )+};
+}
+
+family_training_tests! {
+    mistral_trains_as_transformers_and_adamw_do: ModelType::Mistral,
+    qwen3_trains_as_transformers_and_adamw_do: ModelType::Qwen3,
+    gemma2_trains_as_transformers_and_adamw_do: ModelType::Gemma2,
+    gemma3_trains_as_transformers_and_adamw_do: ModelType::Gemma3,
+    phi3_trains_as_transformers_and_adamw_do: ModelType::Phi3,
+    smollm3_trains_as_transformers_and_adamw_do: ModelType::SmolLm3,
+}
+
+/// 20 steps of `family` against transformers + AdamW from the same weights and batches.
+fn trains_as_transformers_and_adamw_do(family: ModelType) {
+    {
         let tmp = tempfile::tempdir().unwrap();
         let t = trainer_config("cosine");
         let model = CausalLm::new(&family_config(family)).unwrap();

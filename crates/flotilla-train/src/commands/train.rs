@@ -124,6 +124,7 @@ pub fn join_group(
         store,
         &CommOptions::for_rank(rank, backend, timeout),
     )?);
+    crate::parallel::tensor_comm::warm_up(comm.as_ref())?;
     Ok(Some(DistContext {
         comm,
         local_world_size: rank.local_world_size,

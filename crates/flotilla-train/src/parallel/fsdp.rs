@@ -191,6 +191,8 @@ pub fn process_groups(
             let (intra, inter) = world.split_hybrid(local_world_size)?;
             let intra: Arc<dyn Communicator> = Arc::from(intra);
             let inter: Arc<dyn Communicator> = Arc::from(inter);
+            crate::parallel::tensor_comm::warm_up(intra.as_ref())?;
+            crate::parallel::tensor_comm::warm_up(inter.as_ref())?;
             (
                 (intra.world_size() > 1 || exercised).then_some(intra),
                 (inter.world_size() > 1 || exercised).then_some(inter),

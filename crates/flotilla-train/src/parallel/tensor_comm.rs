@@ -209,6 +209,25 @@ pub trait TensorCollectives: Communicator {
 
 impl<C: Communicator + ?Sized> TensorCollectives for C {}
 
+/// One small collective of each kind on the communicator's device, right after it is made:
+/// NCCL connects its peers and allocates its buffers at the first collective of each kind, and
+/// that should happen at start-up, not inside step 0's backward at peak memory. Collective.
+pub fn warm_up(comm: &(impl Communicator + ?Sized)) -> Result<(), CommError> {
+    let n = comm.world_size() as i64;
+    let on = (tch::Kind::Float, torch_device_of(comm.device()));
+    let made = |r: Result<tch::Tensor, tch::TchError>| {
+        r.map_err(|e| CommError::invalid("warm-up", e.to_string()))
+    };
+    let one = made(tch::Tensor::f_ones([1], on))?;
+    let many = made(tch::Tensor::f_ones([n], on))?;
+    comm.all_reduce_tensor(&one, ReduceOp::Sum)?.wait()?;
+    comm.all_gather_tensor(&one, &many)?.wait()?;
+    comm.reduce_scatter_tensor(&many, &one, ReduceOp::Sum)?
+        .wait()?;
+    comm.broadcast_tensor(&one, 0)?.wait()?;
+    Ok(())
+}
+
 fn check_pair(
     op: &'static str,
     a: &TensorBuf,
