@@ -3,7 +3,8 @@
 //!
 //! - Model states: the CPU trainer of the tiny preset (2 ranks as threads over a
 //!   `MemoryStore` for DDP and FSDP), stepped under none / DDP / FSDP FULL_SHARD /
-//!   SHARD_GRAD_OP and 32-true / bf16-mixed / bf16-true: the bytes of the distinct storages
+//!   SHARD_GRAD_OP and 32-true / bf16-mixed / bf16-true, Llama, Qwen2 and Gemma 2 (four norms
+//!   a block, heads of their own size): the bytes of the distinct storages
 //!   behind its parameters, gradients and AdamW moments equal the estimate's terms exactly, so
 //!   do its FSDP all-gather peak, and the bf16 compute copies the
 //!   engine's units really receive (a probing strategy) equal the compute-copies term.
@@ -84,6 +85,17 @@ fn term(job: &JobConfig, t: TermKind) -> u64 {
         .max()
         .unwrap_or(0)
 }
+
+/// A tiny Gemma 2 (the model group's keys it adds to tiny).
+const GEMMA2: &[&str] = &[
+    "+model.model_type=gemma2",
+    "+model.head_dim=48",
+    "+model.sliding_window=8",
+    "+model.layer_types=[sliding_attention,full_attention,sliding_attention,full_attention]",
+    "+model.query_pre_attn_scalar=48",
+    "+model.attn_logit_softcapping=50.0",
+    "+model.final_logit_softcapping=30.0",
+];
 
 /// What one rank really held, in bytes of distinct storages.
 #[derive(Debug, Default, Clone, PartialEq)]
@@ -352,6 +364,23 @@ fn model_state_terms_equal_the_bytes_the_trainer_holds() {
                 "trainer.eval_every=1",
             ][..],
         ),
+        // Gemma 2: four norms a block, heads of their own size, alternating windows.
+        ("ddp", 2, GEMMA2),
+        (
+            "fsdp",
+            2,
+            &[
+                "+model.model_type=gemma2",
+                "+model.head_dim=48",
+                "+model.sliding_window=8",
+                "+model.layer_types=[sliding_attention,full_attention,sliding_attention,full_attention]",
+                "+model.query_pre_attn_scalar=48",
+                "+model.attn_logit_softcapping=50.0",
+                "+model.final_logit_softcapping=30.0",
+                "trainer.dist.sharding_strategy=FULL_SHARD",
+                "trainer.eval_every=1",
+            ][..],
+        ),
     ] {
         for precision in ["32-true", "bf16-mixed", "bf16-true"] {
             let job = tiny(ranks, dist, precision, extra);
@@ -371,7 +400,19 @@ fn model_state_terms_equal_the_bytes_the_trainer_holds() {
                     "Qwen2's q/k/v biases"
                 );
             }
-            let arch = if qwen2 { "Qwen2 " } else { "" };
+            let gemma2 = extra.contains(&"+model.model_type=gemma2");
+            if gemma2 {
+                // Four norms a block (2 more of [128]) and 4 heads of 48, not 32: the
+                // planner's parameters are the model's.
+                let model = flotilla_train::model::CausalLm::new(&job.model).unwrap();
+                let numel: usize = model.param_specs().iter().map(|s| s.numel()).sum();
+                assert_eq!(memory::Units::of(&job).total(), numel as u64, "Gemma 2");
+            }
+            let arch = match (qwen2, gemma2) {
+                (true, _) => "Qwen2 ",
+                (_, true) => "Gemma 2 ",
+                _ => "",
+            };
             let name = format!("{arch}{}{lora} {precision}", memory::strategy_name(&job));
             let step = Step::new(&job);
             let startup = step
