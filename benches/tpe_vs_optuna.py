@@ -26,7 +26,27 @@ COMPLETE, PRUNED and RUNNING ones; 30 COMPLETE trials of discrete), both sampler
 next trial once per seed (`--draws` seeds), and the proposal distributions are printed side by
 side (quantiles of each numerical param, frequencies of a categorical's choices).
 
+With `--parallel P` it instead measures trials in flight on `branin_lr` (Branin over x1, x2
+plus (log10 lr + 3)^2, lr log-uniform in [1e-5, 1]; minimum 0.397887):
+
+* through the real CLI: for each of `--seeds` seeds, `flotilla run -m` with
+  `flotilla.sweeper.sampler=tpe`, `n_trials` = budget, `max_parallel` 1 and P, each trial a
+  user program (the task of its job) that sleeps a random 0.05 - 0.25 s, so trials in flight
+  end out of order, and logs the objective to its metrics.csv; beside it optuna's sequential
+  TPESampler and optuna with P trials in flight (ask/tell, optuna's constant liar, the oldest
+  trial told first) on the same objective in process; both univariate (flotilla's default,
+  optuna `multivariate=False`) and multivariate (`flotilla.sweeper.multivariate=true`,
+  optuna 5's default). The verdict: flotilla's median best with P in flight within 1.25x of
+  optuna's sequential one for flotilla's default (univariate) sampler; the multivariate ratio
+  is printed too (over a handful of seeds a median moves by more than that: see the next part).
+* in process, over `--sim-seeds` seeds (the CLI's few seeds leave the medians noisy): the
+  `tpe_objectives` example's studies with P in flight (the oldest trial ending first) against
+  one at a time, the same for optuna; here both modes must be within 1.25x of optuna's
+  sequential median (exit status 1 otherwise).
+
 Usage: .venv/bin/python benches/tpe_vs_optuna.py [--seeds 100] [--budget 40] [--draws 2000]
+       .venv/bin/python benches/tpe_vs_optuna.py --parallel 4 --seeds 7 --budget 30
+           [--sim-seeds 400] [--binary target/release/flotilla]
 """
 import argparse
 import json
@@ -213,14 +233,177 @@ def proposal_parity(draws):
         print(line)
 
 
+def branin_lr(x1, x2, lr):
+    return branin(x1, x2) + (math.log10(lr) + 3.0) ** 2
+
+
+BRANIN_LR_PROGRAM = r'''import math, os, random, sys, time
+x1, x2, lr = float(sys.argv[1]), float(sys.argv[2]), float(sys.argv[3])
+b, c, t = 5.1 / (4 * math.pi ** 2), 5 / math.pi, 1 / (8 * math.pi)
+f = (x2 - b * x1 * x1 + c * x1 - 6) ** 2 + 10 * (1 - t) * math.cos(x1) + 10 + (math.log10(lr) + 3) ** 2
+time.sleep(random.uniform(0.05, 0.25))
+with open(os.path.join(os.environ["FLOTILLA_JOB_DIR"], "metrics.csv"), "w") as out:
+    out.write(f"step,loss\n0,{f!r}\n")
+'''
+
+BRANIN_LR_CONFIG = """x1: 0.0
+x2: 0.0
+lr: 0.001
+flotilla:
+  task:
+    command: [python3, objective.py, '${x1}', '${x2}', '${lr}']
+  sweeper:
+    sampler: tpe
+    metric: loss
+    direction: minimize
+    params:
+      x1: interval(-5, 10)
+      x2: interval(0, 15)
+      lr: tag(log, interval(1e-5, 1))
+"""
+
+
+def cli_study(binary, work, seed, budget, parallel, multivariate):
+    name = f"s{seed}_p{parallel}_{'mv' if multivariate else 'uv'}"
+    env = dict(os.environ)
+    if not os.path.exists(os.path.join(os.path.dirname(binary), "flotilla-train")):
+        # `run` checks that the training task exists before it starts anything, even when the
+        # jobs run a user program; these never start it.
+        env.setdefault("FLOTILLA_TRAIN_BINARY", "/bin/true")
+    subprocess.run(
+        [binary, "run", "-m", f"flotilla.sweep.dir={name}", f"flotilla.sweeper.seed={seed}",
+         f"flotilla.sweeper.n_trials={budget}", f"flotilla.sweeper.max_parallel={parallel}",
+         f"flotilla.sweeper.multivariate={'true' if multivariate else 'false'}"],
+        cwd=work, env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    data = json.load(open(os.path.join(work, name, "study.json")))
+    values = [t["value"] for t in data["trials"] if t["state"] == "COMPLETE"]
+    if len(values) != budget:
+        sys.exit(f"{name}: {len(values)} of {budget} trials completed")
+    return min(values)
+
+
+def optuna_in_flight(seed, budget, parallel, multivariate):
+    """optuna's best on branin_lr with `parallel` trials asked before the oldest is told."""
+    import collections
+
+    import optuna
+    from optuna.distributions import FloatDistribution
+
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    dists = {"x1": FloatDistribution(-5, 10), "x2": FloatDistribution(0, 15),
+             "lr": FloatDistribution(1e-5, 1, log=True)}
+    study = optuna.create_study(sampler=optuna.samplers.TPESampler(seed=seed, multivariate=multivariate))
+    in_flight, asked, best = collections.deque(), 0, math.inf
+    while asked < budget or in_flight:
+        if asked < budget and len(in_flight) < parallel:
+            in_flight.append(study.ask(dists))
+            asked += 1
+            continue
+        trial = in_flight.popleft()
+        value = branin_lr(trial.params["x1"], trial.params["x2"], trial.params["lr"])
+        best = min(best, value)
+        study.tell(trial, value)
+    return best
+
+
+def parallel_main(args):
+    import tempfile
+
+    import optuna
+
+    binary = os.path.abspath(args.binary)
+    p = args.parallel
+    modes = [(False, "univariate"), (True, "multivariate")]
+    print(f"branin_lr, {args.budget} trials per study, {p} in flight against one at a time; "
+          f"optuna {optuna.__version__}")
+    print()
+    print(f"## Through the CLI: `flotilla run -m`, a user program per trial, seeds 0..{args.seeds - 1}")
+    print()
+    rows = {}
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory() as work:
+        os.makedirs(os.path.join(work, "conf"))
+        with open(os.path.join(work, "conf", "config.yaml"), "w") as f:
+            f.write(BRANIN_LR_CONFIG)
+        with open(os.path.join(work, "objective.py"), "w") as f:
+            f.write(BRANIN_LR_PROGRAM)
+        for mv, mode in modes:
+            for seed in range(args.seeds):
+                for par in (1, p):
+                    rows.setdefault((mode, f"flotilla, {par} in flight"), []).append(
+                        cli_study(binary, work, seed, args.budget, par, mv))
+                for par in (1, p):
+                    rows.setdefault((mode, f"optuna, {par} in flight"), []).append(
+                        optuna_in_flight(seed, args.budget, par, mv))
+    t_cli = time.perf_counter() - t0
+    print("| mode | sampler | median best | best per seed |")
+    print("|---|---|---|---|")
+    ok = True
+    verdicts = []
+    for _, mode in modes:
+        for name in [f"flotilla, 1 in flight", f"flotilla, {p} in flight", "optuna, 1 in flight",
+                     f"optuna, {p} in flight"]:
+            best = rows[(mode, name)]
+            print(f"| {mode} | {name} | {np.median(best):.4f} | "
+                  + " ".join(f"{b:.3f}" for b in best) + " |")
+        ratio = np.median(rows[(mode, f"flotilla, {p} in flight")]) / np.median(rows[(mode, "optuna, 1 in flight")])
+        verdict = "within 1.25x" if ratio <= 1.25 else "NOT within 1.25x"
+        if mode == "univariate":
+            # flotilla's default sampler: what a `max_parallel: 4` TPE study runs.
+            ok = ok and ratio <= 1.25
+        verdicts.append(f"{mode}: flotilla with {p} in flight / optuna sequential = {ratio:.3f} ({verdict})")
+    print()
+    for v in verdicts:
+        print(v)
+    print(f"({t_cli:.0f} s)")
+    if args.sim_seeds > 0:
+        print()
+        print(f"## In process: seeds 0..{args.sim_seeds - 1} (the oldest trial in flight ends first)")
+        print()
+        print("| mode | sampler | median best | IQR (q25 - q75) | mean |")
+        print("|---|---|---|---|---|")
+        sim_verdicts = []
+        for mv, mode in modes:
+            results = []
+            for par in (1, p):
+                cmd = EXAMPLE + ["--seeds", str(args.sim_seeds), "--budget", str(args.budget),
+                                 "--objective", "branin_lr", "--parallel", str(par),
+                                 "--samplers", "tpe-mv" if mv else "tpe"]
+                out = subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=ROOT).stdout
+                results.append((f"flotilla, {par} in flight", [json.loads(l)["best"] for l in out.splitlines()]))
+            for par in (1, p):
+                results.append((f"optuna, {par} in flight",
+                                [optuna_in_flight(s, args.budget, par, mv) for s in range(args.sim_seeds)]))
+            for name, best in results:
+                q25, q50, q75 = np.percentile(best, [25, 50, 75])
+                print(f"| {mode} | {name} | {q50:.4f} | {q25:.4f} - {q75:.4f} | {np.mean(best):.4f} |")
+            medians = {name: np.median(best) for name, best in results}
+            ratio = medians[f"flotilla, {p} in flight"] / medians["optuna, 1 in flight"]
+            ok = ok and ratio <= 1.25
+            sim_verdicts.append(
+                f"{mode}: flotilla with {p} in flight / optuna sequential = {ratio:.3f} "
+                f"({'within 1.25x' if ratio <= 1.25 else 'NOT within 1.25x'}); optuna with {p} in "
+                f"flight / optuna sequential = {medians[f'optuna, {p} in flight'] / medians['optuna, 1 in flight']:.3f}")
+        print()
+        for v in sim_verdicts:
+            print(v)
+    sys.exit(0 if ok else 1)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--seeds", type=int, default=100)
     ap.add_argument("--budget", type=int, default=40)
     ap.add_argument("--draws", type=int, default=2000)
+    ap.add_argument("--parallel", type=int, default=0, help="measure P trials in flight instead")
+    ap.add_argument("--sim-seeds", type=int, default=400)
+    ap.add_argument("--binary", default=os.path.join(ROOT, "target/release/flotilla"))
     args = ap.parse_args()
     if args.seeds < 1 or args.budget < 1:
         sys.exit("--seeds and --budget must be positive")
+    if args.parallel > 0:
+        parallel_main(args)
 
     t0 = time.perf_counter()
     rows = run_flotilla(args.seeds, args.budget)

@@ -249,6 +249,8 @@ fn prepare_named_outputs(project: &Path, words: &[String], extra: &[&str]) {
                 "-m".into(),
                 "--dry-run".into(),
                 "trainer.lr=1e-3,3e-3".into(),
+                // Two seeds of each: `report --group-by seed` has something to group.
+                "seed=1,2".into(),
                 format!("flotilla.sweep.dir={dir}"),
             ]
         } else {

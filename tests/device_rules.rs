@@ -14,7 +14,6 @@
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
-use syn::spanned::Spanned;
 use syn::visit::Visit;
 
 /// The collectives over tch tensors (`parallel/tensor_comm.rs`).

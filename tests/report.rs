@@ -7,7 +7,10 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+#[path = "common/chromium.rs"]
+mod chromium;
 mod common;
+use chromium::{chromium, headless};
 use common::{flotilla_in, ok, venv_python};
 
 fn flotilla(args: &[&str]) -> Output {
@@ -763,34 +766,6 @@ fn status_shows_the_best_metric_so_far_of_a_running_sweep() {
         job.contains("best eval_loss so far: 2.5 (job 1, step 3"),
         "{job}"
     );
-}
-
-/// Debian's Chromium, or `None` (the test then skips, or fails with `FLOTILLA_REQUIRE_ORACLES`).
-fn chromium() -> Option<PathBuf> {
-    ["/usr/bin/chromium", "/usr/bin/chromium-browser"]
-        .iter()
-        .map(PathBuf::from)
-        .find(|p| p.is_file())
-}
-
-fn headless(chromium: &Path, profile: &Path, args: &[&str]) -> Output {
-    Command::new(chromium)
-        .args([
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--disable-quic",
-            "--no-first-run",
-            "--disable-background-networking",
-            "--disable-component-update",
-            "--disable-sync",
-            "--enable-logging=stderr",
-            "--v=0",
-        ])
-        .arg(format!("--user-data-dir={}", profile.display()))
-        .args(args)
-        .output()
-        .expect("run chromium")
 }
 
 #[test]

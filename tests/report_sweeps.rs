@@ -6,9 +6,9 @@
 use std::path::{Path, PathBuf};
 use std::process::Output;
 
-mod common;
 #[path = "common/chromium.rs"]
 mod chromium;
+mod common;
 use chromium::{chromium, headless};
 use common::{flotilla_in, ok};
 
@@ -94,12 +94,21 @@ fn seeds_group_into_configurations_with_mean_std_and_count_in_every_format() {
 
     // By hand: lr 0.01 — 1.0 and 1.5, mean 1.25, sample variance 0.125 (n - 1 = 1);
     // lr 0.001 — 2.0, 2.5, 3.5, mean 8/3, squares 4/9 + 1/36 + 25/36 = 7/6, variance 7/12.
-    let json: serde_json::Value =
-        serde_json::from_str(&ok(flotilla(&["report", dir, "--group-by", "seed", "--format", "json"])))
-            .unwrap();
+    let json: serde_json::Value = serde_json::from_str(&ok(flotilla(&[
+        "report",
+        dir,
+        "--group-by",
+        "seed",
+        "--format",
+        "json",
+    ])))
+    .unwrap();
     let groups = &json["groups"];
     assert_eq!(groups["by"], serde_json::json!(["seed"]));
-    assert!(groups["std_kind"].as_str().unwrap().contains("n - 1"), "{groups}");
+    assert!(
+        groups["std_kind"].as_str().unwrap().contains("n - 1"),
+        "{groups}"
+    );
     let list = groups["groups"].as_array().unwrap();
     assert_eq!(list.len(), 2);
     let (a, b) = (&list[0], &list[1]);
@@ -112,7 +121,10 @@ fn seeds_group_into_configurations_with_mean_std_and_count_in_every_format() {
     assert_eq!(b["params"], serde_json::json!({"trainer.lr": 0.001}));
     assert_eq!(b["n"], 3);
     assert!(close(b["mean"].as_f64().unwrap(), 8.0 / 3.0), "{b}");
-    assert!(close(b["std"].as_f64().unwrap(), (7.0f64 / 12.0).sqrt()), "{b}");
+    assert!(
+        close(b["std"].as_f64().unwrap(), (7.0f64 / 12.0).sqrt()),
+        "{b}"
+    );
     assert_eq!(b["grouped"]["seed"], serde_json::json!([1, 2, 3]));
     // The final values too: 2.0, 2.6, 3.5 (mean 8.1/3).
     assert!(close(b["final_mean"].as_f64().unwrap(), 8.1 / 3.0), "{b}");
@@ -122,7 +134,11 @@ fn seeds_group_into_configurations_with_mean_std_and_count_in_every_format() {
     // The table a person reads: one row per learning rate, the best starred, the seeds listed.
     let table = ok(flotilla(&["report", dir, "--group-by", "seed"]));
     let lines: Vec<&str> = table.lines().collect();
-    let header: Vec<&str> = lines[0].split("  ").map(str::trim).filter(|c| !c.is_empty()).collect();
+    let header: Vec<&str> = lines[0]
+        .split("  ")
+        .map(str::trim)
+        .filter(|c| !c.is_empty())
+        .collect();
     assert_eq!(
         header,
         [
@@ -144,16 +160,29 @@ fn seeds_group_into_configurations_with_mean_std_and_count_in_every_format() {
             && lines[1].contains("0.3536"),
         "{table}"
     );
-    assert!(lines[2].contains(" 2.667 ") && lines[2].contains("0.7638"), "{table}");
+    assert!(
+        lines[2].contains(" 2.6667 ") && lines[2].contains("0.7638"),
+        "{table}"
+    );
     assert!(lines[2].contains("1,2,3"), "{table}");
     assert!(
         table.contains("best configuration (marked *): trainer.lr=0.01 (mean 1.25 ± 0.3536, n 2)"),
         "{table}"
     );
-    assert!(table.contains("sample standard deviation, n - 1"), "{table}");
+    assert!(
+        table.contains("sample standard deviation, n - 1"),
+        "{table}"
+    );
 
     // CSV, unrounded; Markdown with the same rows.
-    let csv = ok(flotilla(&["report", dir, "--group-by", "seed", "--format", "csv"]));
+    let csv = ok(flotilla(&[
+        "report",
+        dir,
+        "--group-by",
+        "seed",
+        "--format",
+        "csv",
+    ]));
     let mut rows = csv.lines();
     assert_eq!(
         rows.next().unwrap(),
@@ -164,33 +193,79 @@ fn seeds_group_into_configurations_with_mean_std_and_count_in_every_format() {
     assert!(close(first[3].parse().unwrap(), 1.25));
     assert!(close(first[4].parse().unwrap(), 0.125f64.sqrt()));
     assert_eq!(first[7], "3;4;5");
-    let md = ok(flotilla(&["report", dir, "--group-by", "seed", "--format", "markdown"]));
+    let md = ok(flotilla(&[
+        "report",
+        dir,
+        "--group-by",
+        "seed",
+        "--format",
+        "markdown",
+    ]));
     assert!(md.starts_with("| trainer.lr | seed | n |"), "{md}");
-    assert_eq!(md.lines().filter(|l| l.starts_with("| 0.0")).count(), 2, "{md}");
+    assert_eq!(
+        md.lines().filter(|l| l.starts_with("| 0.0")).count(),
+        2,
+        "{md}"
+    );
 
     // Ranked by the mean unless asked otherwise; --top keeps the best configurations.
-    let top = ok(flotilla(&["report", dir, "--group-by", "seed", "--top", "1", "--format", "csv"]));
+    let top = ok(flotilla(&[
+        "report",
+        dir,
+        "--group-by",
+        "seed",
+        "--top",
+        "1",
+        "--format",
+        "csv",
+    ]));
     assert_eq!(top.lines().count(), 2, "{top}");
     assert!(top.lines().nth(1).unwrap().starts_with("0.01,"), "{top}");
     let by_std = ok(flotilla(&[
-        "report", dir, "--group-by", "seed", "--sort", "std", "--format", "csv",
+        "report",
+        dir,
+        "--group-by",
+        "seed",
+        "--sort",
+        "std",
+        "--format",
+        "csv",
     ]));
-    assert!(by_std.lines().nth(1).unwrap().starts_with("0.01,"), "{by_std}");
+    assert!(
+        by_std.lines().nth(1).unwrap().starts_with("0.01,"),
+        "{by_std}"
+    );
 
     // A key no job sweeps is a usage error naming the swept ones.
     let out = flotilla(&["report", dir, "--group-by", "warmup"]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{err}");
-    assert!(err.contains("cannot group by 'warmup'") && err.contains("trainer.lr, seed"), "{err}");
+    assert!(
+        err.contains("cannot group by 'warmup'") && err.contains("trainer.lr, seed"),
+        "{err}"
+    );
 
     // The figures plot each configuration's mean with its spread.
     let page = tmp.path().join("grouped.html");
-    ok(flotilla(&["report", dir, "--group-by", "seed", "--html", page.to_str().unwrap()]));
+    ok(flotilla(&[
+        "report",
+        dir,
+        "--group-by",
+        "seed",
+        "--html",
+        page.to_str().unwrap(),
+    ]));
     let html = std::fs::read_to_string(&page).unwrap();
-    assert!(html.contains("mean best eval_loss by trainer.lr (± std over seed)"), "{html}");
+    assert!(
+        html.contains("mean best eval_loss by trainer.lr (± std over seed)"),
+        "{html}"
+    );
     // One error bar (lr 0.001 and 0.01 each have two or more values) per configuration.
     assert_eq!(html.matches("class=\"spread\"").count(), 2);
-    assert!(html.contains("class=\"band\""), "the mean curves have no ± std band");
+    assert!(
+        html.contains("class=\"band\""),
+        "the mean curves have no ± std band"
+    );
     assert!(html.contains("<h2>Configurations</h2>"));
     assert!(html.find("<svg").unwrap() < html.find("<table").unwrap());
 }
@@ -207,7 +282,9 @@ fn table_rows(html: &str, id: &str) -> usize {
 #[test]
 fn a_thousand_job_sweep_makes_a_small_page_with_its_figures_first() {
     let tmp = tempfile::tempdir().unwrap();
-    let lrs: Vec<String> = (1..=100).map(|k| format!("{:.4}", k as f64 * 1e-4)).collect();
+    let lrs: Vec<String> = (1..=100)
+        .map(|k| format!("{:.4}", k as f64 * 1e-4))
+        .collect();
     let sweep = prepared_sweep(tmp.path(), &lrs.join(","), "range(0,10)");
     let mut plan = read_plan(&sweep);
     let n = plan["jobs"].as_array().unwrap().len();
@@ -216,12 +293,19 @@ fn a_thousand_job_sweep_makes_a_small_page_with_its_figures_first() {
         // 50 steps, evaluated every 10; the best job is number 637.
         let base = 2.0 + ((num * 7919) % 1000) as f64 / 1000.0;
         let base = if num == 637 { 1.5 } else { base };
-        let eval: Vec<(u64, f64)> = (1..=5).map(|k| (k * 10 - 1, base + 0.5 / k as f64)).collect();
+        let eval: Vec<(u64, f64)> = (1..=5)
+            .map(|k| (k * 10 - 1, base + 0.5 / k as f64))
+            .collect();
         finish_job(&sweep, &mut plan, num, &eval);
     }
     write_plan(&sweep, &plan);
     let page = tmp.path().join("report.html");
-    ok(flotilla(&["report", sweep.to_str().unwrap(), "--html", page.to_str().unwrap()]));
+    ok(flotilla(&[
+        "report",
+        sweep.to_str().unwrap(),
+        "--html",
+        page.to_str().unwrap(),
+    ]));
     let html = std::fs::read_to_string(&page).unwrap();
     assert!(
         html.len() < 2_000_000,
@@ -232,7 +316,11 @@ fn a_thousand_job_sweep_makes_a_small_page_with_its_figures_first() {
     let first_svg = html.find("<svg").unwrap();
     let table = html.find("<table").unwrap();
     assert!(first_svg < table, "the table comes before the figures");
-    assert_eq!(html[..table].matches("<svg").count(), 6, "curves (2), lr, seed, parallel, history");
+    assert_eq!(
+        html[..table].matches("<svg").count(),
+        6,
+        "curves (2), lr, seed, parallel, history"
+    );
     assert_eq!(table_rows(&html, "jobs"), 50);
     assert!(html.contains("The 50 best of 1000 jobs by best eval_loss (min over steps)"));
     assert!(html.contains("<a href=\"#all\">show all 1000</a>"));
@@ -240,7 +328,11 @@ fn a_thousand_job_sweep_makes_a_small_page_with_its_figures_first() {
     assert!(best_row.starts_with("<td>637</td>"), "{}", &best_row[..200]);
     // The curves figure draws the 10 best jobs over the band of all, not 1000 lines.
     let curves = &html[first_svg..html[first_svg..].find("</svg>").unwrap() + first_svg];
-    assert_eq!(curves.matches("class=\"curve\"").count(), 11, "10 best and the median");
+    assert_eq!(
+        curves.matches("class=\"curve\"").count(),
+        11,
+        "10 best and the median"
+    );
     assert!(curves.contains("the 10 best of 1000 jobs"), "{curves}");
 
     let Some(chromium) = chromium() else {

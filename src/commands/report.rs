@@ -4,7 +4,7 @@
 use anyhow::Context;
 use clap::{Args, ValueEnum};
 use flotilla_launch::rundir::write_atomic;
-use flotilla_results::report::{self, html, png, render, Mode, ReportOptions};
+use flotilla_results::report::{self, figures, html, png, render, Mode, ReportOptions};
 use std::path::PathBuf;
 
 use super::{write_stdout, Failure};
@@ -17,7 +17,8 @@ Examples:
   flotilla report outputs/multirun/2026-11-25/10-00-00
   flotilla report outputs --metric eval_acc --top 5 --format markdown
   flotilla report outputs/multirun/2026-11-25/10-00-00 --html report.html
-  flotilla report outputs/multirun/2026-11-25/10-00-00 --plot plots   # SVG and PNG figures";
+  flotilla report outputs/multirun/2026-11-25/10-00-00 --plot plots   # SVG and PNG figures
+  flotilla report outputs/multirun/2026-11-25/10-00-00 --group-by seed   # mean ± std over seeds";
 
 #[derive(Args)]
 pub struct ReportArgs {
@@ -35,9 +36,17 @@ pub struct ReportArgs {
     /// parameter key (metric columns sort best first).
     #[arg(long)]
     sort: Option<String>,
-    /// Show only the K best jobs (by --sort, or by the best metric value).
+    /// Show only the K best jobs (by --sort, or by the best metric value); with --group-by,
+    /// the K best configurations.
     #[arg(long)]
     top: Option<usize>,
+    /// Group over swept keys (repeat it, or give a comma-separated list; a key may be named by
+    /// its last part, `seed` for `trainer.seed`): one row per configuration of the other swept
+    /// keys, with the mean, the sample standard deviation (n - 1) and the count of its jobs'
+    /// best values, ranked by the mean (--sort: mean, std, n, final or a key); the figures
+    /// plot mean ± std.
+    #[arg(long, value_name = "KEY", value_delimiter = ',')]
+    group_by: Vec<String>,
     #[arg(long, value_enum, default_value_t = ReportFormat::Table)]
     format: ReportFormat,
     /// Also write a self-contained HTML page (table and plots) to this file.
@@ -73,11 +82,13 @@ pub fn report(args: ReportArgs) -> Result<(), Failure> {
         sort: args.sort.clone(),
         top: args.top,
         metric_only: false,
+        figures: args.html.is_some() || args.plot.is_some(),
+        group_by: args.group_by.clone(),
     };
     let report = report::build(&args.paths, &options).map_err(|e| match e {
-        e @ (report::ReportError::UnknownMetric { .. } | report::ReportError::SortKey { .. }) => {
-            Failure::Usage(e.into())
-        }
+        e @ (report::ReportError::UnknownMetric { .. }
+        | report::ReportError::SortKey { .. }
+        | report::ReportError::GroupKey { .. }) => Failure::Usage(e.into()),
         e => Failure::Other(e.into()),
     })?;
     if let Some(path) = &args.html {
@@ -96,7 +107,7 @@ pub fn report(args: ReportArgs) -> Result<(), Failure> {
     if let Some(dir) = &args.plot {
         std::fs::create_dir_all(dir)
             .with_context(|| format!("cannot create the plot directory {}", dir.display()))?;
-        let figures = html::figures(&report);
+        let figures = figures::figures(&report);
         if !figures.is_empty() && png::font_family().is_none() {
             eprintln!(
                 "warning: no font was found, so the PNG figures have no text; install one \

@@ -28,12 +28,10 @@ pub struct StatusArgs {
 
 pub fn status(args: StatusArgs) -> Result<(), Failure> {
     loop {
-        let st = flotilla_launch::status(&args.dir)?;
         // The best line is an addition to the status: a directory the report cannot read
         // shows the table without it.
-        let best = flotilla_results::status::status_best(&args.dir, args.metric.as_deref())
-            .ok()
-            .flatten();
+        let (st, best) =
+            flotilla_results::status::status_and_best(&args.dir, args.metric.as_deref())?;
         let mut text = match args.format {
             OutputFormat::Json => {
                 flotilla_results::status::status_json_with_best(&st, best.as_ref())

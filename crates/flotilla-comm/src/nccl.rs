@@ -645,14 +645,18 @@ impl NcclComm {
         std::thread::Builder::new()
             .name("nccl-init".into())
             .spawn(move || {
-                let result = init_ctx.bind_to_thread().map_err(|e| e.to_string()).map(|()| {
-                    let mut comm: ncclComm_t = std::ptr::null_mut();
-                    // SAFETY: `comm` is a live local for the new handle, `id` a unique id made
-                    // by `ncclGetUniqueId` on rank 0, and the device's context is current on
-                    // this thread.
-                    let r = unsafe { (lib.comm_init_rank)(&mut comm, nranks, id, rank as c_int) };
-                    (r, RawComm(comm))
-                });
+                let result = init_ctx
+                    .bind_to_thread()
+                    .map_err(|e| e.to_string())
+                    .map(|()| {
+                        let mut comm: ncclComm_t = std::ptr::null_mut();
+                        // SAFETY: `comm` is a live local for the new handle, `id` a unique id made
+                        // by `ncclGetUniqueId` on rank 0, and the device's context is current on
+                        // this thread.
+                        let r =
+                            unsafe { (lib.comm_init_rank)(&mut comm, nranks, id, rank as c_int) };
+                        (r, RawComm(comm))
+                    });
                 let _ = done_tx.send(result);
             })
             .map_err(|e| CommError::setup(Backend::Nccl, format!("spawning the init: {e}")))?;

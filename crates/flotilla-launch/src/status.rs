@@ -1,7 +1,7 @@
 //! `flotilla status DIR`: [`status`] combines what a run directory records with its
 //! launcher's live view ([`live_states`]); [`status_text`] and [`status_json`] render it.
 
-use crate::rundir::status::{read_status, RunStatus};
+use crate::rundir::status::{read_located, KnownSteps, RunStatus};
 use crate::rundir::{self, JobState, Plan};
 use crate::{local, slurm, LaunchError};
 use flotilla_config::schema::Launcher as LauncherKind;
@@ -21,19 +21,29 @@ pub fn live_states(plan: &Plan) -> Result<HashMap<usize, JobState>, LaunchError>
 /// directory inside a sweep), its recorded state corrected by the launcher's live view and by
 /// the directory's markers.
 pub fn status(dir: &Path) -> Result<RunStatus, LaunchError> {
+    status_with_steps(dir, None)
+}
+
+/// [`status`], with the steps of the jobs in `known` (by job directory) taken from it instead
+/// of read from their files again.
+pub fn status_with_steps(dir: &Path, known: Option<&KnownSteps>) -> Result<RunStatus, LaunchError> {
     let located = rundir::status::locate(dir)?;
-    let (live, gone) = match &located.plan {
+    let (live, gone, plan) = match &located.plan {
         Some(p) => {
             let plan = p.read()?;
             match plan.launcher {
                 // One batched squeue/sacct query; state changes are written back to the plan.
                 LauncherKind::Slurm => return Ok(slurm::status(dir)?),
-                LauncherKind::Local => (live_states(&plan)?, local::supervisor_gone(&plan)),
+                LauncherKind::Local => (
+                    live_states(&plan)?,
+                    local::supervisor_gone(&plan),
+                    Some(plan),
+                ),
             }
         }
-        None => (HashMap::new(), None),
+        None => (HashMap::new(), None, None),
     };
-    let mut st = read_status(dir, &|j| live.get(&j.num).copied())?;
+    let mut st = read_located(dir, located, plan, &|j| live.get(&j.num).copied(), known)?;
     // A job left RUNNING by a `flotilla run` that is gone says why it is UNKNOWN.
     if let Some(reason) = gone {
         for j in &mut st.jobs {

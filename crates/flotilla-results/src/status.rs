@@ -1,25 +1,46 @@
 //! `flotilla status` with the sweep's best value so far: the launcher's status (recorded state,
 //! directory markers, the scheduler's live view) and, under it, the best value of the report's
-//! metric, read from that metric's series alone.
+//! metric (by default `eval_loss` where any job logged it, else `loss`), read from that metric's
+//! series alone, each job's files read once for both.
 
 use crate::report;
-use flotilla_launch::rundir::status::RunStatus;
+use flotilla_contract::layout::METRICS_CSV;
+use flotilla_launch::rundir::status::{KnownSteps, RunStatus};
 use flotilla_launch::status_text;
 use std::path::Path;
 
-/// The best value of `metric` logged so far by the jobs of `dir` (by default the report's
-/// metric: `eval_loss` where any job logged it, else `loss`), with the report's mode; `None`
-/// while no job has logged it.
-pub fn status_best(
+/// The status of `dir` and the best value of `metric` so far, each job's `metrics.csv` read
+/// once for both (the report's reading gives the status its steps). A directory the report
+/// cannot read has its status without a best value.
+pub fn status_and_best(
     dir: &Path,
     metric: Option<&str>,
-) -> Result<Option<report::BestSoFar>, report::ReportError> {
+) -> Result<(RunStatus, Option<report::BestSoFar>), flotilla_launch::LaunchError> {
     let options = report::ReportOptions {
         metric: metric.map(str::to_string),
         metric_only: true,
         ..report::ReportOptions::default()
     };
-    Ok(report::build(&[dir.to_path_buf()], &options)?.best_so_far())
+    let built = report::build(&[dir.to_path_buf()], &options).ok();
+    // Steps as the markers count them: the last row of `metrics.csv` (none without one).
+    let known: Option<KnownSteps> = built.as_ref().map(|r| {
+        r.jobs
+            .iter()
+            .map(|j| {
+                let from_csv = j
+                    .metrics
+                    .source
+                    .as_ref()
+                    .is_some_and(|s| s.ends_with(METRICS_CSV));
+                let steps = from_csv
+                    .then(|| j.metrics.last_step().map(|s| s + 1))
+                    .flatten();
+                (j.dir.clone(), steps)
+            })
+            .collect()
+    });
+    let status = flotilla_launch::status_with_steps(dir, known.as_ref())?;
+    Ok((status, built.and_then(|r| r.best_so_far())))
 }
 
 /// [`status_text`] with the best-so-far line under the table when there is one.

@@ -56,7 +56,7 @@ fn value(p: &Params, name: &str) -> f64 {
     p[name]
 }
 
-const OBJECTIVES: [Objective; 3] = [
+const OBJECTIVES: [Objective; 4] = [
     Objective {
         name: "branin",
         overrides: &["x1=interval(-5, 10)", "x2=interval(0, 15)"],
@@ -86,26 +86,49 @@ const OBJECTIVES: [Objective; 3] = [
                 + 10.0 * (value(p, "dropout") - 0.2).powi(2)
         },
     },
+    Objective {
+        name: "branin_lr",
+        overrides: &[
+            "x1=interval(-5, 10)",
+            "x2=interval(0, 15)",
+            "lr=tag(log, interval(1e-5, 1))",
+        ],
+        f: |p, _, _| {
+            branin(value(p, "x1"), value(p, "x2")) + (value(p, "lr").log10() + 3.0).powi(2)
+        },
+    },
 ];
 
+/// The best value of a study of `n` trials with `parallel` in flight: the oldest running trial
+/// finishes first (trials of equal length), and a new one is sampled as soon as a slot frees,
+/// seeing the others still running.
 fn run(
     sampler: &mut dyn Sampler,
     obj: &Objective,
     space: &SearchSpace,
     seed: u64,
     n: usize,
+    parallel: usize,
 ) -> f64 {
     let mut trials: Vec<Trial> = Vec::with_capacity(n);
+    let mut in_flight: std::collections::VecDeque<usize> = Default::default();
     let mut best = f64::INFINITY;
-    for _ in 0..n {
-        let params = sampler.sample(space, &trials);
-        let number = next_number(&trials);
-        let v = (obj.f)(&params, seed, number);
+    while trials.len() < n || !in_flight.is_empty() {
+        if trials.len() < n && in_flight.len() < parallel.max(1) {
+            let params = sampler.sample(space, &trials);
+            let number = next_number(&trials);
+            in_flight.push_back(trials.len());
+            trials.push(Trial::new(number, params));
+            continue;
+        }
+        let Some(i) = in_flight.pop_front() else {
+            break;
+        };
+        let t = &mut trials[i];
+        let v = (obj.f)(&t.params, seed, t.number);
         best = best.min(v);
-        let mut t = Trial::new(number, params);
         t.value = Some(v);
         t.state = TrialState::Complete;
-        trials.push(t);
     }
     best
 }
@@ -154,6 +177,8 @@ fn main() {
     let mut history = String::new();
     let mut draws = 2000u64;
     let mut budget = 40usize;
+    let mut parallel = 1usize;
+    let mut only: Option<String> = None;
     let mut samplers = vec!["tpe".to_string(), "random".to_string()];
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mut i = 0;
@@ -162,6 +187,8 @@ fn main() {
         match args[i].as_str() {
             "--seeds" => seeds = next.parse().expect("--seeds N"),
             "--budget" => budget = next.parse().expect("--budget B"),
+            "--parallel" => parallel = next.parse().expect("--parallel P"),
+            "--objective" => only = Some(next),
             "--samplers" => samplers = next.split(',').map(str::to_string).collect(),
             "--propose" => propose_for = Some(next),
             "--history" => history = next,
@@ -169,7 +196,8 @@ fn main() {
             other => {
                 eprintln!(
                     "unknown argument {other}; usage: tpe_objectives [--seeds N] [--budget B] \
-                     [--samplers tpe,tpe-mv,random] [--propose OBJECTIVE --history FILE --draws N]"
+                     [--parallel P] [--objective NAME] [--samplers tpe,tpe-mv,random] \
+                     [--propose OBJECTIVE --history FILE --draws N]"
                 );
                 std::process::exit(2);
             }
@@ -180,12 +208,15 @@ fn main() {
         propose(&objective, &history, draws, &samplers[0]);
         return;
     }
-    for obj in &OBJECTIVES {
+    for obj in OBJECTIVES
+        .iter()
+        .filter(|o| only.as_deref().is_none_or(|n| n == o.name))
+    {
         let space = SearchSpace::from_overrides(obj.overrides).expect("valid space");
         for name in &samplers {
             for seed in 0..seeds {
                 let mut sampler = sampler_named(name, seed);
-                let best = run(sampler.as_mut(), obj, &space, seed, budget);
+                let best = run(sampler.as_mut(), obj, &space, seed, budget, parallel);
                 println!(
                     "{}",
                     serde_json::json!({

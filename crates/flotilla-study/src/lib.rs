@@ -9,8 +9,9 @@
 //! The pieces, each Optuna's semantics (Optuna 5.0):
 //! * [`space`] — the search space built from hydra-optuna-sweeper style overrides;
 //! * [`truncnorm`] — the truncated normal of TPE's kernels;
+//! * [`parzen`] — TPE's Parzen estimator (kernels, weights, sampling, log density);
 //! * [`random`] — `RandomSampler`;
-//! * [`tpe`] — `TPESampler` (Parzen estimators, the below/above split, constant liar);
+//! * [`tpe`] — `TPESampler` (the below/above split, the acquisition, trials in flight);
 //! * [`asha`] — `SuccessiveHalvingPruner`.
 //!
 //! Sampling is reproducible: the generator for trial `n` of a study seeded `s` is ChaCha20
@@ -19,6 +20,7 @@
 
 pub mod asha;
 pub mod config;
+pub mod parzen;
 pub mod random;
 pub mod space;
 pub mod tpe;

@@ -20,15 +20,28 @@ pub struct JobMetrics {
     pub series: IndexMap<String, Series>,
     /// Why some or all of the metrics could not be read.
     pub problem: Option<String>,
+    /// The series with values that were not read (not asked for), by name.
+    pub unread: Vec<String>,
+    /// The last step of any record, whatever was read of it.
+    pub last_record_step: Option<u64>,
 }
 
 impl JobMetrics {
-    /// The last step logged by any series.
+    /// The last step logged by any series (read or not).
     pub fn last_step(&self) -> Option<u64> {
         self.series
             .values()
             .filter_map(|s| s.last().map(|(step, _)| *step))
+            .chain(self.last_record_step)
             .max()
+    }
+
+    /// The names of every series with values, read or not.
+    pub fn logged(&self) -> impl Iterator<Item = &str> {
+        self.series
+            .keys()
+            .map(String::as_str)
+            .chain(self.unread.iter().map(String::as_str))
     }
 
     pub fn get(&self, name: &str) -> Option<&Series> {
@@ -44,9 +57,18 @@ pub fn read_job_metrics(job_dir: &Path) -> JobMetrics {
 /// Reads the series of `job_dir` named in `only` (all of them when `None`). A `metrics.csv`
 /// cell of any other column is not even parsed: a sweep's best-so-far reads its metric alone.
 pub fn read_job_metrics_named(job_dir: &Path, only: Option<&[String]>) -> JobMetrics {
+    // Read at once: asking first whether the file exists would cost a system call per job.
     let csv = job_dir.join(METRICS_CSV);
-    if csv.is_file() {
-        return read_csv(&csv, only);
+    match std::fs::read(&csv) {
+        Ok(bytes) => return read_csv(&csv, bytes, only),
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound && !csv.is_dir() => {
+            return JobMetrics {
+                source: Some(csv),
+                problem: Some(format!("cannot read {METRICS_CSV}: {e}")),
+                ..JobMetrics::default()
+            };
+        }
+        Err(_) => {}
     }
     let jsonl = job_dir.join(METRICS_JSONL);
     let mut out = if jsonl.is_file() {
@@ -64,8 +86,17 @@ pub fn read_job_metrics_named(job_dir: &Path, only: Option<&[String]>) -> JobMet
         }
         read_tfevents(&files)
     };
+    out.last_record_step = out.last_step();
     if let Some(only) = only {
-        out.series.retain(|name, _| only.contains(name));
+        let mut unread = Vec::new();
+        out.series.retain(|name, _| {
+            let keep = only.contains(name);
+            if !keep {
+                unread.push(name.clone());
+            }
+            keep
+        });
+        out.unread = unread;
     }
     out
 }
@@ -79,17 +110,10 @@ fn push(series: &mut IndexMap<String, Series>, name: &str, step: u64, value: f64
 
 /// `metrics.csv`: a header with a `step` column; empty cells are skipped; a last line cut
 /// short by a writer at work is ignored.
-fn read_csv(path: &Path, only: Option<&[String]>) -> JobMetrics {
+fn read_csv(path: &Path, text: Vec<u8>, only: Option<&[String]>) -> JobMetrics {
     let mut out = JobMetrics {
         source: Some(path.to_path_buf()),
         ..JobMetrics::default()
-    };
-    let text = match std::fs::read(path) {
-        Ok(bytes) => bytes,
-        Err(e) => {
-            out.problem = Some(format!("cannot read {METRICS_CSV}: {e}"));
-            return out;
-        }
     };
     if text.iter().all(|b| b.is_ascii_whitespace()) {
         out.problem = Some(format!("{METRICS_CSV} is empty"));
@@ -97,21 +121,37 @@ fn read_csv(path: &Path, only: Option<&[String]>) -> JobMetrics {
     }
     // A last line without its newline may be cut short: keep it only when it parses whole.
     let complete = text.ends_with(b"\n");
-    // The trainer's file holds numbers only, never a quote: its lines are split by hand, which
-    // on a sweep of thousands of jobs is most of the time a report takes. A file with quotes
-    // goes through the CSV reader.
+    // The trainer's file holds numbers only, never a quote: its lines are split by hand (one
+    // buffer of cells for all of them), which on a sweep of thousands of jobs is most of the
+    // time a report takes. A file with quotes goes through the CSV reader.
     if let (false, Ok(text)) = (text.contains(&b'"'), std::str::from_utf8(&text)) {
         let mut lines = text
             .split('\n')
             .map(|l| l.strip_suffix('\r').unwrap_or(l))
-            .filter(|l| !l.is_empty());
+            .filter(|l| !l.is_empty())
+            .peekable();
         let Some(header) = lines.next() else {
             out.problem = Some(format!("{METRICS_CSV} is empty"));
             return out;
         };
         let headers: Vec<&str> = header.split(',').map(str::trim).collect();
-        let records = lines.map(|l| Some(l.split(',').collect::<Vec<&str>>()));
-        csv_series(&mut out, &headers, records, complete, only);
+        // Room for about a value per line in each series read (the file's size over its first
+        // row's), so that they do not grow as they fill.
+        let rows_hint = lines.peek().map_or(0, |l| text.len() / (l.len() + 1) + 1);
+        let Some(mut rows) = CsvRows::new(&mut out, &headers, only, rows_hint) else {
+            return out;
+        };
+        let mut cells: Vec<&str> = Vec::with_capacity(headers.len());
+        let mut i = 0;
+        while let Some(line) = lines.next() {
+            split_commas(line, &mut cells);
+            let last_and_cut = lines.peek().is_none() && !complete;
+            if !rows.row(&mut out, i, &cells, last_and_cut) {
+                break;
+            }
+            i += 1;
+        }
+        rows.finish(&mut out, &headers);
         return out;
     }
     let mut reader = csv::ReaderBuilder::new()
@@ -124,65 +164,110 @@ fn read_csv(path: &Path, only: Option<&[String]>) -> JobMetrics {
             return out;
         }
     };
-    let rows: Vec<Option<csv::StringRecord>> = reader.records().map(Result::ok).collect();
     let headers: Vec<&str> = headers.iter().map(String::as_str).collect();
-    let records = rows
-        .iter()
-        .map(|r| r.as_ref().map(|r| r.iter().collect::<Vec<&str>>()));
-    csv_series(&mut out, &headers, records, complete, only);
-    out
-}
-
-/// The series of a CSV's `records` (`None`: a row the reader could not parse) under
-/// `headers`, into `out`.
-fn csv_series<'a>(
-    out: &mut JobMetrics,
-    headers: &[&str],
-    records: impl Iterator<Item = Option<Vec<&'a str>>>,
-    complete: bool,
-    only: Option<&[String]>,
-) {
-    let Some(step_col) = headers.iter().position(|h| *h == "step") else {
-        out.problem = Some(format!("{METRICS_CSV} has no 'step' column"));
-        return;
+    let Some(mut rows) = CsvRows::new(&mut out, &headers, only, 0) else {
+        return out;
     };
-    let wanted = |name: &str| only.is_none_or(|only| only.iter().any(|o| o == name));
-    for name in headers.iter().filter(|h| **h != "step" && wanted(h)) {
-        out.series.insert(name.to_string(), Vec::new());
-    }
-    // Each column's series, by its index in `out.series` (found once, not per cell).
-    let series_of: Vec<Option<usize>> = headers
-        .iter()
-        .enumerate()
-        .map(|(col, name)| {
-            (col != step_col)
-                .then(|| out.series.get_index_of(*name))
-                .flatten()
-        })
-        .collect();
-    let mut records = records.enumerate().peekable();
+    let mut records = reader.records().enumerate().peekable();
     while let Some((i, record)) = records.next() {
-        let Some(record) = record else {
+        let Ok(record) = record else {
             out.problem = Some(format!("{METRICS_CSV}: row {} is malformed", i + 2));
             continue;
         };
+        let cells: Vec<&str> = record.iter().collect();
         let last_and_cut = records.peek().is_none() && !complete;
-        if last_and_cut && record.len() != headers.len() {
-            out.problem = Some(format!("{METRICS_CSV}: its last row is cut short"));
+        if !rows.row(&mut out, i, &cells, last_and_cut) {
             break;
         }
-        let Some(step) = record
-            .get(step_col)
+    }
+    rows.finish(&mut out, &headers);
+    out
+}
+
+/// The cells of an unquoted CSV line into `cells` (cleared first): a byte loop, faster than
+/// a string search on cells of a few characters.
+fn split_commas<'a>(line: &'a str, cells: &mut Vec<&'a str>) {
+    cells.clear();
+    let mut start = 0;
+    for (i, b) in line.bytes().enumerate() {
+        if b == b',' {
+            cells.push(&line[start..i]);
+            start = i + 1;
+        }
+    }
+    cells.push(&line[start..]);
+}
+
+/// What becomes of a CSV's rows: where the step is, which column fills which series, which
+/// columns are not read (and whether any row has a value in them).
+struct CsvRows {
+    columns: usize,
+    step_col: usize,
+    /// `(column, index in out.series)` of each column read.
+    read: Vec<(usize, usize)>,
+    /// `(column, seen a value)` of each column not read.
+    unread: Vec<(usize, bool)>,
+}
+
+impl CsvRows {
+    /// The plan for `headers` (the series asked for in `only`, all when `None`), the series
+    /// created in `out` with room for `rows` values; `None`, with the problem in `out`, without
+    /// a `step` column.
+    fn new(
+        out: &mut JobMetrics,
+        headers: &[&str],
+        only: Option<&[String]>,
+        rows: usize,
+    ) -> Option<CsvRows> {
+        let Some(step_col) = headers.iter().position(|h| *h == "step") else {
+            out.problem = Some(format!("{METRICS_CSV} has no 'step' column"));
+            return None;
+        };
+        let wanted = |name: &str| only.is_none_or(|only| only.iter().any(|o| o == name));
+        let mut read = Vec::new();
+        let mut unread = Vec::new();
+        for (col, name) in headers.iter().enumerate() {
+            if col == step_col {
+                continue;
+            }
+            if wanted(name) {
+                let (index, _) = out
+                    .series
+                    .insert_full(name.to_string(), Vec::with_capacity(rows));
+                read.push((col, index));
+            } else {
+                unread.push((col, false));
+            }
+        }
+        Some(CsvRows {
+            columns: headers.len(),
+            step_col,
+            read,
+            unread,
+        })
+    }
+
+    /// Row `i` (0 for the first after the header); `false` to stop (a last row cut short).
+    fn row(&mut self, out: &mut JobMetrics, i: usize, cells: &[&str], last_and_cut: bool) -> bool {
+        if last_and_cut && cells.len() != self.columns {
+            out.problem = Some(format!("{METRICS_CSV}: its last row is cut short"));
+            return false;
+        }
+        let Some(step) = cells
+            .get(self.step_col)
             .and_then(|s| s.trim().parse::<u64>().ok())
         else {
             out.problem = Some(format!("{METRICS_CSV}: row {} has no step", i + 2));
-            continue;
+            return true;
         };
-        for (col, cell) in record.iter().enumerate() {
-            let Some(&Some(index)) = series_of.get(col) else {
+        out.last_record_step = out.last_record_step.max(Some(step));
+        for (col, seen) in self.unread.iter_mut().filter(|(_, seen)| !seen) {
+            *seen = cells.get(*col).is_some_and(|c| !c.trim().is_empty());
+        }
+        for &(col, index) in &self.read {
+            let Some(cell) = cells.get(col).map(|c| c.trim()) else {
                 continue;
             };
-            let cell = cell.trim();
             if cell.is_empty() {
                 continue;
             }
@@ -194,8 +279,19 @@ fn csv_series<'a>(
                 None => {}
             }
         }
+        true
     }
-    out.series.retain(|_, s| !s.is_empty());
+
+    /// Drops the series without a value and names the columns with values left unread.
+    fn finish(self, out: &mut JobMetrics, headers: &[&str]) {
+        out.series.retain(|_, s| !s.is_empty());
+        out.unread = self
+            .unread
+            .into_iter()
+            .filter(|(_, seen)| *seen)
+            .map(|(col, _)| headers[col].to_string())
+            .collect();
+    }
 }
 
 /// A number as Python, pandas or Rust print it (`nan`, `NaN`, `inf`, `-Infinity`, ...).
@@ -364,6 +460,11 @@ mod tests {
         let only = ["eval_loss".to_string(), "loss".to_string()];
         let m = read_job_metrics_named(dir.path(), Some(&only));
         assert_eq!(m.series.keys().collect::<Vec<_>>(), ["loss", "eval_loss"]);
+        // What was left unread is still known by name, and the last row by its step.
+        assert_eq!(m.unread, ["lr"]);
+        assert_eq!(m.logged().collect::<Vec<_>>(), ["loss", "eval_loss", "lr"]);
+        let eval_only = read_job_metrics_named(dir.path(), Some(&only[..1]));
+        assert_eq!(eval_only.last_step(), Some(2));
         assert_eq!(m.get("loss").unwrap()[..2], [(0, 2.5), (1, 2.0)]);
         assert_eq!(m.get("loss").unwrap()[2].1, f64::INFINITY);
         assert_eq!(m.get("eval_loss").unwrap(), &vec![(1, 2.2)]);
@@ -377,6 +478,7 @@ mod tests {
         .unwrap();
         let m = read_job_metrics_named(dir.path(), Some(&only));
         assert_eq!(m.series.keys().collect::<Vec<_>>(), ["loss"]);
+        assert_eq!(m.unread, ["acc"]);
     }
 
     #[test]

@@ -2,8 +2,9 @@
 //! directory's own markers (`metrics.csv`'s last step, `final/` present). Launchers add live
 //! states on top (see `launch::status`).
 
-use super::{JobRecord, JobState, PlanFile, RunDirError, META_FILE, STEP_KEY};
+use super::{JobRecord, JobState, Plan, PlanFile, RunDirError, META_FILE, STEP_KEY};
 use flotilla_config::schema::Launcher as LauncherKind;
+use rayon::prelude::*;
 use serde::Serialize;
 use std::path::{Path, PathBuf};
 
@@ -186,7 +187,31 @@ pub fn read_status(
     dir: &Path,
     live: &dyn Fn(&JobRecord) -> Option<JobState>,
 ) -> Result<RunStatus, RunDirError> {
-    let located = locate(dir)?;
+    read_status_with(dir, live, None)
+}
+
+/// Steps done by job directory, as a caller that has read the jobs' `metrics.csv` already
+/// found them (the markers' `steps`), so that they are not read twice.
+pub type KnownSteps = std::collections::HashMap<PathBuf, Option<u64>>;
+
+/// [`read_status`], taking the steps of the jobs in `known` from it instead of their files.
+pub fn read_status_with(
+    dir: &Path,
+    live: &dyn Fn(&JobRecord) -> Option<JobState>,
+    known: Option<&KnownSteps>,
+) -> Result<RunStatus, RunDirError> {
+    read_located(dir, locate(dir)?, None, live, known)
+}
+
+/// [`read_status_with`] for a directory already [`locate`]d, with its plan when the caller has
+/// read it already (a sweep of thousands of jobs has a large plan).
+pub fn read_located(
+    dir: &Path,
+    located: Located,
+    plan: Option<Plan>,
+    live: &dyn Fn(&JobRecord) -> Option<JobState>,
+    known: Option<&KnownSteps>,
+) -> Result<RunStatus, RunDirError> {
     let Some(plan_file) = located.plan else {
         let m = markers(dir);
         let state = combine(JobState::Unknown, None, &m);
@@ -213,26 +238,45 @@ pub fn read_status(
             }],
         });
     };
-    let plan = plan_file.read()?;
-    let jobs = plan
+    let plan = match plan {
+        Some(plan) => plan,
+        None => plan_file.read()?,
+    };
+    let records: Vec<&JobRecord> = plan
         .jobs
         .iter()
         .filter(|j| located.only.is_none_or(|n| n == j.num))
+        .collect();
+    // Each job's markers, read on every core (a sweep of thousands of jobs is thousands of
+    // files); the launcher's view is asked in order, on this thread.
+    let marks: Vec<(PathBuf, Markers)> = records
+        .par_iter()
         .map(|j| {
             let job_dir = plan_file.job_dir(j);
-            let m = markers(&job_dir);
-            JobStatus {
-                num: j.num,
-                dir: job_dir,
-                job_id: j.job_id.clone(),
-                state: combine(j.state, live(j), &m),
-                recorded: Some(j.state),
-                steps: m.steps,
-                final_model: m.final_model,
-                message: j.message.clone(),
-                step: j.extra.get(STEP_KEY).and_then(|v| v.as_u64()),
-                nodes: None,
-            }
+            let m = match known.and_then(|k| k.get(&job_dir)) {
+                Some(steps) => Markers {
+                    steps: *steps,
+                    final_model: has_final_model(&job_dir),
+                },
+                None => markers(&job_dir),
+            };
+            (job_dir, m)
+        })
+        .collect();
+    let jobs = records
+        .into_iter()
+        .zip(marks)
+        .map(|(j, (job_dir, m))| JobStatus {
+            num: j.num,
+            dir: job_dir,
+            job_id: j.job_id.clone(),
+            state: combine(j.state, live(j), &m),
+            recorded: Some(j.state),
+            steps: m.steps,
+            final_model: m.final_model,
+            message: j.message.clone(),
+            step: j.extra.get(STEP_KEY).and_then(|v| v.as_u64()),
+            nodes: None,
         })
         .collect();
     Ok(RunStatus {

@@ -143,7 +143,7 @@ fn study_loop(
                     continue;
                 }
             };
-            if let Some((state, message)) = finish(study, &plan, &run, &outcome, &only)? {
+            if let Some((state, message)) = finish(study, pruner, &plan, &run, &outcome, &only)? {
                 outcome.state = state;
                 outcome.message = Some(message);
             }
@@ -151,9 +151,16 @@ fn study_loop(
             study.pruner = pruner.clone();
             study.write(&sweep_dir)?;
         }
-        // Read the running trials' metrics; the pruner decides at every new value.
+        // Read the running trials' metrics; the pruner decides at every new value, the trials
+        // taken in order of number (decisions at a rung depend on the values recorded there
+        // before: the same files give the same decisions).
         let mut changed = false;
-        for (number, run) in running.iter_mut() {
+        let mut numbers: Vec<usize> = running.keys().copied().collect();
+        numbers.sort_unstable();
+        for number in &numbers {
+            let Some(run) = running.get_mut(number) else {
+                continue;
+            };
             let Some(series) = read_series(&run.job.dir, &only) else {
                 continue;
             };
@@ -200,22 +207,36 @@ fn read_series(job_dir: &Path, only: &[String]) -> Option<Vec<(u64, f64)>> {
 
 /// Records how a trial ended; returns the job's state and its reason when the study changes
 /// what the launcher saw (a stopped trial that was pruned, a completed one without its metric).
+/// The values a completed trial logged after the driver last read its metrics go through the
+/// pruner as the others did, so that the rungs they reach are recorded for the trials still
+/// running to compete with (the trial itself completed: nothing is stopped).
 fn finish(
     study: &mut StudyFile,
+    pruner: &mut Option<SuccessiveHalving>,
     plan: &PlanFile,
     run: &Running,
     outcome: &JobOutcome,
     only: &[String],
 ) -> Result<Option<(JobState, String)>, LaunchError> {
     let number = run.job.num as u64;
-    let Some(trial) = study.trials.iter_mut().find(|t| t.number == number) else {
+    let Some(pos) = study.trials.iter().position(|t| t.number == number) else {
         return Ok(None);
     };
+    let mut deciding = outcome.state == JobState::Completed && run.pruned_at.is_none();
     if let Some(series) = read_series(&run.job.dir, only) {
         for (step, value) in series {
-            trial.report(step, value);
+            let new = study.trials[pos].intermediate.get(&step) != Some(&value);
+            study.trials[pos].report(step, value);
+            if let (true, true, Some(p)) = (new, deciding, pruner.as_mut()) {
+                let mut trial = study.trials[pos].clone();
+                // Pruned here: it would have been stopped at this step; its later values
+                // reach no rung.
+                deciding = !p.prune(&mut trial, &study.trials, study.direction);
+                study.trials[pos] = trial;
+            }
         }
     }
+    let trial = &mut study.trials[pos];
     let changed = match (outcome.state, run.pruned_at) {
         (JobState::Completed, _) => match trial.intermediate.values().next_back() {
             // As Optuna: a NaN objective fails the trial.
@@ -270,6 +291,7 @@ mod tests {
     use flotilla_config::sweep::sweep_overrides;
     use flotilla_config::ComposeOptions;
     use flotilla_study::config::{SamplerKind, StudyConfig};
+    use flotilla_study::MinResource;
 
     /// A trial runner that runs nothing: a trial "ends" (oldest first, one per wait) after writing
     /// `100 - number` as its loss, or fails when its number is `fail`.
@@ -328,6 +350,158 @@ mod tests {
         fn detached(&self) -> bool {
             false
         }
+    }
+
+    /// A trial runner whose trials all advance one step per wait, in the order they started:
+    /// trial `n` logs `values[n]` at steps 1, 2, ... `steps` and then completes; a trial
+    /// asked to stop ends (CANCELLED) at the next wait, before the others advance.
+    struct Stepper {
+        values: Vec<f64>,
+        steps: u64,
+        in_flight: Vec<(usize, PathBuf, u64)>,
+        stopping: Vec<usize>,
+    }
+
+    impl Stepper {
+        fn outcome(
+            num: usize,
+            dir: &Path,
+            state: JobState,
+        ) -> (usize, Result<JobOutcome, LaunchError>) {
+            let outcome = JobOutcome {
+                num,
+                dir: dir.to_path_buf(),
+                job_id: None,
+                state,
+                failure: None,
+                message: None,
+            };
+            (num, Ok(outcome))
+        }
+    }
+
+    impl TrialRunner for Stepper {
+        fn start(&mut self, job: &PreparedJob) -> Result<(), LaunchError> {
+            self.in_flight.push((job.num, job.dir.clone(), 0));
+            Ok(())
+        }
+
+        fn adopt(&mut self, job: &PreparedJob) -> Result<(), LaunchError> {
+            self.start(job)
+        }
+
+        fn wait(
+            &mut self,
+            _timeout: Duration,
+            _cancel: &Cancel,
+        ) -> Vec<(usize, Result<JobOutcome, LaunchError>)> {
+            let mut ended = Vec::new();
+            let stopping = std::mem::take(&mut self.stopping);
+            self.in_flight.retain(|(num, dir, _)| {
+                let stop = stopping.contains(num);
+                if stop {
+                    ended.push(Stepper::outcome(*num, dir, JobState::Cancelled));
+                }
+                !stop
+            });
+            for (num, dir, step) in &mut self.in_flight {
+                *step += 1;
+                let mut csv = String::from("step,loss\n");
+                for s in 1..=*step {
+                    csv.push_str(&format!("{s},{}\n", self.values[*num]));
+                }
+                std::fs::write(dir.join("metrics.csv"), csv).unwrap();
+                if *step == self.steps {
+                    ended.push(Stepper::outcome(*num, dir, JobState::Completed));
+                }
+            }
+            self.in_flight.retain(|(_, _, step)| *step < self.steps);
+            ended
+        }
+
+        fn stop(&mut self, num: usize) {
+            self.stopping.push(num);
+        }
+
+        fn detached(&self) -> bool {
+            false
+        }
+    }
+
+    #[test]
+    fn successive_halving_decides_as_optuna_would_with_trials_in_flight() {
+        // Rungs at steps 1, 2, 4 (min_resource 1, reduction factor 2); three trials in flight,
+        // each logging one constant value for 4 steps. By hand, in the order the driver reads
+        // (each wait, the trials by number), with `competing` the values recorded at the rung
+        // (the trial's own included) and the trial kept while within the best
+        // max(1, len // 2):
+        //   wait 1: 0 (0.5) rung 0 [0.5] kept; 1 (0.3) [0.5 0.3] kept; 2 (0.7) [0.5 0.3 0.7]
+        //           pruned at step 1;
+        //   wait 2: 2 ends; 0 rung 1 [0.5] kept; 1 rung 1 [0.5 0.3] kept; then 3 starts;
+        //   wait 3: 3 (0.2) rung 0 [0.5 0.3 0.7 0.2] kept (within the best 2);
+        //   wait 4: 0 and 1 complete at step 4, their rung 2 recorded as they end ([0.5],
+        //           [0.5 0.3]); 3 rung 1 [0.5 0.3 0.2] kept; then 4 and 5 start;
+        //   wait 5: 4 (0.9) rung 0 [.. 0.9] pruned (the best 2 of 5 are 0.2, 0.3); 5 (0.1)
+        //           rung 0 kept;
+        //   wait 6: 4 ends; 3 completes, rung 2 [0.5 0.3 0.2]; 5 rung 1 [0.5 0.3 0.2 0.1];
+        //   wait 8: 5 completes, rung 2 [0.5 0.3 0.2 0.1] kept.
+        let tmp = tempfile::tempdir().unwrap();
+        let (composer, dir, mut study, first) = new_study(tmp.path(), "asha");
+        study.config.n_trials = 6;
+        study.config.max_parallel = 3;
+        study.pruner = Some(SuccessiveHalving::new(MinResource::Steps(1), 2, 0, 0).unwrap());
+        let mut stepper = Stepper {
+            values: vec![0.5, 0.3, 0.7, 0.2, 0.9, 0.1],
+            steps: 4,
+            in_flight: Vec::new(),
+            stopping: Vec::new(),
+        };
+        drive_with(
+            &composer,
+            &dir,
+            &mut study,
+            vec![first],
+            Vec::new(),
+            &mut stepper,
+            &Cancel::new(),
+        )
+        .unwrap();
+        let states: Vec<TrialState> = study.trials.iter().map(|t| t.state).collect();
+        use TrialState::{Complete, Pruned};
+        assert_eq!(
+            states,
+            [Complete, Complete, Pruned, Complete, Pruned, Complete]
+        );
+        let rungs: Vec<Vec<(u32, f64)>> = study
+            .trials
+            .iter()
+            .map(|t| t.rungs.iter().map(|(k, v)| (*k, *v)).collect())
+            .collect();
+        assert_eq!(
+            rungs,
+            [
+                vec![(0, 0.5), (1, 0.5), (2, 0.5)],
+                vec![(0, 0.3), (1, 0.3), (2, 0.3)],
+                vec![(0, 0.7)],
+                vec![(0, 0.2), (1, 0.2), (2, 0.2)],
+                vec![(0, 0.9)],
+                vec![(0, 0.1), (1, 0.1), (2, 0.1)],
+            ]
+        );
+        let plan = dir.plan.read().unwrap();
+        let pruned: Vec<(usize, Option<String>)> = plan
+            .jobs
+            .iter()
+            .filter(|j| j.state == JobState::Pruned)
+            .map(|j| (j.num, j.message.clone()))
+            .collect();
+        assert_eq!(
+            pruned,
+            [
+                (2, Some("pruned at step 1 (loss 0.7)".to_string())),
+                (4, Some("pruned at step 1 (loss 0.9)".to_string())),
+            ]
+        );
     }
 
     fn new_study(root: &Path, name: &str) -> (Composer, StudyDir, StudyFile, PreparedJob) {

@@ -53,8 +53,29 @@ fn meta_num(job_dir: &Path) -> Option<usize> {
 
 fn add(found: &mut Vec<FoundJob>, seen: &mut HashSet<PathBuf>, job: FoundJob) {
     let key = job.dir.canonicalize().unwrap_or_else(|_| job.dir.clone());
+    add_as(found, seen, job, key);
+}
+
+/// [`add`] with the job's canonical path already known.
+fn add_as(found: &mut Vec<FoundJob>, seen: &mut HashSet<PathBuf>, job: FoundJob, key: PathBuf) {
     if seen.insert(key) {
         found.push(job);
+    }
+}
+
+/// The canonical path of a plan's job directory `relative` (as the plan records it) inside
+/// the plan's directory, whose canonical path is `canonical_dir`: joined without asking the
+/// file system when `relative` is a plain relative path (one system call less per job of a
+/// large sweep).
+fn canonical_job_dir(canonical_dir: Option<&Path>, job_dir: &Path, relative: &Path) -> PathBuf {
+    let plain = relative
+        .components()
+        .all(|c| matches!(c, std::path::Component::Normal(_)));
+    match canonical_dir {
+        Some(dir) if plain && !relative.as_os_str().is_empty() => dir.join(relative),
+        _ => job_dir
+            .canonicalize()
+            .unwrap_or_else(|_| job_dir.to_path_buf()),
     }
 }
 
@@ -97,12 +118,14 @@ fn walk(dir: &Path, depth: usize, found: &mut Vec<FoundJob>, seen: &mut HashSet<
                     }
                     flotilla_config::schema::Launcher::Slurm => None,
                 };
+                let canonical_dir = dir.canonicalize().ok();
                 for record in plan.jobs {
                     let job_dir = plan_file.job_dir(&record);
+                    let key = canonical_job_dir(canonical_dir.as_deref(), &job_dir, &record.dir);
                     let stale = gone
                         .clone()
                         .filter(|_| matches!(record.state, JobState::Pending | JobState::Running));
-                    add(
+                    add_as(
                         found,
                         seen,
                         FoundJob {
@@ -113,6 +136,7 @@ fn walk(dir: &Path, depth: usize, found: &mut Vec<FoundJob>, seen: &mut HashSet<
                             plan_problem: None,
                             stale,
                         },
+                        key,
                     );
                 }
                 return;

@@ -1,25 +1,29 @@
 //! `flotilla report`: one row per job of the run and sweep directories given — its state (with
-//! the reason of a failure), the parameters that differ across the jobs, the chosen metric's
-//! final and best values and the step of the best, steps done, wall time and throughput — as a
-//! table, CSV, JSON, Markdown, a self-contained HTML page with plots, or the plots as SVG and PNG
-//! files. Reading only: the report never writes into a run directory, and a broken job (no
-//! metrics, a cut or NaN-holding file, no config, an unreadable plan) gets its row with the
-//! reason instead of stopping the report.
+//! the reason of a failure), the parameters that differ across the jobs (`params.rs`), the
+//! chosen metric's final and best values and the step of the best, steps done, wall time and
+//! throughput — or, grouped over swept keys, one row per configuration with the mean and
+//! spread of its jobs (`group.rs`); as a table, CSV, JSON or Markdown (`render.rs`), a
+//! self-contained HTML page (`html.rs`) with its figures (`figures.rs`, drawn with `svg.rs` and
+//! `legend.rs`), or the figures as SVG and PNG files (`png.rs`). Reading only: the report never
+//! writes into a run directory, and a broken job (no metrics, a cut or NaN-holding file, no
+//! config, an unreadable plan) gets its row with the reason instead of stopping the report.
 
 pub mod discover;
+pub mod figures;
+pub mod group;
 pub mod html;
 pub mod legend;
+pub mod params;
 pub mod png;
 pub mod render;
+pub mod svg;
 
 use discover::FoundJob;
-use flotilla_config::node::Node;
-use flotilla_contract::metrics::{read_job_metrics_named, JobMetrics};
+use flotilla_contract::metrics::{read_job_metrics, read_job_metrics_named, JobMetrics};
 use flotilla_launch::rundir::status::{combine, has_final_model, Markers};
-use flotilla_launch::rundir::{
-    load_job_config_tree, override_assignments, read_overrides, JobState, CONFIG_FILE,
-};
+use flotilla_launch::rundir::{JobState, CONFIG_FILE};
 use indexmap::IndexMap;
+use rayon::prelude::*;
 use serde::Serialize;
 use std::cmp::Ordering;
 use std::path::PathBuf;
@@ -39,8 +43,15 @@ pub struct ReportOptions {
     pub top: Option<usize>,
     /// Read only the metric's series (and `eval_loss` and `loss`, to choose the default
     /// metric): enough for the best values, not for the figures, the wall time or the
-    /// throughput. What `flotilla status` asks for, to stay cheap on a large sweep.
+    /// throughput. What `flotilla status` asks for. (Either way, only the series a report
+    /// uses are parsed.)
     pub metric_only: bool,
+    /// The figures will be drawn: the loss is read too (the curves figure draws it).
+    pub figures: bool,
+    /// Swept keys to group over (`seed`): one row per configuration of the other swept keys,
+    /// with the mean, standard deviation and count of its jobs' best values
+    /// ([`group::Groups`]). `sort` and `top` then apply to the groups.
+    pub group_by: Vec<String>,
 }
 
 /// One job's row.
@@ -72,6 +83,9 @@ pub struct JobRow {
     pub reason: Option<String>,
     #[serde(skip)]
     pub metrics: JobMetrics,
+    /// The job's task overrides, all of them (what `group_by` groups on).
+    #[serde(skip)]
+    pub overrides: IndexMap<String, serde_json::Value>,
 }
 
 /// The best job.
@@ -86,6 +100,9 @@ pub struct BestJob {
 pub struct Report {
     pub metric: String,
     pub mode: Mode,
+    /// With `group_by`, the configurations, ranked by their mean (`null` otherwise).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub groups: Option<group::Groups>,
     pub jobs: Vec<JobRow>,
     pub best: Option<BestJob>,
 }
@@ -207,11 +224,14 @@ pub fn param_header(key: &str) -> String {
 /// without their shared leading components (`outputs/multirun/2026-11-25/10-00-00` and
 /// `.../11-00-00` become `10-00-00` and `11-00-00`).
 fn sweep_labels(groups: &[PathBuf]) -> Vec<Option<String>> {
+    // Each distinct path once, by its bytes (a sweep's thousands of jobs share one).
+    let mut index: std::collections::HashMap<&std::ffi::OsStr, usize> = Default::default();
     let mut distinct: Vec<&PathBuf> = Vec::new();
     for g in groups {
-        if !distinct.contains(&g) {
+        index.entry(g.as_os_str()).or_insert_with(|| {
             distinct.push(g);
-        }
+            distinct.len() - 1
+        });
     }
     if distinct.len() < 2 {
         return vec![None; groups.len()];
@@ -231,14 +251,12 @@ fn sweep_labels(groups: &[PathBuf]) -> Vec<Option<String>> {
     }
     groups
         .iter()
-        .map(|g| {
-            let i = distinct.iter().position(|d| *d == g).expect("listed");
-            Some(parts[i][shared..].join("/"))
-        })
+        .map(|g| Some(parts[index[g.as_os_str()]][shared..].join("/")))
         .collect()
 }
 
-/// Errors that stop a report: only a path that does not exist, or a sort key no column has.
+/// Errors that stop a report: only a path that does not exist, a sort key no column has, or a
+/// key to group by that no job sweeps.
 #[derive(Debug, thiserror::Error)]
 pub enum ReportError {
     #[error("{0}")]
@@ -254,6 +272,8 @@ pub enum ReportError {
         hint: String,
         available: String,
     },
+    #[error("cannot group by '{key}': no job sets it by an override; the swept keys are: {swept}")]
+    GroupKey { key: String, swept: String },
     #[error("{}: {source}", path.display())]
     Io {
         path: PathBuf,
@@ -267,38 +287,52 @@ pub fn build(paths: &[PathBuf], options: &ReportOptions) -> Result<Report, Repor
     if found.is_empty() {
         return Err(ReportError::NoJobs(paths[0].clone()));
     }
-    let only: Option<Vec<String>> = options.metric_only.then(|| match &options.metric {
+    // The series a report uses: its metric (or the two it chooses from), the trainer's clock
+    // and throughput, and for the figures the loss; the other columns are not even parsed.
+    let mut only: Vec<String> = match &options.metric {
         Some(m) => vec![m.clone()],
         None => vec!["eval_loss".into(), "loss".into()],
-    });
-    let jobs: Vec<(FoundJob, JobMetrics, Option<Node>)> = found
-        .into_iter()
-        .map(|job| {
-            let metrics = read_job_metrics_named(&job.dir, only.as_deref());
-            let config = load_job_config_tree(&job.dir);
-            (job, metrics, config)
-        })
+    };
+    if !options.metric_only {
+        let curves = options.figures.then_some("loss");
+        for name in ["elapsed_s", "tokens_per_s"].into_iter().chain(curves) {
+            if !only.iter().any(|o| o == name) {
+                only.push(name.into());
+            }
+        }
+    }
+    let only = Some(only);
+    // Each job's files, read on every core: on a sweep of thousands of jobs this is the
+    // report's time.
+    let files: Vec<JobFiles> = found
+        .par_iter()
+        .map(|job| JobFiles::read(job, only.as_deref(), options.metric.as_deref()))
         .collect();
     let metric = options.metric.clone().unwrap_or_else(|| {
-        if jobs.iter().any(|(_, m, _)| m.get("eval_loss").is_some()) {
+        if files.iter().any(|f| f.metrics.get("eval_loss").is_some()) {
             "eval_loss".into()
         } else {
             "loss".into()
         }
     });
     let mode = options.mode.unwrap_or_else(|| Mode::for_metric(&metric));
-    let params = differing_params(&jobs);
-    let groups: Vec<PathBuf> = jobs
+    let groups: Vec<PathBuf> = found
         .iter()
-        .map(|(job, _, _)| job.sweep_dir.clone().unwrap_or_else(|| job.dir.clone()))
+        .map(|job| job.sweep_dir.clone().unwrap_or_else(|| job.dir.clone()))
         .collect();
-    let mut rows: Vec<JobRow> = jobs
+    let has_config: Vec<bool> = files.iter().map(|f| f.has_config).collect();
+    let overrides: Vec<IndexMap<String, serde_json::Value>> =
+        found.iter().map(params::override_params).collect();
+    let params = params::differing_params(&found, overrides.clone(), &groups, &has_config);
+    let rows: Vec<JobRow> = found
         .into_iter()
-        .zip(params)
+        .zip(files)
+        .zip(params.into_iter().zip(overrides))
         .zip(sweep_labels(&groups))
-        .map(|(((job, metrics, config), params), sweep)| {
-            let mut row = row(job, metrics, config.is_some(), params, &metric, mode);
+        .map(|(((job, files), (params, overrides)), sweep)| {
+            let mut row = row(job, files, params, &metric, mode);
             row.sweep = sweep;
+            row.overrides = overrides;
             row
         })
         .collect();
@@ -316,16 +350,27 @@ pub fn build(paths: &[PathBuf], options: &ReportOptions) -> Result<Report, Repor
             num: r.num,
             dir: r.dir.clone(),
         });
-    sort_rows(&mut rows, options, mode)?;
-    if let Some(k) = options.top {
-        rows.truncate(k);
-    }
-    Ok(Report {
+    let mut report = Report {
         metric,
         mode,
         jobs: rows,
         best,
-    })
+        groups: None,
+    };
+    if options.group_by.is_empty() {
+        sort_rows(&mut report.jobs, options, mode)?;
+        if let Some(k) = options.top {
+            report.jobs.truncate(k);
+        }
+    } else {
+        let mut grouped = group::group(&report, &options.group_by)?;
+        group::sort_groups(&mut grouped, options.sort.as_deref(), mode)?;
+        if let Some(k) = options.top {
+            grouped.groups.truncate(k);
+        }
+        report.groups = Some(grouped);
+    }
+    Ok(report)
 }
 
 /// Refuses a metric no job has logged when it is surely not coming: its name is a near miss of
@@ -336,9 +381,12 @@ fn check_metric_exists(rows: &[JobRow], metric: &str) -> Result<(), ReportError>
     if rows.iter().any(|r| r.metrics.get(metric).is_some()) {
         return Ok(());
     }
+    // The jobs' files again, whole (only the report's series were read): the metrics they
+    // logged, in the order the files have them.
+    let logged: Vec<JobMetrics> = rows.iter().map(|r| read_job_metrics(&r.dir)).collect();
     let mut available: Vec<&str> = Vec::new();
-    for r in rows {
-        for name in r.metrics.series.keys() {
+    for m in &logged {
+        for name in m.series.keys() {
             if !available.contains(&name.as_str()) {
                 available.push(name);
             }
@@ -350,7 +398,7 @@ fn check_metric_exists(rows: &[JobRow], metric: &str) -> Result<(), ReportError>
     let near = flotilla_config::near_miss(metric, available.iter().copied());
     let ended = rows
         .iter()
-        .any(|r| r.state.is_terminal() && !r.metrics.series.is_empty());
+        .any(|r| r.state.is_terminal() && r.metrics.logged().next().is_some());
     if near.is_none() && !ended {
         return Ok(());
     }
@@ -361,84 +409,6 @@ fn check_metric_exists(rows: &[JobRow], metric: &str) -> Result<(), ReportError>
             .unwrap_or_default(),
         available: available.join(", "),
     })
-}
-
-/// The task overrides of a job without a readable config (`overrides.yaml`, or its plan
-/// record), as `key → value`; a value is typed as JSON reads it, else kept as text.
-fn override_params(job: &FoundJob) -> IndexMap<String, serde_json::Value> {
-    let overrides = read_overrides(&job.dir)
-        .or_else(|| job.record.as_ref().map(|r| r.overrides.clone()))
-        .unwrap_or_default();
-    override_assignments(&overrides)
-        .into_iter()
-        .map(|(key, text)| {
-            let value = serde_json::from_str(&text).unwrap_or(serde_json::Value::String(text));
-            (key, value)
-        })
-        .collect()
-}
-
-/// Per job: the parameters whose values are not the same in every job. A single job shows its
-/// task overrides.
-fn differing_params(
-    jobs: &[(FoundJob, JobMetrics, Option<Node>)],
-) -> Vec<IndexMap<String, serde_json::Value>> {
-    let flat: Vec<IndexMap<String, serde_json::Value>> = jobs
-        .iter()
-        .map(|(job, _, config)| match config {
-            Some(c) => {
-                let mut leaves = IndexMap::new();
-                crate::diff::leaves(c, "", &mut leaves);
-                leaves
-                    .into_iter()
-                    .map(|(k, v)| (k, flotilla_config::node::to_json(&v)))
-                    .collect()
-            }
-            None => override_params(job),
-        })
-        .collect();
-    if flat.len() == 1 {
-        let overrides = override_params(&jobs[0].0);
-        return vec![overrides
-            .into_iter()
-            .map(|(k, v)| {
-                let value = flat[0].get(&k).cloned().unwrap_or(v);
-                (k, value)
-            })
-            .collect()];
-    }
-    // A key differs when two jobs that have it disagree, or when a job composed from a config
-    // lacks it; a job known only by its overrides says nothing about the keys it does not set.
-    let has_config: Vec<bool> = jobs.iter().map(|(_, _, c)| c.is_some()).collect();
-    let mut keys: IndexMap<String, ()> = IndexMap::new();
-    for f in &flat {
-        for k in f.keys() {
-            keys.insert(k.clone(), ());
-        }
-    }
-    let differing: Vec<&String> = keys
-        .keys()
-        .filter(|k| {
-            let mut present = flat.iter().filter_map(|f| f.get(*k));
-            let first = present.next();
-            present.any(|v| Some(v) != first)
-                || flat
-                    .iter()
-                    .zip(&has_config)
-                    .any(|(f, has)| *has && !f.contains_key(*k))
-        })
-        .collect();
-    flat.iter()
-        .map(|f| {
-            differing
-                .iter()
-                .map(|k| {
-                    let v = f.get(*k).cloned().unwrap_or(serde_json::Value::Null);
-                    ((*k).clone(), v)
-                })
-                .collect()
-        })
-        .collect()
 }
 
 fn median(values: &mut [f64]) -> Option<f64> {
@@ -454,19 +424,71 @@ fn median(values: &mut [f64]) -> Option<f64> {
     })
 }
 
-fn row(
-    job: FoundJob,
+/// What a report reads of one job's directory: its metrics (the series it uses), whether its
+/// config is there, and the figures of its row taken from series it then lets go of.
+struct JobFiles {
     metrics: JobMetrics,
     has_config: bool,
+    /// The trainer's clock at the last step.
+    elapsed_s: Option<f64>,
+    /// The median throughput over the logged steps.
+    tokens_per_s: Option<f64>,
+}
+
+impl JobFiles {
+    /// Reads `job`'s files: the series `only` of its metrics; `elapsed_s` and `tokens_per_s`
+    /// are summed up at once and dropped unless they are the report's `metric` (a sweep of
+    /// thousands of jobs would hold them all).
+    fn read(job: &FoundJob, only: Option<&[String]>, metric: Option<&str>) -> JobFiles {
+        let mut metrics = read_job_metrics_named(&job.dir, only);
+        let elapsed_s = metrics
+            .get("elapsed_s")
+            .and_then(|s| s.last())
+            .map(|(_, v)| *v);
+        let mut throughput: Vec<f64> = metrics
+            .get("tokens_per_s")
+            .into_iter()
+            .flatten()
+            .map(|(_, v)| *v)
+            .filter(|v| v.is_finite())
+            .collect();
+        for name in ["elapsed_s", "tokens_per_s"] {
+            if metric != Some(name) && metrics.series.shift_remove(name).is_some() {
+                metrics.unread.push(name.to_string());
+            }
+        }
+        JobFiles {
+            metrics,
+            has_config: job.dir.join(CONFIG_FILE).is_file(),
+            elapsed_s,
+            tokens_per_s: median(&mut throughput),
+        }
+    }
+}
+
+fn row(
+    job: FoundJob,
+    files: JobFiles,
     params: IndexMap<String, serde_json::Value>,
     metric: &str,
     mode: Mode,
 ) -> JobRow {
+    let JobFiles {
+        metrics,
+        has_config,
+        elapsed_s,
+        tokens_per_s,
+    } = files;
     let mut reasons: Vec<String> = Vec::new();
     let steps = metrics.last_step().map_or(0, |s| s + 1);
+    // `final/` only matters to a job not recorded COMPLETED already (it makes it so).
+    let recorded_complete = job
+        .record
+        .as_ref()
+        .is_some_and(|r| r.state == JobState::Completed);
     let marks = Markers {
         steps: Some(steps),
-        final_model: has_final_model(&job.dir),
+        final_model: !recorded_complete && has_final_model(&job.dir),
     };
     let state = match &job.record {
         Some(record) => {
@@ -487,7 +509,8 @@ fn row(
     if let Some(p) = &job.plan_problem {
         reasons.push(p.clone());
     }
-    if !job.dir.is_dir() {
+    // A job with a config or metrics has its directory: no need to ask.
+    if !has_config && metrics.source.is_none() && !job.dir.is_dir() {
         reasons.push("the job directory is missing".into());
     } else if !has_config {
         reasons.push(format!("no readable {CONFIG_FILE}"));
@@ -496,7 +519,7 @@ fn row(
         reasons.push(p.clone());
     }
     let series = metrics.get(metric);
-    if series.is_none() && metrics.problem.is_none() && !metrics.series.is_empty() {
+    if series.is_none() && metrics.problem.is_none() && metrics.logged().next().is_some() {
         reasons.push(format!("no '{metric}' logged yet"));
     }
     let final_value = series.and_then(|s| s.last()).map(|(_, v)| *v);
@@ -510,18 +533,7 @@ fn row(
         reasons.push(format!("{metric} is not finite from step {step}"));
     }
     // The trainer's own clock, else how long the launcher saw the job's processes run.
-    let wall_s = metrics
-        .get("elapsed_s")
-        .and_then(|s| s.last())
-        .map(|(_, v)| *v)
-        .or_else(|| job.record.as_ref().and_then(|r| r.wall_s));
-    let mut throughput: Vec<f64> = metrics
-        .get("tokens_per_s")
-        .into_iter()
-        .flatten()
-        .map(|(_, v)| *v)
-        .filter(|v| v.is_finite())
-        .collect();
+    let wall_s = elapsed_s.or_else(|| job.record.as_ref().and_then(|r| r.wall_s));
     JobRow {
         num: job.num,
         dir: job.dir,
@@ -533,9 +545,10 @@ fn row(
         best_step: best.map(|(s, _)| s),
         steps,
         wall_s,
-        tokens_per_s: median(&mut throughput),
+        tokens_per_s,
         reason: (!reasons.is_empty()).then(|| reasons.join("; ")),
         metrics,
+        overrides: IndexMap::new(),
     }
 }
 

@@ -1,4 +1,4 @@
-//! The report's figures as PNG files: each SVG that `html.rs` draws, rasterised by resvg (usvg
+//! The report's figures as PNG files: each SVG that `figures.rs` draws, rasterised by resvg (usvg
 //! parses it, tiny-skia paints it) at twice its size, so a PNG and its SVG are the same picture.
 //! The system's fonts are loaded once per process; the SVGs' `font-family="sans-serif"` is
 //! resolved to the first installed of Arial, its metric twin Liberation Sans (what Chromium draws
