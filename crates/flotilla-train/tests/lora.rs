@@ -542,7 +542,11 @@ fn lora_on_family_trains_as_peft_and_loads_in_peft(family: &str) {
             .filter_map(|k| k.split('.').rev().nth(2))
             .collect();
         let lora = lora_config("all-linear", "-", &dir.join("adapter"), false);
-        let t = trainer_config();
+        // 10 steps, the schedule's horizon on both sides.
+        let t = TrainerConfig {
+            max_steps: 10,
+            ..trainer_config()
+        };
         let out = dir.join("peft_trained");
         let want = peft_rows_for(dir, &t, &out, 10);
         let mut tr = trainer(dir, &lora, &t);
