@@ -14,21 +14,13 @@ use std::process::Command;
 
 use serde_json::Value;
 
+/// `final_dir_oracle.py ARGS`'s answer.
 fn oracle(python: &Path, args: &[&str]) -> Value {
-    let out = Command::new(python)
-        .arg(common::oracle_file("final_dir_oracle.py"))
-        .args(args)
-        .env("HF_HUB_OFFLINE", "1")
-        .env("TRANSFORMERS_VERBOSITY", "error")
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "final_dir_oracle.py {args:?} failed:\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    serde_json::from_str(stdout.lines().last().unwrap()).unwrap()
+    common::run_oracle(
+        Command::new(python)
+            .arg(common::oracle_file("final_dir_oracle.py"))
+            .args(args),
+    )
 }
 
 #[test]

@@ -16,15 +16,14 @@
 mod common;
 #[path = "../../../tests/common/compose.rs"]
 mod compose;
+#[path = "support/threads.rs"]
+mod threads;
 
 use std::path::Path;
 use std::process::Command;
 use std::sync::Arc;
-use std::time::Duration;
 
 use flotilla_comm::comm::Communicator;
-use flotilla_comm::cpu::{CpuComm, CpuOptions};
-use flotilla_comm::store::MemoryStore;
 use flotilla_config::schema::DataConfig;
 use flotilla_config::schema::JobConfig;
 use flotilla_train::checkpoint::{save_adapter, save_final, FinalOptions};
@@ -38,21 +37,13 @@ use flotilla_train::{DistContext, Trainer};
 use serde_json::Value;
 use tch::{Device, Kind};
 
+/// `final_dir_oracle.py ARGS`'s answer.
 fn oracle(python: &Path, args: &[&str]) -> Value {
-    let out = Command::new(python)
-        .arg(common::oracle_file("final_dir_oracle.py"))
-        .args(args)
-        .env("HF_HUB_OFFLINE", "1")
-        .env("TRANSFORMERS_VERBOSITY", "error")
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "final_dir_oracle.py {args:?} failed:\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    serde_json::from_str(stdout.lines().last().unwrap()).unwrap()
+    common::run_oracle(
+        Command::new(python)
+            .arg(common::oracle_file("final_dir_oracle.py"))
+            .args(args),
+    )
 }
 
 /// A trainer fine-tuning `base` for 3 steps on arithmetic data (ids below the base's 64).
@@ -298,21 +289,10 @@ fn merged_final_under_fsdp_streams_a_group_at_a_time_and_equals_the_merge() {
     let job = lora_fsdp_job();
     let tmp = tempfile::tempdir().unwrap();
     let fin = tmp.path().join("final");
-    let handles: Vec<_> = MemoryStore::group_with_timeout(2, Duration::from_secs(120))
-        .into_iter()
-        .map(|store| {
-            let (job, fin) = (job.clone(), fin.clone());
-            std::thread::spawn(move || {
-                let options = CpuOptions {
-                    timeout: Duration::from_secs(120),
-                    ..CpuOptions::default()
-                };
-                let comm = CpuComm::new(store, options).unwrap();
-                merge_on_rank(&job, &fin, Arc::new(comm))
-            })
-        })
-        .collect();
-    let results: Vec<_> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+    let results = {
+        let fin = fin.clone();
+        threads::on_threads(2, move |comm| merge_on_rank(&job, &fin, comm))
+    };
     let (peak, model_bytes, mut reference) = results.into_iter().next().unwrap();
     // Rank 0 gathered one flat group at a time: a block's, never the model.
     assert!(peak > 0, "the merge gathered to rank 0");

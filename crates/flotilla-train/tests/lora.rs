@@ -250,6 +250,23 @@ fn oracle_logits(args: &[&std::ffi::OsStr]) -> (Tensor, Vec<String>) {
     (Tensor::from_slice(&flat).reshape([b, t, -1]), out.warnings)
 }
 
+/// The logits of `PeftModel.from_pretrained(dir/base, adapter)` on `tokens` (JSON), which must
+/// load with no missing or unexpected key (`what` names the case in messages).
+fn peft_logits(dir: &Path, adapter: &Path, tokens: &str, what: &str) -> Tensor {
+    let (logits, warnings) = oracle_logits(&[
+        "logits".as_ref(),
+        dir.join("base").as_os_str(),
+        adapter.as_os_str(),
+        tokens.as_ref(),
+    ]);
+    let keyed: Vec<&String> = warnings
+        .iter()
+        .filter(|w| w.contains("missing") || w.contains("unexpected") || w.contains("Missing"))
+        .collect();
+    assert!(keyed.is_empty(), "{what}: PEFT warned: {keyed:?}");
+    logits
+}
+
 #[test]
 fn final_adapter_loads_in_peft_and_merged_model_in_transformers_with_equal_logits() {
     if !peft_python() {
@@ -288,17 +305,7 @@ fn final_adapter_loads_in_peft_and_merged_model_in_transformers_with_equal_logit
     let x = Tensor::from_slice2(&tokens);
     let ours = logits(tr.model(), &tr.weights().full_params().unwrap(), &x);
     let json = serde_json::to_string(&tokens).unwrap();
-    let (theirs, warnings) = oracle_logits(&[
-        "logits".as_ref(),
-        dir.join("base").as_os_str(),
-        fin.as_os_str(),
-        json.as_ref(),
-    ]);
-    let keyed: Vec<&String> = warnings
-        .iter()
-        .filter(|w| w.contains("missing") || w.contains("unexpected") || w.contains("Missing"))
-        .collect();
-    assert!(keyed.is_empty(), "PEFT warned: {keyed:?}");
+    let theirs = peft_logits(dir, &fin, &json, "llama");
     let err = tensor_err(&ours, &theirs);
     // The adapter matters: the base alone gives other logits.
     let base_cfg = read_model_config(dir.join("base")).unwrap();
@@ -594,17 +601,7 @@ fn lora_on_family_trains_as_peft_and_loads_in_peft(family: &str) {
         let x = Tensor::from_slice2(&tokens);
         let ours = logits(tr.model(), &tr.weights().full_params().unwrap(), &x);
         let json = serde_json::to_string(&tokens).unwrap();
-        let (theirs, warnings) = oracle_logits(&[
-            "logits".as_ref(),
-            dir.join("base").as_os_str(),
-            fin.as_os_str(),
-            json.as_ref(),
-        ]);
-        let keyed: Vec<&String> = warnings
-            .iter()
-            .filter(|w| w.contains("missing") || w.contains("unexpected") || w.contains("Missing"))
-            .collect();
-        assert!(keyed.is_empty(), "{family}: PEFT warned: {keyed:?}");
+        let theirs = peft_logits(dir, &fin, &json, family);
         let err = tensor_err(&ours, &theirs);
         eprintln!("{family}: PeftModel vs flotilla logits: {err:e}");
         assert!(err < 1e-5, "{family}: {err}");

@@ -22,18 +22,17 @@
 mod common;
 #[path = "../../../tests/common/compose.rs"]
 mod compose;
+#[path = "support/threads.rs"]
+mod threads;
 
 use std::collections::HashMap;
 use std::path::Path;
 use std::process::{Command, Output};
 use std::sync::Arc;
-use std::time::Duration;
 
 use common::ov;
 use compose::composer;
 use flotilla_comm::comm::Communicator;
-use flotilla_comm::cpu::{CpuComm, CpuOptions};
-use flotilla_comm::store::MemoryStore;
 use flotilla_config::schema::{DistConfig, JobConfig};
 use flotilla_launch::memory::{self, Phase, Step, TermKind};
 use flotilla_train::data::{self, BatchLayout, DataLoader, DataOptions};
@@ -43,6 +42,7 @@ use flotilla_train::parallel::storage_shim::{distinct_storage_bytes, held_bytes,
 use flotilla_train::parallel::weights::StatePart;
 use flotilla_train::{parallelize, AdamWConfig, DistContext, Engine, EngineOptions, Strategy};
 use tch::{Device, Kind, Tensor};
+use threads::on_threads;
 
 /// The job `overrides` compose to from the repository's conf/, typed.
 fn job(overrides: &[&str]) -> JobConfig {
@@ -205,31 +205,6 @@ fn run_world(job: &JobConfig) -> Vec<Held> {
     on_threads(world, move |comm| run_rank(&job, Some(comm)))
 }
 
-/// `f` on `world` ranks, as threads over one `MemoryStore`.
-fn on_threads<T: Send + 'static>(
-    world: usize,
-    f: impl Fn(Arc<dyn Communicator>) -> T + Clone + Send + 'static,
-) -> Vec<T> {
-    let handles: Vec<_> = MemoryStore::group_with_timeout(world, Duration::from_secs(120))
-        .into_iter()
-        .map(|store| {
-            let f = f.clone();
-            std::thread::spawn(move || {
-                let comm = CpuComm::new(
-                    store,
-                    CpuOptions {
-                        timeout: Duration::from_secs(120),
-                        ..CpuOptions::default()
-                    },
-                )
-                .unwrap();
-                f(Arc::new(comm))
-            })
-        })
-        .collect();
-    handles.into_iter().map(|h| h.join().unwrap()).collect()
-}
-
 /// One DDP step's reduced gradients on each of 2 ranks with `bucket_cap_mb`, and the number
 /// and bytes of the distinct storages behind them.
 fn ddp_step_grads(bucket_cap_mb: &str) -> Vec<(Vec<Tensor>, usize, usize)> {
@@ -296,6 +271,14 @@ fn ddp_gradients_are_views_of_their_buckets() {
 #[test]
 fn model_state_terms_equal_the_bytes_the_trainer_holds() {
     let mut lines = vec![];
+    let gemma2_fsdp = [
+        GEMMA2,
+        &[
+            "trainer.dist.sharding_strategy=FULL_SHARD",
+            "trainer.eval_every=1",
+        ],
+    ]
+    .concat();
     for (dist, ranks, extra) in [
         ("none", 1, &[][..]),
         ("ddp", 2, &[][..]),
@@ -366,21 +349,7 @@ fn model_state_terms_equal_the_bytes_the_trainer_holds() {
         ),
         // Gemma 2: four norms a block, heads of their own size, alternating windows.
         ("ddp", 2, GEMMA2),
-        (
-            "fsdp",
-            2,
-            &[
-                "+model.model_type=gemma2",
-                "+model.head_dim=48",
-                "+model.sliding_window=8",
-                "+model.layer_types=[sliding_attention,full_attention,sliding_attention,full_attention]",
-                "+model.query_pre_attn_scalar=48",
-                "+model.attn_logit_softcapping=50.0",
-                "+model.final_logit_softcapping=30.0",
-                "trainer.dist.sharding_strategy=FULL_SHARD",
-                "trainer.eval_every=1",
-            ][..],
-        ),
+        ("fsdp", 2, &gemma2_fsdp[..]),
     ] {
         for precision in ["32-true", "bf16-mixed", "bf16-true"] {
             let job = tiny(ranks, dist, precision, extra);

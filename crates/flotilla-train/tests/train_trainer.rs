@@ -14,6 +14,8 @@ mod common;
 mod compose;
 #[path = "support/replay.rs"]
 mod replay;
+#[path = "support/threads.rs"]
+mod threads;
 
 use std::path::Path;
 use std::process::Command;
@@ -356,38 +358,21 @@ fn fsdp_two_ranks_train_gemma2_and_qwen3_as_one_process() {
              sync_module_states: false, cpu_offload: false, param_dtype: null, \
              reduce_dtype: null, state_dict_type: full}}}}"
         ));
-        let handles: Vec<_> = MemoryStore::group_with_timeout(2, Duration::from_secs(120))
-            .into_iter()
-            .map(|store| {
-                let (config, t) = (config.clone(), sharded.clone());
-                std::thread::spawn(move || -> Vec<MetricsRow> {
-                    tch::set_num_threads(1);
-                    let options = CpuOptions {
-                        timeout: Duration::from_secs(120),
-                        ..CpuOptions::default()
-                    };
-                    let comm = Arc::new(CpuComm::new(store, options).unwrap());
-                    let rank = flotilla_comm::comm::Communicator::rank(comm.as_ref());
-                    let model = CausalLm::new(&config).unwrap();
-                    let params = model.init_params(5, Device::Cpu, Kind::Float);
-                    let dist = DistContext {
-                        comm,
-                        local_world_size: 2,
-                    };
-                    let mut tr = Trainer::distributed(
-                        model,
-                        &params,
-                        &t,
-                        rank_loader(&t, rank, 2),
-                        Device::Cpu,
-                        Some(dist),
-                    )
-                    .unwrap();
-                    tr.run(10, None).unwrap()
-                })
-            })
-            .collect();
-        let ranks: Vec<Vec<MetricsRow>> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+        let t = sharded.clone();
+        let ranks: Vec<Vec<MetricsRow>> = threads::on_threads(2, move |comm| {
+            tch::set_num_threads(1);
+            let rank = comm.rank();
+            let model = CausalLm::new(&config).unwrap();
+            let params = model.init_params(5, Device::Cpu, Kind::Float);
+            let dist = DistContext {
+                comm,
+                local_world_size: 2,
+            };
+            let loader = rank_loader(&t, rank, 2);
+            let mut tr =
+                Trainer::distributed(model, &params, &t, loader, Device::Cpu, Some(dist)).unwrap();
+            tr.run(10, None).unwrap()
+        });
         let rel = |a: f64, b: f64| (a - b).abs() / b.abs().max(1e-12);
         let (mut dl, mut dn) = (0f64, 0f64);
         for (r, w) in ranks[0].iter().zip(&want) {
