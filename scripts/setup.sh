@@ -3,7 +3,8 @@
 # flotilla links against (torch 2.11.0 <-> tch 0.24.0), hydra-core, the oracle the config
 # tests compare against, and transformers + safetensors, the oracle the model tests compare
 # against, peft, the oracle of the LoRA tests, and tensorboard, the oracle that reads the event
-# files back (installed with uv, see below); then .venv/libtorch pointing at the wheel's torch/ folder;
+# files back, trl, the oracle of preference tuning (DPO), and pyarrow + datasets, which write the
+# Parquet files and `save_to_disk` directories the data tests read (installed with uv, see below); then .venv/libtorch pointing at the wheel's torch/ folder;
 # on Debian (as root) also fonts-dejavu-core, the font of `flotilla report --plot`'s PNG figures.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -14,6 +15,9 @@ TRANSFORMERS_VERSION=5.23.0
 SAFETENSORS_VERSION=0.8.0
 TENSORBOARD_VERSION=2.21.0
 PEFT_VERSION=0.21.2
+TRL_VERSION=1.16.0
+PYARROW_VERSION=26.0.1
+DATASETS_VERSION=5.2.0
 UV_VERSION=0.13.9
 PYTHON=${PYTHON:-python3}
 
@@ -34,6 +38,9 @@ installed transformers "$TRANSFORMERS_VERSION" || want+=("transformers==$TRANSFO
 installed safetensors "$SAFETENSORS_VERSION" || want+=("safetensors==$SAFETENSORS_VERSION")
 installed tensorboard "$TENSORBOARD_VERSION" || want+=("tensorboard==$TENSORBOARD_VERSION")
 installed peft "$PEFT_VERSION" || want+=("peft==$PEFT_VERSION")
+installed trl "$TRL_VERSION" || want+=("trl==$TRL_VERSION")
+installed pyarrow "$PYARROW_VERSION" || want+=("pyarrow==$PYARROW_VERSION")
+installed datasets "$DATASETS_VERSION" || want+=("datasets==$DATASETS_VERSION")
 # uv keeps one unpacked copy of each wheel in its cache and hardlinks environments to it:
 # torch and its CUDA libraries (4.5 GB) are on disk once however many environments hold them
 # (the wheels' test makes a fresh one with this uv), and no wheel archive is kept beside them.
