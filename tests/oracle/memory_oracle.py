@@ -5,33 +5,33 @@ parameters left out).
 
     memory_oracle.py CASES
 
-CASES is a JSON list of [BATCH, SEQ, DTYPE, HIDDEN, INTERMEDIATE, HEADS, KV_HEADS, VOCAB,
-PACKED] (DTYPE float32 or bfloat16; PACKED true: every row packs three sequences, with position
-ids restarting at each and the boolean block-diagonal causal mask transformers makes of them).
-Measures, for each, one micro-batch of BATCH x SEQ tokens:
+CASES is a JSON list of [BATCH, SEQ, DTYPE, CONFIG, PACKED] (DTYPE float32 or bfloat16; CONFIG
+the model's `config.json` as an object, its family named by `architectures`; PACKED true:
+every row packs three sequences, with position ids restarting at each and the boolean
+block-diagonal causal mask transformers makes of them). Measures, for each, one micro-batch of
+BATCH x SEQ tokens:
 
-- block: one transformers LlamaDecoderLayer (sdpa attention, rotary tables for positions
-  0..SEQ-1 as flotilla computes them once per micro-batch), the storages saved between its
-  forward and backward plus its input (which flotilla's engine keeps as the unit's input);
+- block: the family's first decoder layer as transformers builds it (`LlamaDecoderLayer`,
+  `Gemma2DecoderLayer`, ...; sdpa attention, eager where the family soft-caps its scores as
+  flotilla does; rotary tables for positions 0..SEQ-1 as flotilla computes them once per
+  micro-batch), the storages saved between its forward and backward plus its input (which
+  flotilla's engine keeps as the unit's input);
 - checkpointed: the same block under torch.utils.checkpoint (non-reentrant): what stays
   between forward and backward;
-- head: the final RMSNorm and the LM head with flotilla's loss (the logits shifted by one
-  position, cast to fp32, summed cross-entropy), the storages saved plus its input; and the
+- head: the family's final RMSNorm and the LM head (logits soft-capped where the family caps
+  them) with flotilla's loss (the logits shifted by one position, cast to fp32, summed
+  cross-entropy), the storages saved plus its input; and the
   logits' bytes, which flotilla's engine keeps as the head unit's output.
 
 Prints a JSON list of one object per case as the last line of stdout.
 """
+import importlib
 import json
 import sys
 
 import torch
 import torch.utils.checkpoint as checkpoint
-from transformers import LlamaConfig
-from transformers.models.llama.modeling_llama import (
-    LlamaDecoderLayer,
-    LlamaRMSNorm,
-    LlamaRotaryEmbedding,
-)
+from transformers import AutoConfig
 
 
 class Saved:
@@ -59,21 +59,30 @@ class Saved:
         return sum(storages.values())
 
 
-def measure(b, t, dtype, h, inter, heads, kv, vocab, packed=False):
+def family(config):
+    """The modeling module of `config`'s family and its class-name prefix (`Gemma2`)."""
+    prefix = config["architectures"][0].removesuffix("ForCausalLM")
+    module = config["model_type"].removesuffix("_text")
+    return importlib.import_module(f"transformers.models.{module}.modeling_{module}"), prefix
+
+
+def measure(b, t, dtype, model, packed=False):
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype]
     torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=vocab,
-        hidden_size=h,
-        intermediate_size=inter,
-        num_hidden_layers=1,
-        num_attention_heads=heads,
-        num_key_value_heads=kv,
-        max_position_embeddings=max(t, 8),
-        attn_implementation="sdpa",
-    )
-    layer = LlamaDecoderLayer(config, 0).to(dtype)
-    rotary = LlamaRotaryEmbedding(config)
+    fields = dict(model)
+    model_type = fields.pop("model_type")
+    fields.pop("architectures", None)
+    fields.pop("torch_dtype", None)
+    fields.pop("dtype", None)
+    # flotilla's attention is eager where scores are soft-capped, SDPA otherwise.
+    eager = fields.get("attn_logit_softcapping") is not None
+    fields["max_position_embeddings"] = max(t, 8, fields.get("max_position_embeddings", 0))
+    config = AutoConfig.for_model(model_type, **fields)
+    config._attn_implementation = "eager" if eager else "sdpa"
+    h, vocab = config.hidden_size, config.vocab_size
+    modeling, prefix = family(model)
+    layer = getattr(modeling, f"{prefix}DecoderLayer")(config, 0).to(dtype)
+    rotary = getattr(modeling, f"{prefix}RotaryEmbedding")(config)
     positions = torch.arange(t)[None]
     mask = None
     if packed:
@@ -83,6 +92,18 @@ def measure(b, t, dtype, h, inter, heads, kv, vocab, packed=False):
         sequence = torch.tensor([sum(i >= s for s in starts) for i in range(t)])
         same = sequence[:, None] == sequence[None, :]
         mask = (same & torch.ones(t, t, dtype=torch.bool).tril())[None, None].expand(b, 1, t, t)
+
+    # A sliding window shorter than the sequence masks the first layer as flotilla masks it:
+    # one [T, T] mask for the batch (additive for eager attention).
+    window = fields.get("sliding_window")
+    layer_types = fields.get("layer_types")
+    if window is not None and t > window and not packed:
+        if layer_types is None or layer_types[0] == "sliding_attention":
+            i = torch.arange(t)
+            visible = (i[None, :] <= i[:, None]) & (i[None, :] > i[:, None] - window)
+            mask = visible[None, None]
+            if eager:
+                mask = torch.zeros(1, 1, t, t, dtype=dtype).masked_fill(~mask, float("-inf"))
 
     def block_input():
         return torch.randn(b, t, h, dtype=dtype, requires_grad=True)
@@ -106,13 +127,16 @@ def measure(b, t, dtype, h, inter, heads, kv, vocab, packed=False):
     checkpointed = saved.held(x)
     out.float().sum().backward()
 
-    norm = LlamaRMSNorm(h, eps=1e-5).to(dtype)
+    norm = getattr(modeling, f"{prefix}RMSNorm")(h, eps=1e-5).to(dtype)
     lm_head = torch.nn.Linear(h, vocab, bias=False).to(dtype)
+    cap = getattr(config, "final_logit_softcapping", None)
     x = torch.randn(b, t, h, dtype=dtype, requires_grad=True)
     labels = torch.randint(0, vocab, (b, t))
     saved = Saved(list(norm.parameters()) + list(lm_head.parameters()))
     with saved.hooks():
         logits = lm_head(norm(x))
+        if cap is not None:
+            logits = torch.tanh(logits / cap) * cap
         shifted = logits[:, :-1].float().reshape(-1, vocab)
         loss = torch.nn.functional.cross_entropy(
             shifted, labels[:, 1:].reshape(-1), reduction="sum"

@@ -9,10 +9,12 @@
 //!   do its FSDP all-gather peak, and the bf16 compute copies the
 //!   engine's units really receive (a probing strategy) equal the compute-copies term.
 //! - Activations: PyTorch's saved tensors (tests/oracle/memory_oracle.py: transformers'
-//!   `LlamaDecoderLayer` with SDPA, and the final norm, LM head and flotilla's shifted fp32
-//!   cross-entropy, distinct storages counted with `saved_tensors_hooks`) against the
-//!   estimate's per-block and loss terms, within 10%, with and without activation
-//!   checkpointing, fp32 and bf16.
+//!   decoder layer of each family — Llama (also packed), Qwen3's q/k norms, Phi-3's fused
+//!   projections and partial rotary, Mistral's sliding window under SDPA, Gemma 2's four norms,
+//!   GeGLU and eager soft-capped attention —, and the final norm, LM head (soft-capped logits
+//!   for Gemma 2) and flotilla's shifted fp32 cross-entropy, distinct storages counted with
+//!   `saved_tensors_hooks`) against the estimate's per-block and loss terms, within 10%, with
+//!   and without activation checkpointing, fp32 and bf16.
 //! - The CLI: `flotilla plan --memory` (table and JSON) and `flotilla run` for llama-8b on 8
 //!   H100s: DDP refused with exit status 2, the largest term and ranked advice, nothing
 //!   created; FSDP FULL_SHARD with sharded checkpoints accepted (`--dry-run`);
@@ -33,6 +35,7 @@ use std::sync::Arc;
 use common::ov;
 use compose::composer;
 use flotilla_comm::comm::Communicator;
+use flotilla_config::schema::hf_config::HfLlamaConfig;
 use flotilla_config::schema::{DistConfig, JobConfig};
 use flotilla_launch::memory::{self, Phase, Step, TermKind};
 use flotilla_train::data::{self, BatchLayout, DataLoader, DataOptions};
@@ -85,6 +88,15 @@ fn term(job: &JobConfig, t: TermKind) -> u64 {
         .max()
         .unwrap_or(0)
 }
+
+/// A tiny Qwen3 (per-head q and k norms, heads of their own size).
+const QWEN3: &[&str] = &["+model.model_type=qwen3", "+model.head_dim=48"];
+
+/// A tiny Phi-3 (fused `qkv_proj` and `gate_up_proj`, half the head's dimensions rotated).
+const PHI3: &[&str] = &["+model.model_type=phi3", "+model.partial_rotary_factor=0.5"];
+
+/// A tiny Mistral whose window is shorter than the test's sequences.
+const MISTRAL_WINDOW: &[&str] = &["+model.model_type=mistral", "+model.sliding_window=16"];
 
 /// A tiny Gemma 2 (the model group's keys it adds to tiny).
 const GEMMA2: &[&str] = &[
@@ -539,16 +551,12 @@ fn oracle(cases: &[(JobConfig, &str)]) -> Option<Vec<Saved>> {
     let cases: Vec<serde_json::Value> = cases
         .iter()
         .map(|(job, dtype)| {
-            let m = &job.model;
+            let config = serde_json::to_value(HfLlamaConfig::from(&job.model)).unwrap();
             serde_json::json!([
                 job.trainer.micro_batch_size,
                 job.data.seq_len(),
                 dtype,
-                m.hidden_size,
-                m.intermediate_size,
-                m.num_attention_heads,
-                m.num_key_value_heads,
-                m.vocab_size,
+                config,
                 job.data.isolates_packed_sequences()
             ])
         })
@@ -578,6 +586,13 @@ fn activation_terms_match_the_tensors_pytorch_saves_for_backward() {
             let refs: Vec<&str> = o.iter().map(String::as_str).collect();
             cases.push((job(&refs), dtype));
             if model == "tiny" {
+                // The other families' blocks: q/k norms, fused projections, a sliding window,
+                // Gemma's four norms, GeGLU, eager soft-capped attention and soft-capped logits.
+                for family in [QWEN3, PHI3, MISTRAL_WINDOW, GEMMA2] {
+                    let mut other = refs.clone();
+                    other.extend(family);
+                    cases.push((job(&other), dtype));
+                }
                 // Packed conversations: per-row rotary tables and SDPA's bias of their mask.
                 let mut packed = refs.clone();
                 packed.extend([
@@ -606,7 +621,11 @@ fn activation_terms_match_the_tensors_pytorch_saves_for_backward() {
         let block = a.block() + shared_rotary;
         let head = a.head + a.loss + a.logits;
         let (model, micro, seq) = (
-            &job.model.name,
+            format!(
+                "{} {}",
+                job.model.name,
+                job.model.architecture().display_name()
+            ),
             job.trainer.micro_batch_size,
             job.data.seq_len(),
         );
@@ -622,7 +641,7 @@ fn activation_terms_match_the_tensors_pytorch_saves_for_backward() {
         ] {
             let ratio = ours as f64 / theirs as f64;
             lines.push(format!(
-                "{model:<5}{packed:<7} {dtype:<8} {micro} x {seq:<4} {what:<22} flotilla {ours:>10} B  PyTorch {theirs:>10} B  ratio {ratio:.4}"
+                "{model:<15}{packed:<7} {dtype:<8} {micro} x {seq:<4} {what:<22} flotilla {ours:>10} B  PyTorch {theirs:>10} B  ratio {ratio:.4}"
             ));
             assert!(
                 (ratio - 1.0).abs() <= 0.10,

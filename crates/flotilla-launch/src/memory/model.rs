@@ -14,8 +14,8 @@
 use std::ops::Range;
 
 use flotilla_config::schema::{
-    DataConfig, DdpConfig, DistConfig, Dtype, FsdpConfig, JobConfig, LoraModule, Precision, Resume,
-    SavedModule, ShardingStrategy, StateDictType,
+    DataConfig, DdpConfig, DistConfig, Dtype, FsdpConfig, JobConfig, LoraModule, ModelType,
+    Precision, Resume, SavedModule, ShardingStrategy, StateDictType,
 };
 
 /// The CUDA context, cuBLAS workspaces and NCCL buffers of one rank: a fixed figure (a CUDA
@@ -423,8 +423,9 @@ pub fn flat_groups(units: &Units, f: &FsdpConfig, shard: u64) -> Vec<FlatGroup> 
         .collect()
 }
 
-/// Activation bytes of one micro-batch (`model/llama.rs` as autograd runs it: what each op
-/// saves for backward, checked against PyTorch's saved tensors in `crates/flotilla-train/tests/memory.rs`).
+/// Activation bytes of one micro-batch (the decoder of `flotilla-train`'s `model/decoder/` as
+/// autograd runs it, in each family's style: what each op saves for backward, checked against
+/// PyTorch's saved tensors of transformers' layers in `crates/flotilla-train/tests/memory.rs`).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Activations {
     /// A block's input (the previous unit's output, kept by the engine).
@@ -457,38 +458,94 @@ impl Activations {
     pub fn of(job: &JobConfig, micro: u64, a: u64, block_params: u64) -> Self {
         let m = &job.model;
         let (h, inter) = (m.hidden_size as u64, m.intermediate_size as u64);
-        let nh = m.num_attention_heads as u64;
+        let (nh, nkv) = (m.num_attention_heads as u64, m.num_key_value_heads as u64);
         let hd = m.head_dim() as u64;
-        let kv = m.num_key_value_heads as u64 * hd;
+        let (q, kv) = (nh * hd, nkv * hd);
         let vocab = m.vocab_size as u64;
         let t = job.data.seq_len() as u64;
         let n = micro * t;
-        // RMSNorm upcasts to fp32 (a copy unless already fp32) that the square and the scaling
-        // save; it saves its 1/rms, and the weight product saves the normalised input. Its
-        // output is a new tensor the projections save.
+        let gemma = m.gemma_style();
+        // RMSNorm upcasts its input to fp32 (a copy unless already fp32) that the square and the
+        // scaling save, and saves its 1/rms per row. Llama's weight product then saves the
+        // normalised input cast to the compute dtype; Gemma's `(1 + w)` product, in fp32, the
+        // fp32 normalised input. What follows: `normed(d)`, without the fp32 input and output.
+        let normed = |d: u64| if gemma { 4 + 4 * d } else { 4 + d * a };
+        // A norm whose input nothing else keeps (the fp32 input or its copy) and whose output
+        // is saved by the projections after it.
         let f32_copy = if a == 4 { 0 } else { 4 * h };
-        let norm = f32_copy + 2 * h * a + 4;
-        // Per token: norm; q, k, v after rotary as SDPA saves them, its output and fp32
-        // log-sum-exp; the residual into the second norm (saved in fp32 by it); the second
-        // norm; the SwiGLU gate, its SiLU, the up projection and their product.
-        // Packed rows attend under a mask, with the KV heads repeated to the query heads.
+        let norm = f32_copy + normed(h) + h * a;
+        // Attention: SDPA without a mask saves q, k and v after rotary, its output (which the
+        // output projection reads) and an fp32 log-sum-exp per head. Under a mask (packed rows,
+        // or a sliding window shorter than the sequence) the KV heads are repeated to the
+        // query heads first. Soft-capped scores (Gemma 2) take transformers' eager attention:
+        // the matmul saves q and the repeated k, the tanh its output, the fp32 softmax its
+        // output and, below fp32, the product with v its cast; the output projection saves the
+        // heads' output. Phi-3's v is a view of the fused projection's output, which it keeps.
         let packed = job.data.isolates_packed_sequences();
-        let kv_saved = if packed { nh * hd } else { kv };
-        let saved_tok =
-            norm + (h + 2 * kv_saved + h) * a + 4 * nh + 4 * h + (2 * h * a + 4) + 4 * inter * a;
+        let eager = m.attn_logit_softcapping.is_some();
+        let windowed =
+            (0..m.num_hidden_layers).any(|i| m.layer_window(i).is_some_and(|w| t > w as u64));
+        let repeated = (packed || windowed || eager) && nkv != nh;
+        let k_saved = if repeated { q } else { kv };
+        let v_saved = match (repeated, m.architecture() == ModelType::Phi3) {
+            (true, _) => q,
+            (false, true) => q + 2 * kv,
+            (false, false) => kv,
+        };
+        // SDPA's output is laid out like its queries: after a full rotary (whose products keep
+        // the projection's token-major layout) it is the output projection's input; after a
+        // partial one (a concatenation, head-major) the projection reads a token-major copy.
+        let rotary_dim = m.rotary_dim() as u64;
+        let output = if eager || rotary_dim < hd { q } else { 0 };
+        let attention = if eager {
+            (q + k_saved + v_saved + output) * a + nh * t * (a + 4 + if a == 4 { 0 } else { a })
+        } else {
+            (q + k_saved + v_saved + q + output) * a + 4 * nh
+        };
+        // Per-head q and k norms (Qwen3, Gemma 3) before rotary, whose product saves only the
+        // tables: the projections' outputs in fp32 and the norms' saved tensors.
+        let qk_norm = if m.qk_norm() {
+            4 * (q + kv) + 4 * (nh + nkv) + if gemma { 4 * (q + kv) } else { (q + kv) * a }
+        } else {
+            0
+        };
+        // The residual into the MLP's norm (in fp32: the residual itself, or its copy) and that
+        // norm; the gate, its activation, the up projection and their product. Gemma norms the
+        // attention's and the MLP's outputs too, before the residual adds (which save nothing).
+        let mlp_norm = 4 * h + normed(h) + h * a;
+        let output_norms = if gemma { 2 * (4 * h + normed(h)) } else { 0 };
+        let saved_tok = norm + qk_norm + attention + mlp_norm + 4 * inter * a + output_norms;
         // Packed rows have rotary tables of their own, and each block's attention saves the
-        // additive bias SDPA makes of their boolean mask, in the compute dtype.
+        // additive bias SDPA makes of their boolean mask, in the compute dtype (of a window's
+        // `[T, T]` mask too); eager attention saves its boolean mask.
         let tables = if packed { micro } else { 1 };
-        let mask_bias = if packed { micro * t * t * a } else { 0 };
+        let mask_rows = if packed { micro } else { 1 };
+        let mask_bias = if eager {
+            mask_rows * t * t
+        } else if packed || windowed {
+            mask_rows * t * t * a
+        } else {
+            0
+        };
         // Below fp32 each block casts the rotary tables to its dtype and keeps the casts.
-        let block_rotary = if a == 4 { 0 } else { 2 * tables * t * hd * a };
+        let block_rotary = if a == 4 {
+            0
+        } else {
+            2 * tables * t * rotary_dim * a
+        };
+        // Soft-capped logits: the tanh saves its output beside the logits.
+        let capped_logits = if m.final_logit_softcapping.is_some() {
+            n * vocab * a
+        } else {
+            0
+        };
         let rows = micro * t.saturating_sub(1);
         Self {
             block_input: n * h * a,
             block_saved: n * saved_tok + block_rotary + mask_bias,
             tokens: n * 8,
-            head: n * (h * a + norm),
-            rotary: 2 * tables * t * hd * 4,
+            head: n * (h * a + norm) + capped_logits,
+            rotary: 2 * tables * t * rotary_dim * 4,
             packing: if packed { n * 8 + micro * t * t } else { 0 },
             logits: n * vocab * a,
             loss: rows * vocab * 4 + rows * 8,
