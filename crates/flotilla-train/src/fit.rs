@@ -15,7 +15,7 @@ use crate::data::{eval_batches, greedy_generate_in_step, ArithmeticTask, Batch, 
 use crate::error::TrainError;
 use crate::host_memory::HostPhase;
 use crate::model::TokenInput;
-use crate::objective::next_token_loss_sum;
+use crate::objective::{next_token_loss_sum, Dpo, DpoSums, Objective};
 use crate::parallel::tensor_comm::TensorCollectives;
 use crate::preempt;
 use crate::trainer::Trainer;
@@ -46,6 +46,9 @@ impl Trainer {
     ///
     /// [`ParallelWeights::forward_eval`]: crate::parallel::weights::ParallelWeights::forward_eval
     pub fn evaluate(&mut self, eval: &EvalSet<'_>) -> Result<EvalMetrics, TrainError> {
+        if let Objective::Dpo(dpo) = self.objective() {
+            return self.evaluate_pairs(eval, dpo);
+        }
         let device = self.device;
         let (rank, world) = self.rank_world();
         let comm = self.comm().cloned();
@@ -130,8 +133,58 @@ impl Trainer {
         let acc = correct_total.map(|(c, t)| if t > 0.0 { c / t } else { 0.0 });
         Ok(EvalMetrics {
             loss,
-            ppl: loss.exp(),
+            ppl: Some(loss.exp()),
             acc,
+            extra: vec![],
+        })
+    }
+
+    /// [`Trainer::evaluate`] of a preference objective: its loss over the evaluation pairs
+    /// and the means TRL logs (`rewards/*`, ...), the reference's log-probabilities looked up
+    /// or computed as in training.
+    fn evaluate_pairs(&mut self, eval: &EvalSet<'_>, dpo: Dpo) -> Result<EvalMetrics, TrainError> {
+        let (rank, world) = self.rank_world();
+        let n = eval.num_batches * eval.micro_batch_size;
+        let mut batches = eval_batches(
+            eval.dataset.as_ref(),
+            n,
+            eval.micro_batch_size,
+            rank,
+            world,
+            self.device,
+        )?;
+        let table = self.reference_logps.as_ref().and_then(|t| t.eval.clone());
+        self.attach_reference(&mut batches, table.as_deref())?;
+        let inputs: Vec<TokenInput> = batches
+            .micro_batches
+            .iter()
+            .map(Batch::model_input)
+            .collect();
+        let mut loss_sum = 0.0;
+        let mut sums = DpoSums::default();
+        let (model, weights) = (&self.model, &mut self.weights);
+        weights.forward_eval(model, &inputs, &mut |i, logits| {
+            let (loss, s) = dpo.loss_sum(&logits, &batches.micro_batches[i])?;
+            loss_sum += loss.f_double_value(&[])?;
+            sums.add(&s);
+            Ok(())
+        })?;
+        if let Some(comm) = self.comm() {
+            let mut values = vec![loss_sum as f32];
+            values.extend(sums.to_vec().iter().map(|&x| x as f32));
+            let v = comm.all_reduce_host(&values, ReduceOp::Sum)?;
+            loss_sum = v[0] as f64;
+            sums = DpoSums::from_slice(&v[1..].iter().map(|&x| x as f64).collect::<Vec<_>>());
+        }
+        Ok(EvalMetrics {
+            loss: loss_sum / batches.global_samples.max(1) as f64,
+            ppl: None,
+            acc: None,
+            extra: sums
+                .metrics()
+                .into_iter()
+                .map(|(name, v)| (name.to_string(), v))
+                .collect(),
         })
     }
 }

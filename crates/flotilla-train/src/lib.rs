@@ -16,6 +16,8 @@
 //!   layouts), collectives over tensors, and [`parallelize`](parallel::parallelize()), the one
 //!   place that applies them;
 //! - [`trainer`]: one optimizer step of whichever weights the job holds;
+//! - [`reference`]: preference tuning's precomputed reference log-probabilities, cached in
+//!   the run directory;
 //! - [`checkpoint`]: checkpoints (full or sharded, resumable on any world size) and `final/`;
 //! - [`fit`](mod@fit): the loop: evaluation, checkpointing, resuming, `metrics.csv`;
 //! - [`commands`]: the `flotilla-train` binary's commands (`train`, `generate`, `data show`,
@@ -43,6 +45,8 @@ pub mod optim;
 pub mod parallel;
 
 pub mod trainer;
+
+pub mod reference;
 
 pub mod checkpoint;
 

@@ -10,12 +10,13 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use tch::Device;
+use tch::{Device, Tensor};
 
-use crate::data::DataLoader;
+use crate::data::{Batch, DataLoader, StepBatches};
 use crate::error::TrainError;
 use crate::host_memory::{HostPeaks, HostPhase};
-use crate::model::{CausalLm, Params};
+use crate::model::{CausalLm, Params, TokenInput};
+use crate::objective::{sequence_logps, DpoSums, Objective};
 use crate::optim::loss_scale::LossScaler;
 use crate::optim::schedule::Schedule;
 use crate::parallel::engine::{Engine, EngineOptions};
@@ -53,6 +54,17 @@ pub struct Trainer {
     pub(super) host: HostPeaks,
     /// The device the rank computes on.
     pub(super) device: Device,
+    /// Preference tuning with `reference: precomputed`: the reference's log-probabilities of
+    /// each training sample's chosen and rejected sequence (`2 * index`, `2 * index + 1`),
+    /// and of the evaluation samples'.
+    pub(super) reference_logps: Option<ReferenceLogps>,
+}
+
+/// The reference log-probabilities of every pair of the training and evaluation data.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ReferenceLogps {
+    pub train: Vec<f32>,
+    pub eval: Option<Vec<f32>>,
 }
 
 impl Trainer {
@@ -110,7 +122,76 @@ impl Trainer {
             start: Instant::now(),
             host: HostPeaks::default(),
             device,
+            reference_logps: None,
         })
+    }
+
+    /// Sets what the trainer minimises (next-token cross-entropy unless set). A preference
+    /// objective's reference is the weights as they are now: the copy is kept here (or, with
+    /// precomputed log-probabilities, [`Trainer::set_reference_logps`] gives them).
+    pub fn set_objective(
+        &mut self,
+        objective: Objective,
+        keep_reference: bool,
+    ) -> Result<(), TrainError> {
+        self.options.objective = objective;
+        if objective.is_preference() && keep_reference {
+            self.weights.keep_reference()?;
+        }
+        Ok(())
+    }
+
+    pub fn objective(&self) -> Objective {
+        self.options.objective
+    }
+
+    /// Precomputed reference log-probabilities, looked up by sample index instead of running
+    /// the reference each step.
+    pub fn set_reference_logps(&mut self, logps: ReferenceLogps) {
+        self.reference_logps = Some(logps);
+    }
+
+    /// Gives every micro-batch of pairs its reference log-probabilities: from `table` (by
+    /// sample index) or through the reference model (collective when sharded).
+    pub(super) fn attach_reference(
+        &mut self,
+        batches: &mut StepBatches,
+        table: Option<&[f32]>,
+    ) -> Result<(), TrainError> {
+        if let Some(table) = table {
+            let mut at = 0;
+            for b in &mut batches.micro_batches {
+                let m = b.samples() as usize;
+                let indices = &batches.indices[at..at + m];
+                at += m;
+                let chosen = indices.iter().map(|&i| table[2 * i]);
+                let rejected = indices.iter().map(|&i| table[2 * i + 1]);
+                let values: Vec<f32> = chosen.chain(rejected).collect();
+                b.reference_logps = Some(Tensor::f_from_slice(&values)?.f_to_device(self.device)?);
+            }
+            return Ok(());
+        }
+        let logps = self.reference_logps_of(&batches.micro_batches)?;
+        for (b, l) in batches.micro_batches.iter_mut().zip(logps) {
+            b.reference_logps = Some(l);
+        }
+        Ok(())
+    }
+
+    /// The reference's summed completion log-probabilities of each row of `batches`
+    /// (collective when sharded).
+    pub fn reference_logps_of(&mut self, batches: &[Batch]) -> Result<Vec<Tensor>, TrainError> {
+        let inputs: Vec<TokenInput> = batches.iter().map(Batch::model_input).collect();
+        let mut out: Vec<Option<Tensor>> = (0..batches.len()).map(|_| None).collect();
+        let (model, weights) = (&self.model, &mut self.weights);
+        weights.forward_reference(model, &inputs, &mut |i, logits| {
+            out[i] = Some(sequence_logps(&logits, &batches[i].labels));
+            Ok(())
+        })?;
+        Ok(out
+            .into_iter()
+            .map(|l| l.expect("the reference gives every input's logits"))
+            .collect())
     }
 
     pub fn model(&self) -> &CausalLm {
@@ -120,6 +201,11 @@ impl Trainer {
     /// This rank's weights (replicated or sharded, as `trainer.dist` says).
     pub fn weights(&self) -> &dyn ParallelWeights {
         self.weights.as_ref()
+    }
+
+    /// The device the rank computes on.
+    pub fn device(&self) -> Device {
+        self.device
     }
 
     /// This rank's index and the world size.
@@ -187,7 +273,14 @@ impl Trainer {
     fn step_unmeasured(&mut self) -> Result<MetricsRow, TrainError> {
         crate::error::torch_guard::set_step(self.step);
         let t0 = Instant::now();
-        let batches = self.loader.next_step()?;
+        let mut batches = self.loader.next_step()?;
+        if self.options.objective.is_preference() {
+            let table = self.reference_logps.take();
+            let attached =
+                self.attach_reference(&mut batches, table.as_ref().map(|t| &t.train[..]));
+            self.reference_logps = table;
+            attached?;
+        }
         let mut options = self.options;
         options.loss_scale = self.scaler.map_or(1.0, |s| s.scale);
         // Dropout masks depend on the step, so a resumed run draws the same ones.
@@ -199,6 +292,7 @@ impl Trainer {
         let inv_scale = 1.0 / options.loss_scale;
         let weights = &mut self.weights;
         let local_loss = weights.forward_backward(&engine, &batches)?;
+        let sums = engine.take_sums();
         let found_inf = match self.scaler {
             Some(_) => weights.unscale_grads(inv_scale)?,
             None => false,
@@ -219,18 +313,29 @@ impl Trainer {
             .map(|b| b.input_ids.numel() as i64)
             .sum();
         let stop_here = crate::preempt::requested();
-        let (loss, stop, world) = match &self.dist {
+        let (loss, stop, world, sums) = match &self.dist {
             Some(d) => {
                 // The loss travels as an f32 pair (value, rounding remainder) so that its sum
-                // keeps f64 precision; the third entry is the stop flag.
+                // keeps f64 precision; the third entry is the stop flag, then a preference
+                // objective's sums.
                 let hi = local_loss as f32;
                 let lo = (local_loss - hi as f64) as f32;
-                let v = d
-                    .comm
-                    .all_reduce_host(&[hi, lo, stop_here as i32 as f32], ReduceOp::Sum)?;
-                (v[0] as f64 + v[1] as f64, v[2] > 0.0, d.comm.world_size())
+                let mut values = vec![hi, lo, stop_here as i32 as f32];
+                if let Some(s) = &sums {
+                    values.extend(s.to_vec().iter().map(|&x| x as f32));
+                }
+                let v = d.comm.all_reduce_host(&values, ReduceOp::Sum)?;
+                let sums = sums.map(|_| {
+                    DpoSums::from_slice(&v[3..].iter().map(|&x| x as f64).collect::<Vec<_>>())
+                });
+                (
+                    v[0] as f64 + v[1] as f64,
+                    v[2] > 0.0,
+                    d.comm.world_size(),
+                    sums,
+                )
             }
-            _ => (local_loss, stop_here, 1),
+            _ => (local_loss, stop_here, 1, sums),
         };
         self.stop_requested = stop;
         let row = MetricsRow {
@@ -244,6 +349,12 @@ impl Trainer {
             eval_loss: None,
             eval_ppl: None,
             eval_acc: None,
+            extra: sums.map_or_else(Vec::new, |s| {
+                s.metrics()
+                    .into_iter()
+                    .map(|(name, v)| (name.to_string(), v))
+                    .collect()
+            }),
         };
         self.step += 1;
         Ok(row)

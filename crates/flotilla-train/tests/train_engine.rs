@@ -30,6 +30,8 @@ fn batch(rows: i64, t: i64, seed: i64) -> Batch {
         labels,
         positions: None,
         num_loss_tokens: n,
+        pairs: false,
+        reference_logps: None,
     }
 }
 
@@ -163,6 +165,8 @@ fn accumulation_over_two_micro_batches_equals_one_batch() {
                 positions: None,
                 num_loss_tokens: labels.ne(IGNORE_INDEX).sum(Kind::Int64).int64_value(&[]) as u64,
                 labels,
+                pairs: false,
+                reference_logps: None,
             }
         };
         let micro = [half(0..2), half(2..4)];

@@ -7,9 +7,9 @@ use super::gpus::{gpu_model, gpu_names};
 use super::messages::{alternatives, quote_list, set_note, show, suggest, typo_note};
 use super::types::ModelType;
 use super::types::{
-    AutoWrapPolicy, Backend, ComputeConfig, DataConfig, Device, DistConfig, DistMode, JobConfig,
-    Launcher, LoraConfig, LoraModule, ModelConfig, PeftConfig, TaskConfig, TaskRanks,
-    TokenizerSpec, TrainerConfig,
+    AutoWrapPolicy, Backend, ComputeConfig, DataConfig, DataKind, Device, DistConfig, DistMode,
+    DpoLossType, JobConfig, Launcher, LoraConfig, LoraModule, ModelConfig, ObjectiveConfig,
+    PeftConfig, TaskConfig, TaskRanks, TokenizerSpec, TrainerConfig,
 };
 use super::{ProblemKind, SchemaError};
 use crate::node::{python_float_repr, Dict, Node, Value};
@@ -88,7 +88,16 @@ pub fn validate(job: &Node) -> Result<JobConfig, SchemaError> {
         &mut cx,
     );
 
+    // `objective` is optional: a config without the group fine-tunes on next tokens.
+    let objective = match root.get("objective") {
+        Some(node) => read::<ObjectiveConfig>(node, "objective", Some("sft"), &mut cx),
+        None => Some(ObjectiveConfig::Sft),
+    };
+
     let mut ck = Check { job, cx: &mut cx };
+    if let Some(o) = &objective {
+        ck.objective(o, data.as_ref());
+    }
     if let Some(m) = &model {
         ck.model(m);
     }
@@ -105,19 +114,24 @@ pub fn validate(job: &Node) -> Result<JobConfig, SchemaError> {
         ck.lora(l, m);
     }
 
-    match (seed, model, peft, trainer, data, compute) {
-        (Some(seed), Some(model), Some(peft), Some(trainer), Some(data), Some(compute))
-            if cx.problems.is_empty() =>
-        {
-            Ok(JobConfig {
-                seed,
-                model,
-                peft,
-                trainer,
-                data,
-                compute,
-            })
-        }
+    match (seed, model, peft, trainer, data, compute, objective) {
+        (
+            Some(seed),
+            Some(model),
+            Some(peft),
+            Some(trainer),
+            Some(data),
+            Some(compute),
+            Some(objective),
+        ) if cx.problems.is_empty() => Ok(JobConfig {
+            seed,
+            model,
+            peft,
+            trainer,
+            data,
+            compute,
+            objective,
+        }),
         _ => Err(SchemaError {
             problems: cx.problems,
         }),
@@ -720,16 +734,95 @@ impl Check<'_> {
                 self.non_empty("data.path", &c.path);
                 self.non_empty("data.messages_key", &c.messages_key);
                 self.at_least("data.seq_len", c.seq_len as u64, 1);
-                let init_from = model.and_then(|m| m.init_from.as_deref());
-                if c.tokenizer.is_none() && init_from.is_none() {
+                self.hf_tokenizer(c.tokenizer.as_deref(), model, "chat");
+            }
+            DataConfig::Preference(p) => {
+                self.non_empty("data.path", &p.path);
+                if let Some(n) = p.max_prompt_length {
+                    self.at_least("data.max_prompt_length", n as u64, 1);
+                }
+                self.hf_tokenizer(p.tokenizer.as_deref(), model, "preference");
+            }
+        }
+    }
+
+    /// Chat and preference data render with a Hugging Face tokenizer directory's: the one named,
+    /// or the base model's.
+    fn hf_tokenizer(&mut self, tokenizer: Option<&str>, model: Option<&ModelConfig>, kind: &str) {
+        let init_from = model.and_then(|m| m.init_from.as_deref());
+        if tokenizer.is_none() && init_from.is_none() {
+            self.invalid(
+                "data.tokenizer",
+                format!(
+                    "is null and model.init_from names no model whose tokenizer {kind} data could \
+                     use"
+                ),
+                "set data.tokenizer=/path/to/tokenizer_dir (a Hugging Face tokenizer directory \
+                 with tokenizer.json and tokenizer_config.json) or model.init_from=/path/to/model"
+                    .into(),
+            );
+        }
+    }
+
+    /// DPO's settings, and the data each objective takes: preference pairs for `dpo`, and only
+    /// for it.
+    fn objective(&mut self, o: &ObjectiveConfig, data: Option<&DataConfig>) {
+        let preference = data.map(|d| d.kind() == DataKind::Preference);
+        match o {
+            ObjectiveConfig::Sft => {
+                if preference == Some(true) {
                     self.invalid(
-                        "data.tokenizer",
-                        "is null and model.init_from names no model whose tokenizer chat data \
-                         could use"
+                        "data.kind",
+                        "is preference, whose pairs only a preference objective trains on, but \
+                         objective is sft"
                             .into(),
-                        "set data.tokenizer=/path/to/tokenizer_dir (a Hugging Face tokenizer \
-                         directory with tokenizer.json and tokenizer_config.json) or \
-                         model.init_from=/path/to/model"
+                        "select objective=dpo, or a data source for supervised fine-tuning \
+                         (data=chat, data=jsonl, ...)"
+                            .into(),
+                    );
+                }
+            }
+            ObjectiveConfig::Dpo(d) => {
+                self.positive("objective.beta", d.beta);
+                let upper = if d.loss_type == DpoLossType::Robust {
+                    0.5
+                } else {
+                    1.0
+                };
+                if !(0.0..upper).contains(&d.label_smoothing) {
+                    self.invalid(
+                        "objective.label_smoothing",
+                        format!(
+                            "must be in [0, {upper}) for loss_type {}, got {}",
+                            d.loss_type.as_str(),
+                            python_float_repr(d.label_smoothing)
+                        ),
+                        "set objective.label_smoothing=0.0 (no label noise) or e.g. 0.1".into(),
+                    );
+                }
+                if d.label_smoothing > 0.0
+                    && matches!(d.loss_type, DpoLossType::Ipo | DpoLossType::Hinge)
+                {
+                    self.invalid(
+                        "objective.label_smoothing",
+                        format!(
+                            "is {} but loss_type {} has no label noise",
+                            python_float_repr(d.label_smoothing),
+                            d.loss_type.as_str()
+                        ),
+                        "set objective.label_smoothing=0.0, or objective.loss_type=sigmoid \
+                         (conservative DPO) or robust"
+                            .into(),
+                    );
+                }
+                if preference == Some(false) {
+                    self.invalid(
+                        "objective.kind",
+                        "is dpo, which trains on preference pairs, but data is not \
+                         data=preference"
+                            .into(),
+                        "select data=preference data.path=/path/to/pairs.jsonl (records with \
+                         prompt, chosen and rejected)"
                             .into(),
                     );
                 }

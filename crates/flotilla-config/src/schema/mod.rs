@@ -60,7 +60,10 @@ pub use types::{
     SavedModule, ShardingStrategy, StateDictType, TaskConfig, TaskRanks, TextData, TokenDtype,
     TokenizerSpec, TokensData, TrainOn, TrainerConfig,
 };
-pub use types::{LayerType, ModelType, ProcessGroup};
+pub use types::{
+    DpoConfig, DpoLossType, LayerType, ModelType, ObjectiveConfig, ObjectiveKind, PreferenceData,
+    ProcessGroup, ReferenceModel, TruncationMode,
+};
 
 /// What kind of problem a [`Problem`] is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -256,7 +256,33 @@ choice! {
 
 choice! {
     /// Which data source `data` describes (`data.kind`).
-    pub enum DataKind { Arithmetic = "arithmetic", Tokens = "tokens", Text = "text", Jsonl = "jsonl", Chat = "chat" }
+    pub enum DataKind { Arithmetic = "arithmetic", Tokens = "tokens", Text = "text", Jsonl = "jsonl", Chat = "chat", Preference = "preference" }
+}
+
+choice! {
+    /// What the trainer optimises (`objective.kind`): next-token cross-entropy (supervised
+    /// fine-tuning and pre-training) or direct preference optimisation.
+    pub enum ObjectiveKind { Sft = "sft", Dpo = "dpo" }
+}
+
+choice! {
+    /// DPO's loss of a pair's reward margin (`objective.loss_type`, TRL's names): `sigmoid`
+    /// (DPO; conservative DPO with `label_smoothing`), `ipo` (on length-averaged log-ratios),
+    /// `hinge` (SLiC), `robust` (rDPO, `label_smoothing` the flip probability).
+    pub enum DpoLossType { Sigmoid = "sigmoid", Ipo = "ipo", Hinge = "hinge", Robust = "robust" }
+}
+
+choice! {
+    /// Where DPO's reference log-probabilities come from (`objective.reference`): `auto` (a
+    /// LoRA job's base with the adapters off, otherwise a frozen copy of the starting weights
+    /// held like the policy's) or `precomputed` (one pass over the data before training, kept
+    /// in the run directory; no second model).
+    pub enum ReferenceModel { Auto = "auto", Precomputed = "precomputed" }
+}
+
+choice! {
+    /// Which end of a pair's sequence survives `data.seq_len` (TRL's `truncation_mode`).
+    pub enum TruncationMode { KeepStart = "keep_start", KeepEnd = "keep_end" }
 }
 
 choice! {
@@ -492,6 +518,87 @@ pub struct JobConfig {
     pub trainer: TrainerConfig,
     pub data: DataConfig,
     pub compute: ComputeConfig,
+    /// What the trainer optimises (absent from a config: `sft`).
+    #[serde(default)]
+    pub objective: ObjectiveConfig,
+}
+
+/// `objective`, chosen by `objective.kind` (the `objective` config group); absent means `sft`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind")]
+pub enum ObjectiveConfig {
+    /// Next-token cross-entropy over the labelled tokens.
+    #[default]
+    #[serde(rename = "sft")]
+    Sft,
+    #[serde(rename = "dpo")]
+    Dpo(DpoConfig),
+}
+
+section! {
+    /// `objective` with `kind: dpo` (TRL's `DPOConfig` names).
+    pub struct DpoConfig {
+        /// How far the policy may move from the reference (IPO's tau).
+        beta: f64,
+        /// `sigmoid`, `ipo`, `hinge` or `robust`.
+        loss_type: DpoLossType,
+        /// `sigmoid`: conservative DPO's label noise; `robust`: the flip probability, below 0.5.
+        label_smoothing: f64,
+        /// `auto` or `precomputed`.
+        reference: ReferenceModel,
+    }
+}
+
+impl ObjectiveConfig {
+    pub fn kind(&self) -> ObjectiveKind {
+        match self {
+            ObjectiveConfig::Sft => ObjectiveKind::Sft,
+            ObjectiveConfig::Dpo(_) => ObjectiveKind::Dpo,
+        }
+    }
+
+    /// The DPO settings, when `kind: dpo`.
+    pub fn dpo(&self) -> Option<&DpoConfig> {
+        match self {
+            ObjectiveConfig::Dpo(d) => Some(d),
+            ObjectiveConfig::Sft => None,
+        }
+    }
+
+    fn keys_of(kind: ObjectiveKind) -> &'static [&'static str] {
+        match kind {
+            ObjectiveKind::Sft => &[],
+            ObjectiveKind::Dpo => DpoConfig::KEYS,
+        }
+    }
+}
+
+impl FromNode for ObjectiveConfig {
+    fn expected() -> String {
+        "a dict".into()
+    }
+    fn example() -> String {
+        "{kind: sft}".into()
+    }
+    fn parse(node: &Node, key: &str, cx: &mut Cx) -> Parsed<Self> {
+        let (kind, dict, skip) = parse_tagged::<ObjectiveKind>(
+            node,
+            key,
+            "kind",
+            "objective",
+            ObjectiveConfig::keys_of,
+            cx,
+        )?;
+        Ok(match kind {
+            ObjectiveKind::Sft => {
+                cx.unknown_keys(dict, key, &[], &skip);
+                ObjectiveConfig::Sft
+            }
+            ObjectiveKind::Dpo => {
+                ObjectiveConfig::Dpo(DpoConfig::parse_fields(node, dict, key, cx, &skip)?)
+            }
+        })
+    }
 }
 
 section! {
@@ -900,6 +1007,8 @@ pub enum DataConfig {
     Jsonl(JsonlData),
     #[serde(rename = "chat")]
     Chat(ChatData),
+    #[serde(rename = "preference")]
+    Preference(PreferenceData),
 }
 
 section! {
@@ -1006,6 +1115,31 @@ section! {
     }
 }
 
+section! {
+    /// `data` with `kind: preference`: pairs of a prompt with a chosen and a rejected
+    /// completion (TRL's preference formats), for `objective: dpo`.
+    pub struct PreferenceData {
+        /// A `.jsonl` file of records (or a `.json` array of them).
+        path: String => "/path/to/pairs.jsonl",
+        /// Held-out pairs; `None`: no evaluation data.
+        eval_path: Option<String> => "/path/to/eval_pairs.jsonl",
+        /// A Hugging Face tokenizer directory; `None`: the one in `model.init_from`.
+        tokenizer: Option<String> => "/path/to/tokenizer_dir",
+        /// A Jinja file used instead of the tokenizer directory's chat template.
+        chat_template: Option<String> => "/path/to/template.jinja",
+        /// Prompts longer than this keep their end (`None`: no limit of their own).
+        max_prompt_length: Option<usize> => "512",
+        /// A prompt + completion longer than `seq_len`: `keep_start` or `keep_end`.
+        truncation_mode: TruncationMode,
+        /// Skip (and count) malformed records instead of stopping at the first.
+        skip_bad_records: bool,
+        /// TRL's `max_length`: positions of each of a pair's two sequences.
+        seq_len: usize,
+        shuffle: bool,
+        num_workers: usize,
+    }
+}
+
 impl DataConfig {
     pub fn kind(&self) -> DataKind {
         match self {
@@ -1014,6 +1148,7 @@ impl DataConfig {
             DataConfig::Text(_) => DataKind::Text,
             DataConfig::Jsonl(_) => DataKind::Jsonl,
             DataConfig::Chat(_) => DataKind::Chat,
+            DataConfig::Preference(_) => DataKind::Preference,
         }
     }
 
@@ -1031,6 +1166,7 @@ impl DataConfig {
             DataConfig::Text(d) => d.seq_len,
             DataConfig::Jsonl(d) => d.seq_len,
             DataConfig::Chat(d) => d.seq_len,
+            DataConfig::Preference(d) => d.seq_len,
         }
     }
 
@@ -1041,6 +1177,7 @@ impl DataConfig {
             DataConfig::Text(d) => d.shuffle,
             DataConfig::Jsonl(d) => d.shuffle,
             DataConfig::Chat(d) => d.shuffle,
+            DataConfig::Preference(d) => d.shuffle,
         }
     }
 
@@ -1051,6 +1188,7 @@ impl DataConfig {
             DataConfig::Text(d) => d.num_workers,
             DataConfig::Jsonl(d) => d.num_workers,
             DataConfig::Chat(d) => d.num_workers,
+            DataConfig::Preference(d) => d.num_workers,
         }
     }
 
@@ -1072,6 +1210,7 @@ impl DataConfig {
             DataKind::Text => TextData::KEYS,
             DataKind::Jsonl => JsonlData::KEYS,
             DataKind::Chat => ChatData::KEYS,
+            DataKind::Preference => PreferenceData::KEYS,
         }
     }
 }
@@ -1095,6 +1234,9 @@ impl FromNode for DataConfig {
                 DataConfig::Jsonl(JsonlData::parse_fields(node, dict, key, cx, &skip)?)
             }
             DataKind::Chat => DataConfig::Chat(ChatData::parse_fields(node, dict, key, cx, &skip)?),
+            DataKind::Preference => {
+                DataConfig::Preference(PreferenceData::parse_fields(node, dict, key, cx, &skip)?)
+            }
         })
     }
 }

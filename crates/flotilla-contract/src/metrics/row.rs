@@ -2,8 +2,9 @@
 //! over the ranks, then those of the evaluation that followed it, if any), the evaluation
 //! figures themselves ([`EvalMetrics`]), and its one writer, [`MetricsWriter`]. The columns are
 //! [`STEP_COLUMNS`] then [`EVAL_COLUMNS`], in that order (tests and the Python benches read
-//! them by name). A run directory's file has both; a bare training loop writes the step
-//! columns alone.
+//! them by name), then the objective's own columns, if it has any (DPO's `rewards/chosen`,
+//! ..., and their `eval_` twins). A run directory's file has them all; a bare training loop
+//! writes the step columns alone.
 
 use std::path::Path;
 
@@ -26,14 +27,16 @@ pub const STEP_COLUMNS: [&str; 6] = [
 pub const EVAL_COLUMNS: [&str; 3] = ["eval_loss", "eval_ppl", "eval_acc"];
 
 /// Evaluation results.
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct EvalMetrics {
-    /// Summed loss over the evaluation tokens / their count.
+    /// Summed loss over the evaluation tokens (or pairs) / their count.
     pub loss: f64,
-    /// `exp(loss)`.
-    pub ppl: f64,
+    /// `exp(loss)` of a next-token loss; `None` for a preference loss.
+    pub ppl: Option<f64>,
     /// Greedy exact-match accuracy (arithmetic data only).
     pub acc: Option<f64>,
+    /// The objective's own figures (DPO's `rewards/chosen`, ...), named without `eval_`.
+    pub extra: Vec<(String, f64)>,
 }
 
 /// One row of `metrics.csv`: one optimizer step, global over the ranks (loss summed over ranks
@@ -56,12 +59,16 @@ pub struct MetricsRow {
     pub eval_loss: Option<f64>,
     pub eval_ppl: Option<f64>,
     pub eval_acc: Option<f64>,
+    /// The objective's own figures by column name (DPO's `rewards/chosen`, ..., and after an
+    /// evaluation `eval_rewards/chosen`, ...); not part of the fixed columns.
+    #[serde(skip)]
+    pub extra: Vec<(String, f64)>,
 }
 
 impl MetricsRow {
     /// The row's figures by column name, without the step and the empty evaluation columns
     /// (what TensorBoard gets of it).
-    pub fn scalars(&self) -> Vec<(&'static str, f64)> {
+    pub fn scalars(&self) -> Vec<(&str, f64)> {
         let step = [
             self.loss,
             self.grad_norm,
@@ -81,17 +88,27 @@ impl MetricsRow {
                     .zip(eval)
                     .filter_map(|(name, value)| Some((name, value?))),
             )
+            .chain(
+                self.extra
+                    .iter()
+                    .map(|(name, value)| (name.as_str(), *value)),
+            )
             .collect()
     }
 
     /// This row with the figures of `eval` (none: the evaluation columns stay empty).
-    pub fn with_eval(self, eval: Option<EvalMetrics>) -> Self {
-        Self {
-            eval_loss: eval.map(|e| e.loss),
-            eval_ppl: eval.map(|e| e.ppl),
-            eval_acc: eval.and_then(|e| e.acc),
-            ..self
+    pub fn with_eval(mut self, eval: Option<EvalMetrics>) -> Self {
+        if let Some(e) = eval {
+            self.eval_loss = Some(e.loss);
+            self.eval_ppl = e.ppl;
+            self.eval_acc = e.acc;
+            self.extra.extend(
+                e.extra
+                    .into_iter()
+                    .map(|(name, v)| (format!("eval_{name}"), v)),
+            );
         }
+        self
     }
 }
 
@@ -108,7 +125,18 @@ enum Columns {
 pub struct MetricsWriter {
     writer: csv::Writer<std::fs::File>,
     columns: Columns,
+    /// The objective's columns after the fixed ones (a run directory's file only).
+    extra: Vec<String>,
     header_written: bool,
+}
+
+/// A number as the CSV serializer writes it (the shortest text that reads back the same).
+fn cell(v: f64) -> String {
+    ryu::Buffer::new().format(v).to_string()
+}
+
+fn optional(v: Option<f64>) -> String {
+    v.map(cell).unwrap_or_default()
 }
 
 impl MetricsWriter {
@@ -118,6 +146,7 @@ impl MetricsWriter {
         Ok(Self {
             writer: Self::truncate(path)?,
             columns: Columns::Step,
+            extra: vec![],
             header_written: false,
         })
     }
@@ -126,45 +155,62 @@ impl MetricsWriter {
     /// with `step < first_step` and dropping the rest (they belong to steps after the
     /// checkpoint that is resumed); the header and the kept rows are written at once.
     pub fn open(path: &Path, first_step: u64) -> Result<Self, MetricsError> {
-        let mut kept: Vec<MetricsRow> = vec![];
+        Self::open_with(path, first_step, &[])
+    }
+
+    /// [`MetricsWriter::open`] with the objective's `extra` columns after the fixed ones.
+    pub fn open_with(path: &Path, first_step: u64, extra: &[String]) -> Result<Self, MetricsError> {
+        let mut kept: Vec<csv::StringRecord> = vec![];
         if first_step > 0 && path.is_file() {
             let mut reader = csv::Reader::from_path(path)?;
-            for row in reader.deserialize::<MetricsRow>() {
-                let row = row?;
-                if row.step < first_step {
-                    kept.push(row);
+            for record in reader.records() {
+                let record = record?;
+                let step: Option<u64> = record.get(0).and_then(|s| s.parse().ok());
+                if step.is_some_and(|s| s < first_step) {
+                    kept.push(record);
                 }
             }
         }
         let mut metrics = Self {
             writer: Self::truncate(path)?,
             columns: Columns::StepAndEval,
+            extra: extra.to_vec(),
             header_written: false,
         };
         metrics.write_header()?;
-        for row in &kept {
-            metrics.writer.serialize(row)?;
+        for record in &kept {
+            metrics.writer.write_record(record)?;
         }
         metrics.flush()?;
         Ok(metrics)
     }
 
-    /// Appends `row` (its evaluation figures only where this writer has those columns).
+    /// Appends `row` (its evaluation figures only where this writer has those columns, and
+    /// of its objective's figures those this writer has columns for).
     pub fn write(&mut self, row: &MetricsRow) -> Result<(), MetricsError> {
         if !self.header_written {
             self.write_header()?;
         }
-        match self.columns {
-            Columns::Step => self.writer.serialize((
-                row.step,
-                row.loss,
-                row.grad_norm,
-                row.lr,
-                row.tokens_per_s,
-                row.elapsed_s,
-            ))?,
-            Columns::StepAndEval => self.writer.serialize(row)?,
+        let mut cells = vec![
+            row.step.to_string(),
+            cell(row.loss),
+            cell(row.grad_norm),
+            cell(row.lr),
+            cell(row.tokens_per_s),
+            cell(row.elapsed_s),
+        ];
+        if self.columns == Columns::StepAndEval {
+            cells.extend([
+                optional(row.eval_loss),
+                optional(row.eval_ppl),
+                optional(row.eval_acc),
+            ]);
+            for name in &self.extra {
+                let value = row.extra.iter().find(|(n, _)| n == name).map(|(_, v)| *v);
+                cells.push(optional(value));
+            }
         }
+        self.writer.write_record(&cells)?;
         self.flush()
     }
 
@@ -179,12 +225,12 @@ impl MetricsWriter {
     }
 
     fn write_header(&mut self) -> Result<(), MetricsError> {
-        let eval: &[&str] = match self.columns {
-            Columns::Step => &[],
-            Columns::StepAndEval => &EVAL_COLUMNS,
-        };
-        self.writer
-            .write_record(STEP_COLUMNS.iter().chain(eval.iter()))?;
+        let mut header: Vec<&str> = STEP_COLUMNS.to_vec();
+        if self.columns == Columns::StepAndEval {
+            header.extend(EVAL_COLUMNS);
+            header.extend(self.extra.iter().map(String::as_str));
+        }
+        self.writer.write_record(&header)?;
         self.header_written = true;
         Ok(())
     }
@@ -209,6 +255,7 @@ mod tests {
             eval_loss: None,
             eval_ppl: None,
             eval_acc: None,
+            extra: vec![],
         }
     }
 
@@ -233,8 +280,9 @@ mod tests {
         w.write(&row(0)).unwrap();
         let eval = EvalMetrics {
             loss: 1.0,
-            ppl: 1f64.exp(),
+            ppl: Some(1f64.exp()),
             acc: Some(0.5),
+            extra: vec![],
         };
         w.write(&row(1).with_eval(Some(eval))).unwrap();
         w.write(&row(2)).unwrap();
@@ -256,5 +304,50 @@ mod tests {
             std::fs::read_to_string(&path).unwrap(),
             [header, rows[0], rows[1]].concat()
         );
+    }
+}
+
+#[cfg(test)]
+mod extra_tests {
+    use super::*;
+
+    #[test]
+    fn the_objectives_columns_follow_the_fixed_ones_and_survive_a_resume() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("metrics.csv");
+        let extra: Vec<String> = ["rewards/chosen", "eval_rewards/chosen"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        let mut w = MetricsWriter::open_with(&path, 0, &extra).unwrap();
+        let row = |step: u64| MetricsRow {
+            step,
+            loss: 0.5,
+            grad_norm: 1.0,
+            lr: 0.1,
+            tokens_per_s: 2.0,
+            elapsed_s: 3.0,
+            eval_loss: None,
+            eval_ppl: None,
+            eval_acc: None,
+            extra: vec![("rewards/chosen".into(), -0.25)],
+        };
+        w.write(&row(0)).unwrap();
+        let eval = EvalMetrics {
+            loss: 0.75,
+            ppl: None,
+            acc: None,
+            extra: vec![("rewards/chosen".into(), 0.125)],
+        };
+        w.write(&row(1).with_eval(Some(eval))).unwrap();
+        drop(w);
+        let want = "step,loss,grad_norm,lr,tokens_per_s,elapsed_s,eval_loss,eval_ppl,eval_acc,\
+                    rewards/chosen,eval_rewards/chosen\n\
+                    0,0.5,1.0,0.1,2.0,3.0,,,,-0.25,\n\
+                    1,0.5,1.0,0.1,2.0,3.0,0.75,,,-0.25,0.125\n";
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), want);
+        drop(MetricsWriter::open_with(&path, 1, &extra).unwrap());
+        let kept: String = want.lines().take(2).map(|l| format!("{l}\n")).collect();
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), kept);
     }
 }

@@ -890,6 +890,7 @@ impl<'a> Step<'a> {
                 DataConfig::Text(d) => d.eval_paths.is_some(),
                 DataConfig::Jsonl(d) => d.eval_path.is_some(),
                 DataConfig::Chat(d) => d.eval_path.is_some(),
+                DataConfig::Preference(d) => d.eval_path.is_some(),
             }
     }
 

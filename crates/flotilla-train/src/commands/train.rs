@@ -19,7 +19,9 @@ use crate::error::TrainError;
 use crate::fit::{fit, resume, EvalSet, FitOptions};
 use crate::host_memory::HostPhase;
 use crate::model::CausalLm;
+use crate::objective::{Objective, DPO_METRICS};
 use crate::parallel::parallelize::DistContext;
+use crate::reference;
 use crate::state::hf_weights::HfWeights;
 use crate::state::param_source::{Overlay, Seeded, TensorSource};
 use crate::state::peft::{self, PeftAdapter};
@@ -27,7 +29,7 @@ use crate::trainer::Trainer;
 use flotilla_comm::comm::{Backend, Communicator};
 use flotilla_comm::connect::{self, CommOptions};
 use flotilla_comm::store::{KvStore, Store, StoreConfig};
-use flotilla_config::schema::{self, DistConfig, JobConfig, Precision};
+use flotilla_config::schema::{self, DistConfig, JobConfig, Precision, ReferenceModel};
 use flotilla_contract::events::{self, EventWriter, SessionStatus};
 use flotilla_contract::metrics::{MetricsRow, MetricsWriter};
 use flotilla_contract::rank::RankInfo;
@@ -178,6 +180,8 @@ fn run_job_unguarded(
         },
     )?;
     let mut trainer = build_trainer(job, rank, model, start, &data, device, dist)?;
+    // Before a checkpoint is restored: a preference objective's reference is the start.
+    prepare_objective(job, run_dir, &mut trainer, &data)?;
     trainer.host_peaks_mut().end(HostPhase::Startup);
     if let Some((dir, state)) = resume(&mut trainer, run_dir, &t.resume)? {
         if rank.rank == 0 {
@@ -306,6 +310,35 @@ fn build_trainer(
     start.with_source(|params| Trainer::distributed(model, params, t, loader, device, dist))
 }
 
+/// Sets the job's objective on `trainer`. DPO's reference is the trainer's weights as they
+/// are now, the starting ones: kept as a frozen copy (`reference: auto` without LoRA), or its
+/// log-probabilities of every pair read from `run_dir` or computed once and written there
+/// (`precomputed`).
+fn prepare_objective(
+    job: &JobConfig,
+    run_dir: &Path,
+    trainer: &mut Trainer,
+    data: &data::Data,
+) -> Result<(), TrainError> {
+    let objective = Objective::of(&job.objective);
+    let Some(dpo) = job.objective.dpo() else {
+        return trainer.set_objective(objective, false);
+    };
+    let precomputed = dpo.reference == ReferenceModel::Precomputed;
+    trainer.set_objective(objective, !precomputed)?;
+    if precomputed {
+        let logps = reference::load_or_compute(
+            trainer,
+            run_dir,
+            data.train.as_ref(),
+            data.eval.as_deref(),
+            job.trainer.micro_batch_size,
+        )?;
+        trainer.set_reference_logps(logps);
+    }
+    Ok(())
+}
+
 /// The job's opening lines: where each rank runs (on several nodes), and what is trained how
 /// (rank 0 on the console, the other ranks in their logs).
 fn announce(
@@ -356,8 +389,22 @@ fn announce(
     };
     // A job from a base is the base's model, whatever preset gave the defaults.
     let model_name = job.model.init_from.as_deref().unwrap_or(&job.model.name);
+    let objective = match job.objective.dpo() {
+        Some(d) => format!(
+            ", DPO {} beta={} with the reference {}",
+            d.loss_type.as_str(),
+            d.beta,
+            match (d.reference, job.peft.lora()) {
+                (ReferenceModel::Precomputed, _) => "precomputed",
+                (ReferenceModel::Auto, Some(_)) => "the base (adapters off)",
+                (ReferenceModel::Auto, None) => "a frozen copy of the starting weights",
+            }
+        ),
+        None => String::new(),
+    };
     let intro = format!(
-        "training {model_name} on {device:?} ({mode}, {}{peft}): {} steps from step {}",
+        "training {model_name} on {device:?} ({mode}, {}{peft}{objective}): {} steps from \
+         step {}",
         t.precision.as_str(),
         t.max_steps,
         trainer.step_index()
@@ -381,6 +428,9 @@ fn announce(
         if let Some(stats) = &data.chat_stats {
             eprintln!("chat data: {}", data::chat::summary_line(stats));
         }
+        if let Some(stats) = &data.preference_stats {
+            eprintln!("preference data: {}", data::preference::summary_line(stats));
+        }
     } else {
         eprintln!("[rank {}] {intro}", rank.rank);
     }
@@ -401,7 +451,18 @@ fn fit_and_record(
     let is_zero = rank.rank == 0;
     let metrics_path = run_dir.join(flotilla_contract::layout::METRICS_CSV);
     let mut metrics = if is_zero {
-        Some(MetricsWriter::open(&metrics_path, trainer.step_index())?)
+        let mut extra: Vec<String> = vec![];
+        if trainer.objective().is_preference() {
+            extra.extend(DPO_METRICS.iter().map(|m| m.to_string()));
+            if data.eval.is_some() {
+                extra.extend(DPO_METRICS.iter().map(|m| format!("eval_{m}")));
+            }
+        }
+        Some(MetricsWriter::open_with(
+            &metrics_path,
+            trainer.step_index(),
+            &extra,
+        )?)
     } else {
         None
     };
@@ -419,9 +480,25 @@ fn fit_and_record(
     };
     let mut events = is_zero.then(|| {
         let mut writer = EventWriter::create(&run_dir.join(events::TB_DIR));
-        let metric_tags: &[&str] = match data.eval {
-            Some(_) => &["loss", "eval_loss", "eval_ppl", "eval_acc", "tokens_per_s"],
-            None => &["loss", "tokens_per_s"],
+        let preference = trainer.objective().is_preference();
+        let metric_tags: &[&str] = match (&data.eval, preference) {
+            (Some(_), false) => &["loss", "eval_loss", "eval_ppl", "eval_acc", "tokens_per_s"],
+            (None, false) => &["loss", "tokens_per_s"],
+            (Some(_), true) => &[
+                "loss",
+                "rewards/accuracies",
+                "rewards/margins",
+                "eval_loss",
+                "eval_rewards/accuracies",
+                "eval_rewards/margins",
+                "tokens_per_s",
+            ],
+            (None, true) => &[
+                "loss",
+                "rewards/accuracies",
+                "rewards/margins",
+                "tokens_per_s",
+            ],
         };
         writer.hparams_start(&events::job_hparams(run_dir), metric_tags);
         writer

@@ -25,11 +25,39 @@ pub struct Batch {
     pub positions: Option<Tensor>,
     /// Labels other than [`IGNORE_INDEX`](super::IGNORE_INDEX) in this micro-batch.
     pub num_loss_tokens: u64,
+    /// Preference pairs: the `M` pairs' chosen sequences are rows `0..M`, their rejected ones
+    /// rows `M..2M` (`input_ids` is `[2M, T]`).
+    pub pairs: bool,
+    /// Preference pairs: the reference model's summed completion log-probabilities of each
+    /// row (`[2M]`, fp32), once the trainer has computed or looked them up.
+    pub reference_logps: Option<Tensor>,
 }
 
 impl Batch {
-    /// Stacks samples of equal length into a batch on `device`.
+    /// Stacks samples of equal length into a batch on `device`; preference pairs become their
+    /// chosen rows then their rejected rows.
     pub fn collate(samples: &[Sample], device: Device) -> Result<Batch> {
+        let pairs = samples.iter().any(|s| s.rejected.is_some());
+        if pairs {
+            let mut rows: Vec<Sample> = Vec::with_capacity(2 * samples.len());
+            for s in samples {
+                rows.push(Sample {
+                    rejected: None,
+                    ..s.clone()
+                });
+            }
+            for s in samples {
+                let Some(r) = &s.rejected else {
+                    return Err(DataError::BatchSplit(
+                        "a preference pair and a plain sample in one batch".into(),
+                    ));
+                };
+                rows.push((**r).clone());
+            }
+            let mut batch = Self::collate(&rows, device)?;
+            batch.pairs = true;
+            return Ok(batch);
+        }
         let m = samples.len() as i64;
         let t = samples.first().map_or(0, |s| s.input_ids.len()) as i64;
         let mut inputs = Vec::with_capacity((m * t) as usize);
@@ -68,6 +96,8 @@ impl Batch {
             labels: to(&labels)?,
             positions: if packed { Some(to(&positions)?) } else { None },
             num_loss_tokens: count,
+            pairs: false,
+            reference_logps: None,
         })
     }
 
@@ -79,9 +109,18 @@ impl Batch {
         }
     }
 
-    /// Rows in the batch (`M`).
+    /// Rows in the batch (`M`, or `2M` for `M` preference pairs).
     pub fn rows(&self) -> i64 {
         self.input_ids.size()[0]
+    }
+
+    /// Samples in the batch: rows, or pairs.
+    pub fn samples(&self) -> i64 {
+        if self.pairs {
+            self.rows() / 2
+        } else {
+            self.rows()
+        }
     }
 }
 
@@ -93,6 +132,9 @@ pub struct StepBatches {
     /// Labelled tokens in the whole global batch (all ranks, all micro-batches): the loss
     /// normaliser, the same on every rank.
     pub global_loss_tokens: u64,
+    /// Samples in the whole global batch (all ranks, all micro-batches): a preference
+    /// objective's normaliser, its pairs.
+    pub global_samples: u64,
     /// Sample indices of this rank's rows, in order (for logs and tests).
     pub indices: Vec<usize>,
 }
@@ -175,6 +217,7 @@ impl DataLoader {
         Ok(StepBatches {
             micro_batches,
             global_loss_tokens,
+            global_samples: g as u64,
             indices: global[rows].to_vec(),
         })
     }
@@ -223,6 +266,7 @@ pub fn eval_batches(
     Ok(StepBatches {
         micro_batches,
         global_loss_tokens,
+        global_samples: total as u64,
         indices,
     })
 }

@@ -151,7 +151,21 @@ impl ChatTokenizer {
     /// The tokenizer directory of `cfg` (or `init_from`) with its template, or the one
     /// `data.chat_template` names.
     pub fn open(cfg: &ChatData, init_from: Option<&Path>) -> Result<Self> {
-        let dir = match (&cfg.tokenizer, init_from) {
+        Self::open_dir(
+            cfg.tokenizer.as_deref(),
+            cfg.chat_template.as_deref(),
+            init_from,
+        )
+    }
+
+    /// The tokenizer directory `tokenizer` (`data.tokenizer`, else `init_from`) with its
+    /// template, or the one in the file `chat_template` (`data.chat_template`).
+    pub fn open_dir(
+        tokenizer: Option<&str>,
+        chat_template: Option<&str>,
+        init_from: Option<&Path>,
+    ) -> Result<Self> {
+        let dir = match (tokenizer, init_from) {
             (Some(d), _) => PathBuf::from(d),
             (None, Some(d)) => d.to_path_buf(),
             (None, None) => {
@@ -162,7 +176,7 @@ impl ChatTokenizer {
                 ))
             }
         };
-        let key = if cfg.tokenizer.is_some() {
+        let key = if tokenizer.is_some() {
             "data.tokenizer"
         } else {
             "model.init_from"
@@ -172,19 +186,19 @@ impl ChatTokenizer {
             return Err(DataError::config(
                 key,
                 format!(
-                    "{} has no tokenizer.json; chat data needs a Hugging Face tokenizer \
-                     directory (tokenizer.json and tokenizer_config.json with its chat \
+                    "{} has no tokenizer.json; chat and preference data need a Hugging Face \
+                     tokenizer directory (tokenizer.json and tokenizer_config.json with its chat \
                      template)",
                     dir.display()
                 ),
             ));
         }
         let mut tokenizer = Tokenizer::from_file(&file, key)?;
-        let template = match &cfg.chat_template {
+        let template = match chat_template {
             Some(f) => ChatTemplate::from_file(Path::new(f), &dir)?,
             None => ChatTemplate::from_tokenizer_dir(&dir)?,
         };
-        if cfg.chat_template.is_some() {
+        if chat_template.is_some() {
             // final/ carries the template the model was trained with.
             tokenizer.set_chat_template(template.source());
         }

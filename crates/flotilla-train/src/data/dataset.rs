@@ -17,12 +17,17 @@ pub struct Sample {
     /// see each other: a position that does not follow its predecessor by one starts a new
     /// sequence (transformers' packed `position_ids`). `None`: positions `0..T`, one sequence.
     pub positions: Option<Vec<i64>>,
+    /// A preference pair's rejected sequence (this sample is the chosen one); `None` for
+    /// every other kind of data.
+    pub rejected: Option<Box<Sample>>,
 }
 
 impl Sample {
-    /// Labelled positions (labels other than [`IGNORE_INDEX`]).
+    /// Labelled positions (labels other than [`IGNORE_INDEX`]), a pair's rejected sequence's
+    /// included.
     pub fn num_loss_tokens(&self) -> usize {
         self.labels.iter().filter(|&&l| l != IGNORE_INDEX).count()
+            + self.rejected.as_ref().map_or(0, |r| r.num_loss_tokens())
     }
 }
 
@@ -38,6 +43,8 @@ pub struct Example {
     /// Each id's position when the example packs sequences that see only themselves
     /// ([`Sample::positions`]); `None`: one sequence at positions `0..`.
     pub positions: Option<Vec<i64>>,
+    /// A preference pair's rejected sequence (this example is the chosen one).
+    pub rejected: Option<Box<Example>>,
 }
 
 /// A list of fixed-length samples with random access.
@@ -85,6 +92,7 @@ pub trait Dataset: Send + Sync {
             trained,
             source: None,
             positions: None,
+            rejected: None,
         })
     }
 

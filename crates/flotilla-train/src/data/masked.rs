@@ -147,6 +147,7 @@ impl Dataset for MaskedSequences {
             input_ids,
             labels,
             positions: self.positions(index, t),
+            rejected: None,
         })
     }
 
@@ -170,6 +171,7 @@ impl Dataset for MaskedSequences {
             trained,
             source: Some(self.lines[index]),
             positions: self.positions(index, ids.len()),
+            rejected: None,
         })
     }
 

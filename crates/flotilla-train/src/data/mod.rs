@@ -70,9 +70,11 @@ mod chat_markers;
 pub mod chat_template;
 pub mod dataset;
 pub mod error;
+pub mod json_records;
 pub mod jsonl;
 pub mod masked;
 mod metaspace_encoder;
+pub mod preference;
 pub mod rng;
 pub mod sampler;
 pub mod sequences;
@@ -95,6 +97,7 @@ pub use dataset::{Dataset, Example, Sample, IGNORE_INDEX};
 pub use error::{DataError, Result};
 pub use jsonl::{read_records, Record, Template};
 pub use masked::MaskedSequences;
+pub use preference::{PreferenceDataset, PreferenceStats};
 pub use sampler::{eval_rows, micro_batch_rows, rank_rows, Sampler, SamplerState};
 pub use sequences::SequenceDataset;
 pub use text::{resolve_paths, PackedDataset};
@@ -125,6 +128,8 @@ pub struct Data {
     pub arithmetic: Option<ArithmeticTask>,
     /// What preparing chat data did (`kind: chat` only): the training set's counts.
     pub chat_stats: Option<ChatStats>,
+    /// What preparing preference pairs did (`kind: preference` only): the training set's.
+    pub preference_stats: Option<PreferenceStats>,
 }
 
 impl std::fmt::Debug for Data {
@@ -163,6 +168,7 @@ pub fn build(cfg: &DataConfig, opts: &DataOptions<'_>) -> Result<Data> {
                 eval,
                 arithmetic: Some(task),
                 chat_stats: None,
+                preference_stats: None,
             })
         }
         DataConfig::Tokens(t) => {
@@ -180,6 +186,7 @@ pub fn build(cfg: &DataConfig, opts: &DataOptions<'_>) -> Result<Data> {
                 eval,
                 arithmetic: None,
                 chat_stats: None,
+                preference_stats: None,
             })
         }
         DataConfig::Text(t) => {
@@ -215,6 +222,7 @@ pub fn build(cfg: &DataConfig, opts: &DataOptions<'_>) -> Result<Data> {
                 eval,
                 arithmetic: None,
                 chat_stats: None,
+                preference_stats: None,
             })
         }
         DataConfig::Jsonl(j) => {
@@ -268,6 +276,7 @@ pub fn build(cfg: &DataConfig, opts: &DataOptions<'_>) -> Result<Data> {
                 eval,
                 arithmetic: None,
                 chat_stats: None,
+                preference_stats: None,
             })
         }
         DataConfig::Chat(c) => {
@@ -293,6 +302,38 @@ pub fn build(cfg: &DataConfig, opts: &DataOptions<'_>) -> Result<Data> {
                 eval,
                 arithmetic: None,
                 chat_stats: Some(stats),
+                preference_stats: None,
+            })
+        }
+        DataConfig::Preference(p) => {
+            let chat = ChatTokenizer::open_dir(
+                p.tokenizer.as_deref(),
+                p.chat_template.as_deref(),
+                opts.init_from,
+            )?;
+            check_vocab(&chat.tokenizer, opts.model_vocab_size)?;
+            let (train, stats) =
+                PreferenceDataset::build("data.path", Path::new(&p.path), p, &chat)?;
+            tracing::info!("{}: {}", p.path, preference::summary_line(&stats));
+            for reason in &stats.skip_reasons {
+                tracing::warn!("skipped {reason}");
+            }
+            let eval = match &p.eval_path {
+                Some(e) => {
+                    let (eval, eval_stats) =
+                        PreferenceDataset::build("data.eval_path", Path::new(e), p, &chat)?;
+                    tracing::info!("{e}: {}", preference::summary_line(&eval_stats));
+                    Some(Arc::new(eval) as Arc<dyn Dataset>)
+                }
+                None => None,
+            };
+            Ok(Data {
+                tokenizer: Some(chat.tokenizer),
+                train: Arc::new(train),
+                eval,
+                arithmetic: None,
+                chat_stats: None,
+                preference_stats: Some(stats),
             })
         }
     }

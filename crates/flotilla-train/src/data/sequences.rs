@@ -92,6 +92,7 @@ impl Dataset for SequenceDataset {
             input_ids,
             labels,
             positions: None,
+            rejected: None,
         })
     }
 
@@ -112,6 +113,7 @@ impl Dataset for SequenceDataset {
             trained: (0..s.len()).map(|j| j >= from).collect(),
             source: None,
             positions: None,
+            rejected: None,
         })
     }
 

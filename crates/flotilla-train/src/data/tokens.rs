@@ -31,6 +31,7 @@ pub fn window(ids: &[u64]) -> Sample {
         input_ids: ids[..t].iter().map(|&i| i as i64).collect(),
         labels: ids[1..].iter().map(|&i| i as i64).collect(),
         positions: None,
+        rejected: None,
     }
 }
 

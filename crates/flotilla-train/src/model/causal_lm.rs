@@ -183,6 +183,7 @@ impl CausalLm {
                 .local_inv_freq
                 .as_ref()
                 .map(|f| rotary_tables(f, positions)),
+            adapters_off: false,
         }
     }
 

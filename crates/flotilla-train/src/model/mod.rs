@@ -236,6 +236,9 @@ pub struct ForwardCtx {
     /// The rotary tables of the local layers (Gemma 3's sliding layers, their own theta), in
     /// `cos`'s shape; `None` when every layer takes `cos` and `sin`.
     pub local_rope: Option<(Tensor, Tensor)>,
+    /// The LoRA adapters are skipped: the forward is the base model's (a LoRA job's DPO
+    /// reference, as PEFT's `disable_adapter()`).
+    pub adapters_off: bool,
 }
 
 impl ForwardCtx {

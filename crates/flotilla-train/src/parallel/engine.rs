@@ -8,12 +8,14 @@
 //! [`Strategy`]; this file owns the strategy contract and the single-process strategy
 //! ([`SingleProcess`]). DDP and FSDP plug in through the same trait.
 
+use std::cell::RefCell;
+
 use tch::{Kind, Tensor};
 
-use crate::data::Batch;
+use crate::data::{Batch, StepBatches};
 use crate::error::TrainError;
 use crate::model::{vjp, CausalLm, Params, TokenInput};
-use crate::objective::next_token_loss_sum;
+use crate::objective::{DpoSums, Objective};
 
 /// How the engine gets parameters and hands over gradients.
 pub trait Strategy {
@@ -111,6 +113,8 @@ pub struct EngineOptions {
     /// The step's dropout seed (LoRA dropout); each micro-batch derives its own from it.
     /// `None`: no dropout.
     pub dropout_seed: Option<u64>,
+    /// The loss.
+    pub objective: Objective,
 }
 
 impl Default for EngineOptions {
@@ -119,6 +123,7 @@ impl Default for EngineOptions {
             activation_checkpointing: false,
             loss_scale: 1.0,
             dropout_seed: None,
+            objective: Objective::NextToken,
         }
     }
 }
@@ -128,6 +133,8 @@ impl Default for EngineOptions {
 pub struct Engine<'m> {
     pub model: &'m CausalLm,
     pub options: EngineOptions,
+    /// A preference objective's sums over the micro-batches run so far.
+    sums: RefCell<Option<DpoSums>>,
 }
 
 /// What the forward pass keeps of one unit for its backward.
@@ -157,12 +164,30 @@ fn leaves(model: &CausalLm, unit: usize, params: Vec<Tensor>) -> Vec<Tensor> {
 
 impl<'m> Engine<'m> {
     pub fn new(model: &'m CausalLm, options: EngineOptions) -> Self {
-        Self { model, options }
+        Self {
+            model,
+            options,
+            sums: RefCell::new(None),
+        }
+    }
+
+    /// What a step's summed loss is divided by under this engine's objective.
+    pub fn normaliser(&self, batches: &StepBatches) -> u64 {
+        self.options
+            .objective
+            .normaliser(batches.global_loss_tokens, batches.global_samples)
+    }
+
+    /// A preference objective's sums over the micro-batches run so far (this rank's), which
+    /// it leaves at zero.
+    pub fn take_sums(&self) -> Option<DpoSums> {
+        self.sums.borrow_mut().take()
     }
 
     /// Forward and backward over the micro-batches of one optimizer step. Returns the step's
     /// loss (the sum over micro-batches of `loss_sum / global_loss_tokens`) and the gradients
-    /// of every parameter that has one, by name. The strategy's
+    /// of every parameter that has one, by name (`global_loss_tokens`: the step's normaliser,
+    /// [`Engine::normaliser`]). The strategy's
     /// [`Strategy::gradients_ready`] fires during the last micro-batch's backward.
     pub fn forward_backward(
         &self,
@@ -229,7 +254,14 @@ impl<'m> Engine<'m> {
                 strategy.release(i)?;
             }
         }
-        let loss = next_token_loss_sum(&x, batch) / global_loss_tokens as f64;
+        let (loss, sums) = self.options.objective.loss_sum(&x, batch)?;
+        if let Some(sums) = sums {
+            self.sums
+                .borrow_mut()
+                .get_or_insert_with(DpoSums::default)
+                .add(&sums);
+        }
+        let loss = loss / global_loss_tokens as f64;
         let loss_value = loss.f_double_value(&[])?;
         let loss = if self.options.loss_scale != 1.0 {
             loss * self.options.loss_scale
@@ -329,10 +361,12 @@ impl<'m> Engine<'m> {
 /// Runs `inputs` forward without gradients unit by unit: each unit's parameters are asked of
 /// `params_for` once for all inputs (so sharded weights gather each group once), and
 /// `on_logits` gets each input's output of the last unit as soon as it is computed.
-/// `release(unit)` follows each unit.
+/// `release(unit)` follows each unit. With `adapters_off` the LoRA adapters are skipped (the
+/// base model's forward).
 pub fn forward_by_unit(
     model: &CausalLm,
     inputs: &[TokenInput],
+    adapters_off: bool,
     params_for: &mut dyn FnMut(usize) -> Result<Vec<Tensor>, TrainError>,
     release: &mut dyn FnMut(usize) -> Result<(), TrainError>,
     on_logits: &mut dyn FnMut(usize, Tensor) -> Result<(), TrainError>,
@@ -340,7 +374,14 @@ pub fn forward_by_unit(
     let _guard = tch::no_grad_guard();
     let units = model.units();
     let n = units.len();
-    let ctxs: Vec<_> = inputs.iter().map(|x| model.ctx_for_input(x)).collect();
+    let ctxs: Vec<_> = inputs
+        .iter()
+        .map(|x| {
+            let mut ctx = model.ctx_for_input(x);
+            ctx.adapters_off = adapters_off;
+            ctx
+        })
+        .collect();
     let mut xs: Vec<Option<Tensor>> = inputs.iter().map(|x| Some(x.ids.shallow_clone())).collect();
     for (u, unit) in units.iter().enumerate() {
         let params = params_for(u)?;

@@ -139,6 +139,9 @@ pub struct Fsdp {
     peak_gathered: usize,
     /// Most bytes of the other transient tensors held at once (`visit_full` takes `&self`).
     transient: std::cell::Cell<TransientPeaks>,
+    /// Preference tuning's frozen reference: this rank's shard of each trained group in the
+    /// param dtype ([`ParallelWeights::keep_reference`]); `None` for frozen groups.
+    reference: Option<Vec<Option<Tensor>>>,
 }
 
 impl std::fmt::Debug for Fsdp {
@@ -328,6 +331,7 @@ impl Fsdp {
             gathers: 0,
             peak_gathered: 0,
             transient: Default::default(),
+            reference: None,
         })
     }
 
@@ -782,7 +786,7 @@ impl ParallelWeights for Fsdp {
         batches: &StepBatches,
     ) -> Result<f64, TrainError> {
         let (loss, _) =
-            engine.forward_backward(self, &batches.micro_batches, batches.global_loss_tokens)?;
+            engine.forward_backward(self, &batches.micro_batches, engine.normaliser(batches))?;
         Ok(loss)
     }
 
@@ -1010,15 +1014,62 @@ impl ParallelWeights for Fsdp {
         inputs: &[TokenInput],
         on_logits: &mut dyn FnMut(usize, Tensor) -> Result<(), TrainError>,
     ) -> Result<(), TrainError> {
-        let this = &*self;
+        self.walk(model, inputs, false, on_logits)
+    }
+
+    fn keep_reference(&mut self) -> Result<(), TrainError> {
+        if self.groups.iter().any(|g| !g.layout.trainable) {
+            // A LoRA job: the reference is the base with the adapters off.
+            return Ok(());
+        }
+        let kind = self.options.param_kind;
+        let copy = self
+            .groups
+            .iter()
+            .map(|g| Ok(Some(g.shard.f_to_kind(kind)?.f_detach_copy()?)))
+            .collect::<Result<Vec<_>, TrainError>>()?;
+        self.reference = Some(copy);
+        Ok(())
+    }
+
+    /// As [`ParallelWeights::forward_eval`], from the reference's shards (or, with none kept,
+    /// the current ones with the adapters off), in the param dtype.
+    fn forward_reference(
+        &mut self,
+        model: &CausalLm,
+        inputs: &[TokenInput],
+        on_logits: &mut dyn FnMut(usize, Tensor) -> Result<(), TrainError>,
+    ) -> Result<(), TrainError> {
+        self.walk(model, inputs, true, on_logits)
+    }
+}
+
+impl Fsdp {
+    /// The forward of [`ParallelWeights::forward_eval`] (`reference` false) or of
+    /// [`ParallelWeights::forward_reference`].
+    fn walk(
+        &self,
+        model: &CausalLm,
+        inputs: &[TokenInput],
+        reference: bool,
+        on_logits: &mut dyn FnMut(usize, Tensor) -> Result<(), TrainError>,
+    ) -> Result<(), TrainError> {
+        let this = self;
         let mixed = this.groups.iter().any(|g| !g.layout.trainable);
+        let in_param_kind = mixed || reference;
+        let shard_of = |g: usize| -> &Tensor {
+            match (&this.reference, reference) {
+                (Some(copy), true) => copy[g].as_ref().unwrap_or(&this.groups[g].shard),
+                _ => &this.groups[g].shard,
+            }
+        };
         let mut held: Vec<(usize, Tensor)> = vec![];
         let mut params_for = |u: usize| -> Result<Vec<Tensor>, TrainError> {
             let reads = &this.unit_reads[u];
             held.retain(|(g, _)| reads.contains(g));
             for &g in reads {
                 if !held.iter().any(|(h, _)| *h == g) {
-                    held.push((g, this.gather_full(&this.groups[g].shard)?));
+                    held.push((g, this.gather_full(shard_of(g))?));
                 }
             }
             let bytes = held.iter().map(|(_, t)| nbytes(t)).sum::<usize>();
@@ -1028,15 +1079,23 @@ impl ParallelWeights for Fsdp {
                 unflatten(&this.groups[*g].layout, flat, &mut named)?;
             }
             let params = model.unit_params(u, &named)?;
-            if !mixed {
+            if !in_param_kind {
                 return Ok(params);
             }
-            // A LoRA job's frozen groups are held in the param dtype: evaluate in it.
+            // A LoRA job's frozen groups are held in the param dtype, and the reference
+            // computes in it: evaluate in it.
             params
                 .into_iter()
                 .map(|p| Ok(p.f_to_kind(this.options.param_kind)?))
                 .collect()
         };
-        forward_by_unit(model, inputs, &mut params_for, &mut |_| Ok(()), on_logits)
+        forward_by_unit(
+            model,
+            inputs,
+            reference,
+            &mut params_for,
+            &mut |_| Ok(()),
+            on_logits,
+        )
     }
 }

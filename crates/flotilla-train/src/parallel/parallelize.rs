@@ -125,6 +125,8 @@ pub fn parallelize(
             loss_scale: 1.0,
             // The trainer derives each step's seed from it (units without dropout ignore it).
             dropout_seed: Some(config.seed as u64),
+            // The job's objective is the trainer's to set (`Trainer::set_objective`).
+            objective: crate::objective::Objective::NextToken,
         },
     })
 }

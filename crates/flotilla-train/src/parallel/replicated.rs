@@ -44,6 +44,9 @@ pub struct Replicated {
     /// Parameters not trained (a LoRA job's base): no gradient, no optimizer state, not in
     /// checkpoints.
     frozen: HashSet<String>,
+    /// Preference tuning's frozen reference, in the compute dtype
+    /// ([`ParallelWeights::keep_reference`]).
+    reference: Option<Params>,
 }
 
 impl Replicated {
@@ -66,6 +69,7 @@ impl Replicated {
                 .filter(|s| !s.trainable)
                 .map(|s| s.name.clone())
                 .collect(),
+            reference: None,
         }
     }
 
@@ -96,7 +100,7 @@ impl ParallelWeights for Replicated {
         let (loss, grads) = engine.forward_backward(
             &mut self.strategy(),
             &batches.micro_batches,
-            batches.global_loss_tokens,
+            engine.normaliser(batches),
         )?;
         self.grads = grads;
         Ok(loss)
@@ -247,6 +251,50 @@ impl ParallelWeights for Replicated {
     /// The whole model on each input in turn (no communication), in the master dtype; a LoRA
     /// job's (whose frozen base is held in the compute dtype) unit by unit in the compute
     /// dtype, as it trains.
+    fn keep_reference(&mut self) -> Result<(), TrainError> {
+        if !self.frozen.is_empty() {
+            return Ok(());
+        }
+        let kind = self.compute_kind;
+        let mut copy = Params::new();
+        for (name, t) in self.params.iter() {
+            let t = match kind {
+                Some(k) => t.f_to_kind(k)?,
+                None => t.f_detach_copy()?,
+            };
+            copy.insert(name, t.detach());
+        }
+        self.reference = Some(copy);
+        Ok(())
+    }
+
+    fn forward_reference(
+        &mut self,
+        model: &CausalLm,
+        inputs: &[TokenInput],
+        on_logits: &mut dyn FnMut(usize, Tensor) -> Result<(), TrainError>,
+    ) -> Result<(), TrainError> {
+        let (params, kind) = match &self.reference {
+            Some(r) => (r, None),
+            None => (&self.params, self.compute_kind),
+        };
+        let mut params_for = |u: usize| -> Result<Vec<Tensor>, TrainError> {
+            let unit = model.unit_params(u, params)?;
+            match kind {
+                Some(k) => unit.into_iter().map(|p| Ok(p.f_to_kind(k)?)).collect(),
+                None => Ok(unit),
+            }
+        };
+        forward_by_unit(
+            model,
+            inputs,
+            true,
+            &mut params_for,
+            &mut |_| Ok(()),
+            on_logits,
+        )
+    }
+
     fn forward_eval(
         &mut self,
         model: &CausalLm,
@@ -264,7 +312,14 @@ impl ParallelWeights for Replicated {
                         .map(|p| Ok(p.f_to_kind(kind)?))
                         .collect()
                 };
-                forward_by_unit(model, inputs, &mut params_for, &mut |_| Ok(()), on_logits)
+                forward_by_unit(
+                    model,
+                    inputs,
+                    false,
+                    &mut params_for,
+                    &mut |_| Ok(()),
+                    on_logits,
+                )
             }
             _ => {
                 for (i, x) in inputs.iter().enumerate() {

@@ -193,6 +193,24 @@ pub trait ParallelWeights {
         optimizer: Option<OptimizerSource<'_>>,
     ) -> Result<(), TrainError>;
 
+    /// Keeps a frozen copy of the current parameters as the reference model of preference
+    /// tuning, held as the parameters are (replicated, or sharded like them), in the dtype the
+    /// units compute in. A LoRA job keeps none: its reference is the base with the adapters
+    /// off. Call it before any step (and before a checkpoint is restored): the reference is
+    /// the starting weights.
+    fn keep_reference(&mut self) -> Result<(), TrainError>;
+
+    /// Runs `inputs` forward without gradients through the reference model and gives
+    /// `on_logits` each input's logits, like [`ParallelWeights::forward_eval`] (collective
+    /// when sharded): the copy [`ParallelWeights::keep_reference`] kept, else (a LoRA job,
+    /// or before any step) the current weights with the adapters off, in the compute dtype.
+    fn forward_reference(
+        &mut self,
+        model: &CausalLm,
+        inputs: &[TokenInput],
+        on_logits: &mut dyn FnMut(usize, Tensor) -> Result<(), TrainError>,
+    ) -> Result<(), TrainError>;
+
     /// Runs `inputs` (token ids) forward without gradients in the master dtype and gives
     /// `on_logits` each input's logits, one input at a time as each is done. Sharded weights
     /// walk the units once for all inputs, gathering a group at a time (collective: every rank

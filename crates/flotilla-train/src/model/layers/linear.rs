@@ -30,7 +30,9 @@ impl Projections {
     /// seeded per block and weight so that a recomputed block draws the same mask.
     pub fn project(&self, params: &[Tensor], k: usize, x: &Tensor, ctx: &ForwardCtx) -> Tensor {
         let y = x.linear(&params[k], self.biases[k].map(|b| &params[b]));
-        let Some(a) = self.adapters[k] else { return y };
+        let Some(a) = self.adapters[k].filter(|_| !ctx.adapters_off) else {
+            return y;
+        };
         let dropped = match ctx.dropout_seed {
             Some(seed) if self.lora_dropout > 0.0 => {
                 let weights = self.biases.len();
