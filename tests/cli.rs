@@ -44,8 +44,17 @@ fn compose_default_config_as_json() {
         .collect();
     assert_eq!(
         keys,
-        ["model", "peft", "trainer", "data", "compute", "seed"]
+        [
+            "model",
+            "peft",
+            "trainer",
+            "data",
+            "objective",
+            "compute",
+            "seed"
+        ]
     );
+    assert_eq!(cfg["objective"]["kind"], "sft");
     assert!(cfg.get("flotilla").is_none() && cfg.get("hydra").is_none());
     assert_eq!(cfg["trainer"]["dist"]["mode"], "ddp");
     assert_eq!(cfg["compute"]["tasks_per_node"], 2);

@@ -13,9 +13,10 @@ usage:
                               runs DPOTrainer (fp32, CPU, no shuffling, constant learning rate,
                               no weight decay, gradient clipping at 1.0) STEPS steps of BATCH
                               pairs of PAIRS for each run of RUNS, a JSON list of
-                              {"loss_type", "beta", "label_smoothing", "lora"} (lora: train
-                              OUT/adapter on OUT/base, the reference being the base with the
-                              adapter off; else the whole base, the reference a copy of it).
+                              {"loss_type", "beta", "label_smoothing", "lora", "data"} (lora:
+                              retrain OUT/adapter on OUT/base, the reference being a frozen copy
+                              of the adapter, TRL's "ref" adapter; else the whole base, the
+                              reference a copy of it; data: another pairs file than PAIRS).
                               Prints one list per run of TRL's logged rows (loss, grad_norm,
                               rewards/*, logps/*, logits/*), one per step.
 """
@@ -117,9 +118,9 @@ def train(out, pairs, steps, batch, lr, seq_len, runs):
 
     base = os.path.join(out, "base")
     tokenizer = AutoTokenizer.from_pretrained(base)
-    data = datasets.load_dataset("json", data_files=pairs, split="train")
     results = []
     for run in runs:
+        data = datasets.load_dataset("json", data_files=run.get("data", pairs), split="train")
         torch.manual_seed(0)
         model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
         if run.get("lora"):

@@ -127,16 +127,18 @@ impl Trainer {
     }
 
     /// Sets what the trainer minimises (next-token cross-entropy unless set). A preference
-    /// objective's reference is the weights as they are now: the copy is kept here (or, with
-    /// precomputed log-probabilities, [`Trainer::set_reference_logps`] gives them).
+    /// objective's reference is the weights as they are now, kept here as a frozen copy with
+    /// `keep_reference` ([`ParallelWeights::keep_reference`]: a LoRA job's adapters only
+    /// `with_adapters`, else none, its reference being the base).
     pub fn set_objective(
         &mut self,
         objective: Objective,
         keep_reference: bool,
+        with_adapters: bool,
     ) -> Result<(), TrainError> {
         self.options.objective = objective;
         if objective.is_preference() && keep_reference {
-            self.weights.keep_reference()?;
+            self.weights.keep_reference(with_adapters)?;
         }
         Ok(())
     }

@@ -55,7 +55,16 @@ pub fn run(
             init_from,
         },
     )
-    .context("building the training data")?;
+    .map_err(|e| {
+        // The data the config names is the user's to fix (exit 2); a tensor error is not.
+        let internal = matches!(e, data::DataError::Tensor(_));
+        let e = anyhow::Error::new(e).context("building the training data");
+        if internal {
+            TaskError::Other(e)
+        } else {
+            TaskError::Usage(e)
+        }
+    })?;
     let shown = show(&data, num).context("reading the examples")?;
     if format == Format::Json {
         let mut text = serde_json::to_string(&shown).context("writing JSON")?;
@@ -83,6 +92,23 @@ pub fn run(
             ),
             None => String::new(),
         };
+        if let Some(rejected) = &e.rejected {
+            // A preference pair: the prompt (not trained) with each completion (trained).
+            out.push_str(&format!("── pair {} of {total}{source} ──\n", k + 1));
+            for (label, side) in [("chosen", e), ("rejected", rejected.as_ref())] {
+                let trained = side.example.trained.iter().filter(|&&t| t).count();
+                out.push_str(&format!(
+                    "{label} ({} tokens, {trained} trained): ",
+                    side.input_ids.len()
+                ));
+                if let Some(t) = &data.tokenizer {
+                    out.push_str(&marked_text(&side.example, t, marking).context("decoding")?);
+                }
+                out.push('\n');
+            }
+            out.push('\n');
+            continue;
+        }
         out.push_str(&format!(
             "── example {} of {total}{source} · {} tokens · {trained} trained{packed} ──\n",
             k + 1,
@@ -97,7 +123,7 @@ pub fn run(
     if marking == Marking::Brackets && !shown.examples.is_empty() {
         out.push_str("(trained tokens stand between ⟦ and ⟧)\n");
     }
-    match &shown.chat_line {
+    match &shown.data_line {
         Some(line) => out.push_str(&format!("{line}\n")),
         None => out.push_str(&format!("{}\n", shown.summary.line())),
     }
@@ -109,6 +135,7 @@ fn data_path(cfg: &flotilla_config::schema::DataConfig) -> &str {
     match cfg {
         DataConfig::Chat(c) => &c.path,
         DataConfig::Jsonl(j) => &j.path,
+        DataConfig::Preference(p) => &p.path,
         _ => "data",
     }
 }

@@ -311,9 +311,9 @@ fn build_trainer(
 }
 
 /// Sets the job's objective on `trainer`. DPO's reference is the trainer's weights as they
-/// are now, the starting ones: kept as a frozen copy (`reference: auto` without LoRA), or its
-/// log-probabilities of every pair read from `run_dir` or computed once and written there
-/// (`precomputed`).
+/// are now, the starting ones: kept as a frozen copy (`reference: auto`; with LoRA the base
+/// with the adapters off, or a copy of the adapter a job retrains), or its log-probabilities
+/// of every pair read from `run_dir` or computed once and written there (`precomputed`).
 fn prepare_objective(
     job: &JobConfig,
     run_dir: &Path,
@@ -322,10 +322,17 @@ fn prepare_objective(
 ) -> Result<(), TrainError> {
     let objective = Objective::of(&job.objective);
     let Some(dpo) = job.objective.dpo() else {
-        return trainer.set_objective(objective, false);
+        return trainer.set_objective(objective, false, false);
     };
+    // Retraining an adapter: the reference is the adapter it starts from (as TRL's "ref"
+    // adapter), a copy the size of the adapters; a new adapter's is the base.
+    let retrained_adapter = job.peft.lora().is_some_and(|l| l.init_from.is_some());
     let precomputed = dpo.reference == ReferenceModel::Precomputed;
-    trainer.set_objective(objective, !precomputed)?;
+    trainer.set_objective(
+        objective,
+        !precomputed || retrained_adapter,
+        retrained_adapter,
+    )?;
     if precomputed {
         let logps = reference::load_or_compute(
             trainer,
@@ -396,6 +403,9 @@ fn announce(
             d.beta,
             match (d.reference, job.peft.lora()) {
                 (ReferenceModel::Precomputed, _) => "precomputed",
+                (ReferenceModel::Auto, Some(l)) if l.init_from.is_some() => {
+                    "the starting adapter (a frozen copy)"
+                }
                 (ReferenceModel::Auto, Some(_)) => "the base (adapters off)",
                 (ReferenceModel::Auto, None) => "a frozen copy of the starting weights",
             }

@@ -3,13 +3,15 @@
 //! as text for a person (trained spans highlighted, masked ones dimmed) or as JSON
 //! (`{"examples": [{"text", "input_ids", "labels"}], "summary": {...}}`, `labels` being the
 //! ids with -100 where no loss is taken, in transformers' unshifted convention, and
-//! `position_ids` for a packed window whose conversations see only themselves).
+//! `position_ids` for a packed window whose conversations see only themselves; a preference
+//! pair is its chosen sequence with the rejected one under `rejected`).
 
 use serde::Serialize;
 
 use super::chat::{self, ChatStats};
 use super::dataset::{Dataset, Example, IGNORE_INDEX};
 use super::error::Result;
+use super::preference;
 use super::tokenizer::Tokenizer;
 use super::Data;
 
@@ -73,9 +75,9 @@ impl Summary {
 pub struct Shown {
     pub examples: Vec<ShownExample>,
     pub summary: Summary,
-    /// Chat data's own line (records, conversations), when the data is chat.
+    /// Chat or preference data's own line (records, conversations or pairs).
     #[serde(skip)]
-    pub chat_line: Option<String>,
+    pub data_line: Option<String>,
 }
 
 /// One example in JSON form.
@@ -91,17 +93,16 @@ pub struct ShownExample {
     /// (transformers' packed `position_ids`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub position_ids: Option<Vec<i64>>,
+    /// A preference pair's rejected sequence (this one being the chosen).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rejected: Option<Box<ShownExample>>,
     #[serde(skip)]
     pub example: Example,
 }
 
-/// The first `num` training examples of `data` and the summary of all of them.
-pub fn show(data: &Data, num: usize) -> Result<Shown> {
-    let train = &data.train;
-    let mut examples = vec![];
-    for i in 0..num.min(train.len()) {
-        let example = train.example(i)?;
-        let text = match &data.tokenizer {
+impl ShownExample {
+    fn of(example: Example, tokenizer: Option<&Tokenizer>) -> Result<Self> {
+        let text = match tokenizer {
             Some(t) => t.decode(&example.ids, false)?,
             None => String::new(),
         };
@@ -111,23 +112,51 @@ pub fn show(data: &Data, num: usize) -> Result<Shown> {
             .zip(&example.trained)
             .map(|(&id, &t)| if t { id as i64 } else { IGNORE_INDEX })
             .collect();
-        examples.push(ShownExample {
+        let rejected = match &example.rejected {
+            Some(r) => Some(Box::new(Self::of((**r).clone(), tokenizer)?)),
+            None => None,
+        };
+        Ok(ShownExample {
             text,
             input_ids: example.ids.clone(),
             labels,
             source: example.source,
             position_ids: example.positions.clone(),
+            rejected,
             example,
-        });
+        })
     }
-    let summary = match &data.chat_stats {
-        Some(s) => Summary::of_chat(s),
-        None => summarize(train.as_ref())?,
+}
+
+/// The first `num` training examples of `data` and the summary of all of them.
+pub fn show(data: &Data, num: usize) -> Result<Shown> {
+    let train = &data.train;
+    let mut examples = vec![];
+    for i in 0..num.min(train.len()) {
+        examples.push(ShownExample::of(
+            train.example(i)?,
+            data.tokenizer.as_ref(),
+        )?);
+    }
+    let summary = match (&data.chat_stats, &data.preference_stats) {
+        (Some(s), _) => Summary::of_chat(s),
+        (None, Some(p)) => Summary {
+            truncated: p.truncated,
+            dropped: p.dropped_long_prompt,
+            skipped: p.skipped,
+            ..summarize(train.as_ref())?
+        },
+        (None, None) => summarize(train.as_ref())?,
+    };
+    let data_line = match (&data.chat_stats, &data.preference_stats) {
+        (Some(s), _) => Some(chat::summary_line(s)),
+        (None, Some(p)) => Some(preference::summary_line(p)),
+        (None, None) => None,
     };
     Ok(Shown {
         examples,
         summary,
-        chat_line: data.chat_stats.as_ref().map(chat::summary_line),
+        data_line,
     })
 }
 

@@ -140,7 +140,8 @@ pub struct Fsdp {
     /// Most bytes of the other transient tensors held at once (`visit_full` takes `&self`).
     transient: std::cell::Cell<TransientPeaks>,
     /// Preference tuning's frozen reference: this rank's shard of each trained group in the
-    /// param dtype ([`ParallelWeights::keep_reference`]); `None` for frozen groups.
+    /// param dtype ([`ParallelWeights::keep_reference`]); `None` for a LoRA job's frozen
+    /// groups, which it shares.
     reference: Option<Vec<Option<Tensor>>>,
 }
 
@@ -1017,8 +1018,8 @@ impl ParallelWeights for Fsdp {
         self.walk(model, inputs, false, on_logits)
     }
 
-    fn keep_reference(&mut self) -> Result<(), TrainError> {
-        if self.groups.iter().any(|g| !g.layout.trainable) {
+    fn keep_reference(&mut self, with_adapters: bool) -> Result<(), TrainError> {
+        if self.groups.iter().any(|g| !g.layout.trainable) && !with_adapters {
             // A LoRA job: the reference is the base with the adapters off.
             return Ok(());
         }
@@ -1026,14 +1027,18 @@ impl ParallelWeights for Fsdp {
         let copy = self
             .groups
             .iter()
-            .map(|g| Ok(Some(g.shard.f_to_kind(kind)?.f_detach_copy()?)))
+            .map(|g| match g.layout.trainable {
+                true => Ok(Some(g.shard.f_to_kind(kind)?.f_detach_copy()?)),
+                false => Ok(None),
+            })
             .collect::<Result<Vec<_>, TrainError>>()?;
         self.reference = Some(copy);
         Ok(())
     }
 
-    /// As [`ParallelWeights::forward_eval`], from the reference's shards (or, with none kept,
-    /// the current ones with the adapters off), in the param dtype.
+    /// As [`ParallelWeights::forward_eval`], the kept reference's shards in place of the
+    /// trained groups' (or, with none kept, the current ones with the adapters off), in the
+    /// param dtype.
     fn forward_reference(
         &mut self,
         model: &CausalLm,
@@ -1089,10 +1094,12 @@ impl Fsdp {
                 .map(|p| Ok(p.f_to_kind(this.options.param_kind)?))
                 .collect()
         };
+        // The reference with no copy kept is the base: the adapters off.
+        let adapters_off = reference && this.reference.is_none();
         forward_by_unit(
             model,
             inputs,
-            reference,
+            adapters_off,
             &mut params_for,
             &mut |_| Ok(()),
             on_logits,

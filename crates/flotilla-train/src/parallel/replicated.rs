@@ -251,13 +251,16 @@ impl ParallelWeights for Replicated {
     /// The whole model on each input in turn (no communication), in the master dtype; a LoRA
     /// job's (whose frozen base is held in the compute dtype) unit by unit in the compute
     /// dtype, as it trains.
-    fn keep_reference(&mut self) -> Result<(), TrainError> {
-        if !self.frozen.is_empty() {
+    fn keep_reference(&mut self, with_adapters: bool) -> Result<(), TrainError> {
+        if !self.frozen.is_empty() && !with_adapters {
             return Ok(());
         }
         let kind = self.compute_kind;
         let mut copy = Params::new();
         for (name, t) in self.params.iter() {
+            if self.frozen.contains(name) {
+                continue;
+            }
             let t = match kind {
                 Some(k) => t.f_to_kind(k)?,
                 None => t.f_detach_copy()?,
@@ -274,21 +277,29 @@ impl ParallelWeights for Replicated {
         inputs: &[TokenInput],
         on_logits: &mut dyn FnMut(usize, Tensor) -> Result<(), TrainError>,
     ) -> Result<(), TrainError> {
-        let (params, kind) = match &self.reference {
-            Some(r) => (r, None),
-            None => (&self.params, self.compute_kind),
-        };
+        // The kept copy in place of the trained weights; the frozen ones are shared.
+        let mut params = Params::new();
+        for (name, t) in self.params.iter() {
+            let t = self
+                .reference
+                .as_ref()
+                .and_then(|r| r.get(name))
+                .unwrap_or(t);
+            params.insert(name, t.shallow_clone());
+        }
+        let kind = self.compute_kind;
         let mut params_for = |u: usize| -> Result<Vec<Tensor>, TrainError> {
-            let unit = model.unit_params(u, params)?;
+            let unit = model.unit_params(u, &params)?;
             match kind {
                 Some(k) => unit.into_iter().map(|p| Ok(p.f_to_kind(k)?)).collect(),
                 None => Ok(unit),
             }
         };
+        let adapters_off = self.reference.is_none();
         forward_by_unit(
             model,
             inputs,
-            true,
+            adapters_off,
             &mut params_for,
             &mut |_| Ok(()),
             on_logits,

@@ -193,17 +193,20 @@ pub trait ParallelWeights {
         optimizer: Option<OptimizerSource<'_>>,
     ) -> Result<(), TrainError>;
 
-    /// Keeps a frozen copy of the current parameters as the reference model of preference
-    /// tuning, held as the parameters are (replicated, or sharded like them), in the dtype the
-    /// units compute in. A LoRA job keeps none: its reference is the base with the adapters
+    /// Keeps a frozen copy of the current trained parameters as the reference model of
+    /// preference tuning, held as the parameters are (replicated, or sharded like them), in
+    /// the dtype the units compute in. A LoRA job copies its adapters only `with_adapters`
+    /// (retraining an adapter it started from, as TRL keeps a "ref" adapter; the base is
+    /// shared); otherwise it keeps nothing, its reference being the base with the adapters
     /// off. Call it before any step (and before a checkpoint is restored): the reference is
     /// the starting weights.
-    fn keep_reference(&mut self) -> Result<(), TrainError>;
+    fn keep_reference(&mut self, with_adapters: bool) -> Result<(), TrainError>;
 
     /// Runs `inputs` forward without gradients through the reference model and gives
     /// `on_logits` each input's logits, like [`ParallelWeights::forward_eval`] (collective
-    /// when sharded): the copy [`ParallelWeights::keep_reference`] kept, else (a LoRA job,
-    /// or before any step) the current weights with the adapters off, in the compute dtype.
+    /// when sharded), in the compute dtype: the weights with the copy
+    /// [`ParallelWeights::keep_reference`] kept in place of the trained ones, or, with none
+    /// kept, the current weights with the adapters off.
     fn forward_reference(
         &mut self,
         model: &CausalLm,
