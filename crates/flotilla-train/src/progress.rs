@@ -150,6 +150,7 @@ mod tests {
             eval_loss: eval.then_some(0.5),
             eval_ppl: eval.then_some(0.5f64.exp()),
             eval_acc: eval.then_some(0.875),
+            extra: vec![],
         }
     }
 

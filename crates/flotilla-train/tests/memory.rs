@@ -532,6 +532,80 @@ fn compute_copies_are_the_bf16_tensors_the_units_receive() {
     assert_eq!(copies as u64, at_loss);
 }
 
+/// DPO's frozen reference: the bytes of the copy the weights keep equal the estimate's term,
+/// replicated and sharded, in fp32 and bf16 compute; a new LoRA adapter keeps none.
+#[test]
+fn the_dpo_reference_term_equals_the_copy_the_weights_keep() {
+    let dpo = [
+        "objective=dpo",
+        "data=preference",
+        "data.path=pairs.jsonl",
+        "data.tokenizer=tok",
+    ];
+    let with = |extra: &[&'static str]| -> Vec<&'static str> {
+        let mut v = dpo.to_vec();
+        v.extend(extra);
+        v
+    };
+    for (ranks, dist, precision, extra) in [
+        (1, "none", "32-true", with(&[])),
+        (1, "none", "bf16-mixed", with(&[])),
+        (2, "fsdp", "32-true", with(&[])),
+        (2, "fsdp", "bf16-mixed", with(&[])),
+        (1, "none", "32-true", with(&["peft=lora"])),
+    ] {
+        let dpo_job = || {
+            let mut o = vec![
+                "model=tiny".to_string(),
+                format!("trainer/dist={dist}"),
+                format!("trainer.precision={precision}"),
+                "trainer.device=cpu".into(),
+                "data.seq_len=16".into(),
+                format!("compute.tasks_per_node={ranks}"),
+                "compute.gpus_per_node=0".into(),
+            ];
+            if dist != "none" {
+                o.push("trainer.dist.backend=cpu".into());
+            }
+            o.extend(extra.iter().map(|s| s.to_string()));
+            job(&o.iter().map(String::as_str).collect::<Vec<_>>())
+        };
+        let job = dpo_job();
+        let kept = move |comm: Option<Arc<dyn Communicator>>| -> usize {
+            let llama = CausalLm::with_lora(&job.model, job.peft.lora()).unwrap();
+            let params = llama.init_params(7, Device::Cpu, Kind::Float);
+            let dist = comm.map(|comm| DistContext {
+                comm,
+                local_world_size: ranks,
+            });
+            let mut weights =
+                parallelize::parallelize(&llama, &params, &job.trainer, Device::Cpu, dist.as_ref())
+                    .unwrap()
+                    .weights;
+            weights.keep_reference(false).unwrap();
+            distinct_storage_bytes(&weights.held_tensors().reference)
+        };
+        let job = dpo_job();
+        let held = if ranks == 1 {
+            vec![kept(None)]
+        } else {
+            on_threads(ranks, move |c| kept(Some(c)))
+        };
+        let want = term(&job, TermKind::Reference);
+        for (rank, bytes) in held.iter().enumerate() {
+            assert_eq!(
+                *bytes as u64, want,
+                "{dist} {precision} {extra:?} rank {rank}: kept {bytes} B, estimate {want} B"
+            );
+        }
+        if job.peft.lora().is_some() {
+            assert_eq!(want, 0, "a new adapter's reference is the base");
+        } else {
+            assert!(want > 0);
+        }
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Activations against PyTorch
 

@@ -225,6 +225,13 @@ fn label(job: &JobConfig, step: &Step<'_>, t: TermKind) -> String {
             format!("parameters ({frozen} frozen base, {master} LoRA adapters{shard_note})")
         }
         TermKind::Params => format!("parameters ({master}{shard_note})"),
+        TermKind::Reference if job.peft.lora().is_some() => {
+            format!("DPO reference: a frozen copy of the adapters ({compute})")
+        }
+        TermKind::Reference => {
+            let dtype = if fsdp.is_some() { param } else { compute };
+            format!("DPO reference: a frozen copy of the parameters ({dtype}{shard_note})")
+        }
         TermKind::ComputeCopies if job.peft.lora().is_some() => {
             format!("{compute} compute copies of the adapters")
         }

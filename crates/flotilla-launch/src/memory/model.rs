@@ -15,7 +15,7 @@ use std::ops::Range;
 
 use flotilla_config::schema::{
     DataConfig, DdpConfig, DistConfig, Dtype, FsdpConfig, JobConfig, LoraModule, ModelType,
-    Precision, Resume, SavedModule, ShardingStrategy, StateDictType,
+    Precision, ReferenceModel, Resume, SavedModule, ShardingStrategy, StateDictType,
 };
 
 /// The CUDA context, cuBLAS workspaces and NCCL buffers of one rank: a fixed figure (a CUDA
@@ -56,6 +56,11 @@ pub enum TermKind {
     GradAccumulators,
     /// AdamW's two moments, in the master dtype (`optim.rs`; FSDP: per shard).
     Optimizer,
+    /// Preference tuning's frozen reference (`objective: dpo`, `reference: auto`): a copy of
+    /// the trained parameters in the compute dtype (`Replicated::keep_reference`; FSDP: of
+    /// each trained group's shard in the param dtype); none for a new LoRA adapter (the base
+    /// with the adapters off) or a precomputed reference.
+    Reference,
     /// FSDP all-gather buffers held (`Fsdp::issue_gather`): the groups the unit being computed
     /// reads, and the one prefetched (SHARD_GRAD_OP keeps every group until the step ends).
     /// `limit_all_gathers` bounds the gathers in flight (two), not the buffers held, so it does
@@ -115,12 +120,13 @@ pub enum TermKind {
 
 impl TermKind {
     /// Device terms, in table order.
-    pub const DEVICE: [TermKind; 20] = [
+    pub const DEVICE: [TermKind; 21] = [
         TermKind::Params,
         TermKind::ComputeCopies,
         TermKind::Grads,
         TermKind::GradAccumulators,
         TermKind::Optimizer,
+        TermKind::Reference,
         TermKind::Gathered,
         TermKind::UnshardedGrads,
         TermKind::Activations,
@@ -146,6 +152,7 @@ impl TermKind {
             TermKind::Grads => "grads",
             TermKind::GradAccumulators => "grad_accumulators",
             TermKind::Optimizer => "optimizer",
+            TermKind::Reference => "reference",
             TermKind::Gathered => "gathered",
             TermKind::UnshardedGrads => "unsharded_grads",
             TermKind::Activations => "activations",
@@ -836,7 +843,10 @@ impl<'a> Step<'a> {
             }
         };
         let block_params = units.trained.get(1).copied().unwrap_or(0);
-        let act = Activations::of(job, t.micro_batch_size as u64, a, block_params);
+        // A micro-batch of preference pairs is twice as many sequences: each pair's chosen
+        // and rejected ones.
+        let sequences = if job.objective.dpo().is_some() { 2 } else { 1 };
+        let act = Activations::of(job, sequences * t.micro_batch_size as u64, a, block_params);
         Self {
             job,
             accum: t.grad_accum_steps(world) as u64,
@@ -882,6 +892,16 @@ impl<'a> Step<'a> {
         }
     }
 
+    /// Whether the job holds a frozen reference copy (DPO with `reference: auto`, unless it
+    /// trains a new LoRA adapter, whose reference is the base).
+    fn keeps_reference(&self) -> bool {
+        let Some(dpo) = self.job.objective.dpo() else {
+            return false;
+        };
+        dpo.reference == ReferenceModel::Auto
+            && self.job.peft.lora().is_none_or(|l| l.init_from.is_some())
+    }
+
     fn has_eval(&self) -> bool {
         self.job.trainer.eval_every > 0
             && match &self.job.data {
@@ -915,17 +935,24 @@ impl<'a> Step<'a> {
         let mut out = vec![];
 
         // States present all step long, and the phases' own terms.
+        let keeps_reference = self.keeps_reference();
         let base = |phase: Phase| -> Moment {
             let mut mo = Moment::new(phase);
             match &self.weights {
                 Weights::Replicated { .. } => {
                     mo.add(TermKind::Params, replica);
                     mo.add(TermKind::Optimizer, 2 * all_trained * m);
+                    if keeps_reference {
+                        mo.add(TermKind::Reference, all_trained * self.c);
+                    }
                 }
                 Weights::Fsdp(f) if !f.offload => {
                     let shards = f.sum(|g| g.shard);
                     mo.add(TermKind::Params, f.shard_bytes(m));
                     mo.add(TermKind::Optimizer, 2 * shards * m);
+                    if keeps_reference {
+                        mo.add(TermKind::Reference, shards * f.p);
+                    }
                 }
                 Weights::Fsdp(_) => {}
             }

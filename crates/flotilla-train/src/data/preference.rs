@@ -233,10 +233,12 @@ pub fn tokenize_pair(chat: &ChatTokenizer, record: &Value) -> std::result::Resul
     })
 }
 
+/// A sequence's ids and the index of its first completion token.
+type Sequence = (Vec<u32>, usize);
+
 /// How `cfg` truncates a pair; `None` when TRL drops it (its prompt fills `seq_len` under
-/// `keep_start`). Returns each sequence with the index of its first completion token, and how
-/// many sequences were cut.
-fn truncate(ids: PairIds, cfg: &PreferenceData) -> Option<([(Vec<u32>, usize); 2], usize)> {
+/// `keep_start`). Returns the chosen and rejected sequences, and how many of them were cut.
+fn truncate(ids: PairIds, cfg: &PreferenceData) -> Option<([Sequence; 2], usize)> {
     let mut prompt = ids.prompt;
     if let Some(max) = cfg.max_prompt_length {
         if prompt.len() > max {

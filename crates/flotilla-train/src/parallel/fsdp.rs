@@ -921,6 +921,9 @@ impl ParallelWeights for Fsdp {
                 held.optimizer.push(g.exp_avg_sq.shallow_clone());
             }
         }
+        for copy in self.reference.iter().flatten().flatten() {
+            held.reference.push(copy.shallow_clone());
+        }
         held
     }
 

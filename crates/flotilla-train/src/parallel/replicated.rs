@@ -170,6 +170,7 @@ impl ParallelWeights for Replicated {
                 .values()
                 .flat_map(|s| [s.exp_avg.shallow_clone(), s.exp_avg_sq.shallow_clone()])
                 .collect(),
+            reference: self.reference.as_ref().map(all).unwrap_or_default(),
         }
     }
 

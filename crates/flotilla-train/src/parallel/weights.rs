@@ -39,6 +39,8 @@ pub struct HeldTensors {
     pub grads: Vec<Tensor>,
     /// AdamW moments (empty before the first step of replicated weights).
     pub optimizer: Vec<Tensor>,
+    /// Preference tuning's frozen reference copy (empty when none is kept).
+    pub reference: Vec<Tensor>,
 }
 
 /// The most bytes of transient tensors sharded weights held at once so far, at the moments
