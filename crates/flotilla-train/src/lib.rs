@@ -16,7 +16,7 @@
 //!   layouts), collectives over tensors, and [`parallelize`](parallel::parallelize()), the one
 //!   place that applies them;
 //! - [`trainer`]: one optimizer step of whichever weights the job holds;
-//! - [`reference`]: preference tuning's precomputed reference log-probabilities, cached in
+//! - [`reference`](mod@reference): preference tuning's precomputed reference log-probabilities, cached in
 //!   the run directory;
 //! - [`checkpoint`]: checkpoints (full or sharded, resumable on any world size) and `final/`;
 //! - [`fit`](mod@fit): the loop: evaluation, checkpointing, resuming, `metrics.csv`;
