@@ -23,7 +23,7 @@ use common::{copy_dir, flotilla_bin, repo_root, venv_python};
 const SUBCOMMANDS: [&str; 6] = ["compose", "plan", "run", "report", "diff", "init"];
 
 /// README commands not run, by a text they contain, and why.
-const README_NOT_RUN: [(&str, &str); 10] = [
+const README_NOT_RUN: [(&str, &str); 12] = [
     (
         "generate outputs/",
         "needs a model trained by the README's default run",
@@ -41,6 +41,14 @@ const README_NOT_RUN: [(&str, &str); 10] = [
         "needs the chat example's data (examples/chat/make_example.py)",
     ),
     ("generate chat/", "needs the chat example's trained model"),
+    (
+        "=pref/",
+        "needs the preference example's data (examples/preference/make_example.py)",
+    ),
+    (
+        "pref/dpo",
+        "reports on and generates from the preference example's sweep",
+    ),
     ("<date>", "a placeholder for the date of a real run"),
     (
         "plan --memory ... ",

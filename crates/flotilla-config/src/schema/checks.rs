@@ -5,11 +5,12 @@
 use super::from_node::{read, Cx, FromNode};
 use super::gpus::{gpu_model, gpu_names};
 use super::messages::{alternatives, quote_list, set_note, show, suggest, typo_note};
+use super::objective::DpoLossType;
 use super::types::ModelType;
 use super::types::{
     AutoWrapPolicy, Backend, ComputeConfig, DataConfig, DataKind, Device, DistConfig, DistMode,
-    DpoLossType, JobConfig, Launcher, LoraConfig, LoraModule, ModelConfig, ObjectiveConfig,
-    PeftConfig, TaskConfig, TaskRanks, TokenizerSpec, TrainerConfig,
+    JobConfig, Launcher, LoraConfig, LoraModule, ModelConfig, ObjectiveConfig, PeftConfig,
+    TaskConfig, TaskRanks, TokenizerSpec, TrainerConfig,
 };
 use super::{ProblemKind, SchemaError};
 use crate::node::{python_float_repr, Dict, Node, Value};

@@ -31,6 +31,8 @@ mod from_node;
 mod gpus;
 pub mod hf_config;
 mod messages;
+mod objective;
+mod peft;
 mod precision;
 mod rope;
 mod runtime_mandatory;
@@ -49,6 +51,7 @@ pub use checks::{
     MAX_ARITHMETIC_DIGITS, USER_TASK_COMPUTE_DEFAULTS,
 };
 pub use gpus::{gpu_model, gpu_names, GpuModel, GPU_MODELS};
+pub use objective::{DpoConfig, DpoLossType, ObjectiveConfig, ObjectiveKind, ReferenceModel};
 pub use rope::RopeProblem;
 pub use runtime_mandatory::{check_runtime_mandatory, RuntimeMode};
 pub use shard_size::{ShardSize, DEFAULT_MAX_SHARD_SIZE};
@@ -60,10 +63,7 @@ pub use types::{
     SavedModule, ShardingStrategy, StateDictType, TaskConfig, TaskRanks, TextData, TokenDtype,
     TokenizerSpec, TokensData, TrainOn, TrainerConfig,
 };
-pub use types::{
-    DpoConfig, DpoLossType, LayerType, ModelType, ObjectiveConfig, ObjectiveKind, PreferenceData,
-    ProcessGroup, ReferenceModel, TruncationMode,
-};
+pub use types::{LayerType, ModelType, PreferenceData, ProcessGroup, TruncationMode};
 
 /// What kind of problem a [`Problem`] is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -5,6 +5,8 @@
 
 use super::from_node::{field, parse_choice, parse_tagged, Choice, Cx, Fail, FromNode, Parsed};
 use super::messages::{alternatives, quote_list, set_note, show, suggest};
+pub use super::objective::ObjectiveConfig;
+pub use super::peft::{LoraConfig, LoraModule, PeftConfig, PeftMethod, SavedModule};
 pub use super::rope::{RopeScaling, RopeType};
 use super::shard_size::{ShardSize, DEFAULT_MAX_SHARD_SIZE};
 use super::ProblemKind;
@@ -110,56 +112,6 @@ choice! {
 }
 
 choice! {
-    /// Parameter-efficient fine-tuning method (`peft.method`, the `peft` config group).
-    pub enum PeftMethod { None = "none", Lora = "lora" }
-}
-
-choice! {
-    /// A linear layer of a decoder block that LoRA adapts (Hugging Face module names), or
-    /// `all-linear`: every linear layer but `lm_head` (PEFT's shorthand).
-    pub enum LoraModule {
-        QProj = "q_proj",
-        KProj = "k_proj",
-        VProj = "v_proj",
-        OProj = "o_proj",
-        GateProj = "gate_proj",
-        UpProj = "up_proj",
-        DownProj = "down_proj",
-        /// Phi-3's fused q/k/v projection.
-        QkvProj = "qkv_proj",
-        /// Phi-3's fused gate and up projection.
-        GateUpProj = "gate_up_proj",
-        AllLinear = "all-linear",
-    }
-}
-
-impl LoraModule {
-    /// A block's linear layers, in Hugging Face order.
-    pub const LINEAR: [LoraModule; 7] = [
-        LoraModule::QProj,
-        LoraModule::KProj,
-        LoraModule::VProj,
-        LoraModule::OProj,
-        LoraModule::GateProj,
-        LoraModule::UpProj,
-        LoraModule::DownProj,
-    ];
-
-    /// A Phi-3 block's linear layers (q/k/v and gate/up fused), in Hugging Face order.
-    pub const FUSED_LINEAR: [LoraModule; 4] = [
-        LoraModule::QkvProj,
-        LoraModule::OProj,
-        LoraModule::GateUpProj,
-        LoraModule::DownProj,
-    ];
-}
-
-choice! {
-    /// A module PEFT's `modules_to_save` trains in full beside the adapters.
-    pub enum SavedModule { LmHead = "lm_head", EmbedTokens = "embed_tokens" }
-}
-
-choice! {
     /// Collective backend: `auto` is nccl on CUDA and the CPU backend otherwise.
     pub enum Backend { Auto = "auto", Nccl = "nccl", Cpu = "cpu" }
 }
@@ -257,27 +209,6 @@ choice! {
 choice! {
     /// Which data source `data` describes (`data.kind`).
     pub enum DataKind { Arithmetic = "arithmetic", Tokens = "tokens", Text = "text", Jsonl = "jsonl", Chat = "chat", Preference = "preference" }
-}
-
-choice! {
-    /// What the trainer optimises (`objective.kind`): next-token cross-entropy (supervised
-    /// fine-tuning and pre-training) or direct preference optimisation.
-    pub enum ObjectiveKind { Sft = "sft", Dpo = "dpo" }
-}
-
-choice! {
-    /// DPO's loss of a pair's reward margin (`objective.loss_type`, TRL's names): `sigmoid`
-    /// (DPO; conservative DPO with `label_smoothing`), `ipo` (on length-averaged log-ratios),
-    /// `hinge` (SLiC), `robust` (rDPO, `label_smoothing` the flip probability).
-    pub enum DpoLossType { Sigmoid = "sigmoid", Ipo = "ipo", Hinge = "hinge", Robust = "robust" }
-}
-
-choice! {
-    /// Where DPO's reference log-probabilities come from (`objective.reference`): `auto` (a
-    /// LoRA job's base with the adapters off, otherwise a frozen copy of the starting weights
-    /// held like the policy's) or `precomputed` (one pass over the data before training, kept
-    /// in the run directory; no second model).
-    pub enum ReferenceModel { Auto = "auto", Precomputed = "precomputed" }
 }
 
 choice! {
@@ -521,84 +452,6 @@ pub struct JobConfig {
     /// What the trainer optimises (absent from a config: `sft`).
     #[serde(default)]
     pub objective: ObjectiveConfig,
-}
-
-/// `objective`, chosen by `objective.kind` (the `objective` config group); absent means `sft`.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "kind")]
-pub enum ObjectiveConfig {
-    /// Next-token cross-entropy over the labelled tokens.
-    #[default]
-    #[serde(rename = "sft")]
-    Sft,
-    #[serde(rename = "dpo")]
-    Dpo(DpoConfig),
-}
-
-section! {
-    /// `objective` with `kind: dpo` (TRL's `DPOConfig` names).
-    pub struct DpoConfig {
-        /// How far the policy may move from the reference (IPO's tau).
-        beta: f64,
-        /// `sigmoid`, `ipo`, `hinge` or `robust`.
-        loss_type: DpoLossType,
-        /// `sigmoid`: conservative DPO's label noise; `robust`: the flip probability, below 0.5.
-        label_smoothing: f64,
-        /// `auto` or `precomputed`.
-        reference: ReferenceModel,
-    }
-}
-
-impl ObjectiveConfig {
-    pub fn kind(&self) -> ObjectiveKind {
-        match self {
-            ObjectiveConfig::Sft => ObjectiveKind::Sft,
-            ObjectiveConfig::Dpo(_) => ObjectiveKind::Dpo,
-        }
-    }
-
-    /// The DPO settings, when `kind: dpo`.
-    pub fn dpo(&self) -> Option<&DpoConfig> {
-        match self {
-            ObjectiveConfig::Dpo(d) => Some(d),
-            ObjectiveConfig::Sft => None,
-        }
-    }
-
-    fn keys_of(kind: ObjectiveKind) -> &'static [&'static str] {
-        match kind {
-            ObjectiveKind::Sft => &[],
-            ObjectiveKind::Dpo => DpoConfig::KEYS,
-        }
-    }
-}
-
-impl FromNode for ObjectiveConfig {
-    fn expected() -> String {
-        "a dict".into()
-    }
-    fn example() -> String {
-        "{kind: sft}".into()
-    }
-    fn parse(node: &Node, key: &str, cx: &mut Cx) -> Parsed<Self> {
-        let (kind, dict, skip) = parse_tagged::<ObjectiveKind>(
-            node,
-            key,
-            "kind",
-            "objective",
-            ObjectiveConfig::keys_of,
-            cx,
-        )?;
-        Ok(match kind {
-            ObjectiveKind::Sft => {
-                cx.unknown_keys(dict, key, &[], &skip);
-                ObjectiveConfig::Sft
-            }
-            ObjectiveKind::Dpo => {
-                ObjectiveConfig::Dpo(DpoConfig::parse_fields(node, dict, key, cx, &skip)?)
-            }
-        })
-    }
 }
 
 section! {
@@ -879,115 +732,6 @@ impl FromNode for DistConfig {
             DistMode::Ddp => DistConfig::Ddp(DdpConfig::parse_fields(node, dict, key, cx, &skip)?),
             DistMode::Fsdp => {
                 DistConfig::Fsdp(FsdpConfig::parse_fields(node, dict, key, cx, &skip)?)
-            }
-        })
-    }
-}
-
-/// `peft`, chosen by `peft.method` (the `peft` config group); absent means `none`.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "method")]
-pub enum PeftConfig {
-    /// Every weight is trained.
-    #[default]
-    #[serde(rename = "none")]
-    None,
-    #[serde(rename = "lora")]
-    Lora(LoraConfig),
-}
-
-section! {
-    /// `peft` with `method: lora` (PEFT's `LoraConfig` names where they exist).
-    pub struct LoraConfig {
-        /// Rank of the update `B·A`.
-        r: usize,
-        /// `lora_alpha`: the update is scaled by `alpha / r` (`alpha / sqrt(r)` with rsLoRA).
-        alpha: f64,
-        /// Dropout on the adapter's input (PEFT's `lora_dropout`).
-        dropout: f64,
-        /// Linear layers to adapt, or `all-linear`.
-        target_modules: Vec<LoraModule>,
-        /// Rank-stabilised scaling `alpha / sqrt(r)`.
-        use_rslora: bool,
-        /// Modules trained in full beside the adapters.
-        modules_to_save: Vec<SavedModule>,
-        /// A PEFT adapter directory to start from.
-        init_from: Option<String> => "/path/to/adapter-dir",
-        /// Also write `final/merged/`: the base with `W + scale·B·A` folded in.
-        merge: bool,
-    }
-}
-
-impl LoraConfig {
-    /// The adapted layers of `model`, `all-linear` expanded, in Hugging Face order.
-    pub fn targets(&self, model: &ModelConfig) -> Vec<LoraModule> {
-        self.targets_among(model.linear_modules())
-    }
-
-    /// The adapted layers among a block's `linear` layers, `all-linear` expanded.
-    pub fn targets_among(&self, linear: &[LoraModule]) -> Vec<LoraModule> {
-        linear
-            .iter()
-            .copied()
-            .filter(|m| {
-                self.target_modules
-                    .iter()
-                    .any(|t| t == m || *t == LoraModule::AllLinear)
-            })
-            .collect()
-    }
-
-    /// The factor of `B·A`: `alpha / r`, or `alpha / sqrt(r)` with rsLoRA.
-    pub fn scale(&self) -> f64 {
-        if self.use_rslora {
-            self.alpha / (self.r as f64).sqrt()
-        } else {
-            self.alpha / self.r as f64
-        }
-    }
-}
-
-impl PeftConfig {
-    pub fn method(&self) -> PeftMethod {
-        match self {
-            PeftConfig::None => PeftMethod::None,
-            PeftConfig::Lora(_) => PeftMethod::Lora,
-        }
-    }
-
-    /// The LoRA settings, when `method: lora`.
-    pub fn lora(&self) -> Option<&LoraConfig> {
-        match self {
-            PeftConfig::Lora(l) => Some(l),
-            PeftConfig::None => None,
-        }
-    }
-
-    fn keys_of(method: PeftMethod) -> &'static [&'static str] {
-        match method {
-            PeftMethod::None => &[],
-            PeftMethod::Lora => LoraConfig::KEYS,
-        }
-    }
-}
-
-impl FromNode for PeftConfig {
-    fn expected() -> String {
-        "a dict".into()
-    }
-    fn example() -> String {
-        "{method: none}".into()
-    }
-    fn parse(node: &Node, key: &str, cx: &mut Cx) -> Parsed<Self> {
-        let (method, dict, skip) =
-            parse_tagged::<PeftMethod>(node, key, "method", "peft", PeftConfig::keys_of, cx)?;
-        Ok(match method {
-            PeftMethod::None => {
-                cx.unknown_keys(dict, key, &[], &skip);
-                PeftConfig::None
-            }
-            PeftMethod::Lora => {
-                PeftConfig::Lora(LoraConfig::parse_fields(node, dict, key, cx, &skip)?)
             }
         })
     }

@@ -13,6 +13,7 @@
 //! `compute.gpu_type` from the schema's GPU table, or a `compute.constraint` naming one);
 //! `advice` tries the changes that shrink a job; `render` prints.
 
+mod activations;
 mod advice;
 mod gpu;
 mod model;

@@ -1,0 +1,146 @@
+//! What one micro-batch's activations cost: the bytes each op of the decoder saves for
+//! backward, in each family's style, for the planner's terms ([`Activations`]).
+
+use flotilla_config::schema::{JobConfig, ModelType};
+
+/// Activation bytes of one micro-batch (the decoder of `flotilla-train`'s `model/decoder/` as
+/// autograd runs it, in each family's style: what each op saves for backward, checked against
+/// PyTorch's saved tensors of transformers' layers in `crates/flotilla-train/tests/memory.rs`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Activations {
+    /// A block's input (the previous unit's output, kept by the engine).
+    pub block_input: u64,
+    /// What a block's graph saves besides its input.
+    pub block_saved: u64,
+    /// The embedding's input token ids.
+    pub tokens: u64,
+    /// The head's input and its final norm's saved tensors.
+    pub head: u64,
+    /// The rotary tables shared by every block (fp32 `cos`/`sin`; a table per row when rows
+    /// are packed).
+    pub rotary: u64,
+    /// Packed rows ([`isolates_packed_sequences`](flotilla_config::schema::DataConfig::isolates_packed_sequences)): their int64 position ids and
+    /// boolean attention mask `[M, 1, T, T]`, held for the micro-batch.
+    pub packing: u64,
+    pub logits: u64,
+    /// log-softmax's fp32 output and the shifted targets.
+    pub loss: u64,
+    /// The NLL and log-softmax gradients over the vocabulary, alive together.
+    pub loss_backward: u64,
+    /// Gradients inside one block's backward: three of the MLP's width and two of the hidden
+    /// size at once, and below fp32 the block's weight gradients before their fp32 cast (an
+    /// estimate; PyTorch's saved tensors check the other terms, not this one).
+    pub block_backward: u64,
+}
+
+impl Activations {
+    /// `a`: bytes of the compute dtype; `block_params`: a block's parameter elements.
+    pub fn of(job: &JobConfig, micro: u64, a: u64, block_params: u64) -> Self {
+        let m = &job.model;
+        let (h, inter) = (m.hidden_size as u64, m.intermediate_size as u64);
+        let (nh, nkv) = (m.num_attention_heads as u64, m.num_key_value_heads as u64);
+        let hd = m.head_dim() as u64;
+        let (q, kv) = (nh * hd, nkv * hd);
+        let vocab = m.vocab_size as u64;
+        let t = job.data.seq_len() as u64;
+        let n = micro * t;
+        let gemma = m.gemma_style();
+        // RMSNorm upcasts its input to fp32 (a copy unless already fp32) that the square and the
+        // scaling save, and saves its 1/rms per row. Llama's weight product then saves the
+        // normalised input cast to the compute dtype; Gemma's `(1 + w)` product, in fp32, the
+        // fp32 normalised input. What follows: `normed(d)`, without the fp32 input and output.
+        let normed = |d: u64| if gemma { 4 + 4 * d } else { 4 + d * a };
+        // A norm whose input nothing else keeps (the fp32 input or its copy) and whose output
+        // is saved by the projections after it.
+        let f32_copy = if a == 4 { 0 } else { 4 * h };
+        let norm = f32_copy + normed(h) + h * a;
+        // Attention: SDPA without a mask saves q, k and v after rotary, its output (which the
+        // output projection reads) and an fp32 log-sum-exp per head. Under a mask (packed rows,
+        // or a sliding window shorter than the sequence) the KV heads are repeated to the
+        // query heads first. Soft-capped scores (Gemma 2) take transformers' eager attention:
+        // the matmul saves q and the repeated k, the tanh its output, the fp32 softmax its
+        // output and, below fp32, the product with v its cast; the output projection saves the
+        // heads' output. Phi-3's v is a view of the fused projection's output, which it keeps.
+        let packed = job.data.isolates_packed_sequences();
+        let eager = m.attn_logit_softcapping.is_some();
+        let windowed =
+            (0..m.num_hidden_layers).any(|i| m.layer_window(i).is_some_and(|w| t > w as u64));
+        let repeated = (packed || windowed || eager) && nkv != nh;
+        let k_saved = if repeated { q } else { kv };
+        let v_saved = match (repeated, m.architecture() == ModelType::Phi3) {
+            (true, _) => q,
+            (false, true) => q + 2 * kv,
+            (false, false) => kv,
+        };
+        // SDPA's output is laid out like its queries: after a full rotary (whose products keep
+        // the projection's token-major layout) it is the output projection's input; after a
+        // partial one (a concatenation, head-major) the projection reads a token-major copy.
+        let rotary_dim = m.rotary_dim() as u64;
+        let output = if eager || rotary_dim < hd { q } else { 0 };
+        let attention = if eager {
+            (q + k_saved + v_saved + output) * a + nh * t * (a + 4 + if a == 4 { 0 } else { a })
+        } else {
+            (q + k_saved + v_saved + q + output) * a + 4 * nh
+        };
+        // Per-head q and k norms (Qwen3, Gemma 3) before rotary, whose product saves only the
+        // tables: the projections' outputs in fp32 and the norms' saved tensors.
+        let qk_norm = if m.qk_norm() {
+            4 * (q + kv) + 4 * (nh + nkv) + if gemma { 4 * (q + kv) } else { (q + kv) * a }
+        } else {
+            0
+        };
+        // The residual into the MLP's norm (in fp32: the residual itself, or its copy) and that
+        // norm; the gate, its activation, the up projection and their product. Gemma norms the
+        // attention's and the MLP's outputs too, before the residual adds (which save nothing).
+        let mlp_norm = 4 * h + normed(h) + h * a;
+        let output_norms = if gemma { 2 * (4 * h + normed(h)) } else { 0 };
+        let saved_tok = norm + qk_norm + attention + mlp_norm + 4 * inter * a + output_norms;
+        // Packed rows have rotary tables of their own, and each block's attention saves the
+        // additive bias SDPA makes of their boolean mask, in the compute dtype (of a window's
+        // `[T, T]` mask too); eager attention saves its boolean mask.
+        let tables = if packed { micro } else { 1 };
+        let mask_rows = if packed { micro } else { 1 };
+        let mask_bias = if eager {
+            mask_rows * t * t
+        } else if packed || windowed {
+            mask_rows * t * t * a
+        } else {
+            0
+        };
+        // Below fp32 each block casts the rotary tables to its dtype and keeps the casts.
+        let block_rotary = if a == 4 {
+            0
+        } else {
+            2 * tables * t * rotary_dim * a
+        };
+        // Soft-capped logits: the tanh saves its output beside the logits.
+        let capped_logits = if m.final_logit_softcapping.is_some() {
+            n * vocab * a
+        } else {
+            0
+        };
+        let rows = micro * t.saturating_sub(1);
+        Self {
+            block_input: n * h * a,
+            block_saved: n * saved_tok + block_rotary + mask_bias,
+            tokens: n * 8,
+            head: n * (h * a + norm) + capped_logits,
+            rotary: 2 * tables * t * rotary_dim * 4,
+            packing: if packed { n * 8 + micro * t * t } else { 0 },
+            logits: n * vocab * a,
+            loss: rows * vocab * 4 + rows * 8,
+            loss_backward: 2 * rows * vocab * 4,
+            block_backward: n * (3 * inter + 2 * h) * a + if a == 4 { 0 } else { block_params * a },
+        }
+    }
+
+    /// One block with its input.
+    pub fn block(&self) -> u64 {
+        self.block_input + self.block_saved
+    }
+
+    /// What every block of the micro-batch reads: the rotary tables and the packing mask.
+    pub fn shared(&self) -> u64 {
+        self.rotary + self.packing
+    }
+}
