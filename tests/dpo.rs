@@ -74,40 +74,32 @@ fn flotilla(dir: &Path, args: &[&str]) -> Output {
         .unwrap()
 }
 
-/// A DPO run of the fixture's base (`name`: its run directory) with `extra` overrides; its
-/// `metrics.csv` rows by column.
-fn run(dir: &Path, name: &str, extra: &[&str]) -> Vec<HashMap<String, f64>> {
-    let run_dir = dir.join("runs").join(name);
-    let _ = std::fs::remove_dir_all(&run_dir);
-    let base = format!("model.init_from={}", dir.join("base").display());
-    let pairs = format!("data.path={}", dir.join("pairs.jsonl").display());
-    let out = format!("flotilla.run.dir={}", run_dir.display());
+/// The overrides of a DPO job of the fixture's base: 3 steps of 4 pairs as the oracle trains
+/// them, then `extra`.
+fn dpo_overrides(dir: &Path, extra: &[&str]) -> Vec<String> {
     let mut args = vec![
-        "run",
-        &base,
-        "objective=dpo",
-        "data=preference",
-        &pairs,
-        "data.seq_len=64",
-        "data.shuffle=false",
-        "trainer.max_steps=3",
-        "trainer.global_batch_size=4",
-        "trainer.micro_batch_size=4",
-        "trainer.lr=0.01",
-        "trainer.schedule=constant",
-        "trainer.warmup_steps=0",
-        "trainer.weight_decay=0.0",
-        "trainer/dist=none",
-        "compute.tasks_per_node=1",
-        &out,
+        format!("model.init_from={}", dir.join("base").display()),
+        "objective=dpo".into(),
+        "data=preference".into(),
+        format!("data.path={}", dir.join("pairs.jsonl").display()),
+        "data.seq_len=64".into(),
+        "data.shuffle=false".into(),
+        format!("trainer.max_steps={STEPS}"),
+        "trainer.global_batch_size=4".into(),
+        "trainer.micro_batch_size=4".into(),
+        "trainer.lr=0.01".into(),
+        "trainer.schedule=constant".into(),
+        "trainer.warmup_steps=0".into(),
+        "trainer.weight_decay=0.0".into(),
+        "trainer/dist=none".into(),
+        "compute.tasks_per_node=1".into(),
     ];
-    args.extend(extra);
-    let o = flotilla(dir, &args);
-    assert!(
-        o.status.success(),
-        "{name}: {}",
-        String::from_utf8_lossy(&o.stderr)
-    );
+    args.extend(extra.iter().map(|s| s.to_string()));
+    args
+}
+
+/// `metrics.csv` of `run_dir`, its rows by column.
+fn metrics(run_dir: &Path) -> Vec<HashMap<String, f64>> {
     let mut reader = csv::Reader::from_path(run_dir.join("metrics.csv")).unwrap();
     let header: Vec<String> = reader
         .headers()
@@ -126,6 +118,42 @@ fn run(dir: &Path, name: &str, extra: &[&str]) -> Vec<HashMap<String, f64>> {
                 .collect()
         })
         .collect()
+}
+
+/// A DPO job of the fixture's base through `flotilla run` (`name`: its run directory) with
+/// `extra` overrides; its `metrics.csv`.
+fn run(dir: &Path, name: &str, extra: &[&str]) -> Vec<HashMap<String, f64>> {
+    let run_dir = dir.join("runs").join(name);
+    let _ = std::fs::remove_dir_all(&run_dir);
+    let mut args = vec!["run".to_string()];
+    args.extend(dpo_overrides(dir, extra));
+    args.push(format!("flotilla.run.dir={}", run_dir.display()));
+    let o = flotilla(dir, &args.iter().map(String::as_str).collect::<Vec<_>>());
+    assert!(
+        o.status.success(),
+        "{name}: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    metrics(&run_dir)
+}
+
+/// `flotilla train --run-dir RUN_DIR` of the DPO job with `extra` overrides (a second call on
+/// the same directory resumes it); its `metrics.csv`.
+fn train(dir: &Path, run_dir: &Path, extra: &[&str]) -> Vec<HashMap<String, f64>> {
+    let mut args = vec![
+        "train".to_string(),
+        "--run-dir".into(),
+        run_dir.display().to_string(),
+    ];
+    args.extend(dpo_overrides(dir, extra));
+    let o = flotilla(dir, &args.iter().map(String::as_str).collect::<Vec<_>>());
+    assert!(
+        o.status.success(),
+        "{}: {}",
+        run_dir.display(),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    metrics(run_dir)
 }
 
 /// TRL's columns that flotilla logs too.
@@ -452,5 +480,46 @@ fn pairs_are_read_in_every_format_and_bad_input_is_refused() {
         let err = String::from_utf8_lossy(&o.stderr);
         assert_eq!(o.status.code(), Some(2), "{all:?}: {err}");
         assert!(err.contains(needle), "{all:?}: {err}");
+    }
+}
+
+#[test]
+fn a_resumed_dpo_run_keeps_its_reference() {
+    let Some(dir) = need_fixture("a_resumed_dpo_run") else {
+        return;
+    };
+    let adapter = format!("peft.init_from={}", dir.join("adapter").display());
+    let lora = [
+        "peft=lora",
+        adapter.as_str(),
+        "peft.r=4",
+        "peft.alpha=8",
+        "peft.target_modules=[q_proj,v_proj]",
+        "peft.dropout=0.0",
+    ];
+    let mut lora_precomputed = lora.to_vec();
+    lora_precomputed.push("objective.reference=precomputed");
+    // The reference is the starting weights (or adapter), not the checkpoint's: rebuilt from
+    // model.init_from (peft.init_from), or read back from the run directory.
+    for (name, extra) in [
+        ("copy", vec![]),
+        ("precomputed", vec!["objective.reference=precomputed"]),
+        ("lora", lora.to_vec()),
+        ("lora-precomputed", lora_precomputed),
+    ] {
+        let runs = dir.join("resume").join(name);
+        let _ = std::fs::remove_dir_all(&runs);
+        let mut whole = extra.clone();
+        whole.push("trainer.max_steps=4");
+        let straight = train(dir, &runs.join("straight"), &whole);
+        let mut half = extra.clone();
+        half.extend(["trainer.max_steps=2", "trainer.checkpoint_every=2"]);
+        train(dir, &runs.join("resumed"), &half);
+        let resumed = train(dir, &runs.join("resumed"), &whole);
+        assert_rows_equal(name, &resumed, &straight, 1e-6);
+        assert!(
+            straight[3]["rewards/chosen"] != 0.0,
+            "{name}: the policy moved from the reference"
+        );
     }
 }
