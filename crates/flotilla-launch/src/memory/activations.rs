@@ -1,7 +1,7 @@
 //! What one micro-batch's activations cost: the bytes each op of the decoder saves for
 //! backward, in each family's style, for the planner's terms ([`Activations`]).
 
-use flotilla_config::schema::{JobConfig, ModelType};
+use flotilla_config::schema::{JobConfig, ModelType, Precision};
 
 /// Activation bytes of one micro-batch (the decoder of `flotilla-train`'s `model/decoder/` as
 /// autograd runs it, in each family's style: what each op saves for backward, checked against
@@ -50,10 +50,15 @@ impl Activations {
         // normalised input cast to the compute dtype; Gemma's `(1 + w)` product, in fp32, the
         // fp32 normalised input. What follows: `normed(d)`, without the fp32 input and output.
         let normed = |d: u64| if gemma { 4 + 4 * d } else { 4 + d * a };
+        // fp16 weights keep the residual stream in fp32 (the block inputs, and what the norms
+        // of it take: no fp32 copy, and Llama's weight product saves the fp32 normalised input).
+        let fp32_residual = a == 2 && job.precision() == Precision::Fp16Mixed;
+        let residual = if fp32_residual { 4 } else { a };
+        let normed_residual = |d: u64| if fp32_residual { 4 + 4 * d } else { normed(d) };
         // A norm whose input nothing else keeps (the fp32 input or its copy) and whose output
         // is saved by the projections after it.
-        let f32_copy = if a == 4 { 0 } else { 4 * h };
-        let norm = f32_copy + normed(h) + h * a;
+        let f32_copy = if a == 4 || fp32_residual { 0 } else { 4 * h };
+        let norm = f32_copy + normed_residual(h) + h * a;
         // Attention: SDPA without a mask saves q, k and v after rotary, its output (which the
         // output projection reads) and an fp32 log-sum-exp per head. Under a mask (packed rows,
         // or a sliding window shorter than the sequence) the KV heads are repeated to the
@@ -92,7 +97,7 @@ impl Activations {
         // The residual into the MLP's norm (in fp32: the residual itself, or its copy) and that
         // norm; the gate, its activation, the up projection and their product. Gemma norms the
         // attention's and the MLP's outputs too, before the residual adds (which save nothing).
-        let mlp_norm = 4 * h + normed(h) + h * a;
+        let mlp_norm = 4 * h + normed_residual(h) + h * a;
         let output_norms = if gemma { 2 * (4 * h + normed(h)) } else { 0 };
         let saved_tok = norm + qk_norm + attention + mlp_norm + 4 * inter * a + output_norms;
         // Packed rows have rotary tables of their own, and each block's attention saves the
@@ -121,10 +126,10 @@ impl Activations {
         };
         let rows = micro * t.saturating_sub(1);
         Self {
-            block_input: n * h * a,
+            block_input: n * h * residual,
             block_saved: n * saved_tok + block_rotary + mask_bias,
             tokens: n * 8,
-            head: n * (h * a + norm) + capped_logits,
+            head: n * (h * residual + norm) + capped_logits,
             rotary: 2 * tables * t * rotary_dim * 4,
             packing: if packed { n * 8 + micro * t * t } else { 0 },
             logits: n * vocab * a,

@@ -9,7 +9,7 @@
 //! units and which weights LoRA may adapt ([`lora_module`]). Parameter names are
 //! [`super::names`]'s; `config.json` is [`super::hf_config`]'s.
 
-use tch::Tensor;
+use tch::{Kind, Tensor};
 
 use flotilla_config::schema::{LoraConfig, LoraModule, ModelConfig, SavedModule};
 
@@ -115,10 +115,18 @@ impl DecoderStyle {
         }
     }
 
+    /// The norm of `x` in the weight's dtype: an fp32 residual stream (fp16 weights, see
+    /// [`Embedding`]) is normed in fp32 and handed to the projections in fp16, where autocast
+    /// casts it.
     fn rms_norm(&self, x: &Tensor, weight: &Tensor, eps: f64) -> Tensor {
-        match self.norm {
+        let normed = match self.norm {
             NormStyle::Llama => rms_norm(x, weight, eps),
             NormStyle::Gemma => gemma_rms_norm(x, weight, eps),
+        };
+        if normed.kind() == weight.kind() {
+            normed
+        } else {
+            normed.to_kind(weight.kind())
         }
     }
 }
@@ -413,8 +421,15 @@ impl Unit for Embedding {
     fn param_names(&self) -> &[String] {
         &self.params
     }
+    /// With fp16 weights (16-mixed's compute copies, an fp16 checkpoint) the residual stream
+    /// leaves the embedding in fp32 and stays there, as under autocast: each block's outputs
+    /// are added to it in fp32 (type promotion) and its norms hand fp16 to the projections, so
+    /// the large activations of real checkpoints do not overflow fp16's range.
     fn forward(&self, params: &[Tensor], input: &Tensor, _ctx: &ForwardCtx) -> Tensor {
-        let x = Tensor::embedding(&params[0], input, self.padding_idx, false, false);
+        let mut x = Tensor::embedding(&params[0], input, self.padding_idx, false, false);
+        if x.kind() == Kind::Half {
+            x = x.to_kind(Kind::Float);
+        }
         match self.scale {
             // The scale rounded to the activation dtype first, as Gemma's `normalizer` is.
             Some(s) => {

@@ -573,3 +573,59 @@ fn cached_forward_equals_the_whole_forward() {
         ));
     }
 }
+
+/// fp16 weights run the residual stream in fp32, as autocast does: a residual beyond fp16's
+/// range (65504) stays finite and equals the fp32 forward of the same weights.
+#[test]
+fn fp16_weights_keep_the_residual_stream_in_fp32() {
+    let model = CausalLm::new(&tiny(false, 2)).unwrap();
+    let mut params = model.init_params(5, Device::Cpu, Kind::Float);
+    // Embeddings of 3e4 and attention outputs of 32 x 1200 = 3.84e4: each fits fp16, their sum
+    // does not (and the second block adds as much again).
+    let fill = |params: &mut Params, name: &str, v: f64| {
+        let t = params.get(name).unwrap().ones_like() * v;
+        params.insert(name, t);
+    };
+    fill(&mut params, "model.embed_tokens.weight", 3e4);
+    for i in 0..2 {
+        fill(
+            &mut params,
+            &format!("model.layers.{i}.self_attn.v_proj.weight"),
+            1.0 / 32.0,
+        );
+        fill(
+            &mut params,
+            &format!("model.layers.{i}.self_attn.o_proj.weight"),
+            1200.0,
+        );
+    }
+    let half = params.to(Device::Cpu, Kind::Half);
+    let rounded = half.to(Device::Cpu, Kind::Float);
+    let ids = Tensor::from_slice(&[3i64, 7, 11, 5, 9]).reshape([1, 5]);
+    let want = model.forward(&rounded, &ids).unwrap();
+    let got = model.forward(&half, &ids).unwrap().to_kind(Kind::Float);
+    assert_eq!(got.kind(), Kind::Float);
+    assert!(
+        bool::try_from(got.isfinite().all()).unwrap(),
+        "fp16 logits overflowed: {got}"
+    );
+    let err = (&got - &want).abs().max().double_value(&[]);
+    let scale = want.abs().max().double_value(&[]);
+    assert!(
+        err <= 1e-2 * scale,
+        "fp16 {err} off the fp32 forward (max {scale})"
+    );
+    // The residual stream itself went past fp16's range.
+    let embed = model.units()[0].forward(
+        &model.unit_params(0, &half).unwrap(),
+        &ids,
+        &model.ctx(5, Device::Cpu),
+    );
+    assert_eq!(embed.kind(), Kind::Float);
+    let block = model.units()[1].forward(
+        &model.unit_params(1, &half).unwrap(),
+        &embed,
+        &model.ctx(5, Device::Cpu),
+    );
+    assert!(block.abs().max().double_value(&[]) > 65504.0);
+}
