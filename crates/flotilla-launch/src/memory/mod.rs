@@ -29,7 +29,7 @@ pub use advice::{advise, Advice};
 pub use gpu::{job_gpu, GpuMemory};
 pub use model::{
     flat_groups, precision_bytes, Activations, FlatGroup, Moment, Phase, Step, TermKind, Units,
-    ALLOCATOR_MARGIN, CUDA_CONTEXT_BYTES,
+    ALLOCATOR_MARGIN, CUDA_CONTEXT_BYTES, NCCL_COMMUNICATOR_BYTES,
 };
 
 /// Bytes in a GiB.
@@ -87,7 +87,12 @@ impl Estimate {
     pub fn largest_term(&self) -> Option<&Term> {
         self.terms
             .iter()
-            .filter(|t| !matches!(t.term, TermKind::CudaContext | TermKind::AllocatorMargin))
+            .filter(|t| {
+                !matches!(
+                    t.term,
+                    TermKind::CudaContext | TermKind::NcclBuffers | TermKind::AllocatorMargin
+                )
+            })
             .max_by_key(|t| t.at_peak)
     }
 }
@@ -273,7 +278,8 @@ fn label(job: &JobConfig, step: &Step<'_>, t: TermKind) -> String {
             format!("one group gathered on rank 0 to checkpoint ({master})")
         }
         TermKind::StartupParams => "one group broadcast at start-up (sync_module_states)".into(),
-        TermKind::CudaContext => "CUDA context, cuBLAS, NCCL".into(),
+        TermKind::CudaContext => "CUDA context, cuBLAS".into(),
+        TermKind::NcclBuffers => "NCCL buffers (estimate)".into(),
         TermKind::AllocatorMargin => {
             format!("allocator margin ({:.0}%)", model::ALLOCATOR_MARGIN * 100.0)
         }

@@ -20,10 +20,18 @@ use flotilla_config::schema::{
     ReferenceModel, Resume, SavedModule, ShardingStrategy, StateDictType,
 };
 
-/// The CUDA context, cuBLAS workspaces and NCCL buffers of one rank: a fixed figure (a CUDA
-/// 12 context with lazy module loading takes 0.4–0.6 GiB on an H100, cuBLAS and NCCL a few
-/// hundred MiB more).
+/// The CUDA context and cuBLAS workspaces of one rank: a fixed figure (a CUDA 12 context with
+/// lazy module loading takes 0.4–0.6 GiB on an H100, cuBLAS a few hundred MiB more).
 pub const CUDA_CONTEXT_BYTES: u64 = 1 << 30;
+
+/// NCCL's device buffers of one communicator of two or more ranks, allocated when it connects
+/// (the trainer warms each communicator up right after init, so they exist before the first
+/// step): per channel and peer connection a buffer of each protocol (`NCCL_BUFFSIZE`, 4 MiB, for
+/// Simple; about as much for LL128; less for LL), over the 16 to 32 channels NCCL opens between
+/// the GPUs of an NVLink node: an estimate, 512 MiB, to be checked against a GPU's
+/// `memory_reserved` outside the caching allocator. A communicator of one rank connects to
+/// nobody.
+pub const NCCL_COMMUNICATOR_BYTES: u64 = 1 << 29;
 
 /// Elements of a tensor rank 0 copies to the host at a time while writing a checkpoint
 /// (`flotilla-train`'s `SafetensorsWriter`).
@@ -102,8 +110,11 @@ pub enum TermKind {
     /// `sync_module_states` has rank 0 read and broadcast each group whole (one group at a
     /// time, on every rank).
     StartupParams,
-    /// The CUDA context, cuBLAS workspaces and NCCL buffers.
+    /// The CUDA context and cuBLAS workspaces.
     CudaContext,
+    /// NCCL's buffers: [`NCCL_COMMUNICATOR_BYTES`] for each communicator of two or more ranks
+    /// the job builds (the world's; HYBRID_SHARD's node and cross-node groups besides).
+    NcclBuffers,
     /// The caching allocator's rounding and fragmentation.
     AllocatorMargin,
     /// Host: each rank's process (libraries and runtime).
@@ -122,7 +133,7 @@ pub enum TermKind {
 
 impl TermKind {
     /// Device terms, in table order.
-    pub const DEVICE: [TermKind; 21] = [
+    pub const DEVICE: [TermKind; 22] = [
         TermKind::Params,
         TermKind::ComputeCopies,
         TermKind::Grads,
@@ -143,6 +154,7 @@ impl TermKind {
         TermKind::CheckpointGather,
         TermKind::StartupParams,
         TermKind::CudaContext,
+        TermKind::NcclBuffers,
         TermKind::AllocatorMargin,
     ];
 
@@ -169,6 +181,7 @@ impl TermKind {
             TermKind::CheckpointGather => "checkpoint_gather",
             TermKind::StartupParams => "startup_params",
             TermKind::CudaContext => "cuda_context",
+            TermKind::NcclBuffers => "nccl_buffers",
             TermKind::AllocatorMargin => "allocator_margin",
             TermKind::Process => "process",
             TermKind::Data => "data",
@@ -249,11 +262,16 @@ impl Moment {
         TermKind::DEVICE.iter().map(|t| self.get(*t)).sum()
     }
 
-    /// Adds the fixed context and the allocator margin over the tensors (GPU ranks).
-    fn finish(&mut self, gpu: bool) {
+    /// Adds the fixed context, `communicators` NCCL communicators' buffers and the allocator
+    /// margin over the tensors (GPU ranks).
+    fn finish(&mut self, gpu: bool, communicators: u64) {
         if gpu {
             let tensors = self.total();
             self.add(TermKind::CudaContext, CUDA_CONTEXT_BYTES);
+            self.add(
+                TermKind::NcclBuffers,
+                communicators * NCCL_COMMUNICATOR_BYTES,
+            );
             self.add(
                 TermKind::AllocatorMargin,
                 (tensors as f64 * ALLOCATOR_MARGIN).ceil() as u64,
@@ -1034,10 +1052,29 @@ impl<'a> Step<'a> {
             }
         }
         out.push(mo);
+        let communicators = self.communicators();
         for mo in &mut out {
-            mo.finish(self.gpu);
+            mo.finish(self.gpu, communicators);
         }
         out
+    }
+
+    /// NCCL communicators of two or more ranks each rank holds: the world's, and under
+    /// HYBRID_SHARD a node's and a cross-node one (those of more than one rank).
+    fn communicators(&self) -> u64 {
+        let c = &self.job.compute;
+        let world = c.world_size() as u64;
+        if world <= 1 {
+            return 0;
+        }
+        match &self.job.trainer.dist {
+            DistConfig::Fsdp(f) if f.sharding_strategy == ShardingStrategy::HybridShard => {
+                let per_node = c.tasks_per_node.max(1) as u64;
+                let nodes = world / per_node;
+                1 + u64::from(per_node > 1) + u64::from(nodes > 1)
+            }
+            _ => 1,
+        }
     }
 
     /// Host memory of one node: `(term, bytes)` for each host term, and the peak (the

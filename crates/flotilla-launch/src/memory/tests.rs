@@ -557,3 +557,22 @@ fn llama8b_lora_fits_one_80gb_gpu_where_a_full_fine_tune_does_not() {
     assert_eq!(opt.get(TermKind::Optimizer), adapters * 8);
     eprintln!("{}", render::table(&lora_est, &[]));
 }
+
+#[test]
+fn each_nccl_communicator_of_several_ranks_holds_its_buffers() {
+    let nccl = |j: &JobConfig| moment(j, Phase::EndOfBackward).get(TermKind::NcclBuffers);
+    assert_eq!(nccl(&job("")), 0, "one process has no communicator");
+    assert_eq!(nccl(&on_ranks(8, DDP, "")), NCCL_COMMUNICATOR_BYTES);
+    let full = fsdp("FULL_SHARD", "full", false);
+    assert_eq!(nccl(&on_ranks(8, &full, "")), NCCL_COMMUNICATOR_BYTES);
+    // HYBRID_SHARD over 2 nodes of 4: the world, a node's ranks, and the ranks across nodes.
+    let hybrid = job(&format!(
+        "trainer: {{dist: {}, global_batch_size: 32}}
+compute: {{nodes: 2, tasks_per_node: 4, gpus_per_node: 4}}",
+        fsdp("HYBRID_SHARD", "full", false)
+    ));
+    assert_eq!(nccl(&hybrid), 3 * NCCL_COMMUNICATOR_BYTES);
+    // On one node HYBRID's cross-node groups are single ranks: no buffers of their own.
+    let one_node = on_ranks(4, &fsdp("HYBRID_SHARD", "full", false), "");
+    assert_eq!(nccl(&one_node), 2 * NCCL_COMMUNICATOR_BYTES);
+}
