@@ -254,7 +254,10 @@ def torch_steps(init_dir, stream, seq, gbs, mbs, steps, precision, device, adapt
         model = model.to(torch.bfloat16)
     model.train()
     params = [q for q in model.parameters() if q.requires_grad]
-    mixed = precision in ("bf16-mixed", "16-mixed")
+    # bf16-mixed: compute copies in bf16, as flotilla's (FSDP's MixedPrecision); 16-mixed:
+    # autocast over the fp32 weights, whose fp32 residual stream flotilla keeps too.
+    mixed = precision == "bf16-mixed"
+    autocast = precision == "16-mixed"
     comp = copy.deepcopy(model).to(COMPUTE[precision]) if mixed else model
     cparams = [q for q in comp.parameters() if q.requires_grad]
     opt = torch.optim.AdamW([{"params": [q for q in params if q.dim() >= 2], "weight_decay": WD},
@@ -273,7 +276,9 @@ def torch_steps(init_dir, stream, seq, gbs, mbs, steps, precision, device, adapt
             ks = range(first, first + mbs)
             x = torch.stack([stream[k * seq: k * seq + seq] for k in ks]).to(device)
             y = torch.stack([stream[k * seq + 1: k * seq + seq + 1] for k in ks]).to(device)
-            logits = comp(input_ids=x).logits.float()
+            with torch.autocast(torch.device(device).type, dtype=torch.float16,
+                                enabled=autocast):
+                logits = comp(input_ids=x).logits.float()
             loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
                                                      y.reshape(-1), reduction="sum") / (gbs * seq)
             (loss * scale).backward()
