@@ -260,9 +260,19 @@ choice! {
 }
 
 choice! {
-    /// How a chat record lists its turns (`data.format`): OpenAI-style `{role, content}`
-    /// messages, or ShareGPT's `{from, value}` (human/gpt/system) mapped to them.
-    pub enum ChatFormat { Messages = "messages", Sharegpt = "sharegpt" }
+    /// What a chat record holds (`data.format`): `auto` recognises each record by its keys as
+    /// TRL does; the others name one format: OpenAI-style `{role, content}` messages,
+    /// ShareGPT's `{from, value}` turns (human/gpt/system), TRL's prompt-completion
+    /// (`{prompt, completion}`, strings or message lists; loss on the completion only),
+    /// Alpaca's `{instruction, input, output}`, or plain `text`.
+    pub enum ChatFormat {
+        Auto = "auto",
+        Messages = "messages",
+        Sharegpt = "sharegpt",
+        PromptCompletion = "prompt_completion",
+        Alpaca = "alpaca",
+        Text = "text",
+    }
 }
 
 choice! {
@@ -971,20 +981,56 @@ section! {
 }
 
 section! {
+    /// One source of a data mixture (`data.sources[i]`): its records and how many of them the
+    /// training set takes (at most one of `weight`, `fraction`, `records`; none: all of them).
+    pub struct DataSource {
+        /// A data file, a glob, a directory of shards or a `save_to_disk` directory.
+        path: String => "/path/to/data.parquet",
+        /// The split of a directory that holds several; `None`: `train`.
+        split: Option<String> => "train",
+        /// A share of the mixture relative to the other sources' weights (sampled without
+        /// replacement until the first source runs out, as `interleave_datasets`'s
+        /// `first_exhausted`).
+        weight: Option<f64> => "1.0",
+        /// A fraction of this source's records (above 1: repeated).
+        fraction: Option<f64> => "0.5",
+        /// A number of this source's records (more than it has: repeated).
+        records: Option<usize> => "1000",
+    }
+}
+
+section! {
     /// `data` with `kind: chat`: conversations rendered with the tokenizer's chat template.
     pub struct ChatData {
-        /// A `.jsonl` file of records (or a `.json` array of them).
-        path: String => "/path/to/chats.jsonl",
-        /// Held-out conversations; `None`: no evaluation data.
+        /// A data file (`.jsonl`, `.json`, `.parquet`, `.arrow`), a glob, a directory of
+        /// Parquet shards or a `datasets.save_to_disk` directory; `None` with `sources`.
+        path: Option<String> => "/path/to/chats.jsonl",
+        /// The split of a directory that holds several; `None`: `train`.
+        split: Option<String> => "train",
+        /// Several sources mixed into the training set, instead of `path`.
+        sources: Option<Vec<DataSource>> => "[{path: /path/to/a.parquet, weight: 1.0}]",
+        /// Held-out conversations; `None`: no evaluation data (or `eval_split`, or a carved
+        /// `eval_fraction`/`eval_records`).
         eval_path: Option<String> => "/path/to/eval.jsonl",
+        /// The split of `eval_path` (or, without it, of `path`) held out for evaluation.
+        eval_split: Option<String> => "test",
+        /// A fraction of the training records held out for evaluation (without `eval_path`).
+        eval_fraction: Option<f64> => "0.05",
+        /// A number of training records held out for evaluation (without `eval_path`).
+        eval_records: Option<usize> => "500",
+        /// Seeds the mixture's sampling and the held-out records (fixed, so that runs that
+        /// vary `trainer.seed` share them).
+        #[serde(default)]
+        seed: usize,
         /// A Hugging Face tokenizer directory (`tokenizer.json` + `tokenizer_config.json`);
         /// `None`: the one in `model.init_from`.
         tokenizer: Option<String> => "/path/to/tokenizer_dir",
         /// A Jinja file used instead of the tokenizer directory's chat template.
         chat_template: Option<String> => "/path/to/template.jinja",
-        /// `messages`, or `sharegpt` (`from`/`value` turns).
+        /// `auto` (by each record's keys), `messages`, `sharegpt`, `prompt_completion`,
+        /// `alpaca` or `text`.
         format: ChatFormat,
-        /// The record field holding the turns.
+        /// The record field holding the turns (`auto` also looks for `conversations`).
         messages_key: String => "messages",
         /// A system prompt prepended to every conversation that has none.
         system: Option<String> => "'You are a helpful assistant.'",
@@ -1003,6 +1049,17 @@ section! {
         seq_len: usize,
         shuffle: bool,
         num_workers: usize,
+    }
+}
+
+impl ChatData {
+    /// Whether the job has evaluation data: `eval_path`, `eval_split`, or records carved from
+    /// the training data.
+    pub fn has_eval(&self) -> bool {
+        self.eval_path.is_some()
+            || self.eval_split.is_some()
+            || self.eval_fraction.is_some()
+            || self.eval_records.is_some()
     }
 }
 

@@ -832,7 +832,7 @@ impl<'a> Step<'a> {
                 DataConfig::Tokens(d) => d.eval_path.is_some(),
                 DataConfig::Text(d) => d.eval_paths.is_some(),
                 DataConfig::Jsonl(d) => d.eval_path.is_some(),
-                DataConfig::Chat(d) => d.eval_path.is_some(),
+                DataConfig::Chat(d) => d.has_eval(),
             }
     }
 

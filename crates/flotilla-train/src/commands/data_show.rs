@@ -107,7 +107,7 @@ pub fn run(
 fn data_path(cfg: &flotilla_config::schema::DataConfig) -> &str {
     use flotilla_config::schema::DataConfig;
     match cfg {
-        DataConfig::Chat(c) => &c.path,
+        DataConfig::Chat(c) => c.path.as_deref().unwrap_or("a source"),
         DataConfig::Jsonl(j) => &j.path,
         _ => "data",
     }

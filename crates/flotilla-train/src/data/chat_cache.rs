@@ -1,6 +1,7 @@
 //! The cache of prepared chat data: `.flotilla-cache/chat-<key>.bin` beside the data file.
 //!
-//! The key is the SHA-256 of everything the samples depend on: the data file's bytes, the
+//! The key is the SHA-256 of everything the samples depend on: the data files' bytes (and which
+//! records a mixture or a held-out set takes), the
 //! tokenizer directory's `tokenizer.json` and its companions, the template's source, the
 //! settings (and today's date when the template calls `strftime_now`), and a format version.
 //! A file is a magic line, a JSON header (the key, the counts, the sizes) and the flat arrays
@@ -24,8 +25,8 @@ use super::masked::MaskedSequences;
 /// The format and the renderer's version: part of every key, so a cache written by an earlier
 /// renderer (3: messages reach the template as transformers passes them, values print as
 /// Python prints them; 4: templates that are not prefix-stable are masked by markers, not
-/// refused) is never served.
-const MAGIC: &[u8] = b"FLOTILLA-CHAT-CACHE 4\n";
+/// refused; 5: records of every format, with each source's counts) is never served.
+const MAGIC: &[u8] = b"FLOTILLA-CHAT-CACHE 5\n";
 /// The folder beside the data file that holds the cache.
 pub const CACHE_DIR: &str = ".flotilla-cache";
 
@@ -49,9 +50,11 @@ pub(crate) struct CacheEntry {
 }
 
 impl CacheEntry {
+    /// The entry in `parent`'s cache folder for records whose contents (and picks) hash to
+    /// `data_digest`.
     pub(crate) fn new(
-        data: &Path,
-        bytes: &[u8],
+        parent: &Path,
+        data_digest: &[u8],
         chat: &ChatTokenizer,
         settings: &impl Serialize,
     ) -> Self {
@@ -62,7 +65,7 @@ impl CacheEntry {
             h.update(b);
         };
         part("version", MAGIC);
-        part("data", bytes);
+        part("data", data_digest);
         for name in [
             "tokenizer.json",
             "tokenizer_config.json",
@@ -88,11 +91,7 @@ impl CacheEntry {
             );
         }
         let key: String = h.finalize().iter().map(|b| format!("{b:02x}")).collect();
-        let dir = data
-            .parent()
-            .filter(|p| !p.as_os_str().is_empty())
-            .unwrap_or(Path::new("."))
-            .join(CACHE_DIR);
+        let dir = parent.join(CACHE_DIR);
         let file = dir.join(format!("chat-{}.bin", &key[..32]));
         CacheEntry { key, file }
     }

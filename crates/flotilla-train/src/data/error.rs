@@ -93,14 +93,19 @@ pub enum DataError {
     #[error("chat template {}: {message}", origin.display())]
     ChatTemplate { origin: PathBuf, message: String },
 
-    /// A chat record that cannot be used (`place`: `:LINE` of a `.jsonl` file or ` record N`
-    /// of a `.json` array).
+    /// A record that cannot be read or used (`place`: `:LINE` of a `.jsonl` file, ` record N`
+    /// of a `.json` array, ` row N` of a Parquet or Arrow file).
     #[error("{}{place}: {message}", path.display())]
-    ChatRecord {
+    Record {
         path: PathBuf,
         place: String,
         message: String,
     },
+
+    /// A data file that cannot be read as what its name says (a damaged Parquet file, an
+    /// Arrow directory without its files).
+    #[error("{}: {message}", path.display())]
+    File { path: PathBuf, message: String },
 
     /// A config value the data layer cannot work with.
     #[error("{key}: {message}")]

@@ -66,13 +66,17 @@ pub mod batch;
 mod byte_level_encoder;
 pub mod chat;
 pub mod chat_cache;
+pub mod chat_formats;
 mod chat_markers;
+pub mod chat_sets;
 pub mod chat_template;
 pub mod dataset;
 pub mod error;
 pub mod jsonl;
 pub mod masked;
 mod metaspace_encoder;
+pub mod mixture;
+pub mod records;
 pub mod rng;
 pub mod sampler;
 pub mod sequences;
@@ -273,16 +277,20 @@ pub fn build(cfg: &DataConfig, opts: &DataOptions<'_>) -> Result<Data> {
         DataConfig::Chat(c) => {
             let chat = ChatTokenizer::open(c, opts.init_from)?;
             check_vocab(&chat.tokenizer, opts.model_vocab_size)?;
-            let (train, stats) = chat::build("data.path", Path::new(&c.path), c, &chat, true)?;
-            tracing::info!("{}: {}", c.path, chat::summary_line(&stats));
+            let (train_set, eval_set) = chat_sets::plan(c)?;
+            let (train, stats) = chat::build_set(&train_set, c, &chat, true)?;
+            tracing::info!("{}: {}", train_set.name(), chat::summary_line(&stats));
             for reason in &stats.skip_reasons {
                 tracing::warn!("skipped {reason}");
             }
-            let eval = match &c.eval_path {
-                Some(p) => {
-                    let (eval, eval_stats) =
-                        chat::build("data.eval_path", Path::new(p), c, &chat, true)?;
-                    tracing::info!("{p}: {}", chat::summary_line(&eval_stats));
+            let eval = match &eval_set {
+                Some(set) => {
+                    let (eval, eval_stats) = chat::build_set(set, c, &chat, true)?;
+                    tracing::info!(
+                        "held out {}: {}",
+                        set.name(),
+                        chat::summary_line(&eval_stats)
+                    );
                     Some(Arc::new(eval) as Arc<dyn Dataset>)
                 }
                 None => None,
