@@ -47,15 +47,27 @@ pub fn run(
         }
         None => job.model.vocab_size,
     };
-    let data = data::build(
+    let built = data::build(
         &job.data,
         &DataOptions {
             model_vocab_size: vocab,
             run_dir: None,
             init_from,
         },
-    )
-    .context("building the training data")?;
+    );
+    let data = match built {
+        Ok(data) => data,
+        Err(e) if e.is_input() => {
+            return Err(TaskError::Usage(
+                anyhow::Error::new(e).context("building the training data"),
+            ))
+        }
+        Err(e) => {
+            return Err(anyhow::Error::new(e)
+                .context("building the training data")
+                .into())
+        }
+    };
     let shown = show(&data, num).context("reading the examples")?;
     if format == Format::Json {
         let mut text = serde_json::to_string(&shown).context("writing JSON")?;

@@ -837,7 +837,27 @@ pub fn summary_line(stats: &ChatStats) -> String {
         stats.skipped
     );
     line.push_str(&markers_note(stats.masked_by_markers));
+    line.push_str(&sources_note(&stats.sources));
     line
+}
+
+/// `; from PATH: N of M records (K held out), ...` for a mixture or a carved held-out set,
+/// else nothing.
+pub fn sources_note(sources: &[SourceStats]) -> String {
+    if sources.len() < 2 && sources.iter().all(|s| s.held_out == 0) {
+        return String::new();
+    }
+    let parts: Vec<String> = sources
+        .iter()
+        .map(|s| {
+            let held = match s.held_out {
+                0 => String::new(),
+                n => format!(", {n} held out"),
+            };
+            format!("{}: {} of {} records{held}", s.path, s.taken, s.records)
+        })
+        .collect();
+    format!("; from {}", parts.join(", "))
 }
 
 /// `; N masked by markers (...)` when the template is not prefix-stable for some

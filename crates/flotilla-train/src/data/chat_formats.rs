@@ -93,9 +93,10 @@ fn auto(obj: &Map<String, Value>, shape: &RecordShape<'_>) -> Result<Conversatio
         ));
     }
     for key in [shape.messages_key, "conversations"] {
-        if let Some(Value::Array(list)) = obj.get(key) {
-            let sharegpt = list
-                .first()
+        if let Some(found) = obj.get(key) {
+            let sharegpt = found
+                .as_array()
+                .and_then(|list| list.first())
                 .is_some_and(|t| t.get("from").is_some() && t.get("role").is_none());
             let kind = if sharegpt {
                 Turns::Sharegpt
@@ -146,7 +147,9 @@ fn turns(
     };
     let Value::Array(list) = list else {
         return Err(format!(
-            "'{key}' is not a list of turns (it is {})",
+            "'{key}' is {}, not a list of turns: write each record's '{key}' as a list of \
+             {{\"role\", \"content\"}} objects (a Parquet column of list<struct<role, \
+             content>>), or set data.messages_key to the field that holds them",
             type_name(list)
         ));
     };

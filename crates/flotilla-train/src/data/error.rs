@@ -60,14 +60,6 @@ pub enum DataError {
         vocab_size: usize,
     },
 
-    /// A bad line in a `.jsonl` file.
-    #[error("{}:{line}: {message}", path.display())]
-    Jsonl {
-        path: PathBuf,
-        line: usize,
-        message: String,
-    },
-
     /// A glob pattern in `data.paths`/`data.eval_paths` that matches no file.
     #[error("{key}: pattern '{pattern}' matches no file")]
     GlobNoMatch { key: String, pattern: String },
@@ -129,6 +121,21 @@ pub enum DataError {
 }
 
 impl DataError {
+    /// Whether the user's data or config is at fault (a missing or damaged file, a bad record,
+    /// a bad setting), which the task reports with the usage exit status (2), rather than
+    /// the machine (a failed read or write, libtorch).
+    pub fn is_input(&self) -> bool {
+        !matches!(
+            self,
+            DataError::Io { .. }
+                | DataError::Write { .. }
+                | DataError::Tensor(_)
+                | DataError::Generate(_)
+                | DataError::SamplerMismatch(_)
+                | DataError::BatchSplit(_)
+        )
+    }
+
     pub(crate) fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
         DataError::Io {
             path: path.into(),
