@@ -859,7 +859,7 @@ impl Check<'_> {
                 self.invalid(
                     &format!("{key}.records"),
                     "is 0".into(),
-                    format!("set a number of records, or leave the source out"),
+                    "set a number of records, or leave the source out".into(),
                 );
             }
             if weighted > 0 && s.weight.is_none() {

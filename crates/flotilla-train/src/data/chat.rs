@@ -2,12 +2,19 @@
 //! masked so that the loss falls on the tokens `data.train_on` asks for.
 //!
 //! # Records
-//! A `.jsonl` file holds one JSON object per line (blank lines skipped), a `.json` file an
-//! array of them. A record's `data.messages_key` field (`messages`; `conversations` for
-//! `format: sharegpt` unless set otherwise) is a list of turns: `{role, content}` objects, or
-//! ShareGPT's `{from, value}` with `human`/`user` → `user`, `gpt`/`assistant`/`chatgpt`/`model`
-//! → `assistant`, `system` → `system` (other `from` values are refused). `data.system` is
-//! prepended as a system turn to conversations that do not start with one.
+//! Records come from [`super::records`] (a `.jsonl` or `.json` file, Parquet, Arrow, a glob, a
+//! directory of shards or a `save_to_disk` directory), from one path or a mixture of sources
+//! (`super::chat_sets`), and are read by [`super::chat_formats`] as `data.format` says:
+//! `{role, content}` turns (`messages`, ShareGPT's `{from, value}`, Alpaca's instruction and
+//! output), prompt-completion, or text. `data.system` is prepended as a system turn to
+//! conversations (and conversational prompts) that do not start with one.
+//!
+//! Prompt-completion records train the completion only, as TRL's `completion_only_loss`: a
+//! conversational one renders `prompt + completion` and trains from where its ids and those of
+//! the prompt rendered with the generation prompt part; a standard (string) one is
+//! `tokenizer(prompt + completion + EOS)` (the EOS text appended unless the completion ends
+//! with it), trained from where its ids and `tokenizer(prompt)`'s part. A `text` record is
+//! `tokenizer(text + EOS)`, trained everywhere.
 //!
 //! # The text and the tokens
 //! The conversation is rendered by [`ChatTemplate`] exactly as transformers'
@@ -56,7 +63,8 @@
 //! template values once for all the prefixes rendered. Tokenizing is most of the remaining
 //! work; byte-level BPE tokenizers (Llama 3, Qwen2) take the faster exact path of
 //! `byte_level_encoder`. The result is stored in
-//! `.flotilla-cache/` beside the data file, keyed by the SHA-256 of the data file, the
+//! `.flotilla-cache/` beside the data, keyed by the SHA-256 of the data files (and the records a
+//! mixture or held-out set takes), the
 //! tokenizer files, the template, these settings (and today's date when the template calls
 //! `strftime_now`), so a changed input is never served stale; an unwritable directory only
 //! costs the cache.

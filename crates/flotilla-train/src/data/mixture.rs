@@ -150,7 +150,10 @@ pub fn pick(
         for j in 0..e {
             picks.eval[perm.apply(j as u64) as usize] = true;
         }
-        let (every, extra) = if m == 0 { (0, 0) } else { (take / m, take % m) };
+        let (every, extra) = (
+            take.checked_div(m).unwrap_or(0),
+            take.checked_rem(m).unwrap_or(0),
+        );
         for j in e..n {
             let record = perm.apply(j as u64) as usize;
             picks.train[record] = every as u32 + ((j - e) < extra) as u32;
