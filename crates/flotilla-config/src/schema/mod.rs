@@ -35,6 +35,7 @@ mod precision;
 mod rope;
 mod runtime_mandatory;
 mod shard_size;
+mod tokenizer_spec;
 mod types;
 
 #[cfg(test)]

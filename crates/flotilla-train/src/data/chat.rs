@@ -447,13 +447,18 @@ fn encode_prompt_completion(
         let prompt_ids = chat.tokenizer.encode(&before).map_err(|e| e.to_string())?;
         (common_ids(&prompt_ids, &ids), MaskMethod::Completion)
     };
+    Ok(trained_from(text, ids, start, mask))
+}
+
+/// An encoding whose tokens from `start` on are trained.
+fn trained_from(text: String, ids: Vec<u32>, start: usize, mask: MaskMethod) -> EncodedChat {
     let trained = (0..ids.len()).map(|j| j >= start).collect();
-    Ok(EncodedChat {
+    EncodedChat {
         text,
         ids,
         trained,
         mask,
-    })
+    }
 }
 
 /// Standard prompt-completion strings (or plain text, with an empty prompt), as TRL trains
@@ -487,13 +492,7 @@ fn encode_plain(
     } else {
         (common_ids(&encode(prompt)?, &ids), MaskMethod::Completion)
     };
-    let trained = (0..ids.len()).map(|j| j >= start).collect();
-    Ok(EncodedChat {
-        text,
-        ids,
-        trained,
-        mask,
-    })
+    Ok(trained_from(text, ids, start, mask))
 }
 
 /// Reads and encodes the conversations of `path` (`key` names its config key), every record
