@@ -85,7 +85,16 @@ pub fn run(
     for (k, e) in shown.examples.iter().enumerate() {
         let trained = e.example.trained.iter().filter(|&&t| t).count();
         let source = match e.source {
-            Some(line) => format!(" · {} line {line}", data_path(&job.data)),
+            Some(at) => {
+                let path = data_path(&job.data);
+                // a line of a JSON file, else a row of a Parquet or Arrow file
+                let place = if path.ends_with(".jsonl") || path.ends_with(".json") {
+                    "line"
+                } else {
+                    "row"
+                };
+                format!(" · {path} {place} {at}")
+            }
             None => String::new(),
         };
         let packed = match &e.position_ids {

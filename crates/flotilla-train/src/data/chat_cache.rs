@@ -27,6 +27,8 @@ use super::masked::MaskedSequences;
 /// Python prints them; 4: templates that are not prefix-stable are masked by markers, not
 /// refused; 5: records of every format, with each source's counts) is never served.
 const MAGIC: &[u8] = b"FLOTILLA-CHAT-CACHE 5\n";
+/// Tokens read or written at once.
+const BLOCK: usize = 1 << 20;
 /// The folder beside the data file that holds the cache.
 pub const CACHE_DIR: &str = ".flotilla-cache";
 
@@ -150,15 +152,24 @@ impl CacheEntry {
             .into_iter()
             .map(|b| b as usize)
             .collect();
-        let mut ids = vec![0u8; header.tokens * 4];
-        f.read_exact(&mut ids).ok()?;
-        out.ids = ids
-            .chunks_exact(4)
-            .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect();
-        let mut trained = vec![0u8; header.tokens];
-        f.read_exact(&mut trained).ok()?;
-        out.trained = trained.into_iter().map(|b| b != 0).collect();
+        // a block at a time, so that reading needs no second copy of the arrays
+        let mut block = vec![0u8; BLOCK * 4];
+        out.ids = Vec::with_capacity(header.tokens);
+        while out.ids.len() < header.tokens {
+            let n = (header.tokens - out.ids.len()).min(BLOCK);
+            f.read_exact(&mut block[..n * 4]).ok()?;
+            out.ids.extend(
+                block[..n * 4]
+                    .chunks_exact(4)
+                    .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])),
+            );
+        }
+        out.trained = Vec::with_capacity(header.tokens);
+        while out.trained.len() < header.tokens {
+            let n = (header.tokens - out.trained.len()).min(BLOCK);
+            f.read_exact(&mut block[..n]).ok()?;
+            out.trained.extend(block[..n].iter().map(|&b| b != 0));
+        }
         if out.bounds.last() != Some(&header.tokens) || f.read(&mut [0u8; 1]).ok()? != 0 {
             return None;
         }
@@ -206,8 +217,12 @@ impl CacheEntry {
             for id in &data.ids {
                 f.write_all(&id.to_le_bytes())?;
             }
-            let mask: Vec<u8> = data.trained.iter().map(|&t| t as u8).collect();
-            f.write_all(&mask)?;
+            // a block at a time: a copy of a million conversations' mask would be as large as
+            // the mask
+            for block in data.trained.chunks(BLOCK) {
+                let mask: Vec<u8> = block.iter().map(|&t| t as u8).collect();
+                f.write_all(&mask)?;
+            }
             f.into_inner().map_err(|e| e.into_error())?.sync_all()?;
             std::fs::rename(&tmp, &self.file)
         })();
