@@ -336,3 +336,33 @@ fn broken_data_exits_2_naming_the_file_and_the_fix() {
         }
     }
 }
+
+#[test]
+fn text_and_jsonl_data_read_parquet_records() {
+    let Some((dir, _)) = require_fixtures("text_and_jsonl_data_read_parquet_records") else {
+        return;
+    };
+    let parquet = dir.join("mix_b.parquet");
+    for kind in [
+        vec![
+            "data=text".to_string(),
+            format!("data.paths=[{}]", parquet.display()),
+        ],
+        vec![
+            "data=jsonl".to_string(),
+            format!("data.path={}", parquet.display()),
+        ],
+    ] {
+        let out = Command::new(common::target_profile_dir().join("flotilla-train"))
+            .current_dir(common::repo_root())
+            .args(["data", "show", "--num", "1", "--format", "json"])
+            .args(&kind)
+            .args(["data.tokenizer=byte", "data.seq_len=64", "model=small"])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{kind:?}: {}", stderr_of(&out));
+        let shown: Value = serde_json::from_slice(&out.stdout).unwrap();
+        let text = shown["examples"][0]["text"].as_str().unwrap();
+        assert!(text.contains("source b record 0"), "{kind:?}: {text}");
+    }
+}
