@@ -941,9 +941,8 @@ section! {
         /// A number of training records held out for evaluation (without `eval_path`).
         eval_records: Option<usize> => "500",
         /// Seeds the mixture's sampling and the held-out records (fixed, so that runs that
-        /// vary `trainer.seed` share them).
-        #[serde(default)]
-        seed: usize,
+        /// vary `trainer.seed` share them); `None`: 0.
+        seed: Option<usize> => "0",
         /// A Hugging Face tokenizer directory (`tokenizer.json` + `tokenizer_config.json`);
         /// `None`: the one in `model.init_from`.
         tokenizer: Option<String> => "/path/to/tokenizer_dir",

@@ -55,14 +55,15 @@ pub fn plan(cfg: &ChatData) -> Result<(ChatSet, Option<ChatSet>)> {
         .map(|(files, _)| files.count())
         .collect::<Result<_>>()?;
     let shares: Vec<Share> = sources.iter().map(|s| s.1).collect();
-    let picks = mixture::pick(&counts, &shares, held_out, cfg.seed as u64).map_err(|e| {
-        let key = match held_out {
-            HeldOut::Records(_) => "data.eval_records",
-            HeldOut::Fraction(_) => "data.eval_fraction",
-            HeldOut::None => "data.sources",
-        };
-        DataError::config(key, e)
-    })?;
+    let picks =
+        mixture::pick(&counts, &shares, held_out, cfg.seed.unwrap_or(0) as u64).map_err(|e| {
+            let key = match held_out {
+                HeldOut::Records(_) => "data.eval_records",
+                HeldOut::Fraction(_) => "data.eval_fraction",
+                HeldOut::None => "data.sources",
+            };
+            DataError::config(key, e)
+        })?;
     let counted: Vec<Option<(usize, usize)>> = picks
         .iter()
         .zip(&counts)
