@@ -351,6 +351,35 @@ mod tests {
     }
 
     #[test]
+    fn sharegpt_turns_map_to_roles_and_system_is_prepended() {
+        let r = json!({"conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "yo"}]});
+        let s = RecordShape {
+            system: Some("be brief"),
+            ..shape(ChatFormat::Sharegpt)
+        };
+        assert_eq!(
+            read(&r, &s).unwrap(),
+            Conversation::Messages(vec![
+                json!({"role": "system", "content": "be brief"}),
+                json!({"role": "user", "content": "hi"}),
+                json!({"role": "assistant", "content": "yo"}),
+            ])
+        );
+        let bad = json!({"conversations": [{"from": "tool", "value": "x"}]});
+        let err = read(&bad, &shape(ChatFormat::Sharegpt)).unwrap_err();
+        assert!(err.contains("from 'tool'"), "{err}");
+    }
+
+    #[test]
+    fn a_record_without_messages_names_its_fields_and_the_sharegpt_fix() {
+        let r = json!({"conversations": [], "id": 3});
+        let err = read(&r, &shape(ChatFormat::Messages)).unwrap_err();
+        assert!(err.contains("no 'messages' list"), "{err}");
+        assert!(err.contains("[conversations, id]"), "{err}");
+        assert!(err.contains("data.format=sharegpt"), "{err}");
+    }
+
+    #[test]
     fn preference_and_unknown_records_name_the_fix() {
         let p = json!({"prompt": "q", "chosen": "a", "rejected": "b"});
         let err = read(&p, &shape(ChatFormat::Auto)).unwrap_err();
