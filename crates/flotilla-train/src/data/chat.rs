@@ -547,7 +547,7 @@ impl ChatSet {
         }
     }
 
-    /// The config key and path of the first source, for messages.
+    /// The sources' paths (with their number of files), joined by ` + `, for messages.
     pub fn name(&self) -> String {
         self.parts
             .iter()
