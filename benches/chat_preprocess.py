@@ -174,10 +174,10 @@ def hf_example(example, tok_dir):
         text = co.render(tok, messages, False)
         enc = tok(text, add_special_tokens=False, return_offsets_mapping=True)
         ids, offsets = enc["input_ids"], enc["offset_mapping"]
-        spans = co.assistant_spans(tok, messages, text, co.added_spans(tok, ids, offsets), "assistant")
+        spans, how = co.assistant_spans(tok, messages, text, co.added_spans(tok, ids, offsets), "assistant")
     except co.ConversationError as e:
         return {"input_ids": [], "trained": [], "n_tokens": 0, "error": str(e)}
-    trained = co.trained_mask(offsets, spans)
+    trained = (co.overlap_mask if how == "markers" else co.trained_mask)(offsets, spans)
     return {"input_ids": ids, "trained": trained, "n_tokens": len(ids), "error": ""}
 
 

@@ -23,7 +23,7 @@ use common::{copy_dir, flotilla_bin, repo_root, venv_python};
 const SUBCOMMANDS: [&str; 6] = ["compose", "plan", "run", "report", "diff", "init"];
 
 /// README commands not run, by a text they contain, and why.
-const README_NOT_RUN: [(&str, &str); 12] = [
+const README_NOT_RUN: [(&str, &str); 13] = [
     (
         "generate outputs/",
         "needs a model trained by the README's default run",
@@ -39,6 +39,10 @@ const README_NOT_RUN: [(&str, &str); 12] = [
     (
         "data.path=chat/",
         "needs the chat example's data (examples/chat/make_example.py)",
+    ),
+    (
+        "{path: chat/",
+        "mixes sources of the chat example's data (examples/chat/make_example.py)",
     ),
     ("generate chat/", "needs the chat example's trained model"),
     (

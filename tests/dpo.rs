@@ -9,8 +9,9 @@
 //! - gradient accumulation, activation checkpointing, DDP x2, FSDP x2 (FULL_SHARD and
 //!   SHARD_GRAD_OP) and the precomputed reference equal one process; a new LoRA adapter's
 //!   reference is the base (adapters off), precomputed or not, under FSDP too;
-//! - the implicit-prompt form gives the same pairs as the explicit one (`data show`), bad
-//!   records and a wrong objective/data pairing are refused naming the fix (exit 2).
+//! - the implicit-prompt form, a Parquet file and a split of a Hub-style directory of shards
+//!   give the same pairs as the explicit JSON lines (`data show`); bad records and a wrong
+//!   objective/data pairing are refused naming the fix (exit 2).
 
 mod common;
 
@@ -379,6 +380,39 @@ fn pairs_are_read_in_every_format_and_bad_input_is_refused() {
         assert_eq!(a["labels"], b["labels"]);
         assert_eq!(a["rejected"]["labels"], b["rejected"]["labels"]);
     }
+    // The same pairs from Parquet, and from a split of a Hub-style directory of shards.
+    let same = |other: &Value, what: &str| {
+        for (a, b) in explicit["examples"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .zip(other["examples"].as_array().unwrap())
+        {
+            assert_eq!(a["input_ids"], b["input_ids"], "{what}");
+            assert_eq!(a["labels"], b["labels"], "{what}");
+            assert_eq!(a["rejected"]["labels"], b["rejected"]["labels"], "{what}");
+        }
+    };
+    same(&show("pairs.parquet"), "parquet");
+    let hub = format!("data.path={}", dir.join("hub").display());
+    let o = flotilla(
+        dir,
+        &[
+            "data",
+            "show",
+            "--format",
+            "json",
+            "--num",
+            "12",
+            &base,
+            "objective=dpo",
+            "data=preference",
+            &hub,
+            "data.split=train_prefs",
+            "data.seq_len=64",
+        ],
+    );
+    same(&serde_json::from_str(&common::ok(o)).unwrap(), "hub split");
     // The text view shows each pair's prompt with its two completions, trained ones marked.
     let text = common::ok(flotilla(
         dir,

@@ -7,7 +7,9 @@ usage:
                               (<|user|> ... </s> turns); OUT/adapter: a PEFT LoRA adapter of it
                               on q_proj,v_proj with B not zero; OUT/pairs.jsonl: conversational
                               pairs with an explicit prompt; OUT/implicit.jsonl: the same pairs as
-                              whole conversations; OUT/standard.jsonl: pairs of plain texts.
+                              whole conversations; OUT/standard.jsonl: pairs of plain texts;
+                              the pairs again as OUT/pairs.parquet (pyarrow) and as the Hub lays
+                              out a split, OUT/hub/data/train_prefs-00000-of-00001.parquet.
                               Prints {"pairs": N}.
   dpo_oracle.py train OUT PAIRS STEPS BATCH LR SEQ_LEN RUNS
                               runs DPOTrainer (fp32, CPU, no shuffling, constant learning rate,
@@ -92,6 +94,12 @@ def make(out):
         with open(os.path.join(out, f"{name}.jsonl"), "w") as f:
             for r in records:
                 f.write(json.dumps(r) + "\n")
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    table = pa.Table.from_pylist(pairs)
+    pq.write_table(table, os.path.join(out, "pairs.parquet"))
+    os.makedirs(os.path.join(out, "hub", "data"))
+    pq.write_table(table, os.path.join(out, "hub", "data", "train_prefs-00000-of-00001.parquet"))
     print(json.dumps({"pairs": len(pairs)}))
 
 

@@ -8,9 +8,9 @@ use super::messages::{alternatives, quote_list, set_note, show, suggest, typo_no
 use super::objective::DpoLossType;
 use super::types::ModelType;
 use super::types::{
-    AutoWrapPolicy, Backend, ComputeConfig, DataConfig, DataKind, Device, DistConfig, DistMode,
-    JobConfig, Launcher, LoraConfig, LoraModule, ModelConfig, ObjectiveConfig, PeftConfig,
-    TaskConfig, TaskRanks, TokenizerSpec, TrainerConfig,
+    AutoWrapPolicy, Backend, ChatData, ComputeConfig, DataConfig, DataKind, DataSource, Device,
+    DistConfig, DistMode, JobConfig, Launcher, LoraConfig, LoraModule, ModelConfig,
+    ObjectiveConfig, PeftConfig, TaskConfig, TaskRanks, TokenizerSpec, TrainerConfig,
 };
 use super::{ProblemKind, SchemaError};
 use crate::node::{python_float_repr, Dict, Node, Value};
@@ -732,7 +732,7 @@ impl Check<'_> {
                 self.vocab(j.tokenizer.as_ref(), j.vocab_size, model);
             }
             DataConfig::Chat(c) => {
-                self.non_empty("data.path", &c.path);
+                self.chat_sources(c);
                 self.non_empty("data.messages_key", &c.messages_key);
                 self.at_least("data.seq_len", c.seq_len as u64, 1);
                 self.hf_tokenizer(c.tokenizer.as_deref(), model, "chat");
@@ -827,6 +827,145 @@ impl Check<'_> {
                             .into(),
                     );
                 }
+            }
+        }
+    }
+
+    /// Chat data's records: `path` or `sources` (one of them), each source's share, and the
+    /// held-out set (from `eval_path`/`eval_split`, or carved by `eval_fraction`/`eval_records`).
+    fn chat_sources(&mut self, c: &ChatData) {
+        match (&c.path, &c.sources) {
+            (None, None) => self.invalid(
+                "data.path",
+                "is null and data.sources is null: chat data needs records".into(),
+                "set data.path=/path/to/chats.jsonl (or a .parquet file, a directory of shards),                  or data.sources=[{path: ..., weight: ...}, ...]"
+                    .into(),
+            ),
+            (Some(p), None) => self.non_empty("data.path", p),
+            (Some(_), Some(_)) => self.invalid(
+                "data.sources",
+                "is set together with data.path".into(),
+                "set data.path=null to mix data.sources, or data.sources=null to read data.path"
+                    .into(),
+            ),
+            (None, Some(sources)) => self.mixture(sources),
+        }
+        for (key, value) in [("data.split", &c.split), ("data.eval_split", &c.eval_split)] {
+            if let Some(v) = value {
+                self.non_empty(key, v);
+            }
+        }
+        if let Some(f) = c.eval_fraction {
+            if !(f > 0.0 && f < 1.0) {
+                self.invalid(
+                    "data.eval_fraction",
+                    format!("must be above 0 and below 1, got {f}"),
+                    "set e.g. data.eval_fraction=0.05, or null for no held-out records".into(),
+                );
+            }
+        }
+        if c.eval_records == Some(0) {
+            self.invalid(
+                "data.eval_records",
+                "is 0".into(),
+                "set a number of records, e.g. data.eval_records=500, or null".into(),
+            );
+        }
+        if c.eval_fraction.is_some() && c.eval_records.is_some() {
+            self.invalid(
+                "data.eval_records",
+                "is set together with data.eval_fraction".into(),
+                "set one of them, the other to null".into(),
+            );
+        }
+        let carved = c.eval_fraction.is_some() || c.eval_records.is_some();
+        if carved && (c.eval_path.is_some() || c.eval_split.is_some()) {
+            let other = if c.eval_path.is_some() {
+                "data.eval_path"
+            } else {
+                "data.eval_split"
+            };
+            let carving = if c.eval_fraction.is_some() {
+                "data.eval_fraction"
+            } else {
+                "data.eval_records"
+            };
+            self.invalid(
+                carving,
+                format!(
+                    "carves held-out records from the training data, but {other} names them                      already"
+                ),
+                format!("set {carving}=null, or {other}=null"),
+            );
+        }
+    }
+
+    /// `data.sources`: a non-empty list, each with at most one of weight/fraction/records,
+    /// weights on all sources or on none.
+    fn mixture(&mut self, sources: &[DataSource]) {
+        if sources.is_empty() {
+            self.invalid(
+                "data.sources",
+                "is an empty list".into(),
+                "list the sources, e.g. data.sources=[{path: /data/a.parquet, weight: 1}], or                  set data.path instead"
+                    .into(),
+            );
+        }
+        let weighted = sources.iter().filter(|s| s.weight.is_some()).count();
+        for (i, s) in sources.iter().enumerate() {
+            let key = format!("data.sources[{i}]");
+            self.non_empty(&format!("{key}.path"), &s.path);
+            let set: Vec<&str> = [
+                ("weight", s.weight.is_some()),
+                ("fraction", s.fraction.is_some()),
+                ("records", s.records.is_some()),
+            ]
+            .iter()
+            .filter(|(_, on)| *on)
+            .map(|(name, _)| *name)
+            .collect();
+            if set.len() > 1 {
+                self.invalid(
+                    &key,
+                    format!("sets {}: a source takes one of them", set.join(" and ")),
+                    format!("keep one of {key}.{}", set.join(", .")),
+                );
+            }
+            if let Some(w) = s.weight {
+                if !(w > 0.0 && w.is_finite()) {
+                    self.invalid(
+                        &format!("{key}.weight"),
+                        format!("must be above 0, got {w}"),
+                        format!("set e.g. {key}.weight=1.0, or leave the source out"),
+                    );
+                }
+            }
+            if let Some(f) = s.fraction {
+                if !(f > 0.0 && f.is_finite()) {
+                    self.invalid(
+                        &format!("{key}.fraction"),
+                        format!("must be above 0, got {f}"),
+                        format!("set e.g. {key}.fraction=0.5 (above 1 repeats records)"),
+                    );
+                }
+            }
+            if s.records == Some(0) {
+                self.invalid(
+                    &format!("{key}.records"),
+                    "is 0".into(),
+                    "set a number of records, or leave the source out".into(),
+                );
+            }
+            if weighted > 0 && s.weight.is_none() {
+                self.invalid(
+                    &format!("{key}.weight"),
+                    format!(
+                        "is unset while {weighted} other source(s) have a weight: weights share                          the mixture among all sources"
+                    ),
+                    format!(
+                        "give {key} a weight too, or use fraction/records on every source instead"
+                    ),
+                );
             }
         }
     }

@@ -37,6 +37,7 @@ mod precision;
 mod rope;
 mod runtime_mandatory;
 mod shard_size;
+mod tokenizer_spec;
 mod types;
 
 #[cfg(test)]
@@ -57,11 +58,11 @@ pub use runtime_mandatory::{check_runtime_mandatory, RuntimeMode};
 pub use shard_size::{ShardSize, DEFAULT_MAX_SHARD_SIZE};
 pub use types::{
     ArithmeticData, AutoWrapPolicy, Backend, BackwardPrefetch, ChatData, ChatFormat, ComputeConfig,
-    ConfigArg, DataConfig, DataKind, DdpConfig, Device, DistConfig, DistMode, Dtype, FsdpConfig,
-    JobConfig, JsonlData, Launcher, LoraConfig, LoraModule, LrSchedule, ModelConfig, Overflow,
-    PackedAttention, PeftConfig, PeftMethod, Precision, Resume, RopeScaling, RopeType, SaveDtype,
-    SavedModule, ShardingStrategy, StateDictType, TaskConfig, TaskRanks, TextData, TokenDtype,
-    TokenizerSpec, TokensData, TrainOn, TrainerConfig,
+    ConfigArg, DataConfig, DataKind, DataSource, DdpConfig, Device, DistConfig, DistMode, Dtype,
+    FsdpConfig, JobConfig, JsonlData, Launcher, LoraConfig, LoraModule, LrSchedule, ModelConfig,
+    Overflow, PackedAttention, PeftConfig, PeftMethod, Precision, Resume, RopeScaling, RopeType,
+    SaveDtype, SavedModule, ShardingStrategy, StateDictType, TaskConfig, TaskRanks, TextData,
+    TokenDtype, TokenizerSpec, TokensData, TrainOn, TrainerConfig,
 };
 pub use types::{LayerType, ModelType, PreferenceData, ProcessGroup, TruncationMode};
 

@@ -1102,3 +1102,52 @@ fn precision_auto_is_bf16_mixed_on_gpus_and_32_true_on_cpus() {
     set(&mut job, "trainer.precision", json!("bf16-true"), ovr("t"));
     assert_eq!(validate(&job).unwrap().precision(), Precision::Bf16True);
 }
+
+#[test]
+fn chat_sources_and_held_out_records_are_checked_with_their_fix() {
+    let chat = || {
+        let mut job = base();
+        let data = conf(
+            "conf/data/chat.yaml",
+            include_str!("../../../../conf/data/chat.yaml"),
+        );
+        job.value.as_dict_mut().unwrap().insert("data".into(), data);
+        set(&mut job, "data.tokenizer", json!("/tok"), ovr("t"));
+        set(&mut job, "data.seq_len", json!(128), ovr("s"));
+        job
+    };
+    let p = only(&chat());
+    assert_eq!(p.key, "data.path");
+    assert!(p.message.contains("data.sources=["), "{}", p.message);
+    let mut job = chat();
+    set(&mut job, "data.path", json!(null), ovr("p"));
+    let sources = json!([{"path": "/a.parquet", "weight": 2}, {"path": "/b", "fraction": 0.5}]);
+    set(&mut job, "data.sources", sources, ovr("s"));
+    let p = only(&job);
+    assert_eq!(p.key, "data.sources[1].weight");
+    assert!(
+        p.message.contains("give data.sources[1] a weight"),
+        "{}",
+        p.message
+    );
+    set(
+        &mut job,
+        "data.sources",
+        json!([{"path": "/a", "weigth": 1}]),
+        ovr("s"),
+    );
+    let p = only(&job);
+    assert_eq!(p.kind, ProblemKind::UnknownKey);
+    assert!(p.message.contains("weight"), "{}", p.message);
+    let mut job = chat();
+    set(&mut job, "data.path", json!("/a.jsonl"), ovr("p"));
+    set(&mut job, "data.eval_fraction", json!(1.5), ovr("f"));
+    let p = only(&job);
+    assert_eq!(p.key, "data.eval_fraction");
+    set(&mut job, "data.eval_fraction", json!(0.1), ovr("f"));
+    set(&mut job, "data.eval_path", json!("/e.jsonl"), ovr("e"));
+    let p = only(&job);
+    assert!(p
+        .message
+        .contains("set data.eval_fraction=null, or data.eval_path=null"));
+}

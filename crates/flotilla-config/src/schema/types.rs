@@ -4,11 +4,12 @@
 //! them for the rope types and `model.rope_scaling`).
 
 use super::from_node::{field, parse_choice, parse_tagged, Choice, Cx, Fail, FromNode, Parsed};
-use super::messages::{alternatives, quote_list, set_note, show, suggest};
+use super::messages::{quote_list, set_note};
 pub use super::objective::ObjectiveConfig;
 pub use super::peft::{LoraConfig, LoraModule, PeftConfig, PeftMethod, SavedModule};
 pub use super::rope::{RopeScaling, RopeType};
 use super::shard_size::{ShardSize, DEFAULT_MAX_SHARD_SIZE};
+pub use super::tokenizer_spec::TokenizerSpec;
 use super::ProblemKind;
 use crate::node::{Dict, Node, Value};
 use indexmap::IndexMap;
@@ -217,9 +218,19 @@ choice! {
 }
 
 choice! {
-    /// How a chat record lists its turns (`data.format`): OpenAI-style `{role, content}`
-    /// messages, or ShareGPT's `{from, value}` (human/gpt/system) mapped to them.
-    pub enum ChatFormat { Messages = "messages", Sharegpt = "sharegpt" }
+    /// What a chat record holds (`data.format`): `auto` recognises each record by its keys as
+    /// TRL does; the others name one format: OpenAI-style `{role, content}` messages,
+    /// ShareGPT's `{from, value}` turns (human/gpt/system), TRL's prompt-completion
+    /// (`{prompt, completion}`, strings or message lists; loss on the completion only),
+    /// Alpaca's `{instruction, input, output}`, or plain `text`.
+    pub enum ChatFormat {
+        Auto = "auto",
+        Messages = "messages",
+        Sharegpt = "sharegpt",
+        PromptCompletion = "prompt_completion",
+        Alpaca = "alpaca",
+        Text = "text",
+    }
 }
 
 choice! {
@@ -280,54 +291,6 @@ impl From<Resume> for String {
     }
 }
 
-/// `data.tokenizer`: the byte-level tokenizer, a BPE tokenizer trained on the data
-/// (`data.vocab_size` tokens), or a Hugging Face `tokenizer.json` file. A file is recognised by
-/// a `/` in the value or a `.json` ending.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(from = "String", into = "String")]
-pub enum TokenizerSpec {
-    Byte,
-    Bpe,
-    File(String),
-}
-
-impl From<String> for TokenizerSpec {
-    fn from(s: String) -> Self {
-        match s.as_str() {
-            "byte" => TokenizerSpec::Byte,
-            "bpe" => TokenizerSpec::Bpe,
-            _ => TokenizerSpec::File(s),
-        }
-    }
-}
-
-impl TokenizerSpec {
-    /// The tokenizer `data.tokenizer` asks for: as set, or when unset (`null`) the base's
-    /// (`model.init_from/tokenizer.json`) for a job that starts from one, else `byte`.
-    pub fn resolve(spec: Option<&TokenizerSpec>, init_from: Option<&str>) -> TokenizerSpec {
-        match (spec, init_from) {
-            (Some(s), _) => s.clone(),
-            (None, Some(dir)) => TokenizerSpec::File(
-                std::path::Path::new(dir)
-                    .join("tokenizer.json")
-                    .to_string_lossy()
-                    .into_owned(),
-            ),
-            (None, None) => TokenizerSpec::Byte,
-        }
-    }
-}
-
-impl From<TokenizerSpec> for String {
-    fn from(t: TokenizerSpec) -> Self {
-        match t {
-            TokenizerSpec::Byte => "byte".into(),
-            TokenizerSpec::Bpe => "bpe".into(),
-            TokenizerSpec::File(p) => p,
-        }
-    }
-}
-
 impl FromNode for Resume {
     fn expected() -> String {
         "'auto', 'never' or a checkpoint path".into()
@@ -349,37 +312,6 @@ impl FromNode for Resume {
             }
             _ => Err(Fail::WrongType),
         }
-    }
-}
-
-impl FromNode for TokenizerSpec {
-    fn expected() -> String {
-        "'byte', 'bpe' or a path to a tokenizer.json".into()
-    }
-    fn example() -> String {
-        "byte".into()
-    }
-    fn parse(node: &Node, key: &str, cx: &mut Cx) -> Parsed<Self> {
-        let Value::Str(s) = &node.value else {
-            return Err(Fail::WrongType);
-        };
-        if s == "byte" || s == "bpe" || s.contains('/') || s.ends_with(".json") {
-            return Ok(TokenizerSpec::from(s.clone()));
-        }
-        let mut message = format!(
-            "{key}: expected {}, got {}{}",
-            Self::expected(),
-            show(&node.value),
-            set_note(&node.origin)
-        );
-        let near = suggest(s, &["byte", "bpe"]);
-        if near.is_empty() {
-            message.push_str("; a tokenizer file needs a '/' or a .json ending, e.g. ./tok.json");
-        } else {
-            message.push_str(&format!("; did you mean {}?", alternatives(&near, true)));
-        }
-        cx.push(ProblemKind::BadChoice, key, &node.origin, message);
-        Err(Fail::Reported)
     }
 }
 
@@ -824,20 +756,55 @@ section! {
 }
 
 section! {
+    /// One source of a data mixture (`data.sources[i]`): its records and how many of them the
+    /// training set takes (at most one of `weight`, `fraction`, `records`; none: all of them).
+    pub struct DataSource {
+        /// A data file, a glob, a directory of shards or a `save_to_disk` directory.
+        path: String => "/path/to/data.parquet",
+        /// The split of a directory that holds several; `None`: `train`.
+        split: Option<String> => "train",
+        /// A share of the mixture relative to the other sources' weights (sampled without
+        /// replacement until the first source runs out, as `interleave_datasets`'s
+        /// `first_exhausted`).
+        weight: Option<f64> => "1.0",
+        /// A fraction of this source's records (above 1: repeated).
+        fraction: Option<f64> => "0.5",
+        /// A number of this source's records (more than it has: repeated).
+        records: Option<usize> => "1000",
+    }
+}
+
+section! {
     /// `data` with `kind: chat`: conversations rendered with the tokenizer's chat template.
     pub struct ChatData {
-        /// A `.jsonl` file of records (or a `.json` array of them).
-        path: String => "/path/to/chats.jsonl",
-        /// Held-out conversations; `None`: no evaluation data.
+        /// A data file (`.jsonl`, `.json`, `.parquet`, `.arrow`), a glob, a directory of
+        /// Parquet shards or a `datasets.save_to_disk` directory; `None` with `sources`.
+        path: Option<String> => "/path/to/chats.jsonl",
+        /// The split of a directory that holds several; `None`: `train`.
+        split: Option<String> => "train",
+        /// Several sources mixed into the training set, instead of `path`.
+        sources: Option<Vec<DataSource>> => "[{path: /path/to/a.parquet, weight: 1.0}]",
+        /// Held-out conversations; `None`: no evaluation data (or `eval_split`, or a carved
+        /// `eval_fraction`/`eval_records`).
         eval_path: Option<String> => "/path/to/eval.jsonl",
+        /// The split of `eval_path` (or, without it, of `path`) held out for evaluation.
+        eval_split: Option<String> => "test",
+        /// A fraction of the training records held out for evaluation (without `eval_path`).
+        eval_fraction: Option<f64> => "0.05",
+        /// A number of training records held out for evaluation (without `eval_path`).
+        eval_records: Option<usize> => "500",
+        /// Seeds the mixture's sampling and the held-out records (fixed, so that runs that
+        /// vary `trainer.seed` share them); `None`: 0.
+        seed: Option<usize> => "0",
         /// A Hugging Face tokenizer directory (`tokenizer.json` + `tokenizer_config.json`);
         /// `None`: the one in `model.init_from`.
         tokenizer: Option<String> => "/path/to/tokenizer_dir",
         /// A Jinja file used instead of the tokenizer directory's chat template.
         chat_template: Option<String> => "/path/to/template.jinja",
-        /// `messages`, or `sharegpt` (`from`/`value` turns).
+        /// `auto` (by each record's keys), `messages`, `sharegpt`, `prompt_completion`,
+        /// `alpaca` or `text`.
         format: ChatFormat,
-        /// The record field holding the turns.
+        /// The record field holding the turns (`auto` also looks for `conversations`).
         messages_key: String => "messages",
         /// A system prompt prepended to every conversation that has none.
         system: Option<String> => "'You are a helpful assistant.'",
@@ -863,10 +830,15 @@ section! {
     /// `data` with `kind: preference`: pairs of a prompt with a chosen and a rejected
     /// completion (TRL's preference formats), for `objective: dpo`.
     pub struct PreferenceData {
-        /// A `.jsonl` file of records (or a `.json` array of them).
+        /// A `.jsonl`/`.json`/`.parquet` file, a glob, a directory of Parquet shards or a
+        /// `save_to_disk` directory.
         path: String => "/path/to/pairs.jsonl",
-        /// Held-out pairs; `None`: no evaluation data.
+        /// The split of a directory that holds several; `None`: `train`.
+        split: Option<String> => "train_prefs",
+        /// Held-out pairs; `None`: no evaluation data (or `eval_split`).
         eval_path: Option<String> => "/path/to/eval_pairs.jsonl",
+        /// The split of `eval_path` (or, without it, of `path`) held out for evaluation.
+        eval_split: Option<String> => "test_prefs",
         /// A Hugging Face tokenizer directory; `None`: the one in `model.init_from`.
         tokenizer: Option<String> => "/path/to/tokenizer_dir",
         /// A Jinja file used instead of the tokenizer directory's chat template.
@@ -881,6 +853,17 @@ section! {
         seq_len: usize,
         shuffle: bool,
         num_workers: usize,
+    }
+}
+
+impl ChatData {
+    /// Whether the job has evaluation data: `eval_path`, `eval_split`, or records carved from
+    /// the training data.
+    pub fn has_eval(&self) -> bool {
+        self.eval_path.is_some()
+            || self.eval_split.is_some()
+            || self.eval_fraction.is_some()
+            || self.eval_records.is_some()
     }
 }
 

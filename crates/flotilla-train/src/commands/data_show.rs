@@ -47,24 +47,27 @@ pub fn run(
         }
         None => job.model.vocab_size,
     };
-    let data = data::build(
+    let built = data::build(
         &job.data,
         &DataOptions {
             model_vocab_size: vocab,
             run_dir: None,
             init_from,
         },
-    )
-    .map_err(|e| {
-        // The data the config names is the user's to fix (exit 2); a tensor error is not.
-        let internal = matches!(e, data::DataError::Tensor(_));
-        let e = anyhow::Error::new(e).context("building the training data");
-        if internal {
-            TaskError::Other(e)
-        } else {
-            TaskError::Usage(e)
+    );
+    let data = match built {
+        Ok(data) => data,
+        Err(e) if e.is_input() => {
+            return Err(TaskError::Usage(
+                anyhow::Error::new(e).context("building the training data"),
+            ))
         }
-    })?;
+        Err(e) => {
+            return Err(anyhow::Error::new(e)
+                .context("building the training data")
+                .into())
+        }
+    };
     let shown = show(&data, num).context("reading the examples")?;
     if format == Format::Json {
         let mut text = serde_json::to_string(&shown).context("writing JSON")?;
@@ -82,7 +85,16 @@ pub fn run(
     for (k, e) in shown.examples.iter().enumerate() {
         let trained = e.example.trained.iter().filter(|&&t| t).count();
         let source = match e.source {
-            Some(line) => format!(" · {} line {line}", data_path(&job.data)),
+            Some(at) => {
+                let path = data_path(&job.data);
+                // a line of a JSON file, else a row of a Parquet or Arrow file
+                let place = if path.ends_with(".jsonl") || path.ends_with(".json") {
+                    "line"
+                } else {
+                    "row"
+                };
+                format!(" · {path} {place} {at}")
+            }
             None => String::new(),
         };
         let packed = match &e.position_ids {
@@ -133,7 +145,7 @@ pub fn run(
 fn data_path(cfg: &flotilla_config::schema::DataConfig) -> &str {
     use flotilla_config::schema::DataConfig;
     match cfg {
-        DataConfig::Chat(c) => &c.path,
+        DataConfig::Chat(c) => c.path.as_deref().unwrap_or("a source"),
         DataConfig::Jsonl(j) => &j.path,
         DataConfig::Preference(p) => &p.path,
         _ => "data",

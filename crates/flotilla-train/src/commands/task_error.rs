@@ -1,5 +1,6 @@
 //! The task binary's error and its exit status, one match instead of searching error chains:
-//! 2 ([`flotilla_contract::exit::USAGE`]) for the user's config or overrides, 75
+//! 2 ([`flotilla_contract::exit::USAGE`]) for the user's config or overrides (and data that
+//! cannot be read as the config says: [`crate::data::DataError::is_input`]), 75
 //! ([`flotilla_contract::exit::REQUEUE`]) for a stop on request after a checkpoint (the
 //! launcher requeues, the same command resumes), 1 ([`flotilla_contract::exit::FAILURE`]) for
 //! everything else, a libtorch failure (out of memory included) among them.
@@ -42,6 +43,10 @@ impl TaskError {
     pub fn exit_status(&self) -> u8 {
         match self {
             TaskError::Config(_) | TaskError::Usage(_) => exit::USAGE,
+            TaskError::Train {
+                source: TrainError::Data(e),
+                ..
+            } if e.is_input() => exit::USAGE,
             TaskError::Train {
                 source: TrainError::Preempt(PreemptError::Stopped { .. }),
                 ..

@@ -2,12 +2,19 @@
 //! masked so that the loss falls on the tokens `data.train_on` asks for.
 //!
 //! # Records
-//! A `.jsonl` file holds one JSON object per line (blank lines skipped), a `.json` file an
-//! array of them. A record's `data.messages_key` field (`messages`; `conversations` for
-//! `format: sharegpt` unless set otherwise) is a list of turns: `{role, content}` objects, or
-//! ShareGPT's `{from, value}` with `human`/`user` → `user`, `gpt`/`assistant`/`chatgpt`/`model`
-//! → `assistant`, `system` → `system` (other `from` values are refused). `data.system` is
-//! prepended as a system turn to conversations that do not start with one.
+//! Records come from [`super::records`] (a `.jsonl` or `.json` file, Parquet, Arrow, a glob, a
+//! directory of shards or a `save_to_disk` directory), from one path or a mixture of sources
+//! (`super::chat_sets`), and are read by [`super::chat_formats`] as `data.format` says:
+//! `{role, content}` turns (`messages`, ShareGPT's `{from, value}`, Alpaca's instruction and
+//! output), prompt-completion, or text. `data.system` is prepended as a system turn to
+//! conversations (and conversational prompts) that do not start with one.
+//!
+//! Prompt-completion records train the completion only, as TRL's `completion_only_loss`: a
+//! conversational one renders `prompt + completion` and trains from where its ids and those of
+//! the prompt rendered with the generation prompt part; a standard (string) one is
+//! `tokenizer(prompt + completion + EOS)` (the EOS text appended unless the completion ends
+//! with it), trained from where its ids and `tokenizer(prompt)`'s part. A `text` record is
+//! `tokenizer(text + EOS)`, trained everywhere.
 //!
 //! # The text and the tokens
 //! The conversation is rendered by [`ChatTemplate`] exactly as transformers'
@@ -56,23 +63,27 @@
 //! template values once for all the prefixes rendered. Tokenizing is most of the remaining
 //! work; byte-level BPE tokenizers (Llama 3, Qwen2) take the faster exact path of
 //! `byte_level_encoder`. The result is stored in
-//! `.flotilla-cache/` beside the data file, keyed by the SHA-256 of the data file, the
+//! `.flotilla-cache/` beside the data, keyed by the SHA-256 of the data files (and the records a
+//! mixture or held-out set takes), the
 //! tokenizer files, the template, these settings (and today's date when the template calls
 //! `strftime_now`), so a changed input is never served stale; an unwritable directory only
 //! costs the cache.
 
 use std::path::{Path, PathBuf};
 
-use flotilla_config::schema::{ChatData, ChatFormat, Overflow, PackedAttention, TrainOn};
+use flotilla_config::schema::{ChatData, Overflow, PackedAttention, TrainOn};
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
-use serde_json::{json, Value};
+use serde_json::Value;
+use sha2::{Digest, Sha256};
 
+use super::chat_formats::{self, Conversation, RecordShape};
 use super::chat_markers::marker_spans;
 use super::chat_template::{message_value, ChatTemplate};
 use super::dataset::Dataset;
 use super::error::{DataError, Result};
 use super::masked::MaskedSequences;
+use super::records::{self, Origin, RecordFiles};
 use super::tokenizer::Tokenizer;
 
 /// Counts of one chat dataset's preparation.
@@ -101,14 +112,15 @@ pub struct ChatStats {
     pub masked_by_markers: usize,
     /// The first reasons records were skipped, for the log.
     pub skip_reasons: Vec<String>,
+    /// What each source gave.
+    #[serde(default)]
+    pub sources: Vec<SourceStats>,
 }
 
 /// The settings that decide how records become samples.
 #[derive(Clone, Debug, Serialize)]
 struct Settings<'a> {
-    format: ChatFormat,
-    messages_key: &'a str,
-    system: Option<&'a str>,
+    shape: RecordShape<'a>,
     train_on: TrainOn,
     overflow: Overflow,
     packing: bool,
@@ -118,15 +130,12 @@ struct Settings<'a> {
 
 impl<'a> Settings<'a> {
     fn of(cfg: &'a ChatData) -> Self {
-        let messages_key = if cfg.format == ChatFormat::Sharegpt && cfg.messages_key == "messages" {
-            "conversations"
-        } else {
-            cfg.messages_key.as_str()
-        };
         Settings {
-            format: cfg.format,
-            messages_key,
-            system: cfg.system.as_deref(),
+            shape: RecordShape {
+                format: cfg.format,
+                messages_key: cfg.messages_key.as_str(),
+                system: cfg.system.as_deref(),
+            },
             train_on: cfg.train_on,
             overflow: cfg.overflow,
             packing: cfg.packing,
@@ -217,154 +226,6 @@ impl ChatTokenizer {
     }
 }
 
-/// Where a record is: `:LINE` of a `.jsonl` file, ` record N` of a `.json` array.
-fn place(json_array: bool, at: usize) -> String {
-    if json_array {
-        format!(" record {at}")
-    } else {
-        format!(":{at}")
-    }
-}
-
-/// The records of a chat file: the lines of a `.jsonl` file (parsed when they are encoded, a
-/// chunk at a time), or the items of a `.json` array.
-enum Records<'a> {
-    /// `(line number, line)` of each non-blank line.
-    Lines(Vec<(usize, &'a str)>),
-    Array(Vec<Value>),
-}
-
-impl Records<'_> {
-    fn len(&self) -> usize {
-        match self {
-            Records::Lines(l) => l.len(),
-            Records::Array(a) => a.len(),
-        }
-    }
-
-    fn is_array(&self) -> bool {
-        matches!(self, Records::Array(_))
-    }
-
-    /// Record `k`'s place (line or record number) and the record, or the error of a line that
-    /// is not JSON.
-    fn record(&self, k: usize, path: &Path) -> Result<(usize, std::borrow::Cow<'_, Value>)> {
-        match self {
-            Records::Array(items) => Ok((k + 1, std::borrow::Cow::Borrowed(&items[k]))),
-            Records::Lines(lines) => {
-                let (n, line) = lines[k];
-                serde_json::from_str(line)
-                    .map(|v| (n, std::borrow::Cow::Owned(v)))
-                    .map_err(|e| DataError::ChatRecord {
-                        path: path.to_path_buf(),
-                        place: format!(":{n}"),
-                        message: format!("invalid JSON: {e}"),
-                    })
-            }
-        }
-    }
-}
-
-/// Splits a chat file into its records.
-fn split_records<'a>(path: &Path, bytes: &'a [u8]) -> Result<Records<'a>> {
-    let text = std::str::from_utf8(bytes).map_err(|e| DataError::NotUtf8 {
-        path: path.to_path_buf(),
-        offset: e.valid_up_to(),
-    })?;
-    if path.extension().is_some_and(|e| e == "json") {
-        let value: Value = serde_json::from_str(text).map_err(|e| DataError::ChatRecord {
-            path: path.to_path_buf(),
-            place: format!(":{}", e.line()),
-            message: format!("invalid JSON: {e}"),
-        })?;
-        let Value::Array(items) = value else {
-            return Err(DataError::ChatRecord {
-                path: path.to_path_buf(),
-                place: String::new(),
-                message: "a .json chat file must hold an array of records (use .jsonl for one \
-                          record per line)"
-                    .into(),
-            });
-        };
-        return Ok(Records::Array(items));
-    }
-    Ok(Records::Lines(
-        text.lines()
-            .enumerate()
-            .filter(|(_, l)| !l.trim().is_empty())
-            .map(|(i, l)| (i + 1, l))
-            .collect(),
-    ))
-}
-
-/// The messages of one record, in `{role, content}` form, with `data.system` prepended.
-fn messages_of(record: &Value, s: &Settings<'_>) -> std::result::Result<Value, String> {
-    let Value::Object(obj) = record else {
-        return Err("a record must be a JSON object".into());
-    };
-    let Some(turns) = obj.get(s.messages_key) else {
-        let keys: Vec<&str> = obj.keys().map(String::as_str).collect();
-        let hint = if s.format == ChatFormat::Messages && obj.contains_key("conversations") {
-            "; this looks like ShareGPT data: set data.format=sharegpt"
-        } else {
-            ""
-        };
-        return Err(format!(
-            "record has no '{}' list (data.messages_key); its fields are [{}]{hint}",
-            s.messages_key,
-            keys.join(", ")
-        ));
-    };
-    let Value::Array(turns) = turns else {
-        return Err(format!("'{}' is not a list of turns", s.messages_key));
-    };
-    let mut messages = Vec::with_capacity(turns.len() + 1);
-    for (i, turn) in turns.iter().enumerate() {
-        let Value::Object(t) = turn else {
-            return Err(format!("turn {} is not an object", i + 1));
-        };
-        let message = match s.format {
-            ChatFormat::Messages => {
-                if !matches!(t.get("role"), Some(Value::String(_))) {
-                    return Err(format!("turn {} has no string 'role'", i + 1));
-                }
-                Value::Object(t.clone())
-            }
-            ChatFormat::Sharegpt => {
-                let from = t.get("from").and_then(Value::as_str).ok_or_else(|| {
-                    format!("turn {} has no string 'from' (ShareGPT format)", i + 1)
-                })?;
-                let role = match from {
-                    "human" | "user" => "user",
-                    "gpt" | "assistant" | "chatgpt" | "model" => "assistant",
-                    "system" => "system",
-                    other => {
-                        return Err(format!(
-                            "turn {} is from '{other}', which has no role (ShareGPT turns are \
-                             from human, gpt or system)",
-                            i + 1
-                        ))
-                    }
-                };
-                let value = t.get("value").cloned().unwrap_or(Value::Null);
-                json!({"role": role, "content": value})
-            }
-        };
-        messages.push(message);
-    }
-    if let Some(system) = s.system {
-        let has_system = messages
-            .first()
-            .and_then(|m| m.get("role"))
-            .and_then(Value::as_str)
-            == Some("system");
-        if !has_system {
-            messages.insert(0, json!({"role": "system", "content": system}));
-        }
-    }
-    Ok(Value::Array(messages))
-}
-
 pub(super) fn role_of(message: &Value) -> Option<&str> {
     message.get("role").and_then(Value::as_str)
 }
@@ -379,6 +240,8 @@ pub enum MaskMethod {
     Prefixes,
     /// Markers in place of the assistant contents (a template that is not prefix-stable).
     Markers,
+    /// A prompt-completion record: the tokens after the prompt's.
+    Completion,
 }
 
 /// Byte spans of the rendered text that are trained, by the prefix rule, or by markers where
@@ -540,7 +403,7 @@ pub fn encode_conversation(
 }
 
 /// Renders, tokenizes and masks one record of a chat file as `cfg` says (the error is the
-/// message a [`DataError::ChatRecord`] would carry).
+/// message a [`DataError::Record`] would carry).
 pub fn encode_record(
     chat: &ChatTokenizer,
     record: &Value,
@@ -554,16 +417,100 @@ fn encode_with(
     record: &Value,
     settings: &Settings<'_>,
 ) -> std::result::Result<EncodedChat, String> {
-    let messages = messages_of(record, settings)?;
-    encode_conversation(chat, &messages, settings.train_on)
+    match chat_formats::read(record, &settings.shape)? {
+        Conversation::Messages(messages) => {
+            encode_conversation(chat, &Value::Array(messages), settings.train_on)
+        }
+        Conversation::PromptCompletion { prompt, completion } => {
+            encode_prompt_completion(chat, &prompt, &completion, settings.train_on)
+        }
+        Conversation::PromptCompletionText { prompt, completion } => {
+            encode_plain(chat, &prompt, &completion, settings.train_on)
+        }
+        Conversation::Text(text) => encode_plain(chat, "", &text, TrainOn::All),
+    }
 }
 
-/// Records encoded at once: enough to keep every core busy, few enough that a large file is
-/// never held parsed and encoded whole.
-const CHUNK: usize = 4096;
+/// Tokens `a` and `b` share from the start.
+fn common_ids(a: &[u32], b: &[u32]) -> usize {
+    a.iter().zip(b).take_while(|(x, y)| x == y).count()
+}
 
-/// Reads and encodes the conversations of `path` (`key` names its config key), from the cache
-/// when it holds them.
+/// A conversational prompt-completion record, as TRL's `completion_only_loss` trains it:
+/// `render(prompt + completion)` tokenized, trained from where its ids and those of
+/// `render(prompt, add_generation_prompt=true)` part (all of it with `train_on: all`).
+fn encode_prompt_completion(
+    chat: &ChatTokenizer,
+    prompt: &[Value],
+    completion: &[Value],
+    train_on: TrainOn,
+) -> std::result::Result<EncodedChat, String> {
+    let values: Vec<minijinja::Value> =
+        prompt.iter().chain(completion).map(message_value).collect();
+    let text = chat
+        .template
+        .render_messages(minijinja::Value::from(values.clone()), false)?;
+    let ids = chat.tokenizer.encode(&text).map_err(|e| e.to_string())?;
+    let (start, mask) = if train_on == TrainOn::All {
+        (0, MaskMethod::All)
+    } else {
+        let before = chat.template.render_messages(
+            minijinja::Value::from(values[..prompt.len()].to_vec()),
+            true,
+        )?;
+        let prompt_ids = chat.tokenizer.encode(&before).map_err(|e| e.to_string())?;
+        (common_ids(&prompt_ids, &ids), MaskMethod::Completion)
+    };
+    Ok(trained_from(text, ids, start, mask))
+}
+
+/// An encoding whose tokens from `start` on are trained.
+fn trained_from(text: String, ids: Vec<u32>, start: usize, mask: MaskMethod) -> EncodedChat {
+    let trained = (0..ids.len()).map(|j| j >= start).collect();
+    EncodedChat {
+        text,
+        ids,
+        trained,
+        mask,
+    }
+}
+
+/// Standard prompt-completion strings (or plain text, with an empty prompt), as TRL trains
+/// them: the EOS token's text appended to the completion unless it ends with it, `prompt +
+/// completion` tokenized with the tokenizer's special tokens (`tokenizer(text)`), trained from
+/// where its ids and the prompt's part.
+fn encode_plain(
+    chat: &ChatTokenizer,
+    prompt: &str,
+    completion: &str,
+    train_on: TrainOn,
+) -> std::result::Result<EncodedChat, String> {
+    let tokenizer = chat.tokenizer.inner();
+    let eos = chat
+        .tokenizer
+        .eos_id()
+        .and_then(|id| tokenizer.id_to_token(id));
+    let mut text = format!("{prompt}{completion}");
+    if let Some(eos) = eos.filter(|e| !completion.ends_with(e.as_str())) {
+        text.push_str(&eos);
+    }
+    let encode = |t: &str| {
+        tokenizer
+            .encode(t, true)
+            .map(|e| e.get_ids().to_vec())
+            .map_err(|e| format!("tokenizer: {e}"))
+    };
+    let ids = encode(&text)?;
+    let (start, mask) = if train_on == TrainOn::All || prompt.is_empty() {
+        (0, MaskMethod::All)
+    } else {
+        (common_ids(&encode(prompt)?, &ids), MaskMethod::Completion)
+    };
+    Ok(trained_from(text, ids, start, mask))
+}
+
+/// Reads and encodes the conversations of `path` (`key` names its config key), every record
+/// once, from the cache when it holds them.
 pub fn build(
     key: &str,
     path: &Path,
@@ -571,27 +518,105 @@ pub fn build(
     chat: &ChatTokenizer,
     use_cache: bool,
 ) -> Result<(MaskedSequences, ChatStats)> {
-    let (mut out, stats) = prepare(key, path, cfg, chat, use_cache)?;
-    out.isolate(cfg.packing && cfg.packed_attention == PackedAttention::Conversation);
-    Ok((out, stats))
+    let files = records::locate(key, &path.to_string_lossy(), cfg.split.as_deref())?;
+    build_set(&ChatSet::whole(files), cfg, chat, use_cache)
 }
 
-fn prepare(
-    key: &str,
-    path: &Path,
+/// Reads and encodes a [`ChatSet`], from the cache when it holds it.
+pub fn build_set(
+    set: &ChatSet,
     cfg: &ChatData,
     chat: &ChatTokenizer,
     use_cache: bool,
 ) -> Result<(MaskedSequences, ChatStats)> {
-    let bytes = std::fs::read(path).map_err(|e| DataError::open(key, path, e))?;
+    let (mut out, stats) = prepare(set, cfg, chat, use_cache)?;
+    out.isolate(cfg.packing && cfg.packed_attention == PackedAttention::Conversation);
+    Ok((out, stats))
+}
+
+/// One source of a [`ChatSet`]: its records and, unless it takes each once, how many times it
+/// takes each (by the record's index among the source's records).
+#[derive(Clone, Debug)]
+pub struct SetPart {
+    pub files: RecordFiles,
+    pub takes: Option<Vec<u32>>,
+}
+
+/// The records a chat dataset is made of: the training set (a file, or a mixture of
+/// sources), or the held-out set.
+#[derive(Clone, Debug)]
+pub struct ChatSet {
+    pub parts: Vec<SetPart>,
+    /// Records each source holds and holds out, when counted before reading (a mixture or
+    /// carved held-out records).
+    pub counted: Vec<Option<(usize, usize)>>,
+}
+
+impl ChatSet {
+    /// Every record of `files`, once.
+    pub fn whole(files: RecordFiles) -> Self {
+        ChatSet {
+            parts: vec![SetPart { files, takes: None }],
+            counted: vec![None],
+        }
+    }
+
+    /// The sources' paths (with their number of files), joined by ` + `, for messages.
+    pub fn name(&self) -> String {
+        self.parts
+            .iter()
+            .map(|p| p.files.describe())
+            .collect::<Vec<_>>()
+            .join(" + ")
+    }
+}
+
+/// What preparing took from one source.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SourceStats {
+    /// The source's path as the config names it.
+    pub path: String,
+    /// Records the source holds.
+    pub records: usize,
+    /// Records of it held out for evaluation.
+    pub held_out: usize,
+    /// Records of it this set takes, repeats counted.
+    pub taken: usize,
+}
+
+fn prepare(
+    set: &ChatSet,
+    cfg: &ChatData,
+    chat: &ChatTokenizer,
+    use_cache: bool,
+) -> Result<(MaskedSequences, ChatStats)> {
     let settings = Settings::of(cfg);
-    let cache =
-        use_cache.then(|| super::chat_cache::CacheEntry::new(path, &bytes, chat, &settings));
+    let name = set.name();
+    let cache = if use_cache {
+        let mut data = Sha256::new();
+        for part in &set.parts {
+            data.update(part.files.digest()?);
+            if let Some(takes) = &part.takes {
+                data.update((takes.len() as u64).to_le_bytes());
+                for t in takes {
+                    data.update(t.to_le_bytes());
+                }
+            }
+        }
+        let digest: [u8; 32] = data.finalize().into();
+        Some(super::chat_cache::CacheEntry::new(
+            &set.parts[0].files.cache_parent,
+            &digest,
+            chat,
+            &settings,
+        ))
+    } else {
+        None
+    };
     let cached = || {
         let hit = cache.as_ref().and_then(|c| c.load())?;
         tracing::info!(
-            "{}: prepared conversations read from {}",
-            path.display(),
+            "{name}: prepared conversations read from {}",
             hit.2.display()
         );
         Some((hit.0, hit.1))
@@ -605,73 +630,39 @@ fn prepare(
     if let Some(hit) = preparing.as_ref().and_then(|_| cached()) {
         return Ok(hit);
     }
-    let records = split_records(path, &bytes)?;
-    if records.len() == 0 {
-        return Err(DataError::config(
-            key,
-            format!("{} has no records", path.display()),
-        ));
-    }
     let pad = chat
         .tokenizer
         .pad_id()
         .or(chat.tokenizer.eos_id())
         .unwrap_or(0);
     let mut samples = Samples {
-        out: MaskedSequences::new(&format!("chat {}", path.display()), cfg.seq_len, pad),
-        stats: ChatStats {
-            records: records.len(),
-            ..Default::default()
-        },
+        out: MaskedSequences::new(&format!("chat {name}"), cfg.seq_len, pad),
+        stats: ChatStats::default(),
         settings: &settings,
         window: Window::default(),
     };
-    for first in (0..records.len()).step_by(CHUNK) {
-        let last = (first + CHUNK).min(records.len());
-        let encoded: Vec<Result<(usize, std::result::Result<EncodedTokens, String>)>> = (first
-            ..last)
-            .into_par_iter()
-            .map(|k| {
-                let (at, record) = records.record(k, path)?;
-                Ok((at, encode_tokens(chat, &record, &settings)))
-            })
-            .collect();
-        for item in encoded {
-            let (at, result) = item?;
-            match result {
-                Ok(e) => samples.add(e, at),
-                Err(message) if settings.skip_bad_records => {
-                    samples.stats.skipped += 1;
-                    if samples.stats.skip_reasons.len() < 5 {
-                        samples.stats.skip_reasons.push(format!(
-                            "{}{}: {message}",
-                            path.display(),
-                            place(records.is_array(), at)
-                        ));
-                    }
-                }
-                Err(message) => {
-                    return Err(DataError::ChatRecord {
-                        path: path.to_path_buf(),
-                        place: place(records.is_array(), at),
-                        message,
-                    })
-                }
-            }
-        }
+    for (part, counted) in set.parts.iter().zip(&set.counted) {
+        let source = samples.add_part(part, chat)?;
+        samples.stats.sources.push(SourceStats {
+            held_out: counted.map_or(0, |c| c.1),
+            ..source
+        });
     }
     super::byte_level_encoder::release_piece_caches();
     let (out, stats) = samples.finish()?;
+    if stats.records == 0 {
+        return Err(DataError::config(
+            &set.parts[0].files.key,
+            format!("{name} has no records"),
+        ));
+    }
     if stats.examples == 0 {
         return Err(DataError::config(
-            key,
+            &set.parts[0].files.key,
             format!(
-                "{}: no conversation is left to train on ({} records, {} skipped, {} dropped \
-                 for length); check data.train_on, data.seq_len and data.overflow",
-                path.display(),
-                stats.records,
-                stats.skipped,
-                stats.dropped
+                "{name}: no conversation is left to train on ({} records, {} skipped, {} \
+                 dropped for length); check data.train_on, data.seq_len and data.overflow",
+                stats.records, stats.skipped, stats.dropped
             ),
         ));
     }
@@ -682,6 +673,7 @@ fn prepare(
 }
 
 /// The tokens of one encoded conversation and which of them are trained.
+#[derive(Clone)]
 struct EncodedTokens {
     ids: Vec<u32>,
     trained: Vec<bool>,
@@ -734,6 +726,69 @@ impl Window {
 }
 
 impl Samples<'_> {
+    /// Encodes the records `part` takes, a chunk at a time on every core, and adds them in
+    /// order (a record taken `n` times, `n` times).
+    fn add_part(&mut self, part: &SetPart, chat: &ChatTokenizer) -> Result<SourceStats> {
+        let settings = self.settings;
+        let mut source = SourceStats {
+            path: part.files.spec.clone(),
+            ..Default::default()
+        };
+        let mut warned = std::collections::HashSet::new();
+        for chunk in part.files.chunks() {
+            let chunk = chunk?;
+            source.records += chunk.len();
+            let left_out = chunk.unreadable_columns();
+            if !left_out.is_empty() && warned.insert(chunk.file().to_path_buf()) {
+                tracing::warn!(
+                    "{}: columns left out of the records (their types hold no JSON value): {}",
+                    chunk.file().display(),
+                    left_out.join(", ")
+                );
+            }
+            let taken: Vec<(usize, u32)> = (0..chunk.len())
+                .map(|k| {
+                    let times = part.takes.as_ref().map_or(1, |t| t[chunk.index(k)]);
+                    (k, times)
+                })
+                .filter(|&(_, times)| times > 0)
+                .collect();
+            type Encoded = (Origin, u32, std::result::Result<EncodedTokens, String>);
+            let encoded: Vec<Result<Encoded>> = taken
+                .into_par_iter()
+                .map(|(k, times)| {
+                    let record = chunk.record(k)?;
+                    Ok((
+                        chunk.origin(k),
+                        times,
+                        encode_tokens(chat, &record, settings),
+                    ))
+                })
+                .collect();
+            for item in encoded {
+                let (origin, times, result) = item?;
+                source.taken += times as usize;
+                self.stats.records += times as usize;
+                match result {
+                    Ok(e) => {
+                        for _ in 1..times {
+                            self.add(e.clone(), origin.place.number());
+                        }
+                        self.add(e, origin.place.number());
+                    }
+                    Err(message) if settings.skip_bad_records => {
+                        self.stats.skipped += times as usize;
+                        if self.stats.skip_reasons.len() < 5 {
+                            self.stats.skip_reasons.push(format!("{origin}: {message}"));
+                        }
+                    }
+                    Err(message) => return Err(origin.error(message)),
+                }
+            }
+        }
+        Ok(source)
+    }
+
     fn add(&mut self, e: EncodedTokens, at: usize) {
         let limit = self.settings.seq_len + 1;
         self.stats.masked_by_markers += e.by_markers as usize;
@@ -803,7 +858,27 @@ pub fn summary_line(stats: &ChatStats) -> String {
         stats.skipped
     );
     line.push_str(&markers_note(stats.masked_by_markers));
+    line.push_str(&sources_note(&stats.sources));
     line
+}
+
+/// `; from PATH: N of M records (K held out), ...` for a mixture or a carved held-out set,
+/// else nothing.
+pub fn sources_note(sources: &[SourceStats]) -> String {
+    if sources.len() < 2 && sources.iter().all(|s| s.held_out == 0) {
+        return String::new();
+    }
+    let parts: Vec<String> = sources
+        .iter()
+        .map(|s| {
+            let held = match s.held_out {
+                0 => String::new(),
+                n => format!(", {n} held out"),
+            };
+            format!("{}: {} of {} records{held}", s.path, s.taken, s.records)
+        })
+        .collect();
+    format!("; from {}", parts.join(", "))
 }
 
 /// `; N masked by markers (...)` when the template is not prefix-stable for some
@@ -838,45 +913,5 @@ mod tests {
         assert_eq!(common_prefix_len("abcé", "abcé!"), 5);
         assert_eq!(common_prefix_len("abx", "aby"), 2);
         assert_eq!(common_prefix_len("", "a"), 0);
-    }
-
-    fn settings(format: ChatFormat, system: Option<&str>) -> Settings<'_> {
-        Settings {
-            format,
-            messages_key: if format == ChatFormat::Sharegpt {
-                "conversations"
-            } else {
-                "messages"
-            },
-            system,
-            train_on: TrainOn::Assistant,
-            overflow: Overflow::Truncate,
-            packing: false,
-            skip_bad_records: false,
-            seq_len: 16,
-        }
-    }
-
-    #[test]
-    fn sharegpt_turns_map_to_roles_and_system_is_prepended() {
-        let r = json!({"conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "yo"}]});
-        let m = messages_of(&r, &settings(ChatFormat::Sharegpt, Some("be brief"))).unwrap();
-        assert_eq!(
-            m,
-            json!([{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"},
-                   {"role": "assistant", "content": "yo"}])
-        );
-        let bad = json!({"conversations": [{"from": "tool", "value": "x"}]});
-        let err = messages_of(&bad, &settings(ChatFormat::Sharegpt, None)).unwrap_err();
-        assert!(err.contains("from 'tool'"), "{err}");
-    }
-
-    #[test]
-    fn a_record_without_messages_names_its_fields_and_the_sharegpt_fix() {
-        let r = json!({"conversations": [], "id": 3});
-        let err = messages_of(&r, &settings(ChatFormat::Messages, None)).unwrap_err();
-        assert!(err.contains("no 'messages' list"), "{err}");
-        assert!(err.contains("[conversations, id]"), "{err}");
-        assert!(err.contains("data.format=sharegpt"), "{err}");
     }
 }

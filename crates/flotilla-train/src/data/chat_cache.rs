@@ -1,6 +1,7 @@
 //! The cache of prepared chat data: `.flotilla-cache/chat-<key>.bin` beside the data file.
 //!
-//! The key is the SHA-256 of everything the samples depend on: the data file's bytes, the
+//! The key is the SHA-256 of everything the samples depend on: the data files' bytes (and which
+//! records a mixture or a held-out set takes), the
 //! tokenizer directory's `tokenizer.json` and its companions, the template's source, the
 //! settings (and today's date when the template calls `strftime_now`), and a format version.
 //! A file is a magic line, a JSON header (the key, the counts, the sizes) and the flat arrays
@@ -24,8 +25,10 @@ use super::masked::MaskedSequences;
 /// The format and the renderer's version: part of every key, so a cache written by an earlier
 /// renderer (3: messages reach the template as transformers passes them, values print as
 /// Python prints them; 4: templates that are not prefix-stable are masked by markers, not
-/// refused) is never served.
-const MAGIC: &[u8] = b"FLOTILLA-CHAT-CACHE 4\n";
+/// refused; 5: records of every format, with each source's counts) is never served.
+const MAGIC: &[u8] = b"FLOTILLA-CHAT-CACHE 5\n";
+/// Tokens read or written at once.
+const BLOCK: usize = 1 << 20;
 /// The folder beside the data file that holds the cache.
 pub const CACHE_DIR: &str = ".flotilla-cache";
 
@@ -49,9 +52,11 @@ pub(crate) struct CacheEntry {
 }
 
 impl CacheEntry {
+    /// The entry in `parent`'s cache folder for records whose contents (and picks) hash to
+    /// `data_digest`.
     pub(crate) fn new(
-        data: &Path,
-        bytes: &[u8],
+        parent: &Path,
+        data_digest: &[u8],
         chat: &ChatTokenizer,
         settings: &impl Serialize,
     ) -> Self {
@@ -62,7 +67,7 @@ impl CacheEntry {
             h.update(b);
         };
         part("version", MAGIC);
-        part("data", bytes);
+        part("data", data_digest);
         for name in [
             "tokenizer.json",
             "tokenizer_config.json",
@@ -88,11 +93,7 @@ impl CacheEntry {
             );
         }
         let key: String = h.finalize().iter().map(|b| format!("{b:02x}")).collect();
-        let dir = data
-            .parent()
-            .filter(|p| !p.as_os_str().is_empty())
-            .unwrap_or(Path::new("."))
-            .join(CACHE_DIR);
+        let dir = parent.join(CACHE_DIR);
         let file = dir.join(format!("chat-{}.bin", &key[..32]));
         CacheEntry { key, file }
     }
@@ -151,15 +152,24 @@ impl CacheEntry {
             .into_iter()
             .map(|b| b as usize)
             .collect();
-        let mut ids = vec![0u8; header.tokens * 4];
-        f.read_exact(&mut ids).ok()?;
-        out.ids = ids
-            .chunks_exact(4)
-            .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect();
-        let mut trained = vec![0u8; header.tokens];
-        f.read_exact(&mut trained).ok()?;
-        out.trained = trained.into_iter().map(|b| b != 0).collect();
+        // a block at a time, so that reading needs no second copy of the arrays
+        let mut block = vec![0u8; BLOCK * 4];
+        out.ids = Vec::with_capacity(header.tokens);
+        while out.ids.len() < header.tokens {
+            let n = (header.tokens - out.ids.len()).min(BLOCK);
+            f.read_exact(&mut block[..n * 4]).ok()?;
+            out.ids.extend(
+                block[..n * 4]
+                    .chunks_exact(4)
+                    .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])),
+            );
+        }
+        out.trained = Vec::with_capacity(header.tokens);
+        while out.trained.len() < header.tokens {
+            let n = (header.tokens - out.trained.len()).min(BLOCK);
+            f.read_exact(&mut block[..n]).ok()?;
+            out.trained.extend(block[..n].iter().map(|&b| b != 0));
+        }
         if out.bounds.last() != Some(&header.tokens) || f.read(&mut [0u8; 1]).ok()? != 0 {
             return None;
         }
@@ -207,8 +217,12 @@ impl CacheEntry {
             for id in &data.ids {
                 f.write_all(&id.to_le_bytes())?;
             }
-            let mask: Vec<u8> = data.trained.iter().map(|&t| t as u8).collect();
-            f.write_all(&mask)?;
+            // a block at a time: a copy of a million conversations' mask would be as large as
+            // the mask
+            for block in data.trained.chunks(BLOCK) {
+                let mask: Vec<u8> = block.iter().map(|&t| t as u8).collect();
+                f.write_all(&mask)?;
+            }
             f.into_inner().map_err(|e| e.into_error())?.sync_all()?;
             std::fs::rename(&tmp, &self.file)
         })();

@@ -60,14 +60,6 @@ pub enum DataError {
         vocab_size: usize,
     },
 
-    /// A bad line in a `.jsonl` file.
-    #[error("{}:{line}: {message}", path.display())]
-    Jsonl {
-        path: PathBuf,
-        line: usize,
-        message: String,
-    },
-
     /// A glob pattern in `data.paths`/`data.eval_paths` that matches no file.
     #[error("{key}: pattern '{pattern}' matches no file")]
     GlobNoMatch { key: String, pattern: String },
@@ -93,14 +85,19 @@ pub enum DataError {
     #[error("chat template {}: {message}", origin.display())]
     ChatTemplate { origin: PathBuf, message: String },
 
-    /// A chat record that cannot be used (`place`: `:LINE` of a `.jsonl` file or ` record N`
-    /// of a `.json` array).
+    /// A record that cannot be read or used (`place`: `:LINE` of a `.jsonl` file, ` record N`
+    /// of a `.json` array, ` row N` of a Parquet or Arrow file).
     #[error("{}{place}: {message}", path.display())]
-    ChatRecord {
+    Record {
         path: PathBuf,
         place: String,
         message: String,
     },
+
+    /// A data file that cannot be read as what its name says (a damaged Parquet file, an
+    /// Arrow directory without its files).
+    #[error("{}: {message}", path.display())]
+    File { path: PathBuf, message: String },
 
     /// A config value the data layer cannot work with.
     #[error("{key}: {message}")]
@@ -124,6 +121,21 @@ pub enum DataError {
 }
 
 impl DataError {
+    /// Whether the user's data or config is at fault (a missing or damaged file, a bad record,
+    /// a bad setting), which the task reports with the usage exit status (2), rather than
+    /// the machine (a failed read or write, libtorch).
+    pub fn is_input(&self) -> bool {
+        !matches!(
+            self,
+            DataError::Io { .. }
+                | DataError::Write { .. }
+                | DataError::Tensor(_)
+                | DataError::Generate(_)
+                | DataError::SamplerMismatch(_)
+                | DataError::BatchSplit(_)
+        )
+    }
+
     pub(crate) fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
         DataError::Io {
             path: path.into(),

@@ -10,10 +10,10 @@
 //! one; prompt and completion encoded separately so the mask boundary is exact), and with
 //! `mask_prompt` only the completion and EOS carry labels (prompt labels are -100).
 //!
-//! Blank lines are skipped; anything else that is not a JSON object with the fields above is an
-//! error naming `file:line`.
+//! The records come from any file [`super::records`] reads (`.jsonl`, `.json`, Parquet,
+//! Arrow, globs and directories of them). Blank lines are skipped; anything else that is not a
+//! JSON object with the fields above is an error naming the file and the line (or row).
 
-use std::io::BufRead;
 use std::path::{Path, PathBuf};
 
 use serde_json::Value;
@@ -130,41 +130,27 @@ pub struct Record {
     pub line: usize,
 }
 
-/// Reads the records of `path` (`key` names the config key for a missing file).
+/// Reads the records of `path` (a `.jsonl` or `.json` file, Parquet, Arrow, a glob or a
+/// directory of them: [`super::records`]; `key` names its config key).
 pub fn read_records(
     key: &str,
     path: &Path,
     template: &Template,
     completion_key: &str,
 ) -> Result<Vec<Record>> {
-    let file = std::fs::File::open(path).map_err(|e| DataError::open(key, path, e))?;
-    let reader = std::io::BufReader::new(file);
-    let at = |line: usize, message: String| DataError::Jsonl {
-        path: path.to_path_buf(),
-        line,
-        message,
-    };
+    let files = super::records::locate(key, &path.to_string_lossy(), None)?;
     let mut records = vec![];
-    for (i, line) in reader.lines().enumerate() {
-        let n = i + 1;
-        let line = line.map_err(|e| match e.kind() {
-            std::io::ErrorKind::InvalidData => at(n, "not valid UTF-8".into()),
-            _ => DataError::io(path, e),
-        })?;
-        if line.trim().is_empty() {
-            continue;
-        }
-        let value: Value =
-            serde_json::from_str(&line).map_err(|e| at(n, format!("invalid JSON: {e}")))?;
+    for item in files.records() {
+        let (origin, value) = item?;
+        let n = origin.place.number();
         let Value::Object(obj) = value else {
-            return Err(at(n, "a record must be a JSON object".into()));
+            return Err(origin.error("a record must be a JSON object"));
         };
         let record = if let Some(c) = obj.get(completion_key) {
             let prompt = template.render(&obj).map_err(|f| {
-                at(
-                    n,
-                    format!("record has no field '{f}', which data.prompt_template uses"),
-                )
+                origin.error(format!(
+                    "record has no field '{f}', which data.prompt_template uses"
+                ))
             })?;
             Record {
                 prompt,
@@ -174,7 +160,7 @@ pub fn read_records(
             }
         } else if let Some(t) = obj.get("text") {
             let Value::String(t) = t else {
-                return Err(at(n, "field 'text' is not a string".into()));
+                return Err(origin.error("field 'text' is not a string"));
             };
             Record {
                 prompt: String::new(),
@@ -184,21 +170,18 @@ pub fn read_records(
             }
         } else {
             let keys: Vec<&str> = obj.keys().map(String::as_str).collect();
-            return Err(at(
-                n,
-                format!(
-                    "record has neither '{completion_key}' (data.completion_key) nor 'text'; its \
-                     fields are [{}]",
-                    keys.join(", ")
-                ),
-            ));
+            return Err(origin.error(format!(
+                "record has neither '{completion_key}' (data.completion_key) nor 'text'; its \
+                 fields are [{}]",
+                keys.join(", ")
+            )));
         };
         records.push(record);
     }
     if records.is_empty() {
         return Err(DataError::config(
             key,
-            format!("{} has no records", path.display()),
+            format!("{} has no records", files.describe()),
         ));
     }
     Ok(records)

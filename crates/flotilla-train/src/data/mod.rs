@@ -66,15 +66,18 @@ pub mod batch;
 mod byte_level_encoder;
 pub mod chat;
 pub mod chat_cache;
+pub mod chat_formats;
 mod chat_markers;
+pub mod chat_sets;
 pub mod chat_template;
 pub mod dataset;
 pub mod error;
-pub mod json_records;
 pub mod jsonl;
 pub mod masked;
 mod metaspace_encoder;
+pub mod mixture;
 pub mod preference;
+pub mod records;
 pub mod rng;
 pub mod sampler;
 pub mod sequences;
@@ -282,16 +285,20 @@ pub fn build(cfg: &DataConfig, opts: &DataOptions<'_>) -> Result<Data> {
         DataConfig::Chat(c) => {
             let chat = ChatTokenizer::open(c, opts.init_from)?;
             check_vocab(&chat.tokenizer, opts.model_vocab_size)?;
-            let (train, stats) = chat::build("data.path", Path::new(&c.path), c, &chat, true)?;
-            tracing::info!("{}: {}", c.path, chat::summary_line(&stats));
+            let (train_set, eval_set) = chat_sets::plan(c)?;
+            let (train, stats) = chat::build_set(&train_set, c, &chat, true)?;
+            tracing::info!("{}: {}", train_set.name(), chat::summary_line(&stats));
             for reason in &stats.skip_reasons {
                 tracing::warn!("skipped {reason}");
             }
-            let eval = match &c.eval_path {
-                Some(p) => {
-                    let (eval, eval_stats) =
-                        chat::build("data.eval_path", Path::new(p), c, &chat, true)?;
-                    tracing::info!("{p}: {}", chat::summary_line(&eval_stats));
+            let eval = match &eval_set {
+                Some(set) => {
+                    let (eval, eval_stats) = chat::build_set(set, c, &chat, true)?;
+                    tracing::info!(
+                        "held out {}: {}",
+                        set.name(),
+                        chat::summary_line(&eval_stats)
+                    );
                     Some(Arc::new(eval) as Arc<dyn Dataset>)
                 }
                 None => None,
@@ -313,16 +320,21 @@ pub fn build(cfg: &DataConfig, opts: &DataOptions<'_>) -> Result<Data> {
             )?;
             check_vocab(&chat.tokenizer, opts.model_vocab_size)?;
             let (train, stats) =
-                PreferenceDataset::build("data.path", Path::new(&p.path), p, &chat)?;
+                PreferenceDataset::build("data.path", &p.path, p.split.as_deref(), p, &chat)?;
             tracing::info!("{}: {}", p.path, preference::summary_line(&stats));
             for reason in &stats.skip_reasons {
                 tracing::warn!("skipped {reason}");
             }
-            let eval = match &p.eval_path {
-                Some(e) => {
-                    let (eval, eval_stats) =
-                        PreferenceDataset::build("data.eval_path", Path::new(e), p, &chat)?;
-                    tracing::info!("{e}: {}", preference::summary_line(&eval_stats));
+            // Held out: `eval_path` (its `eval_split`), or `eval_split` of `path`.
+            let held_out = match (&p.eval_path, &p.eval_split) {
+                (Some(e), split) => Some(("data.eval_path", e, split.as_deref())),
+                (None, Some(split)) => Some(("data.eval_split", &p.path, Some(split.as_str()))),
+                (None, None) => None,
+            };
+            let eval = match held_out {
+                Some((key, path, split)) => {
+                    let (eval, eval_stats) = PreferenceDataset::build(key, path, split, p, &chat)?;
+                    tracing::info!("{path}: {}", preference::summary_line(&eval_stats));
                     Some(Arc::new(eval) as Arc<dyn Dataset>)
                 }
                 None => None,

@@ -1,6 +1,7 @@
 //! Preference pairs (`data.kind: preference`): records of a prompt with a chosen and a rejected
-//! completion, tokenized as TRL's `DPOTrainer` tokenizes them, into [`Sample`]s that carry both
-//! sequences of a pair.
+//! completion — from any file the record readers read (JSON lines, Parquet, `save_to_disk`
+//! directories, the Hub's shard layout) —, tokenized as TRL's `DPOTrainer` tokenizes them, into
+//! [`Sample`]s that carry both sequences of a pair.
 //!
 //! # Formats (TRL's)
 //!
@@ -34,13 +35,12 @@
 //! tokens only. [`Batch::collate`](super::Batch::collate) lays a micro-batch of `M` pairs out as
 //! `2M` rows, the chosen ones first (TRL's order).
 
-use std::path::{Path, PathBuf};
-
 use serde_json::Value;
 
 use super::chat::ChatTokenizer;
 use super::dataset::{Dataset, Example, Sample, IGNORE_INDEX};
 use super::error::{DataError, Result};
+use super::records;
 use flotilla_config::schema::{PreferenceData, TruncationMode};
 
 /// One pair's token ids, before truncation.
@@ -82,7 +82,8 @@ pub struct PreferenceDataset {
     pairs: Vec<Pair>,
     seq_len: usize,
     pad: i64,
-    path: PathBuf,
+    /// The files the pairs come from, for logs.
+    path: String,
 }
 
 /// Whether `v` is a list of messages (`{role, content}` objects), TRL's `is_conversational`.
@@ -275,54 +276,61 @@ fn truncate(ids: PairIds, cfg: &PreferenceData) -> Option<([Sequence; 2], usize)
 }
 
 impl PreferenceDataset {
-    /// Reads and tokenizes the pairs of `path` (`key`: its config key).
+    /// Reads and tokenizes the pairs of `path` (`key`: its config key; `split`: the split of a
+    /// directory of shards), a chunk of records at a time.
     pub fn build(
         key: &str,
-        path: &Path,
+        path: &str,
+        split: Option<&str>,
         cfg: &PreferenceData,
         chat: &ChatTokenizer,
     ) -> Result<(Self, PreferenceStats)> {
-        let records = super::json_records::read_json_records(key, path)?;
+        let files = records::locate(key, path, split)?;
         let mut stats = PreferenceStats::default();
-        let mut pairs = Vec::with_capacity(records.len());
-        for (place, record) in records {
-            stats.records += 1;
-            let ids = match record.and_then(|r| tokenize_pair(chat, &r)) {
-                Ok(ids) => ids,
-                Err(message) if cfg.skip_bad_records => {
-                    stats.skipped += 1;
-                    if stats.skip_reasons.len() < 5 {
-                        stats
-                            .skip_reasons
-                            .push(format!("{}:{place}: {message}", path.display()));
+        let mut pairs = Vec::new();
+        for chunk in files.chunks() {
+            let chunk = chunk?;
+            for k in 0..chunk.len() {
+                stats.records += 1;
+                let origin = chunk.origin(k);
+                let ids = chunk
+                    .record(k)
+                    .map_err(|e| match e {
+                        DataError::Record { message, .. } => message,
+                        other => other.to_string(),
+                    })
+                    .and_then(|r| tokenize_pair(chat, &r));
+                let ids = match ids {
+                    Ok(ids) => ids,
+                    Err(message) if cfg.skip_bad_records => {
+                        stats.skipped += 1;
+                        if stats.skip_reasons.len() < 5 {
+                            stats.skip_reasons.push(format!("{origin}: {message}"));
+                        }
+                        continue;
                     }
-                    continue;
-                }
-                Err(message) => {
-                    return Err(DataError::ChatRecord {
-                        path: path.to_path_buf(),
-                        place: format!(":{place}"),
-                        message: format!(
+                    Err(message) => {
+                        return Err(origin.error(format!(
                             "{message} (or set data.skip_bad_records=true to count and skip \
                              such records)"
-                        ),
-                    })
-                }
-            };
-            let Some(([(chosen, chosen_start), (rejected, rejected_start)], cut)) =
-                truncate(ids, cfg)
-            else {
-                stats.dropped_long_prompt += 1;
-                continue;
-            };
-            stats.truncated += cut;
-            pairs.push(Pair {
-                chosen,
-                chosen_start,
-                rejected,
-                rejected_start,
-                source: place,
-            });
+                        )))
+                    }
+                };
+                let Some(([(chosen, chosen_start), (rejected, rejected_start)], cut)) =
+                    truncate(ids, cfg)
+                else {
+                    stats.dropped_long_prompt += 1;
+                    continue;
+                };
+                stats.truncated += cut;
+                pairs.push(Pair {
+                    chosen,
+                    chosen_start,
+                    rejected,
+                    rejected_start,
+                    source: origin.place.number(),
+                });
+            }
         }
         stats.pairs = pairs.len();
         if pairs.is_empty() {
@@ -332,7 +340,7 @@ impl PreferenceDataset {
                     "{} has no usable preference pair ({} records, {} with a prompt that fills \
                      data.seq_len={}, {} skipped); raise data.seq_len or set \
                      data.max_prompt_length",
-                    path.display(),
+                    files.describe(),
                     stats.records,
                     stats.dropped_long_prompt,
                     cfg.seq_len,
@@ -350,7 +358,7 @@ impl PreferenceDataset {
                 pairs,
                 seq_len: cfg.seq_len,
                 pad,
-                path: path.to_path_buf(),
+                path: files.describe(),
             },
             stats,
         ))
@@ -419,7 +427,7 @@ impl Dataset for PreferenceDataset {
     fn describe(&self) -> String {
         format!(
             "preference {}: {} pairs of {}",
-            self.path.display(),
+            self.path,
             self.pairs.len(),
             self.seq_len
         )
@@ -485,7 +493,9 @@ mod tests {
     fn cfg(seq_len: usize, mode: TruncationMode, max_prompt: Option<usize>) -> PreferenceData {
         PreferenceData {
             path: "p.jsonl".into(),
+            split: None,
             eval_path: None,
+            eval_split: None,
             tokenizer: None,
             chat_template: None,
             max_prompt_length: max_prompt,

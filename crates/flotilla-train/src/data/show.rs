@@ -8,7 +8,7 @@
 
 use serde::Serialize;
 
-use super::chat::{self, ChatStats};
+use super::chat::{self, ChatStats, SourceStats};
 use super::dataset::{Dataset, Example, IGNORE_INDEX};
 use super::error::Result;
 use super::preference;
@@ -30,6 +30,9 @@ pub struct Summary {
     /// Chat conversations whose trained tokens were found by markers (a template that is not
     /// prefix-stable).
     pub masked_by_markers: usize,
+    /// Chat data's sources: records each holds, holds out and gives the training set.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub sources: Vec<SourceStats>,
 }
 
 impl Summary {
@@ -42,6 +45,7 @@ impl Summary {
             dropped: s.dropped,
             skipped: s.skipped,
             masked_by_markers: s.masked_by_markers,
+            sources: s.sources.clone(),
         }
     }
 
@@ -176,6 +180,7 @@ fn summarize(ds: &dyn Dataset) -> Result<Summary> {
         dropped: 0,
         skipped: 0,
         masked_by_markers: 0,
+        sources: vec![],
     })
 }
 

@@ -1,13 +1,15 @@
 //! `kind: text`: plain-text files (globs allowed) tokenized and packed. Each file is one
-//! document; the stream `doc_0 EOS doc_1 EOS ... doc_n EOS` is held in memory and cut into
-//! samples exactly like a token file ([`super::tokens::window`]). Files are read whole, so
-//! corpora of many GB belong in a pre-tokenized `tokens` file instead.
+//! document, and so is each record's `text` of a record file (`.jsonl`, `.json`, Parquet,
+//! Arrow) or a directory of them; the stream `doc_0 EOS doc_1 EOS ... doc_n EOS` is held in
+//! memory and cut into samples exactly like a token file ([`super::tokens::window`]). Files
+//! are read whole, so corpora of many GB belong in a pre-tokenized `tokens` file instead.
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 
 use super::dataset::{Dataset, Sample};
 use super::error::{DataError, Result};
+use super::records::FileFormat;
 use super::tokenizer::Tokenizer;
 use super::tokens::{num_windows, window};
 
@@ -77,15 +79,42 @@ pub fn read_text(key: &str, path: &Path) -> Result<String> {
     })
 }
 
-/// Every document `patterns` names, with its path.
+/// Every document `patterns` names, with its path: a text file whole, or each record's
+/// `text` field of a record file (`.jsonl`, `.json`, `.parquet`, `.arrow`) or a directory of
+/// them ([`super::records`]).
 pub fn read_documents(key: &str, patterns: &[String]) -> Result<Vec<(PathBuf, String)>> {
-    resolve_paths(key, patterns)?
-        .into_iter()
-        .map(|p| {
-            let text = read_text(key, &p)?;
-            Ok((p, text))
-        })
-        .collect()
+    let mut docs = vec![];
+    for pattern in patterns {
+        if Path::new(pattern).is_dir() {
+            record_documents(key, pattern, &mut docs)?;
+            continue;
+        }
+        for p in resolve_paths(key, std::slice::from_ref(pattern))? {
+            if FileFormat::of(&p).is_some() {
+                record_documents(key, &p.to_string_lossy(), &mut docs)?;
+            } else {
+                let text = read_text(key, &p)?;
+                docs.push((p, text));
+            }
+        }
+    }
+    Ok(docs)
+}
+
+/// The `text` field of each record `spec` names, as documents.
+fn record_documents(key: &str, spec: &str, docs: &mut Vec<(PathBuf, String)>) -> Result<()> {
+    let files = super::records::locate(key, spec, None)?;
+    for item in files.records() {
+        let (origin, record) = item?;
+        match record.get("text") {
+            Some(serde_json::Value::String(t)) => docs.push((origin.file.to_path_buf(), t.clone())),
+            _ => {
+                return Err(origin
+                    .error("a record of text data needs a string 'text' field (the document)"))
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Token ids of a (possibly long) document, encoded in pieces of about 1 MiB cut

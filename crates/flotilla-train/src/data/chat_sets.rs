@@ -1,0 +1,114 @@
+//! Which records make chat data's training and held-out sets: `data.path` (a file, a glob, a
+//! directory of shards, a `save_to_disk` directory; `data.split` of a directory) or a mixture
+//! of `data.sources`; held out by `data.eval_path`/`data.eval_split`, or carved from the
+//! training records by `data.eval_fraction`/`data.eval_records` (the picks are `mixture`'s,
+//! seeded by `data.seed`).
+
+use flotilla_config::schema::ChatData;
+
+use super::chat::{ChatSet, SetPart};
+use super::error::{DataError, Result};
+use super::mixture::{self, HeldOut, Share};
+use super::records::{self, RecordFiles};
+
+/// The training set and, when the config has one, the held-out set.
+pub fn plan(cfg: &ChatData) -> Result<(ChatSet, Option<ChatSet>)> {
+    let mut sources: Vec<(RecordFiles, Share)> = vec![];
+    match (&cfg.path, &cfg.sources) {
+        (Some(path), _) => sources.push((
+            records::locate("data.path", path, cfg.split.as_deref())?,
+            Share::All,
+        )),
+        (None, Some(list)) => {
+            for (i, s) in list.iter().enumerate() {
+                let key = format!("data.sources[{i}].path");
+                let split = s.split.as_deref().or(cfg.split.as_deref());
+                let share = match (s.weight, s.fraction, s.records) {
+                    (Some(w), _, _) => Share::Weight(w),
+                    (_, Some(f), _) => Share::Fraction(f),
+                    (_, _, Some(r)) => Share::Records(r),
+                    _ => Share::All,
+                };
+                sources.push((records::locate(&key, &s.path, split)?, share));
+            }
+        }
+        (None, None) => {
+            return Err(DataError::config(
+                "data.path",
+                "is null and data.sources is null; set data.path=/path/to/chats.jsonl or \
+                 data.sources=[{path: ..., weight: ...}]",
+            ))
+        }
+    }
+    let held_out = match (cfg.eval_fraction, cfg.eval_records) {
+        (Some(f), _) => HeldOut::Fraction(f),
+        (_, Some(r)) => HeldOut::Records(r),
+        _ => HeldOut::None,
+    };
+    let mixed = cfg.sources.is_some() || held_out != HeldOut::None;
+    if !mixed {
+        let (files, _) = sources.pop().expect("one source");
+        return Ok((ChatSet::whole(files), named_eval(cfg)?));
+    }
+    let counts: Vec<usize> = sources
+        .iter()
+        .map(|(files, _)| files.count())
+        .collect::<Result<_>>()?;
+    let shares: Vec<Share> = sources.iter().map(|s| s.1).collect();
+    let picks =
+        mixture::pick(&counts, &shares, held_out, cfg.seed.unwrap_or(0) as u64).map_err(|e| {
+            let key = match held_out {
+                HeldOut::Records(_) => "data.eval_records",
+                HeldOut::Fraction(_) => "data.eval_fraction",
+                HeldOut::None => "data.sources",
+            };
+            DataError::config(key, e)
+        })?;
+    let counted: Vec<Option<(usize, usize)>> = picks
+        .iter()
+        .zip(&counts)
+        .map(|(p, &n)| Some((n, p.eval_total())))
+        .collect();
+    let mut train = ChatSet {
+        parts: vec![],
+        counted: counted.clone(),
+    };
+    let mut eval = ChatSet {
+        parts: vec![],
+        counted,
+    };
+    for ((files, _), picks) in sources.into_iter().zip(picks) {
+        eval.parts.push(SetPart {
+            files: files.clone(),
+            takes: Some(picks.eval.iter().map(|&e| e as u32).collect()),
+        });
+        train.parts.push(SetPart {
+            files,
+            takes: Some(picks.train),
+        });
+    }
+    let eval = match held_out {
+        HeldOut::None => named_eval(cfg)?,
+        _ => Some(eval),
+    };
+    Ok((train, eval))
+}
+
+/// The held-out set `data.eval_path` (with `data.eval_split`) names, or `data.eval_split` of
+/// `data.path`.
+fn named_eval(cfg: &ChatData) -> Result<Option<ChatSet>> {
+    let (key, path) = match (&cfg.eval_path, &cfg.eval_split, &cfg.path) {
+        (Some(p), _, _) => ("data.eval_path", p),
+        (None, Some(_), Some(p)) => ("data.eval_split", p),
+        (None, Some(_), None) => {
+            return Err(DataError::config(
+                "data.eval_split",
+                "names a split of data.path, but data.path is null (data.sources mixes the \
+                 training data); set data.eval_path to the directory to take it from",
+            ))
+        }
+        (None, None, _) => return Ok(None),
+    };
+    let files = records::locate(key, path, cfg.eval_split.as_deref())?;
+    Ok(Some(ChatSet::whole(files)))
+}
