@@ -2,8 +2,9 @@
 //! against PyPI trl's `DPOTrainer` (tests/oracle/dpo_oracle.py) on a tiny local Llama with a
 //! word-level tokenizer and a chat template:
 //!
-//! - every loss type (sigmoid, ipo, hinge, robust with label smoothing), conversational and
-//!   standard pairs, and LoRA retraining an adapter (TRL's "ref" adapter as the reference):
+//! - every loss type (sigmoid, ipo, hinge, robust with label smoothing, sigmoid_norm,
+//!   apo_zero), conversational and standard pairs, and LoRA retraining an adapter (TRL's "ref"
+//!   adapter as the reference):
 //!   loss, grad_norm and every metric TRL logs equal TRL's at every step (rel 1e-4, fp32);
 //!   step 0 of a full fine-tune has loss ln 2 and zero rewards;
 //! - gradient accumulation, activation checkpointing, DDP x2, FSDP x2 (FULL_SHARD and
@@ -223,6 +224,14 @@ fn dpo_equals_trl_for_every_loss_type_format_and_lora() {
                 "objective.loss_type=robust",
                 "objective.label_smoothing=0.1",
             ],
+        ),
+        (
+            json!({"loss_type": "sigmoid_norm", "beta": 0.5}),
+            vec!["objective.loss_type=sigmoid_norm", "objective.beta=0.5"],
+        ),
+        (
+            json!({"loss_type": "apo_zero", "beta": 0.1}),
+            vec!["objective.loss_type=apo_zero"],
         ),
         (
             json!({"loss_type": "sigmoid", "beta": 0.1, "data": dir.join("standard.jsonl")}),

@@ -802,7 +802,7 @@ impl Check<'_> {
                     );
                 }
                 if d.label_smoothing > 0.0
-                    && matches!(d.loss_type, DpoLossType::Ipo | DpoLossType::Hinge)
+                    && !matches!(d.loss_type, DpoLossType::Sigmoid | DpoLossType::Robust)
                 {
                     self.invalid(
                         "objective.label_smoothing",

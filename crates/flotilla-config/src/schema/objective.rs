@@ -18,8 +18,17 @@ choice! {
 choice! {
     /// DPO's loss of a pair's reward margin (`objective.loss_type`, TRL's names): `sigmoid`
     /// (DPO; conservative DPO with `label_smoothing`), `ipo` (on length-averaged log-ratios),
-    /// `hinge` (SLiC), `robust` (rDPO, `label_smoothing` the flip probability).
-    pub enum DpoLossType { Sigmoid = "sigmoid", Ipo = "ipo", Hinge = "hinge", Robust = "robust" }
+    /// `hinge` (SLiC), `robust` (rDPO, `label_smoothing` the flip probability), `sigmoid_norm`
+    /// (DPO on length-averaged log-ratios), `apo_zero` (APO: chosen up, rejected down, each
+    /// against the reference on its own).
+    pub enum DpoLossType {
+        Sigmoid = "sigmoid",
+        Ipo = "ipo",
+        Hinge = "hinge",
+        Robust = "robust",
+        SigmoidNorm = "sigmoid_norm",
+        ApoZero = "apo_zero",
+    }
 }
 
 choice! {

@@ -134,6 +134,22 @@ impl DpoSums {
     }
 }
 
+/// The margin of log-ratios each averaged over its completion's labelled tokens (IPO's and
+/// `sigmoid_norm`'s), from the pairs' `[M]` chosen and rejected log-ratios.
+fn length_averaged(
+    batch: &Batch,
+    chosen_ratio: &Tensor,
+    rejected_ratio: &Tensor,
+    m: i64,
+) -> Tensor {
+    let counted = batch
+        .labels
+        .ne(IGNORE_INDEX)
+        .sum_dim_intlist(-1, false, Kind::Float)
+        .clamp_min(1.0);
+    chosen_ratio / counted.narrow(0, 0, m) - rejected_ratio / counted.narrow(0, m, m)
+}
+
 impl Dpo {
     /// The summed loss of the pairs of `batch` (chosen rows first, [`Batch::pairs`]) given the
     /// policy's logits `[2M, T, V]` and the reference's log-probabilities in
@@ -166,15 +182,14 @@ impl Dpo {
                 (-(z.log_sigmoid() * (1.0 - eps)) + (-&z).log_sigmoid() * eps) / (1.0 - 2.0 * eps)
             }
             DpoLossType::Hinge => (-(&margin * beta) + 1.0).relu(),
-            DpoLossType::Ipo => {
-                let counted = batch
-                    .labels
-                    .ne(IGNORE_INDEX)
-                    .sum_dim_intlist(-1, false, Kind::Float);
-                let counted = counted.clamp_min(1.0);
-                let delta = &chosen_ratio / counted.narrow(0, 0, m)
-                    - &rejected_ratio / counted.narrow(0, m, m);
-                (delta - 1.0 / (2.0 * beta)).square()
+            DpoLossType::Ipo => (length_averaged(batch, &chosen_ratio, &rejected_ratio, m)
+                - 1.0 / (2.0 * beta))
+                .square(),
+            DpoLossType::SigmoidNorm => {
+                -(length_averaged(batch, &chosen_ratio, &rejected_ratio, m) * beta).log_sigmoid()
+            }
+            DpoLossType::ApoZero => {
+                (-(&chosen_ratio * beta).sigmoid() + 1.0) + (&rejected_ratio * beta).sigmoid()
             }
         };
         let loss = per_pair.sum(Kind::Float);
@@ -302,5 +317,18 @@ mod tests {
             "{}",
             loss.double_value(&[])
         );
+        // sigmoid_norm: DPO on the same length-averaged margins; apo_zero: each completion
+        // against the reference on its own (chosen log-ratios 0, rejected 1 and 2).
+        let (loss, _) = dpo(DpoLossType::SigmoidNorm, 0.0)
+            .loss_sum(&logits, &pair_batch(&labels, reference))
+            .unwrap();
+        let want = -ls(0.1 * (-1.0 / 3.0)) - ls(0.1 * -2.0);
+        assert!((loss.double_value(&[]) - want).abs() < 1e-5);
+        let (loss, _) = dpo(DpoLossType::ApoZero, 0.0)
+            .loss_sum(&logits, &pair_batch(&labels, reference))
+            .unwrap();
+        let sig = |x: f64| 1.0 / (1.0 + (-x).exp());
+        let want = 2.0 * (1.0 - sig(0.0)) + sig(0.1) + sig(0.2);
+        assert!((loss.double_value(&[]) - want).abs() < 1e-5);
     }
 }
