@@ -4,7 +4,8 @@
 # tests compare against, and transformers + safetensors, the oracle the model tests compare
 # against, peft, the oracle of the LoRA tests, and tensorboard, the oracle that reads the event
 # files back, trl, the oracle of preference tuning (DPO), and pyarrow + datasets, which write the
-# Parquet files and `save_to_disk` directories the data tests read (installed with uv, see below); then .venv/libtorch pointing at the wheel's torch/ folder;
+# Parquet files and `save_to_disk` directories the data tests read (installed with uv, see
+# below); then .venv/libtorch pointing at the wheel's torch/ folder;
 # on Debian (as root) also fonts-dejavu-core, the font of `flotilla report --plot`'s PNG figures.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -69,4 +70,4 @@ if [ ! -f "$torch_dir/lib/libtorch_cpu.so" ]; then
     exit 1
 fi
 ln -sfn "$torch_dir" .venv/libtorch
-echo "setup: ready (torch $TORCH_VERSION at .venv/libtorch, hydra-core $HYDRA_VERSION, transformers $TRANSFORMERS_VERSION, peft $PEFT_VERSION, tensorboard $TENSORBOARD_VERSION)"
+echo "setup: ready (torch $TORCH_VERSION at .venv/libtorch, hydra-core $HYDRA_VERSION, transformers $TRANSFORMERS_VERSION, peft $PEFT_VERSION, tensorboard $TENSORBOARD_VERSION, trl $TRL_VERSION, pyarrow $PYARROW_VERSION, datasets $DATASETS_VERSION)"
