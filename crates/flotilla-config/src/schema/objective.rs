@@ -6,7 +6,7 @@ use std::fmt;
 
 use super::from_node::{field, parse_choice, parse_tagged, Choice, Cx, Fail, FromNode, Parsed};
 use super::messages::quote_list;
-use super::types::{choice, section};
+use super::types::{choice, section, JobConfig};
 use crate::node::{Dict, Node, Value};
 
 choice! {
@@ -114,5 +114,23 @@ impl FromNode for ObjectiveConfig {
                 ObjectiveConfig::Dpo(DpoConfig::parse_fields(node, dict, key, cx, &skip)?)
             }
         })
+    }
+}
+
+impl JobConfig {
+    /// Whether a DPO job holds a frozen copy of its starting weights as the reference: the
+    /// whole model with `reference: auto`, or under LoRA the adapter it retrains
+    /// (`peft.init_from`, as TRL's "ref" adapter; with `precomputed` too, for the pass that
+    /// computes the table). A new adapter's reference is the base with the adapters off, and a
+    /// full model's precomputed one needs no copy. The trainer keeps what this says and the
+    /// memory planner prices it.
+    pub fn keeps_reference_copy(&self) -> bool {
+        let Some(dpo) = self.objective.dpo() else {
+            return false;
+        };
+        match self.peft.lora() {
+            Some(lora) => lora.init_from.is_some(),
+            None => dpo.reference == ReferenceModel::Auto,
+        }
     }
 }

@@ -16,8 +16,8 @@ use std::ops::Range;
 pub use super::activations::Activations;
 
 use flotilla_config::schema::{
-    DataConfig, DdpConfig, DistConfig, Dtype, FsdpConfig, JobConfig, LoraModule, Precision,
-    ReferenceModel, Resume, SavedModule, ShardingStrategy, StateDictType,
+    DataConfig, DdpConfig, DistConfig, Dtype, FsdpConfig, JobConfig, LoraModule, Precision, Resume,
+    SavedModule, ShardingStrategy, StateDictType,
 };
 
 /// The CUDA context and cuBLAS workspaces of one rank: a fixed figure (a CUDA 12 context with
@@ -770,16 +770,6 @@ impl<'a> Step<'a> {
         }
     }
 
-    /// Whether the job holds a frozen reference copy (DPO with `reference: auto`, unless it
-    /// trains a new LoRA adapter, whose reference is the base).
-    fn keeps_reference(&self) -> bool {
-        let Some(dpo) = self.job.objective.dpo() else {
-            return false;
-        };
-        dpo.reference == ReferenceModel::Auto
-            && self.job.peft.lora().is_none_or(|l| l.init_from.is_some())
-    }
-
     fn has_eval(&self) -> bool {
         self.job.trainer.eval_every > 0
             && match &self.job.data {
@@ -813,7 +803,7 @@ impl<'a> Step<'a> {
         let mut out = vec![];
 
         // States present all step long, and the phases' own terms.
-        let keeps_reference = self.keeps_reference();
+        let keeps_reference = self.job.keeps_reference_copy();
         let base = |phase: Phase| -> Moment {
             let mut mo = Moment::new(phase);
             match &self.weights {

@@ -327,12 +327,8 @@ fn prepare_objective(
     // Retraining an adapter: the reference is the adapter it starts from (as TRL's "ref"
     // adapter), a copy the size of the adapters; a new adapter's is the base.
     let retrained_adapter = job.peft.lora().is_some_and(|l| l.init_from.is_some());
+    trainer.set_objective(objective, job.keeps_reference_copy(), retrained_adapter)?;
     let precomputed = dpo.reference == ReferenceModel::Precomputed;
-    trainer.set_objective(
-        objective,
-        !precomputed || retrained_adapter,
-        retrained_adapter,
-    )?;
     if precomputed {
         let logps = reference::load_or_compute(
             trainer,
