@@ -200,19 +200,25 @@ impl Dpo {
             let mean_logits = logits.detach().mean_dim(-1, false, Kind::Float) * &counted;
             let per_row_logits = mean_logits.sum_dim_intlist(-1, false, Kind::Float);
             let per_row_tokens = counted.sum_dim_intlist(-1, false, Kind::Float);
-            let sum = |t: &Tensor| t.sum(Kind::Double).f_double_value(&[]);
-            Ok(DpoSums {
-                pairs: m as f64,
-                chosen_rewards: sum(&chosen_rewards)?,
-                rejected_rewards: sum(&rejected_rewards)?,
-                accurate: sum(&chosen_rewards.gt_tensor(&rejected_rewards))?,
-                chosen_logps: sum(&chosen.detach())?,
-                rejected_logps: sum(&rejected.detach())?,
-                chosen_logits: sum(&per_row_logits.narrow(0, 0, m))?,
-                chosen_tokens: sum(&per_row_tokens.narrow(0, 0, m))?,
-                rejected_logits: sum(&per_row_logits.narrow(0, m, m))?,
-                rejected_tokens: sum(&per_row_tokens.narrow(0, m, m))?,
-            })
+            // Every sum on the device, read to the host in one transfer.
+            let sum = |t: &Tensor| t.sum(Kind::Double);
+            let sums = Tensor::stack(
+                &[
+                    sum(&chosen_rewards),
+                    sum(&rejected_rewards),
+                    sum(&chosen_rewards.gt_tensor(&rejected_rewards)),
+                    sum(&chosen.detach()),
+                    sum(&rejected.detach()),
+                    sum(&per_row_logits.narrow(0, 0, m)),
+                    sum(&per_row_tokens.narrow(0, 0, m)),
+                    sum(&per_row_logits.narrow(0, m, m)),
+                    sum(&per_row_tokens.narrow(0, m, m)),
+                ],
+                0,
+            );
+            let mut values = vec![m as f64];
+            values.extend(Vec::<f64>::try_from(sums.f_to_device(tch::Device::Cpu)?)?);
+            Ok(DpoSums::from_slice(&values))
         })?;
         Ok((loss, sums))
     }
