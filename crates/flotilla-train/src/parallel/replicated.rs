@@ -288,21 +288,13 @@ impl ParallelWeights for Replicated {
                 .unwrap_or(t);
             params.insert(name, t.shallow_clone());
         }
-        let kind = self.compute_kind;
-        let mut params_for = |u: usize| -> Result<Vec<Tensor>, TrainError> {
-            let unit = model.unit_params(u, &params)?;
-            match kind {
-                Some(k) => unit.into_iter().map(|p| Ok(p.f_to_kind(k)?)).collect(),
-                None => Ok(unit),
-            }
-        };
         let adapters_off = self.reference.is_none();
-        forward_by_unit(
+        forward_cast(
             model,
             inputs,
+            &params,
+            self.compute_kind,
             adapters_off,
-            &mut params_for,
-            &mut |_| Ok(()),
             on_logits,
         )
     }
@@ -316,22 +308,7 @@ impl ParallelWeights for Replicated {
         let _guard = tch::no_grad_guard();
         match self.compute_kind {
             Some(kind) if !self.frozen.is_empty() => {
-                let params = &self.params;
-                let mut params_for = |u: usize| -> Result<Vec<Tensor>, TrainError> {
-                    model
-                        .unit_params(u, params)?
-                        .into_iter()
-                        .map(|p| Ok(p.f_to_kind(kind)?))
-                        .collect()
-                };
-                forward_by_unit(
-                    model,
-                    inputs,
-                    false,
-                    &mut params_for,
-                    &mut |_| Ok(()),
-                    on_logits,
-                )
+                forward_cast(model, inputs, &self.params, Some(kind), false, on_logits)
             }
             _ => {
                 for (i, x) in inputs.iter().enumerate() {
@@ -341,6 +318,33 @@ impl ParallelWeights for Replicated {
             }
         }
     }
+}
+
+/// `inputs` forward unit by unit without gradients on `params`, each unit's tensors cast to
+/// `kind` when given (a LoRA job's mixed masters and frozen base), the adapters off or on.
+fn forward_cast(
+    model: &CausalLm,
+    inputs: &[TokenInput],
+    params: &Params,
+    kind: Option<Kind>,
+    adapters_off: bool,
+    on_logits: &mut dyn FnMut(usize, Tensor) -> Result<(), TrainError>,
+) -> Result<(), TrainError> {
+    let mut params_for = |u: usize| -> Result<Vec<Tensor>, TrainError> {
+        let unit = model.unit_params(u, params)?;
+        match kind {
+            Some(k) => unit.into_iter().map(|p| Ok(p.f_to_kind(k)?)).collect(),
+            None => Ok(unit),
+        }
+    };
+    forward_by_unit(
+        model,
+        inputs,
+        adapters_off,
+        &mut params_for,
+        &mut |_| Ok(()),
+        on_logits,
+    )
 }
 
 /// The engine strategy over [`Replicated`] weights.
