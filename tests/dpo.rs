@@ -353,60 +353,10 @@ fn pairs_are_read_in_every_format_and_bad_input_is_refused() {
         return;
     };
     let base = format!("model.init_from={}", dir.join("base").display());
-    let show = |file: &str| -> Value {
+    // `data show --format json` of the pairs `data.path=FILE` (and `extra`) names.
+    let show = |file: &str, extra: &[&str]| -> Value {
         let path = format!("data.path={}", dir.join(file).display());
-        let o = flotilla(
-            dir,
-            &[
-                "data",
-                "show",
-                "--format",
-                "json",
-                "--num",
-                "12",
-                &base,
-                "objective=dpo",
-                "data=preference",
-                &path,
-                "data.seq_len=64",
-            ],
-        );
-        serde_json::from_str(&common::ok(o)).unwrap()
-    };
-    // The implicit prompt (shared first turns) is the explicit one.
-    let (explicit, implicit) = (show("pairs.jsonl"), show("implicit.jsonl"));
-    assert_eq!(explicit["examples"].as_array().unwrap().len(), 12);
-    for (a, b) in explicit["examples"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .zip(implicit["examples"].as_array().unwrap())
-    {
-        for side in [a, b] {
-            assert!(side["rejected"]["input_ids"].is_array(), "{side}");
-        }
-        assert_eq!(a["input_ids"], b["input_ids"]);
-        assert_eq!(a["labels"], b["labels"]);
-        assert_eq!(a["rejected"]["labels"], b["rejected"]["labels"]);
-    }
-    // The same pairs from Parquet, and from a split of a Hub-style directory of shards.
-    let same = |other: &Value, what: &str| {
-        for (a, b) in explicit["examples"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .zip(other["examples"].as_array().unwrap())
-        {
-            assert_eq!(a["input_ids"], b["input_ids"], "{what}");
-            assert_eq!(a["labels"], b["labels"], "{what}");
-            assert_eq!(a["rejected"]["labels"], b["rejected"]["labels"], "{what}");
-        }
-    };
-    same(&show("pairs.parquet"), "parquet");
-    let hub = format!("data.path={}", dir.join("hub").display());
-    let o = flotilla(
-        dir,
-        &[
+        let mut args = vec![
             "data",
             "show",
             "--format",
@@ -416,12 +366,35 @@ fn pairs_are_read_in_every_format_and_bad_input_is_refused() {
             &base,
             "objective=dpo",
             "data=preference",
-            &hub,
-            "data.split=train_prefs",
+            &path,
             "data.seq_len=64",
-        ],
-    );
-    same(&serde_json::from_str(&common::ok(o)).unwrap(), "hub split");
+        ];
+        args.extend(extra);
+        serde_json::from_str(&common::ok(flotilla(dir, &args))).unwrap()
+    };
+    let explicit = show("pairs.jsonl", &[]);
+    assert_eq!(explicit["examples"].as_array().unwrap().len(), 12);
+    // Each other form gives the explicit pairs: the same ids and labels, both sequences.
+    let same = |other: &Value, what: &str| {
+        for (a, b) in explicit["examples"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .zip(other["examples"].as_array().unwrap())
+        {
+            for side in [a, b] {
+                assert!(side["rejected"]["input_ids"].is_array(), "{what}: {side}");
+            }
+            assert_eq!(a["input_ids"], b["input_ids"], "{what}");
+            assert_eq!(a["labels"], b["labels"], "{what}");
+            assert_eq!(a["rejected"]["labels"], b["rejected"]["labels"], "{what}");
+        }
+    };
+    // The implicit prompt (shared first turns), Parquet, and a split of a Hub-style directory
+    // of shards.
+    same(&show("implicit.jsonl", &[]), "implicit prompt");
+    same(&show("pairs.parquet", &[]), "parquet");
+    same(&show("hub", &["data.split=train_prefs"]), "hub split");
     // The text view shows each pair's prompt with its two completions, trained ones marked.
     let text = common::ok(flotilla(
         dir,
