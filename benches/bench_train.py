@@ -2,8 +2,11 @@
 both sides use, a model preset as a transformers config, the `flotilla train` command line on
 a token file, and reading flotilla's per-step figures back from metrics.csv."""
 import csv
+import json
 import os
+import re
 import subprocess
+import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LR, BETAS, EPS, WD, CLIP = 3e-4, (0.9, 0.95), 1e-8, 0.1, 1.0
@@ -88,3 +91,27 @@ def torch_train_steps(model, params, stream, seq, micro, steps, warmup):
         if s >= warmup:
             rates.append(m * t / (time.perf_counter() - t0))
     return rates, losses
+
+
+def vm_hwm_mib():
+    """This process's resident high-water mark, in MiB."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def flotilla_step_peak_mib(stderr):
+    """The training steps' peak host RSS flotilla reports (`peak host RSS by phase`), in MiB."""
+    m = re.search(r"peak host RSS by phase:.*?\bstep (\d+) MiB", stderr)
+    return float(m.group(1)) if m else float("nan")
+
+
+def side_result(cmd, what):
+    """Runs CMD (a benchmark's other side, in a fresh process) and returns the JSON object of
+    its last line of output, exiting with WHAT and its stderr if it failed."""
+    out = subprocess.run(cmd, capture_output=True, text=True)
+    if out.returncode != 0:
+        sys.exit(f"{what} failed:\n{out.stderr}")
+    return json.loads(out.stdout.strip().splitlines()[-1])

@@ -19,7 +19,6 @@ import argparse
 import json
 import os
 import random
-import re
 import statistics
 import subprocess
 import sys
@@ -31,21 +30,16 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 import torch  # noqa: E402
 
-from bench_train import BETAS, CLIP, EPS, LR, ROOT, build_flotilla, load_preset  # noqa: E402
+from bench_train import (  # noqa: E402
+    BETAS, CLIP, EPS, LR, ROOT, build_flotilla, flotilla_step_peak_mib, load_preset, side_result,
+    vm_hwm_mib,
+)
 
 TEMPLATE = (
     "{% for m in messages %}<|{{ m['role'] }}|> {{ m['content'] }} </s> {% endfor %}"
     "{% if add_generation_prompt %}<|assistant|> {% endif %}"
 )
 SPECIAL = ["<pad>", "<s>", "</s>", "<|user|>", "<|assistant|>"]
-
-
-def vm_hwm_mib():
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    return float("nan")
 
 
 def make(out, args, pairs):
@@ -109,8 +103,7 @@ def run_flotilla(args, out, lora):
         rows = list(csv.DictReader(f))
     tokens = 2 * args.micro * args.seq
     ms = [tokens / float(r["tokens_per_s"]) * 1e3 for r in rows[args.warmup:]]
-    m = re.search(r"peak host RSS by phase:.*?\bstep (\d+) MiB", done.stderr)
-    return ms, [float(r["loss"]) for r in rows], float(m.group(1)) if m else float("nan")
+    return ms, [float(r["loss"]) for r in rows], flotilla_step_peak_mib(done.stderr)
 
 
 def trl_side(args, out, lora):
@@ -167,10 +160,7 @@ def run_trl(args, out, lora):
            "--dir", out, "--seq", str(args.seq), "--micro", str(args.micro), "--r", str(args.r),
            "--steps", str(args.steps), "--warmup", str(args.warmup),
            "--threads", str(args.threads)]
-    done = subprocess.run(cmd, capture_output=True, text=True)
-    if done.returncode != 0:
-        sys.exit(f"TRL side failed:\n{done.stderr}")
-    r = json.loads(done.stdout.strip().splitlines()[-1])
+    r = side_result(cmd, "TRL side")
     return r["ms"], r["losses"], r["peak_mib"]
 
 

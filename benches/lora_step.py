@@ -19,7 +19,6 @@ Usage: .venv/bin/python benches/lora_step.py [--preset small] [--seq 256] [--mic
 import argparse
 import json
 import os
-import re
 import statistics
 import subprocess
 import sys
@@ -31,17 +30,9 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from bench_train import (  # noqa: E402
-    ROOT, build_flotilla, flotilla_train_cmd, load_preset, read_flotilla_metrics,
-    torch_train_steps,
+    ROOT, build_flotilla, flotilla_step_peak_mib, flotilla_train_cmd, load_preset,
+    read_flotilla_metrics, side_result, torch_train_steps, vm_hwm_mib,
 )
-
-
-def vm_hwm_mib():
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    return float("nan")
 
 
 def run_flotilla(args, tokens_path, run_dir, lora):
@@ -57,8 +48,7 @@ def run_flotilla(args, tokens_path, run_dir, lora):
     if out.returncode != 0:
         sys.exit(f"flotilla train failed ({out.returncode}):\n{out.stderr}")
     rates, losses = read_flotilla_metrics(run_dir, steps, args.warmup)
-    m = re.search(r"peak host RSS by phase:.*?\bstep (\d+) MiB", out.stderr)
-    return rates, losses, float(m.group(1)) if m else float("nan")
+    return rates, losses, flotilla_step_peak_mib(out.stderr)
 
 
 def torch_side(args, lora):
@@ -89,10 +79,7 @@ def run_torch(args, lora):
            "--preset", args.preset, "--seq", str(args.seq), "--micro", str(args.micro),
            "--r", str(args.r), "--steps", str(args.steps), "--warmup", str(args.warmup),
            "--threads", str(args.threads)]
-    out = subprocess.run(cmd, capture_output=True, text=True)
-    if out.returncode != 0:
-        sys.exit(f"pytorch side failed:\n{out.stderr}")
-    r = json.loads(out.stdout.strip().splitlines()[-1])
+    r = side_result(cmd, "pytorch side")
     return r["rates"], r["losses"], r["peak_mib"]
 
 
