@@ -688,7 +688,12 @@ fn real_cluster() {
     assert!(msg.contains("something went wrong (boom)"), "{msg}");
     let text = flotilla_launch::status_text(&st);
     assert!(text.contains("FAILED") && text.contains("boom"), "{text}");
-    let marker = std::fs::read_to_string(fail_dir.join("logs/slurm.exit")).unwrap();
+    // The scheduler may report FAILED a moment before the batch script writes its marker.
+    let marker = fail_dir.join("logs/slurm.exit");
+    wait_for("the exit marker", Duration::from_secs(10), || {
+        marker.exists()
+    });
+    let marker = std::fs::read_to_string(marker).unwrap();
     // srun's status is its worst task's: 3, or 143 for rank 0 killed by --kill-on-bad-exit.
     assert!(
         marker.starts_with(&format!("{} FAILED ", subs[0].job_id)),
