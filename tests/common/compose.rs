@@ -46,6 +46,7 @@ pub fn tiny_model_config(tied: bool) -> ModelConfig {
         rope_local_base_freq: None,
         no_rope_layers: None,
         pad_token_id: None,
+        moe: None,
     }
 }
 

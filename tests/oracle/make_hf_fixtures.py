@@ -37,6 +37,10 @@ from transformers import (  # noqa: E402
     Phi3ForCausalLM,
     LlamaForCausalLM,
     MistralConfig,
+    MixtralConfig,
+    MixtralForCausalLM,
+    Qwen3MoeConfig,
+    Qwen3MoeForCausalLM,
     MistralForCausalLM,
     Qwen2Config,
     Qwen2ForCausalLM,
@@ -55,6 +59,8 @@ ARCHS = {
     "gemma3_text": (Gemma3TextConfig, Gemma3ForCausalLM),
     "phi3": (Phi3Config, Phi3ForCausalLM),
     "smollm3": (SmolLM3Config, SmolLM3ForCausalLM),
+    "mixtral": (MixtralConfig, MixtralForCausalLM),
+    "qwen3_moe": (Qwen3MoeConfig, Qwen3MoeForCausalLM),
 }
 
 # The attention implementation each architecture is checked in (transformers' default
@@ -183,6 +189,28 @@ FIXTURES = {
              pad_token_id=0),
         dict(arch="smollm3"),
     ),
+    # Mixtral: 4 experts, 2 a token (scores renormalised), a window of 6 on every layer.
+    "mixtral": (
+        dict(num_key_value_heads=2, tie_word_embeddings=False, sliding_window=6,
+             num_local_experts=4, num_experts_per_tok=2),
+        dict(arch="mixtral"),
+    ),
+    # Qwen3-MoE: q/k norms, 6 experts of width 40, 3 a token renormalised; layer 1 of 3 dense
+    # (mlp_only_layers) with the dense width.
+    "qwen3_moe": (
+        dict(num_key_value_heads=2, tie_word_embeddings=False, head_dim=24, num_hidden_layers=3,
+             num_experts=6, num_experts_per_tok=3, moe_intermediate_size=40,
+             norm_topk_prob=True, mlp_only_layers=[1]),
+        dict(arch="qwen3_moe"),
+    ),
+    # Qwen3-MoE as its Hub checkpoints: scores not renormalised; every second layer sparse
+    # (decoder_sparse_step), tied embeddings.
+    "qwen3_moe_sparse_step": (
+        dict(num_key_value_heads=1, tie_word_embeddings=True, num_hidden_layers=2,
+             num_experts=5, num_experts_per_tok=2, moe_intermediate_size=32,
+             norm_topk_prob=False, decoder_sparse_step=2),
+        dict(arch="qwen3_moe"),
+    ),
 }
 
 BATCH, SEQ = 2, 16
@@ -215,6 +243,8 @@ def make(out):
                     p.normal_(1.0, 0.2)
                 elif pname.endswith(".bias"):  # not zeros, so the biases are exercised
                     p.normal_(0.0, 0.5)
+                elif pname.endswith("gate.weight"):  # a router (Qwen3-MoE's starts at zero)
+                    p.normal_(0.0, 0.3)
         dtype = opts.get("dtype", "float32")
         compute = opts.get("compute", "float32")
         model = model.to(DTYPES[dtype])

@@ -80,7 +80,7 @@ fn transformers_oracle_both_directions() {
     let manifest: Vec<serde_json::Value> =
         serde_json::from_str(&std::fs::read_to_string(tmp.path().join("manifest.json")).unwrap())
             .unwrap();
-    assert_eq!(manifest.len(), 18);
+    assert_eq!(manifest.len(), 21);
     let mut checks = Vec::new();
     let mut failures = Vec::new();
     for fx in &manifest {

@@ -26,6 +26,8 @@ impl ModelType {
             ModelType::Gemma3 => "Gemma3ForCausalLM",
             ModelType::Phi3 => "Phi3ForCausalLM",
             ModelType::SmolLm3 => "SmolLM3ForCausalLM",
+            ModelType::Mixtral => "MixtralForCausalLM",
+            ModelType::Qwen3Moe => "Qwen3MoeForCausalLM",
         }
     }
 
@@ -40,6 +42,8 @@ impl ModelType {
             ModelType::Gemma3 => "Gemma 3",
             ModelType::Phi3 => "Phi-3",
             ModelType::SmolLm3 => "SmolLM3",
+            ModelType::Mixtral => "Mixtral",
+            ModelType::Qwen3Moe => "Qwen3-MoE",
         }
     }
 
@@ -117,13 +121,14 @@ impl ModelConfig {
     /// and Gemma on q/k/v/o with `attention_bias`, none for Mistral.
     pub fn attention_biases(&self) -> AttentionBiases {
         match self.architecture() {
-            ModelType::Mistral | ModelType::Phi3 => AttentionBiases::default(),
+            ModelType::Mistral | ModelType::Phi3 | ModelType::Mixtral => AttentionBiases::default(),
             ModelType::Qwen2 => AttentionBiases {
                 qkv: true,
                 o: false,
             },
             ModelType::Llama
             | ModelType::Qwen3
+            | ModelType::Qwen3Moe
             | ModelType::Gemma2
             | ModelType::Gemma3
             | ModelType::SmolLm3 => {
@@ -143,7 +148,10 @@ impl ModelConfig {
     /// Whether each head's queries and keys are RMS-normed before the rotary embedding
     /// (`q_norm`, `k_norm`: Qwen3, Gemma 3).
     pub fn qk_norm(&self) -> bool {
-        matches!(self.architecture(), ModelType::Qwen3 | ModelType::Gemma3)
+        matches!(
+            self.architecture(),
+            ModelType::Qwen3 | ModelType::Qwen3Moe | ModelType::Gemma3
+        )
     }
 
     /// The norm weights of one decoder block, in elements.
@@ -210,8 +218,8 @@ const DEFAULT_WINDOW: usize = 4096;
 /// `Qwen2Config`'s and `Qwen3Config`'s default `max_window_layers`.
 const DEFAULT_MAX_WINDOW_LAYERS: usize = 28;
 /// What `model_type` may be.
-const KNOWN_TYPES: &str =
-    "`llama`, `mistral`, `qwen2`, `qwen3`, `gemma2`, `gemma3_text`, `phi3` and `smollm3`";
+const KNOWN_TYPES: &str = "`llama`, `mistral`, `qwen2`, `qwen3`, `gemma2`, `gemma3_text`, \
+     `phi3`, `smollm3`, `mixtral` and `qwen3_moe`";
 
 /// Reads the architecture of a `config.json` object as transformers does: `model_type`
 /// (absent: `llama`; others are refused, a Gemma 3 multimodal checkpoint naming what to do),
@@ -232,6 +240,8 @@ pub fn hf_architecture(config: &Map<String, Value>) -> Result<HfArchitecture, Hf
             "gemma3_text" => ModelType::Gemma3,
             "phi3" => ModelType::Phi3,
             "smollm3" => ModelType::SmolLm3,
+            "mixtral" => ModelType::Mixtral,
+            "qwen3_moe" => ModelType::Qwen3Moe,
             "gemma3" => {
                 return Err(refuse(
                     "model_type",
@@ -284,14 +294,22 @@ pub fn hf_architecture(config: &Map<String, Value>) -> Result<HfArchitecture, Hf
         }
     };
     let attention_bias = match model_type {
-        ModelType::Mistral | ModelType::Qwen2 | ModelType::Phi3 => None,
+        ModelType::Mistral | ModelType::Qwen2 | ModelType::Phi3 | ModelType::Mixtral => None,
         _ => flag(config, "attention_bias")?.then_some(true),
     };
     let (sliding_window, layer_types) = match model_type {
         ModelType::Llama => (None, None),
         ModelType::Mistral => (size(config, "sliding_window", Some(DEFAULT_WINDOW))?, None),
-        // Phi-3's window (absent: none) is every layer's.
-        ModelType::Phi3 => (size(config, "sliding_window", None)?, None),
+        // Phi-3's and Mixtral's window (absent: none) is every layer's.
+        ModelType::Phi3 | ModelType::Mixtral => (size(config, "sliding_window", None)?, None),
+        // Qwen3-MoE's, with use_sliding_window, too (`Qwen3MoeConfig` has no per-layer types).
+        ModelType::Qwen3Moe => {
+            if flag(config, "use_sliding_window")? {
+                (size(config, "sliding_window", Some(DEFAULT_WINDOW))?, None)
+            } else {
+                (None, None)
+            }
+        }
         // SmolLM3: with use_sliding_window, the layers `layer_types` names, by default those
         // without rotary embeddings.
         ModelType::SmolLm3 => {

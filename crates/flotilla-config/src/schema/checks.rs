@@ -499,6 +499,10 @@ impl Check<'_> {
         for p in m.rope_problems("model.") {
             self.invalid(&p.key, p.problem, p.fix);
         }
+        for (field, problem) in super::moe::moe_problems(m) {
+            let fix = format!("correct model.{field}");
+            self.invalid(&format!("model.{field}"), problem, fix);
+        }
         if !all_positive {
             return;
         }

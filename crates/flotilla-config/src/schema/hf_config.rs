@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use super::architecture::hf_architecture;
+use super::moe::{hf_moe, write_hf_moe};
 use super::rope::{check_hf_rope, hf_phi3_original_max, hf_rope, hf_rope_scaling};
 use super::types::{LayerType, ModelConfig, ModelType};
 
@@ -182,6 +183,31 @@ pub struct HfLlamaConfig {
     /// Gemma: an encoder's attention, refused.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub use_bidirectional_attention: Option<bool>,
+    /// Mixtral: experts per layer, and the noise on the router's input in training.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub num_local_experts: Option<usize>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub router_jitter_noise: Option<f64>,
+    /// Qwen3-MoE: experts per layer, their MLP width, top-k renormalisation, which layers are
+    /// sparse.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub num_experts: Option<usize>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub moe_intermediate_size: Option<usize>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub norm_topk_prob: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub decoder_sparse_step: Option<usize>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mlp_only_layers: Option<Vec<usize>>,
+    /// Both: experts per token, and the auxiliary load-balancing loss (on with
+    /// `output_router_logits`, weighted by `router_aux_loss_coef`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub num_experts_per_tok: Option<usize>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output_router_logits: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub router_aux_loss_coef: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bos_token_id: Option<serde_json::Value>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -409,6 +435,7 @@ impl TryFrom<&HfLlamaConfig> for ModelConfig {
             .then(|| hf.rope_local_base_freq.unwrap_or(GEMMA3_THETAS.1));
 
         let rope = hf_rope(hf).map_err(|(field, message)| bad(&field, message))?;
+        let moe = hf_moe(hf, model_type).map_err(|(field, message)| bad(field, message))?;
 
         let config = ModelConfig {
             name: "hf".into(),
@@ -437,6 +464,7 @@ impl TryFrom<&HfLlamaConfig> for ModelConfig {
             attn_logit_softcapping,
             final_logit_softcapping,
             rope_local_base_freq,
+            moe,
         };
         check_hf_rope(&config, rope.field).map_err(|(field, message)| bad(&field, message))?;
         if let Some(problem) = config.partial_rotary_problem() {
@@ -459,7 +487,7 @@ impl From<&ModelConfig> for HfLlamaConfig {
         let gemma = arch.is_gemma();
         let biased = !matches!(
             arch,
-            ModelType::Mistral | ModelType::Qwen2 | ModelType::Phi3
+            ModelType::Mistral | ModelType::Qwen2 | ModelType::Phi3 | ModelType::Mixtral
         );
         // Each layer's attention, written out whenever the layers differ or the architecture
         // would otherwise pick its own pattern (Gemma).
@@ -473,7 +501,7 @@ impl From<&ModelConfig> for HfLlamaConfig {
                 })
                 .collect()
         });
-        HfLlamaConfig {
+        let mut hf = HfLlamaConfig {
             architectures: Some(vec![arch.hf_class().into()]),
             model_type: Some(arch.as_str().into()),
             vocab_size: c.vocab_size,
@@ -497,7 +525,8 @@ impl From<&ModelConfig> for HfLlamaConfig {
             attention_bias: biased.then_some(c.attention_bias == Some(true)),
             mlp_bias: (llama || smol).then_some(false),
             sliding_window: (!llama).then_some(c.sliding_window),
-            use_sliding_window: (qwen || smol).then_some(c.sliding_window.is_some()),
+            use_sliding_window: (qwen || smol || arch == ModelType::Qwen3Moe)
+                .then_some(c.sliding_window.is_some()),
             max_window_layers: (qwen && c.sliding_window.is_some()).then_some(0),
             no_rope_layers: smol.then(|| {
                 (0..c.num_hidden_layers)
@@ -523,7 +552,19 @@ impl From<&ModelConfig> for HfLlamaConfig {
             dtype: None,
             use_cache: Some(true),
             transformers_version: None,
-        }
+            num_local_experts: None,
+            router_jitter_noise: None,
+            num_experts: None,
+            moe_intermediate_size: None,
+            norm_topk_prob: None,
+            decoder_sparse_step: None,
+            mlp_only_layers: None,
+            num_experts_per_tok: None,
+            output_router_logits: None,
+            router_aux_loss_coef: None,
+        };
+        write_hf_moe(c, &mut hf);
+        hf
     }
 }
 

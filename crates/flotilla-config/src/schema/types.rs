@@ -5,6 +5,7 @@
 
 use super::from_node::{field, parse_choice, parse_tagged, Choice, Cx, Fail, FromNode, Parsed};
 use super::messages::{quote_list, set_note};
+pub use super::moe::MoeConfig;
 pub use super::objective::ObjectiveConfig;
 pub use super::peft::{LoraConfig, LoraModule, PeftConfig, PeftMethod, SavedModule};
 pub use super::rope::{RopeScaling, RopeType};
@@ -194,6 +195,8 @@ choice! {
         Gemma3 = "gemma3_text",
         Phi3 = "phi3",
         SmolLm3 = "smollm3",
+        Mixtral = "mixtral",
+        Qwen3Moe = "qwen3_moe",
     }
 }
 
@@ -443,6 +446,8 @@ section! {
         /// `nn.Embedding` `padding_idx`: no gradient reaches it through the embedding); absent:
         /// none.
         pad_token_id: Option<usize> => "0",
+        /// A mixture of experts' sparse MLP (Mixtral, Qwen3-MoE); absent: a dense model.
+        moe: Option<MoeConfig>,
     }
 }
 
@@ -458,18 +463,20 @@ impl ModelConfig {
         let h = self.hidden_size as u64;
         let q = (self.num_attention_heads * self.head_dim()) as u64;
         let kv = (self.num_key_value_heads * self.head_dim()) as u64;
-        let layer = 2 * h * q
+        let attention = 2 * h * q
             + 2 * h * kv
-            + 3 * h * self.intermediate_size as u64
             + self.block_norm_elements()
             + self.attention_biases().elements(self);
+        let mlps: u64 = (0..self.num_hidden_layers)
+            .map(|i| self.mlp_elements(i))
+            .sum();
         let embeddings = self.vocab_size as u64 * h;
         let head = if self.tie_word_embeddings {
             0
         } else {
             embeddings
         };
-        self.num_hidden_layers as u64 * layer + embeddings + head + h
+        self.num_hidden_layers as u64 * attention + mlps + embeddings + head + h
     }
 }
 

@@ -2,7 +2,7 @@
 //! parameter table, its units in forward order, which parameters are trained), the forward
 //! context of a batch (rotary tables, packed rows' mask), whole-graph and cached forwards, and
 //! transformers' causal-LM loss. Which units a config gets is its family file's business
-//! (`llama.rs`, `qwen3.rs`, `gemma.rs`, `phi3.rs`, over `decoder/`); this file is the same for every
+//! (`llama.rs`, `qwen3.rs`, `gemma.rs`, `phi3.rs`, `mixtral.rs`, `qwen3_moe.rs`, over `decoder/`); this file is the same for every
 //! family.
 
 use tch::{Device, Kind, Reduction, Tensor};
@@ -12,8 +12,8 @@ use flotilla_config::schema::{LoraConfig, ModelConfig, ModelType};
 use super::layers::mask::packed_attention_mask;
 use super::layers::rope::{inv_freq, rotary_tables, Rope};
 use super::{
-    gemma, is_float_kind, llama, phi3, qwen3, FamilyUnits, ForwardCtx, KvCache, ModelError,
-    ParamSpec, Params, TokenInput, Unit,
+    gemma, is_float_kind, llama, mixtral, phi3, qwen3, qwen3_moe, FamilyUnits, ForwardCtx, KvCache,
+    ModelError, ParamSpec, Params, TokenInput, Unit,
 };
 
 /// The architecture: config, parameter table and units. Holds no tensors (it is `Send + Sync`);
@@ -60,6 +60,8 @@ impl CausalLm {
             ModelType::Phi3 => phi3::build(config, lora)?,
             ModelType::Qwen3 => qwen3::build(config, lora)?,
             ModelType::Gemma2 | ModelType::Gemma3 => gemma::build(config, lora)?,
+            ModelType::Mixtral => mixtral::build(config, lora)?,
+            ModelType::Qwen3Moe => qwen3_moe::build(config, lora)?,
         };
         // Gemma 3's sliding layers: plain rotary embeddings of their own theta.
         let local_inv_freq = config.rope_local_base_freq.map(|theta| {
@@ -184,6 +186,7 @@ impl CausalLm {
                 .as_ref()
                 .map(|f| rotary_tables(f, positions)),
             adapters_off: false,
+            router_log: None,
         }
     }
 

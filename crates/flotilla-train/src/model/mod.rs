@@ -37,9 +37,11 @@ pub mod init;
 pub mod kv_cache;
 pub mod layers;
 pub mod llama;
+pub mod mixtral;
 pub mod names;
 pub mod phi3;
 pub mod qwen3;
+pub mod qwen3_moe;
 
 use std::path::PathBuf;
 
@@ -239,6 +241,9 @@ pub struct ForwardCtx {
     /// The LoRA adapters are skipped: the forward is the base model's (a LoRA job's DPO
     /// reference, as PEFT's `disable_adapter()`).
     pub adapters_off: bool,
+    /// Where sparse layers record their routing for the load-balancing loss; `None`: they
+    /// record nothing (no auxiliary loss, evaluation, generation).
+    pub router_log: Option<layers::moe::RouterLog>,
 }
 
 impl ForwardCtx {

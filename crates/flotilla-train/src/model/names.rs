@@ -1,7 +1,7 @@
 //! The one mapping between the architecture's parameters and transformers' weight names:
 //! [`ParamName`] (a parameter of any family's `*ForCausalLM`: they share their names, each
-//! family with its own subset of a block's weights) and [`LayerWeight`] (a weight of one
-//! decoder layer), with their Hugging Face names and the parsing of those names. The decoder
+//! family with its own subset of a block's weights), [`LayerWeight`] (a weight of one
+//! decoder layer) and a sparse layer's router and experts ([`MoeNames`], [`ExpertWeight`]), with their Hugging Face names and the parsing of those names. The decoder
 //! (`decoder/`) builds its parameter table from them and the Hugging Face format (`state/`)
 //! reads and writes files under them; this module depends on neither.
 
@@ -95,6 +95,68 @@ impl LayerWeight {
     }
 }
 
+/// How a family names its sparse MLP's weights in the Hub's files (per expert, as
+/// `save_pretrained` writes them whatever layout transformers keeps in memory).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum MoeNames {
+    /// `block_sparse_moe.gate`, `block_sparse_moe.experts.{e}.w1` (gate), `w3` (up), `w2` (down).
+    Mixtral,
+    /// `mlp.gate`, `mlp.experts.{e}.gate_proj`, `up_proj`, `down_proj`.
+    Qwen,
+}
+
+/// One projection of an expert's SwiGLU MLP.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ExpertWeight {
+    Gate,
+    Up,
+    Down,
+}
+
+impl ExpertWeight {
+    /// The three, in the order a sparse block takes each expert's weights.
+    pub const ALL: [ExpertWeight; 3] = [ExpertWeight::Gate, ExpertWeight::Up, ExpertWeight::Down];
+}
+
+impl MoeNames {
+    const BOTH: [MoeNames; 2] = [MoeNames::Mixtral, MoeNames::Qwen];
+
+    /// The sparse MLP's module under `model.layers.{i}.`.
+    fn block(self) -> &'static str {
+        match self {
+            MoeNames::Mixtral => "block_sparse_moe",
+            MoeNames::Qwen => "mlp",
+        }
+    }
+
+    /// An expert projection's module name.
+    fn expert(self, w: ExpertWeight) -> &'static str {
+        match (self, w) {
+            (MoeNames::Mixtral, ExpertWeight::Gate) => "w1",
+            (MoeNames::Mixtral, ExpertWeight::Up) => "w3",
+            (MoeNames::Mixtral, ExpertWeight::Down) => "w2",
+            (MoeNames::Qwen, ExpertWeight::Gate) => "gate_proj",
+            (MoeNames::Qwen, ExpertWeight::Up) => "up_proj",
+            (MoeNames::Qwen, ExpertWeight::Down) => "down_proj",
+        }
+    }
+
+    /// The router or expert weight named by `suffix` (what follows `model.layers.{i}.`).
+    fn parse(self, i: usize, suffix: &str) -> Option<ParamName> {
+        let rest = suffix.strip_prefix(self.block())?.strip_prefix('.')?;
+        if rest == "gate.weight" {
+            return Some(ParamName::Router(i, self));
+        }
+        let (e, module) = rest.strip_prefix("experts.")?.split_once('.')?;
+        let e = e.parse().ok()?;
+        let module = module.strip_suffix(".weight")?;
+        ExpertWeight::ALL
+            .into_iter()
+            .find(|w| self.expert(*w) == module)
+            .map(|w| ParamName::Expert(i, e, w, self))
+    }
+}
+
 /// A parameter of `LlamaForCausalLM`. Its Hugging Face name is the name everywhere in
 /// flotilla (parameter sets, FSDP groups, checkpoints), so this is the only mapping.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -113,6 +175,12 @@ pub enum ParamName {
     /// A LoRA factor of a block's linear layer: `model.layers.{i}.self_attn.q_proj.lora_A.weight`
     /// (`[r, in]`) or `…lora_B.weight` (`[out, r]`), PEFT's names under `base_model.model.`.
     Lora(usize, LayerWeight, LoraFactor),
+    /// A sparse layer's router, `[experts, hidden]`: `model.layers.{i}.mlp.gate.weight`
+    /// (`block_sparse_moe.gate` for Mixtral).
+    Router(usize, MoeNames),
+    /// Expert `e`'s projection in layer `i`: `[moe_intermediate, hidden]` (gate, up) or
+    /// `[hidden, moe_intermediate]` (down).
+    Expert(usize, usize, ExpertWeight, MoeNames),
 }
 
 /// The two factors of a LoRA update `B·A`.
@@ -142,6 +210,14 @@ impl ParamName {
             ParamName::Lora(i, w, f) => {
                 format!("model.layers.{i}.{}.{}.weight", w.module(), f.tag())
             }
+            ParamName::Router(i, n) => format!("model.layers.{i}.{}.gate.weight", n.block()),
+            ParamName::Expert(i, e, w, n) => {
+                format!(
+                    "model.layers.{i}.{}.experts.{e}.{}.weight",
+                    n.block(),
+                    n.expert(*w)
+                )
+            }
         }
     }
 
@@ -156,6 +232,9 @@ impl ParamName {
         let rest = name.strip_prefix("model.layers.")?;
         let (index, suffix) = rest.split_once('.')?;
         let i = index.parse().ok()?;
+        if let Some(p) = MoeNames::BOTH.iter().find_map(|n| n.parse(i, suffix)) {
+            return Some(p);
+        }
         let of_module = |module: &str| LayerWeight::ALL.into_iter().find(|w| w.module() == module);
         for f in [LoraFactor::A, LoraFactor::B] {
             let tail = format!(".{}.weight", f.tag());
@@ -207,5 +286,24 @@ mod tests {
             Some(ParamName::Bias(0, LayerWeight::Up))
         );
         assert_eq!(ParamName::parse("model.layers.0.mlp.up.bias"), None);
+        for n in MoeNames::BOTH {
+            let mut moe = vec![ParamName::Router(4, n)];
+            moe.extend(ExpertWeight::ALL.map(|w| ParamName::Expert(4, 11, w, n)));
+            for p in moe {
+                assert_eq!(ParamName::parse(&p.hf_name()), Some(p), "{}", p.hf_name());
+            }
+        }
+        assert_eq!(
+            ParamName::Expert(1, 7, ExpertWeight::Up, MoeNames::Mixtral).hf_name(),
+            "model.layers.1.block_sparse_moe.experts.7.w3.weight"
+        );
+        assert_eq!(
+            ParamName::Router(0, MoeNames::Qwen).hf_name(),
+            "model.layers.0.mlp.gate.weight"
+        );
+        assert_eq!(
+            ParamName::Expert(2, 0, ExpertWeight::Down, MoeNames::Qwen).hf_name(),
+            "model.layers.2.mlp.experts.0.down_proj.weight"
+        );
     }
 }

@@ -16,10 +16,11 @@ use flotilla_config::schema::{LoraConfig, LoraModule, ModelConfig, SavedModule};
 use super::layers::attention::{causal_attention, AttentionOptions};
 use super::layers::linear::{linear, Projections};
 use super::layers::mlp::{geglu, swiglu};
+use super::layers::moe::SparseMlp;
 use super::layers::norm::{gemma_rms_norm, rms_norm};
 use super::layers::rope::{apply_rotary, shape_tables};
 use super::layers::softcap::soft_cap;
-use super::names::{LayerWeight, LoraFactor, ParamName};
+use super::names::{ExpertWeight, LayerWeight, LoraFactor, MoeNames, ParamName};
 use super::{FamilyUnits, ForwardCtx, Init, KvCache, ModelError, ParamSpec, Unit};
 
 /// How an RMSNorm applies its weight.
@@ -228,11 +229,24 @@ pub fn build(
     }));
 
     let targets = lora.map(|l| l.targets(c)).unwrap_or_default();
-    let weights = style.block_weights();
+    let dense_weights = style.block_weights();
+    let moe_names = match c.architecture() {
+        flotilla_config::schema::ModelType::Mixtral => MoeNames::Mixtral,
+        _ => MoeNames::Qwen,
+    };
     for i in 0..c.num_hidden_layers {
         let u = i + 1;
         let mut names = Vec::new();
         let mut shapes = Vec::new();
+        // A sparse layer's MLP is its router and experts instead of the dense projections.
+        let sparse = c.layer_is_sparse(i);
+        let weights: Vec<LayerWeight> = dense_weights
+            .iter()
+            .copied()
+            .filter(|w| {
+                !(sparse && matches!(w, LayerWeight::Gate | LayerWeight::Up | LayerWeight::Down))
+            })
+            .collect();
         for &w in &weights {
             let (shape, init) = match w {
                 LayerWeight::InputNorm
@@ -251,6 +265,38 @@ pub fn build(
             shapes.push(shape.clone());
             names.push(add(&mut specs, ParamName::Layer(i, w), shape, init, u));
         }
+        let moe = match (&c.moe, sparse) {
+            (Some(m), true) => {
+                let e_inter = c.expert_intermediate_size() as i64;
+                let router = names.len();
+                let router_shape = vec![m.num_experts as i64, h];
+                let router_name = ParamName::Router(i, moe_names);
+                names.push(add(&mut specs, router_name, router_shape, normal, u));
+                let experts = names.len();
+                for e in 0..m.num_experts {
+                    for w in ExpertWeight::ALL {
+                        let shape = match w {
+                            ExpertWeight::Gate | ExpertWeight::Up => vec![e_inter, h],
+                            ExpertWeight::Down => vec![h, e_inter],
+                        };
+                        let name = ParamName::Expert(i, e, w, moe_names);
+                        names.push(add(&mut specs, name, shape, normal, u));
+                    }
+                }
+                Some(SparseSlots {
+                    router,
+                    experts,
+                    mlp: SparseMlp {
+                        num_experts: m.num_experts as i64,
+                        top_k: m.num_experts_per_tok as i64,
+                        norm_topk_prob: c.norm_topk_prob(),
+                        scores_in_compute_dtype: moe_names == MoeNames::Qwen,
+                        jitter: m.jitter(),
+                    },
+                })
+            }
+            _ => None,
+        };
         // Biases after the weights (transformers initialises them to zero).
         let mut biases = vec![None; weights.len()];
         let with_bias = c.attention_biases();
@@ -301,6 +347,7 @@ pub fn build(
             eps: c.rms_norm_eps,
             style,
             layer: layer(i),
+            moe,
             projections: Projections {
                 block: i,
                 biases,
@@ -480,8 +527,19 @@ struct Block {
     eps: f64,
     style: DecoderStyle,
     layer: LayerStyle,
+    /// A sparse layer's router and experts (its MLP), `None` for a dense MLP.
+    moe: Option<SparseSlots>,
     /// Biases and LoRA adapters of `weights`.
     projections: Projections,
+}
+
+/// Where a sparse layer's router and experts sit in its block's parameters (the router, then
+/// each expert's gate, up and down projections), and how it routes.
+#[derive(Clone, Copy, Debug)]
+struct SparseSlots {
+    router: usize,
+    experts: usize,
+    mlp: SparseMlp,
 }
 
 impl Block {
@@ -628,6 +686,16 @@ impl Block {
             LayerWeight::PostAttentionNorm
         };
         let h = self.norm(params, pre_mlp, &x);
+        if let Some(moe) = &self.moe {
+            let experts = &params[moe.experts..moe.experts + 3 * moe.mlp.num_experts as usize];
+            let jitter_seed = ctx
+                .dropout_seed
+                .map(|s| s.wrapping_add((self.index as u64 + 1).wrapping_mul(0x9E37_79B9)));
+            let log = ctx.router_log.as_ref().map(|l| (l, self.index));
+            return x + moe
+                .mlp
+                .forward(&h, &params[moe.router], experts, jitter_seed, log);
+        }
         let (gate, up) = if self.style.fused_projections {
             // Phi-3: the gate, then the up projection, along the fused output.
             let fused = self.project(params, LayerWeight::GateUp, &h, ctx);

@@ -38,6 +38,7 @@ pub(crate) fn tiny(tied: bool, kv_heads: usize) -> ModelConfig {
         rope_local_base_freq: None,
         no_rope_layers: None,
         pad_token_id: None,
+        moe: None,
     }
 }
 

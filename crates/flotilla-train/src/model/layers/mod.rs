@@ -2,13 +2,14 @@
 //! its own, no knowledge of units or parallelism): [`norm`] (RMSNorm), [`rope`] (rotary
 //! embeddings), [`mask`] (packed rows' attention mask), [`attention`] (causal scaled
 //! dot-product attention with grouped-query heads), [`linear`] (projections with biases and
-//! LoRA adapters), [`mlp`] (the gated MLP), [`softcap`] (Gemma's soft-capping). The decoder
+//! LoRA adapters), [`mlp`] (the gated MLP), [`moe`] (a mixture of experts' sparse MLP), [`softcap`] (Gemma's soft-capping). The decoder
 //! (`model/decoder/`) puts them together as a family's style says. Numerics follow transformers': each function's docs name its original.
 
 pub mod attention;
 pub mod linear;
 pub mod mask;
 pub mod mlp;
+pub mod moe;
 pub mod norm;
 pub mod rope;
 pub mod softcap;
