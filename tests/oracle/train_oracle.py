@@ -55,17 +55,28 @@ def train(model, steps, step_batches, hp):
         ],
         lr=lr, betas=(b1, b2), eps=eps, foreach=False,
     )
+    # A mixture of experts with output_router_logits: its load-balancing loss (transformers'
+    # aux_loss of each micro-batch, over all its tokens) times router_aux_loss_coef, averaged
+    # over the step's micro-batches, joins the loss; the row then ends with that mean.
+    aux_coef = (getattr(model.config, "router_aux_loss_coef", 0.0)
+                if getattr(model.config, "output_router_logits", False) else None)
     rows = []
     for s in range(steps):
         tokens, micro = step_batches(s)
         loss_total = 0.0
+        aux_total = 0.0
         for x, y in micro:
-            logits = model(input_ids=x).logits.float()
+            out = model(input_ids=x, output_router_logits=aux_coef is not None)
+            logits = out.logits.float()
             loss = torch.nn.functional.cross_entropy(
                 logits.reshape(-1, logits.shape[-1]), y.reshape(-1),
                 ignore_index=-100, reduction="sum",
             ) / tokens
-            loss.backward()
+            differentiated = loss
+            if aux_coef is not None:
+                differentiated = loss + aux_coef * out.aux_loss / len(micro)
+                aux_total += out.aux_loss.item() / len(micro)
+            differentiated.backward()
             loss_total += loss.item()
         if clip > 0:
             norm = float(torch.nn.utils.clip_grad_norm_(params, clip, foreach=False))
@@ -77,7 +88,7 @@ def train(model, steps, step_batches, hp):
             g["lr"] = step_lr
         opt.step()
         opt.zero_grad(set_to_none=True)
-        rows.append([loss_total, norm, step_lr])
+        rows.append([loss_total, norm, step_lr] + ([aux_total] if aux_coef is not None else []))
     return rows
 
 

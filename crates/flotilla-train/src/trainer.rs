@@ -16,7 +16,7 @@ use crate::data::{Batch, DataLoader, StepBatches};
 use crate::error::TrainError;
 use crate::host_memory::{HostPeaks, HostPhase};
 use crate::model::{CausalLm, Params, TokenInput};
-use crate::objective::{sequence_logps, DpoSums, Objective};
+use crate::objective::{sequence_logps, DpoSums, Objective, AUX_LOSS_METRIC};
 use crate::optim::loss_scale::LossScaler;
 use crate::optim::schedule::Schedule;
 use crate::parallel::engine::{Engine, EngineOptions};
@@ -267,6 +267,11 @@ impl Trainer {
         &self.host
     }
 
+    /// Whether each step's row has the load-balancing loss ([`AUX_LOSS_METRIC`]).
+    pub fn logs_aux_loss(&self) -> bool {
+        self.options.router_aux.is_some()
+    }
+
     /// Peak host memory by phase, for the phases run outside the trainer's own calls.
     pub fn host_peaks_mut(&mut self) -> &mut HostPeaks {
         &mut self.host
@@ -285,6 +290,10 @@ impl Trainer {
         }
         let mut options = self.options;
         options.loss_scale = self.scaler.map_or(1.0, |s| s.scale);
+        let world_size = self.dist.as_ref().map_or(1, |d| d.comm.world_size());
+        if let Some(aux) = &mut options.router_aux {
+            aux.share = 1.0 / (batches.micro_batches.len().max(1) * world_size) as f64;
+        }
         // Dropout masks depend on the step, so a resumed run draws the same ones.
         options.dropout_seed = options
             .dropout_seed
@@ -295,6 +304,7 @@ impl Trainer {
         let weights = &mut self.weights;
         let local_loss = weights.forward_backward(&engine, &batches)?;
         let sums = engine.take_sums();
+        let aux_loss = engine.take_aux_loss();
         let found_inf = match self.scaler {
             Some(_) => weights.unscale_grads(inv_scale)?,
             None => false,
@@ -315,29 +325,36 @@ impl Trainer {
             .map(|b| b.input_ids.numel() as i64)
             .sum();
         let stop_here = crate::preempt::requested();
-        let (loss, stop, world, sums) = match &self.dist {
+        let (loss, stop, world, sums, aux_loss) = match &self.dist {
             Some(d) => {
                 // The loss travels as an f32 pair (value, rounding remainder) so that its sum
                 // keeps f64 precision; the third entry is the stop flag, then a preference
                 // objective's sums.
                 let hi = local_loss as f32;
                 let lo = (local_loss - hi as f64) as f32;
-                let mut values = vec![hi, lo, stop_here as i32 as f32];
+                // The fourth is the load-balancing loss's share (0 without one).
+                let mut values = vec![
+                    hi,
+                    lo,
+                    stop_here as i32 as f32,
+                    aux_loss.unwrap_or(0.0) as f32,
+                ];
                 if let Some(s) = &sums {
                     values.extend(s.to_vec().iter().map(|&x| x as f32));
                 }
                 let v = d.comm.all_reduce_host(&values, ReduceOp::Sum)?;
                 let sums = sums.map(|_| {
-                    DpoSums::from_slice(&v[3..].iter().map(|&x| x as f64).collect::<Vec<_>>())
+                    DpoSums::from_slice(&v[4..].iter().map(|&x| x as f64).collect::<Vec<_>>())
                 });
                 (
                     v[0] as f64 + v[1] as f64,
                     v[2] > 0.0,
                     d.comm.world_size(),
                     sums,
+                    aux_loss.map(|_| v[3] as f64),
                 )
             }
-            _ => (local_loss, stop_here, 1, sums),
+            _ => (local_loss, stop_here, 1, sums, aux_loss),
         };
         self.stop_requested = stop;
         let row = MetricsRow {
@@ -351,12 +368,16 @@ impl Trainer {
             eval_loss: None,
             eval_ppl: None,
             eval_acc: None,
-            extra: sums.map_or_else(Vec::new, |s| {
-                s.metrics()
-                    .into_iter()
-                    .map(|(name, v)| (name.to_string(), v))
-                    .collect()
-            }),
+            extra: sums
+                .map_or_else(Vec::new, |s| {
+                    s.metrics()
+                        .into_iter()
+                        .map(|(name, v)| (name.to_string(), v))
+                        .collect()
+                })
+                .into_iter()
+                .chain(aux_loss.map(|v| (AUX_LOSS_METRIC.to_string(), v)))
+                .collect(),
         };
         self.step += 1;
         Ok(row)

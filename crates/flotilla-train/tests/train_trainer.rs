@@ -27,7 +27,9 @@ use flotilla_comm::comm::{
 };
 use flotilla_comm::cpu::{CpuComm, CpuOptions};
 use flotilla_comm::store::MemoryStore;
-use flotilla_config::schema::{DataConfig, LayerType, ModelConfig, ModelType, TrainerConfig};
+use flotilla_config::schema::{
+    DataConfig, LayerType, ModelConfig, ModelType, MoeConfig, TrainerConfig,
+};
 use flotilla_train::data::{self, BatchLayout, DataLoader, DataOptions, Dataset};
 use flotilla_train::model::CausalLm;
 use flotilla_train::state::hf_weights::save_hf;
@@ -82,7 +84,9 @@ fn rank_loader(t: &TrainerConfig, rank: usize, world_size: usize) -> DataLoader 
     DataLoader::new(dataset(), true, t.seed as u64, layout, Device::Cpu).unwrap()
 }
 
-fn run_oracle(dir: &Path, t: &TrainerConfig, schedule: &str) -> Vec<[f64; 3]> {
+/// Each step's `[loss, grad_norm, lr]` from transformers + AdamW, then the load-balancing loss
+/// for a mixture of experts that adds it.
+fn run_oracle(dir: &Path, t: &TrainerConfig, schedule: &str) -> Vec<Vec<f64>> {
     // The batches the trainer will see, from an identical loader.
     let mut l = loader(t);
     let batches = dir.join("batches.safetensors");
@@ -273,6 +277,41 @@ fn family_config(family: ModelType) -> ModelConfig {
             no_rope_layers: Some(vec![1, 0]),
             ..base
         },
+        // 4 experts, 2 a token, a window of 6; the load-balancing loss on, weighted enough to
+        // show in the gradients.
+        ModelType::Mixtral => ModelConfig {
+            sliding_window: Some(6),
+            tie_word_embeddings: false,
+            moe: Some(MoeConfig {
+                num_experts: 4,
+                num_experts_per_tok: 2,
+                moe_intermediate_size: None,
+                norm_topk_prob: None,
+                output_router_logits: Some(true),
+                router_aux_loss_coef: Some(0.05),
+                router_jitter_noise: None,
+                decoder_sparse_step: None,
+                mlp_only_layers: None,
+            }),
+            ..base
+        },
+        // 5 experts of width 24, 3 a token, not renormalised; layer 1 dense; no auxiliary loss.
+        ModelType::Qwen3Moe => ModelConfig {
+            head_dim: Some(12),
+            tie_word_embeddings: false,
+            moe: Some(MoeConfig {
+                num_experts: 5,
+                num_experts_per_tok: 3,
+                moe_intermediate_size: Some(24),
+                norm_topk_prob: Some(false),
+                output_router_logits: None,
+                router_aux_loss_coef: None,
+                router_jitter_noise: None,
+                decoder_sparse_step: None,
+                mlp_only_layers: Some(vec![1]),
+            }),
+            ..base
+        },
         _ => base,
     }
 }
@@ -294,6 +333,8 @@ family_training_tests! {
     gemma3_trains_as_transformers_and_adamw_do: ModelType::Gemma3,
     phi3_trains_as_transformers_and_adamw_do: ModelType::Phi3,
     smollm3_trains_as_transformers_and_adamw_do: ModelType::SmolLm3,
+    mixtral_trains_as_transformers_and_adamw_do: ModelType::Mixtral,
+    qwen3_moe_trains_as_transformers_and_adamw_do: ModelType::Qwen3Moe,
 }
 
 /// 20 steps of `family` against transformers + AdamW from the same weights and batches.
@@ -310,7 +351,13 @@ fn trains_as_transformers_and_adamw_do(family: ModelType) {
             if name.contains("norm") || name.ends_with(".bias") {
                 let t = params.get(&name).unwrap();
                 let moved = t + Tensor::randn_like(t) * 0.3;
-                params.insert(name, moved);
+                params.insert(name.clone(), moved);
+            }
+            // Routers that prefer experts clearly (near-ties would make the comparison
+            // depend on the last bit of a logit).
+            if name.ends_with(".gate.weight") {
+                let t = params.get(&name).unwrap();
+                params.insert(name, Tensor::randn_like(t) * 0.5);
             }
         }
         save_hf(tmp.path().join("init"), &model, &params, Kind::Float).unwrap();
@@ -319,14 +366,25 @@ fn trains_as_transformers_and_adamw_do(family: ModelType) {
         let mut trainer = Trainer::new(model, &params, &t, loader(&t), Device::Cpu).unwrap();
         let rows = trainer.run(STEPS, None).unwrap();
         let rel = |a: f64, b: f64| (a - b).abs() / b.abs().max(1e-12);
-        let (mut dl, mut dn) = (0f64, 0f64);
+        let (mut dl, mut dn, mut da) = (0f64, 0f64, 0f64);
+        let aux_on = family_config(family)
+            .moe
+            .and_then(|m| m.aux_loss_coef())
+            .is_some();
         for (r, w) in rows.iter().zip(&want) {
             dl = dl.max(rel(r.loss, w[0]));
             dn = dn.max(rel(r.grad_norm, w[1]));
+            let ours = r.extra.iter().find(|(n, _)| n == "aux_loss").map(|e| e.1);
+            assert_eq!(ours.is_some(), aux_on, "{family}: {r:?}");
+            assert_eq!(w.len(), if aux_on { 4 } else { 3 }, "{family}: {w:?}");
+            if let Some(a) = ours {
+                da = da.max(rel(a, w[3]));
+            }
         }
+        assert!(da < 1e-4, "{family}: aux_loss {da:e}");
         eprintln!(
             "{family}: loss {:.4} -> {:.4}; max rel diff vs transformers + AdamW: loss {dl:e}, \
-             grad_norm {dn:e}",
+             grad_norm {dn:e}, aux_loss {da:e}",
             rows[0].loss,
             rows.last().unwrap().loss
         );

@@ -19,7 +19,7 @@ use crate::error::TrainError;
 use crate::fit::{fit, resume, EvalSet, FitOptions};
 use crate::host_memory::HostPhase;
 use crate::model::CausalLm;
-use crate::objective::{Objective, DPO_METRICS};
+use crate::objective::{Objective, AUX_LOSS_METRIC, DPO_METRICS};
 use crate::parallel::parallelize::DistContext;
 use crate::reference;
 use crate::state::hf_weights::HfWeights;
@@ -458,6 +458,9 @@ fn fit_and_record(
     let metrics_path = run_dir.join(flotilla_contract::layout::METRICS_CSV);
     let mut metrics = if is_zero {
         let mut extra: Vec<String> = vec![];
+        if trainer.logs_aux_loss() {
+            extra.push(AUX_LOSS_METRIC.to_string());
+        }
         if trainer.objective().is_preference() {
             extra.extend(DPO_METRICS.iter().map(|m| m.to_string()));
             if data.eval.is_some() {

@@ -12,6 +12,10 @@ pub use next_token::next_token_loss_sum;
 
 use tch::Tensor;
 
+/// The metrics column of a mixture of experts' load-balancing loss (unscaled by
+/// `router_aux_loss_coef`; the step's mean over micro-batches and ranks), when it is on.
+pub const AUX_LOSS_METRIC: &str = "aux_loss";
+
 use crate::data::Batch;
 use flotilla_config::schema::ObjectiveConfig;
 

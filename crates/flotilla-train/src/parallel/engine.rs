@@ -14,6 +14,7 @@ use tch::{Kind, Tensor};
 
 use crate::data::{Batch, StepBatches};
 use crate::error::TrainError;
+use crate::model::layers::moe::{load_balancing, RouterLog};
 use crate::model::{vjp, CausalLm, Params, TokenInput};
 use crate::objective::{DpoSums, Objective};
 
@@ -115,6 +116,21 @@ pub struct EngineOptions {
     pub dropout_seed: Option<u64>,
     /// The loss.
     pub objective: Objective,
+    /// A mixture of experts' load-balancing loss, added to the differentiated loss; `None`:
+    /// none (a dense model, or `output_router_logits` off).
+    pub router_aux: Option<RouterAux>,
+}
+
+/// How the load-balancing loss enters a step: each micro-batch's loss (transformers'
+/// `load_balancing_loss_func` over its tokens and every sparse layer) times `coef`
+/// (`router_aux_loss_coef`) times `share`, so that the step differentiates `coef` times the
+/// mean of the loss over its micro-batches on every rank.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RouterAux {
+    pub coef: f64,
+    /// One micro-batch's share of the step: 1 / (micro-batches per rank × ranks).
+    pub share: f64,
+    pub num_experts: i64,
 }
 
 impl Default for EngineOptions {
@@ -124,6 +140,7 @@ impl Default for EngineOptions {
             loss_scale: 1.0,
             dropout_seed: None,
             objective: Objective::NextToken,
+            router_aux: None,
         }
     }
 }
@@ -135,6 +152,8 @@ pub struct Engine<'m> {
     pub options: EngineOptions,
     /// A preference objective's sums over the micro-batches run so far.
     sums: RefCell<Option<DpoSums>>,
+    /// The load-balancing loss of the micro-batches run so far, each times its share.
+    aux_loss: RefCell<Option<f64>>,
 }
 
 /// What the forward pass keeps of one unit for its backward.
@@ -168,7 +187,15 @@ impl<'m> Engine<'m> {
             model,
             options,
             sums: RefCell::new(None),
+            aux_loss: RefCell::new(None),
         }
+    }
+
+    /// The load-balancing loss of the micro-batches run so far, each weighted by its share of
+    /// the step (this rank's part of the step's mean), which it leaves at zero; `None` without
+    /// one.
+    pub fn take_aux_loss(&self) -> Option<f64> {
+        self.aux_loss.borrow_mut().take()
     }
 
     /// What a step's summed loss is divided by under this engine's objective.
@@ -226,6 +253,10 @@ impl<'m> Engine<'m> {
         let n = units.len();
         let mut ctx = model.ctx_for_input(&batch.model_input());
         ctx.dropout_seed = dropout_seed;
+        let aux = self.options.router_aux;
+        if aux.is_some() {
+            ctx.router_log = Some(RouterLog::default());
+        }
         let checkpoint = |i: usize| self.options.activation_checkpointing && i + 1 < n;
 
         // Forward.
@@ -263,6 +294,20 @@ impl<'m> Engine<'m> {
         }
         let loss = loss / global_loss_tokens as f64;
         let loss_value = loss.f_double_value(&[])?;
+        // The load-balancing loss couples every sparse layer: its value, and the gradient each
+        // layer's routing probabilities receive in backward (scaled as the loss is).
+        let aux_grad = match (aux, &ctx.router_log) {
+            (Some(a), Some(log)) => match log.with_all(|s| load_balancing(s, a.num_experts)) {
+                Some((value, grad)) => {
+                    let value = value.f_double_value(&[])?;
+                    *self.aux_loss.borrow_mut().get_or_insert(0.0) += value * a.share;
+                    log_expert_counts(log);
+                    Some(grad * (a.coef * a.share * self.options.loss_scale))
+                }
+                None => None,
+            },
+            _ => None,
+        };
         let loss = if self.options.loss_scale != 1.0 {
             loss * self.options.loss_scale
         } else {
@@ -303,9 +348,19 @@ impl<'m> Engine<'m> {
                     .filter(|(_, t)| **t)
                     .map(|(p, _)| p),
             );
+            // A sparse block's routing probabilities also receive the load-balancing loss's
+            // gradient: differentiate `sum(output * grad_out) + sum(prob_sums * aux_grad)`.
+            let routed = match (&aux_grad, &ctx.router_log, grad_out_ref) {
+                (Some(g), Some(log), Some(go)) if i > 0 => log
+                    .take(i - 1)
+                    .map(|s| (&output * go).sum(Kind::Float) + (&s.prob_sums * g).sum(Kind::Float)),
+                _ => None,
+            };
             let mut g = if wrt.is_empty() {
                 // A frozen first unit: nothing to differentiate.
                 vec![].into_iter()
+            } else if let Some(total) = &routed {
+                vjp(total, None, &wrt)?.into_iter()
             } else {
                 vjp(&output, grad_out_ref, &wrt)?.into_iter()
             };
@@ -356,6 +411,24 @@ impl<'m> Engine<'m> {
         strategy.finish_backward(last)?;
         Ok(loss_value)
     }
+}
+
+/// Each sparse layer's assignments per expert, at debug level (one transfer per layer, only
+/// when debug logging is on).
+fn log_expert_counts(log: &RouterLog) {
+    if !tracing::enabled!(tracing::Level::DEBUG) {
+        return;
+    }
+    log.with_all(|layers| {
+        for (layer, s) in layers {
+            let counts = Vec::<f32>::try_from(s.counts.to_device(tch::Device::Cpu))
+                .unwrap_or_default()
+                .iter()
+                .map(|c| *c as u64)
+                .collect::<Vec<_>>();
+            tracing::debug!(layer, ?counts, "tokens per expert");
+        }
+    });
 }
 
 /// Runs `inputs` forward without gradients unit by unit: each unit's parameters are asked of

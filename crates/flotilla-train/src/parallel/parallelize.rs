@@ -127,6 +127,14 @@ pub fn parallelize(
             dropout_seed: Some(config.seed as u64),
             // The job's objective is the trainer's to set (`Trainer::set_objective`).
             objective: crate::objective::Objective::NextToken,
+            // The trainer sets each step's share (`Trainer::step`).
+            router_aux: model.config().moe.as_ref().and_then(|m| {
+                m.aux_loss_coef().map(|coef| crate::parallel::RouterAux {
+                    coef,
+                    share: 1.0,
+                    num_experts: m.num_experts as i64,
+                })
+            }),
         },
     })
 }
