@@ -59,6 +59,12 @@ FAMILIES = {
     # Phi-4-mini's shape: fused projections, rotary embeddings on three quarters of each head.
     "phi3": ("Phi3Config", {"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0,
                                                 "partial_rotary_factor": 0.75}}),
+    # Mixtures of experts: Mixtral's 4 experts, 2 a token; Qwen3-MoE's 6 of width 40, 3 a token,
+    # not renormalised, its second layer dense.
+    "mixtral": ("MixtralConfig", {"num_local_experts": 4, "num_experts_per_tok": 2}),
+    "qwen3_moe": ("Qwen3MoeConfig", {"num_experts": 6, "num_experts_per_tok": 3,
+                                     "moe_intermediate_size": 40, "norm_topk_prob": False,
+                                     "mlp_only_layers": [1]}),
 }
 
 # The attention implementation each family runs in (transformers' default otherwise): Gemma
@@ -129,6 +135,8 @@ def make(a):
                 p.normal_(1.0, 0.2)
             elif name.endswith("bias"):  # Qwen2's q/k/v biases: not zero
                 p.normal_(0.0, 0.2)
+            elif name.endswith("gate.weight"):  # a router (Qwen3-MoE's starts at zero)
+                p.normal_(0.0, 0.3)
     model.save_pretrained(out)
     write_tokenizer(out, "bos")
     return {"vocab_size": VOCAB}

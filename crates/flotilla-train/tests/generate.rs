@@ -37,6 +37,8 @@ const FAMILIES: &[(&str, bool)] = &[
     ("gemma2", false),
     ("gemma3_text", false),
     ("phi3", false),
+    ("mixtral", true),
+    ("qwen3_moe", false),
 ];
 
 fn oracle() -> Option<PathBuf> {
@@ -137,6 +139,8 @@ greedy_tests! {
     greedy_gemma2: "gemma2",
     greedy_gemma3_text: "gemma3_text",
     greedy_phi3: "phi3",
+    greedy_mixtral: "mixtral",
+    greedy_qwen3_moe: "qwen3_moe",
 }
 
 /// Every family of [`FAMILIES`] has a test above.

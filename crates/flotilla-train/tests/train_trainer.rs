@@ -398,8 +398,11 @@ fn trains_as_transformers_and_adamw_do(family: ModelType) {
 }
 
 #[test]
-fn fsdp_two_ranks_train_gemma2_and_qwen3_as_one_process() {
-    for family in [ModelType::Gemma2, ModelType::Qwen3] {
+fn fsdp_two_ranks_train_gemma2_qwen3_and_mixtral_as_one_process() {
+    // Mixtral with its load-balancing loss, and with activation checkpointing (its routing
+    // recomputed in backward).
+    for family in [ModelType::Gemma2, ModelType::Qwen3, ModelType::Mixtral] {
+        let checkpointing = family == ModelType::Mixtral;
         let config = family_config(family);
         let model = CausalLm::new(&config).unwrap();
         let params = model.init_params(5, Device::Cpu, Kind::Float);
@@ -411,7 +414,7 @@ fn fsdp_two_ranks_train_gemma2_and_qwen3_as_one_process() {
             "{{max_steps: {STEPS}, min_lr: 3.0e-4, warmup_steps: 5, schedule: cosine, \
              micro_batch_size: 4, dist: {{mode: fsdp, backend: cpu, timeout_s: 120, \
              sharding_strategy: FULL_SHARD, auto_wrap_policy: block, min_num_params: 0, \
-             activation_checkpointing: false, limit_all_gathers: true, \
+             activation_checkpointing: {checkpointing}, limit_all_gathers: true, \
              forward_prefetch: false, backward_prefetch: BACKWARD_PRE, \
              sync_module_states: false, cpu_offload: false, param_dtype: null, \
              reduce_dtype: null, state_dict_type: full}}}}"
@@ -436,6 +439,11 @@ fn fsdp_two_ranks_train_gemma2_and_qwen3_as_one_process() {
         for (r, w) in ranks[0].iter().zip(&want) {
             dl = dl.max(rel(r.loss, w.loss));
             dn = dn.max(rel(r.grad_norm, w.grad_norm));
+            assert_eq!(r.extra.len(), w.extra.len(), "{family}");
+            assert_eq!(w.extra.is_empty(), family != ModelType::Mixtral, "{family}");
+            for ((name, a), (_, b)) in r.extra.iter().zip(&w.extra) {
+                assert!(rel(*a, *b) < 1e-5, "{family}: {name} {a} vs {b}");
+            }
         }
         eprintln!("{family}: FSDP x2 vs one process: loss {dl:e}, grad_norm {dn:e}");
         assert_eq!(ranks[0].len(), 10);
