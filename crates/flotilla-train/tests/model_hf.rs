@@ -466,6 +466,8 @@ fn every_family_trains_and_final_loads_as_the_same_class() {
         "phi3",
         "phi4_mini_partial_rotary",
         "smollm3_nope",
+        "mixtral",
+        "qwen3_moe",
     ] {
         let fx = fixture(&manifest, name);
         let base = PathBuf::from(fx["dir"].as_str().unwrap());
