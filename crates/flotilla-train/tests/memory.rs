@@ -109,6 +109,12 @@ const GEMMA2: &[&str] = &[
     "+model.final_logit_softcapping=30.0",
 ];
 
+/// Qwen3-MoE: 4 experts of width 48, 2 a token, its second block dense (mlp_only_layers).
+const QWEN3_MOE: &[&str] = &[
+    "+model.model_type=qwen3_moe",
+    "+model.moe={num_experts:4,num_experts_per_tok:2,moe_intermediate_size:48,mlp_only_layers:[1]}",
+];
+
 /// What one rank really held, in bytes of distinct storages.
 #[derive(Debug, Default, Clone, PartialEq)]
 struct Held {
@@ -291,6 +297,15 @@ fn model_state_terms_equal_the_bytes_the_trainer_holds() {
         ],
     ]
     .concat();
+    let moe_fsdp = [
+        QWEN3_MOE,
+        &[
+            "trainer.dist.sharding_strategy=FULL_SHARD",
+            "trainer.eval_every=1",
+        ],
+    ]
+    .concat();
+    let moe_lora = [QWEN3_MOE, &["peft=lora", "peft.target_modules=all-linear"]].concat();
     for (dist, ranks, extra) in [
         ("none", 1, &[][..]),
         ("ddp", 2, &[][..]),
@@ -362,6 +377,9 @@ fn model_state_terms_equal_the_bytes_the_trainer_holds() {
         // Gemma 2: four norms a block, heads of their own size, alternating windows.
         ("ddp", 2, GEMMA2),
         ("fsdp", 2, &gemma2_fsdp[..]),
+        // A mixture of experts: every expert of a block in its unit's groups.
+        ("fsdp", 2, &moe_fsdp[..]),
+        ("ddp", 2, &moe_lora[..]),
     ] {
         for precision in ["32-true", "bf16-mixed", "bf16-true"] {
             let job = tiny(ranks, dist, precision, extra);
@@ -389,9 +407,19 @@ fn model_state_terms_equal_the_bytes_the_trainer_holds() {
                 let numel: usize = model.param_specs().iter().map(|s| s.numel()).sum();
                 assert_eq!(memory::Units::of(&job).total(), numel as u64, "Gemma 2");
             }
-            let arch = match (qwen2, gemma2) {
-                (true, _) => "Qwen2 ",
-                (_, true) => "Gemma 2 ",
+            let moe = extra.contains(&"+model.model_type=qwen3_moe");
+            if moe {
+                // Every expert's parameters, the routers, and (LoRA) adapters on attention only
+                // in the sparse blocks: the planner's parameters are the model's.
+                let lora = job.peft.lora();
+                let model = CausalLm::with_lora(&job.model, lora).unwrap();
+                let numel: usize = model.param_specs().iter().map(|s| s.numel()).sum();
+                assert_eq!(memory::Units::of(&job).total(), numel as u64, "Qwen3-MoE");
+            }
+            let arch = match (qwen2, gemma2, moe) {
+                (true, _, _) => "Qwen2 ",
+                (_, true, _) => "Gemma 2 ",
+                (_, _, true) => "Qwen3-MoE ",
                 _ => "",
             };
             let name = format!("{arch}{}{lora} {precision}", memory::strategy_name(&job));

@@ -33,11 +33,40 @@ pub struct Activations {
     pub block_backward: u64,
 }
 
+/// What a block's MLP saves per token, and the widths of its gradients alive at once in its
+/// backward, over the model's layers (the larger of a dense and a sparse layer's). A dense SwiGLU
+/// saves the gate, its activation, the up projection and their product. A sparse layer
+/// (`flotilla-train`'s `layers/moe.rs`) saves the router's fp32 softmax; the top-k's indices
+/// and scores (and the renormalisation's); the sort's and its inverse's indices; each (token,
+/// slot) row's copy of the input, the expert's SwiGLU of its width and the expert's output,
+/// which the score's product keeps (an estimate from the ops' saved tensors, not yet checked
+/// against PyTorch's).
+fn mlp_per_token(m: &flotilla_config::schema::ModelConfig, a: u64) -> (u64, u64) {
+    let (h, inter) = (m.hidden_size as u64, m.intermediate_size as u64);
+    let dense = (4 * inter * a, 3 * inter);
+    let Some(moe) = m.moe.as_ref().filter(|_| m.sparse_layers() > 0) else {
+        return dense;
+    };
+    let (e, k) = (moe.num_experts as u64, moe.num_experts_per_tok as u64);
+    let e_inter = m.expert_intermediate_size() as u64;
+    let sparse = e * 4 + 4 + k * (8 + 4 + 4 + 8 + 8) + k * (2 * h + 4 * e_inter) * a;
+    let all_sparse = m.sparse_layers() == m.num_hidden_layers;
+    let saved = if all_sparse {
+        sparse
+    } else {
+        sparse.max(dense.0)
+    };
+    (
+        saved,
+        (3 * k * e_inter).max(if all_sparse { 0 } else { dense.1 }),
+    )
+}
+
 impl Activations {
     /// `a`: bytes of the compute dtype; `block_params`: a block's parameter elements.
     pub fn of(job: &JobConfig, micro: u64, a: u64, block_params: u64) -> Self {
         let m = &job.model;
-        let (h, inter) = (m.hidden_size as u64, m.intermediate_size as u64);
+        let h = m.hidden_size as u64;
         let (nh, nkv) = (m.num_attention_heads as u64, m.num_key_value_heads as u64);
         let hd = m.head_dim() as u64;
         let (q, kv) = (nh * hd, nkv * hd);
@@ -99,7 +128,8 @@ impl Activations {
         // attention's and the MLP's outputs too, before the residual adds (which save nothing).
         let mlp_norm = 4 * h + normed_residual(h) + h * a;
         let output_norms = if gemma { 2 * (4 * h + normed(h)) } else { 0 };
-        let saved_tok = norm + qk_norm + attention + mlp_norm + 4 * inter * a + output_norms;
+        let (mlp, mlp_backward) = mlp_per_token(m, a);
+        let saved_tok = norm + qk_norm + attention + mlp_norm + mlp + output_norms;
         // Packed rows have rotary tables of their own, and each block's attention saves the
         // additive bias SDPA makes of their boolean mask, in the compute dtype (of a window's
         // `[T, T]` mask too); eager attention saves its boolean mask.
@@ -135,7 +165,8 @@ impl Activations {
             logits: n * vocab * a,
             loss: rows * vocab * 4 + rows * 8,
             loss_backward: 2 * rows * vocab * 4,
-            block_backward: n * (3 * inter + 2 * h) * a + if a == 4 { 0 } else { block_params * a },
+            block_backward: n * (mlp_backward + 2 * h) * a
+                + if a == 4 { 0 } else { block_params * a },
         }
     }
 

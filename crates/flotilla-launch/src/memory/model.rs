@@ -323,25 +323,30 @@ impl Units {
         );
         let q = (m.num_attention_heads * m.head_dim()) as u64;
         let kv = (m.num_key_value_heads * m.head_dim()) as u64;
-        // Norms (two a block, Gemma's four, per-head q/k norms), projections, and the
-        // attention biases the architecture has (Qwen2's q/k/v).
-        let block = m.block_norm_elements()
-            + 2 * q * h
-            + 2 * kv * h
-            + 3 * inter * h
-            + m.attention_biases().elements(m);
+        // Norms (two a block, Gemma's four, per-head q/k norms), projections, the attention
+        // biases the architecture has (Qwen2's q/k/v), and the MLP: a dense one, or a sparse
+        // layer's router and all its experts.
+        let attention =
+            m.block_norm_elements() + 2 * q * h + 2 * kv * h + m.attention_biases().elements(m);
         let embed = vocab * h;
         let head = h + if m.tie_word_embeddings { 0 } else { embed };
         let layers = m.num_hidden_layers;
         let mut owned = vec![embed];
-        owned.extend(std::iter::repeat_n(block, layers));
+        owned.extend((0..layers).map(|i| attention + m.mlp_elements(i)));
         owned.push(head);
         let mut reads = owned.clone();
         if m.tie_word_embeddings {
             *reads.last_mut().expect("a head unit") += embed;
         }
         let mut largest = vec![embed];
-        largest.extend(std::iter::repeat_n((q * h).max(inter * h), layers));
+        largest.extend((0..layers).map(|i| {
+            match &m.moe {
+                Some(moe) if m.layer_is_sparse(i) => (q * h)
+                    .max(m.expert_intermediate_size() as u64 * h)
+                    .max(moe.num_experts as u64 * h),
+                _ => (q * h).max(inter * h),
+            }
+        }));
         largest.push(if m.tie_word_embeddings { h } else { embed });
         let Some(lora) = job.peft.lora() else {
             let largest_trained = *largest.iter().max().unwrap_or(&0);
@@ -354,8 +359,9 @@ impl Units {
             };
         };
         // LoRA (`Llama::with_lora`): A [r, in] and B [out, r] per adapted layer of a block.
+        // A sparse layer has no dense MLP to adapt: only its attention's targets.
         let r = lora.r as u64;
-        let (mut adapter, mut largest_factor) = (0, 0);
+        let (mut adapter, mut attention_adapter, mut largest_factor) = (0, 0, 0);
         for t in lora.targets(m) {
             let (inp, out) = match t {
                 LoraModule::QProj => (h, q),
@@ -367,23 +373,42 @@ impl Units {
                 LoraModule::DownProj | LoraModule::AllLinear => (inter, h),
             };
             adapter += r * (inp + out);
+            if matches!(
+                t,
+                LoraModule::QProj
+                    | LoraModule::KProj
+                    | LoraModule::VProj
+                    | LoraModule::OProj
+                    | LoraModule::QkvProj
+            ) {
+                attention_adapter += r * (inp + out);
+            }
             largest_factor = largest_factor.max(r * inp.max(out));
         }
+        let adapters: Vec<u64> = (0..layers)
+            .map(|i| {
+                if m.layer_is_sparse(i) {
+                    attention_adapter
+                } else {
+                    adapter
+                }
+            })
+            .collect();
         let saved = |s: SavedModule| lora.modules_to_save.contains(&s);
         let mut trained = vec![if saved(SavedModule::EmbedTokens) {
             embed
         } else {
             0
         }];
-        trained.extend(std::iter::repeat_n(adapter, layers));
+        trained.extend(adapters.iter().copied());
         trained.push(if saved(SavedModule::LmHead) && !m.tie_word_embeddings {
             embed
         } else {
             0
         });
         for u in 1..=layers {
-            owned[u] += adapter;
-            reads[u] += adapter;
+            owned[u] += adapters[u - 1];
+            reads[u] += adapters[u - 1];
         }
         let largest_trained = if trained[0] + trained[layers + 1] > 0 {
             embed.max(largest_factor)
