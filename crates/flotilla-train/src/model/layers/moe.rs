@@ -89,14 +89,17 @@ impl SparseMlp {
     ) -> Tensor {
         let size = x.size();
         let hidden = *size.last().expect("[B, T, hidden]");
-        let mut rows = x.reshape([-1, hidden]);
-        if let Some(seed) = jitter_seed.filter(|_| self.jitter > 0.0) {
-            tch::manual_seed(seed as i64);
-            let noise = rows
-                .empty_like()
-                .uniform_(1.0 - self.jitter, 1.0 + self.jitter);
-            rows = rows * noise;
-        }
+        let flat = x.reshape([-1, hidden]);
+        let rows = match jitter_seed.filter(|_| self.jitter > 0.0) {
+            Some(seed) => {
+                tch::manual_seed(seed as i64);
+                let noise = flat
+                    .empty_like()
+                    .uniform_(1.0 - self.jitter, 1.0 + self.jitter);
+                flat * noise
+            }
+            None => flat,
+        };
         let logits = linear(&rows, router);
         let probs = logits.softmax(-1, Kind::Float);
         let (mut scores, chosen) = probs.topk(self.top_k, -1, true, true);
