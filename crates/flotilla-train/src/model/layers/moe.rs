@@ -206,3 +206,116 @@ pub fn load_balancing(
     let grad = counts * (num_experts as f64 / (total * total));
     Some((loss, grad))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tch::Device;
+
+    fn layer(jitter: f64, norm_topk_prob: bool) -> SparseMlp {
+        SparseMlp {
+            num_experts: 5,
+            top_k: 2,
+            norm_topk_prob,
+            scores_in_compute_dtype: false,
+            jitter,
+        }
+    }
+
+    fn weights() -> (Tensor, Tensor, Vec<Tensor>) {
+        tch::manual_seed(7);
+        let x = Tensor::randn([2, 6, 8], (Kind::Float, Device::Cpu));
+        let router = Tensor::randn([5, 8], (Kind::Float, Device::Cpu));
+        let experts = (0..5)
+            .flat_map(|_| {
+                [
+                    Tensor::randn([12, 8], (Kind::Float, Device::Cpu)) * 0.3,
+                    Tensor::randn([12, 8], (Kind::Float, Device::Cpu)) * 0.3,
+                    Tensor::randn([8, 12], (Kind::Float, Device::Cpu)) * 0.3,
+                ]
+            })
+            .collect();
+        (x, router, experts)
+    }
+
+    /// The grouped dispatch equals routing each token by itself.
+    #[test]
+    fn grouped_dispatch_equals_a_loop_over_tokens() {
+        let (x, router, experts) = weights();
+        for norm in [false, true] {
+            let mlp = layer(0.0, norm);
+            let got = mlp.forward(&x, &router, &experts, None, None);
+            let rows = x.reshape([-1, 8]);
+            let mut want = Vec::new();
+            for t in 0..rows.size()[0] {
+                let r = rows.get(t);
+                let probs = linear(&r, &router).softmax(-1, Kind::Float);
+                let (mut s, e) = probs.topk(2, -1, true, true);
+                if norm {
+                    s = &s / s.sum(Kind::Float);
+                }
+                let mut out = r.zeros_like();
+                for j in 0..2 {
+                    let e = e.int64_value(&[j]) as usize;
+                    let w = &experts[3 * e..3 * e + 3];
+                    let y = linear(&swiglu(&linear(&r, &w[0]), &linear(&r, &w[1])), &w[2]);
+                    out += y * s.double_value(&[j]);
+                }
+                want.push(out);
+            }
+            let want = Tensor::stack(&want, 0).view([2, 6, 8]);
+            let err = (&got - &want).abs().max().double_value(&[]);
+            assert!(err < 1e-5, "norm_topk_prob {norm}: {err}");
+        }
+    }
+
+    /// Jitter applies in training only (a seed), the same for the same seed.
+    #[test]
+    fn router_jitter_only_in_training() {
+        let (x, router, experts) = weights();
+        let plain = layer(0.0, true).forward(&x, &router, &experts, None, None);
+        let jittery = layer(0.4, true);
+        let eval = jittery.forward(&x, &router, &experts, None, None);
+        assert!(eval.equal(&plain));
+        let a = jittery.forward(&x, &router, &experts, Some(3), None);
+        let b = jittery.forward(&x, &router, &experts, Some(3), None);
+        assert!(a.equal(&b));
+        assert!(!a.equal(&plain));
+    }
+
+    /// The loss over recorded layers is transformers' formula, and its gradient is the counts'.
+    #[test]
+    fn load_balancing_matches_its_formula() {
+        let (x, router, experts) = weights();
+        let log = RouterLog::default();
+        let mlp = layer(0.0, true);
+        mlp.forward(&x, &router, &experts, None, Some((&log, 0)));
+        let router2 = &router * 0.5;
+        mlp.forward(&x, &router2, &experts, None, Some((&log, 3)));
+        let (loss, grad) = log.with_all(|s| load_balancing(s, 5)).unwrap();
+        // By hand: both layers' probabilities and top-2 choices over the 12 tokens.
+        let rows = x.reshape([-1, 8]);
+        let (mut counts, mut probs) = (vec![0f64; 5], vec![0f64; 5]);
+        for r in [&router, &router2] {
+            let p = linear(&rows, r).softmax(-1, Kind::Float);
+            let (_, e) = p.topk(2, -1, true, true);
+            for v in Vec::<i64>::try_from(e.reshape([-1])).unwrap() {
+                counts[v as usize] += 1.0;
+            }
+            for (k, v) in Vec::<f32>::try_from(p.sum_dim_intlist(0, false, Kind::Float))
+                .unwrap()
+                .into_iter()
+                .enumerate()
+            {
+                probs[k] += v as f64;
+            }
+        }
+        let n = 24.0;
+        let want: f64 = (0..5).map(|e| counts[e] / n * probs[e] / n).sum::<f64>() * 5.0;
+        assert!((loss.double_value(&[]) - want).abs() < 1e-6);
+        let grad = Vec::<f32>::try_from(grad).unwrap();
+        for e in 0..5 {
+            assert!((grad[e] as f64 - 5.0 * counts[e] / (n * n)).abs() < 1e-7);
+        }
+    }
+}
