@@ -289,9 +289,9 @@ mod tests {
         let (x, router, experts) = weights();
         let log = RouterLog::default();
         let mlp = layer(0.0, true);
-        mlp.forward(&x, &router, &experts, None, Some((&log, 0)));
+        let _ = mlp.forward(&x, &router, &experts, None, Some((&log, 0)));
         let router2 = &router * 0.5;
-        mlp.forward(&x, &router2, &experts, None, Some((&log, 3)));
+        let _ = mlp.forward(&x, &router2, &experts, None, Some((&log, 3)));
         let (loss, grad) = log.with_all(|s| load_balancing(s, 5)).unwrap();
         // By hand: both layers' probabilities and top-2 choices over the 12 tokens.
         let rows = x.reshape([-1, 8]);
