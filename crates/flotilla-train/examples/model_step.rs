@@ -1,6 +1,7 @@
 //! Times forward + backward of a model preset on CPU:
 //! `cargo run --release --example model_step -- [PRESET] [SEQ] [BATCH] [ITERS]`
-//! (defaults: small 256 4 5). Compare with `benches/model_step.py`, the same step in PyTorch
+//! (defaults: small 256 4 5); PRESET may also be a Hugging Face model directory (its
+//! `config.json`, any family; `benches/moe_step.py` times mixtures of experts so). Compare with `benches/model_step.py`, the same step in PyTorch
 //! eager with transformers' `LlamaForCausalLM`.
 //!
 //! Two modes are timed: `whole` (one autograd graph, one backward) and `units` (the unit
@@ -25,9 +26,17 @@ fn main() {
     let batch: i64 = args.get(2).map_or(4, |s| s.parse().expect("BATCH"));
     let iters: usize = args.get(3).map_or(5, |s| s.parse().expect("ITERS"));
 
-    let path = format!("{}/conf/model/{preset}.yaml", env!("CARGO_MANIFEST_DIR"));
-    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
-    let config: ModelConfig = serde_yaml::from_str(&text).unwrap_or_else(|e| panic!("{path}: {e}"));
+    // A Hugging Face directory's config.json (any family), else a preset of conf/model/.
+    let config: ModelConfig = if std::path::Path::new(preset).is_dir() {
+        flotilla_train::model::read_model_config(preset).unwrap_or_else(|e| panic!("{e}"))
+    } else {
+        let path = format!(
+            "{}/../../conf/model/{preset}.yaml",
+            env!("CARGO_MANIFEST_DIR")
+        );
+        let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
+        serde_yaml::from_str(&text).unwrap_or_else(|e| panic!("{path}: {e}"))
+    };
     let model = CausalLm::new(&config).unwrap();
     let params = model
         .init_params(0, Device::Cpu, Kind::Float)

@@ -305,7 +305,14 @@ fn model_state_terms_equal_the_bytes_the_trainer_holds() {
         ],
     ]
     .concat();
-    let moe_lora = [QWEN3_MOE, &["peft=lora", "peft.target_modules=all-linear"]].concat();
+    let moe_lora = [
+        QWEN3_MOE,
+        &[
+            "peft=lora",
+            "peft.target_modules=[q_proj,k_proj,v_proj,o_proj]",
+        ],
+    ]
+    .concat();
     for (dist, ranks, extra) in [
         ("none", 1, &[][..]),
         ("ddp", 2, &[][..]),

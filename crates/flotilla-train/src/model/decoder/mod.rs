@@ -188,6 +188,32 @@ pub fn build(
             ));
         }
     }
+    if let Some(l) = lora.filter(|_| c.is_moe()) {
+        let mlp: Vec<String> = l
+            .targets(c)
+            .into_iter()
+            .filter(|t| {
+                matches!(
+                    t,
+                    LoraModule::GateProj | LoraModule::UpProj | LoraModule::DownProj
+                )
+            })
+            .map(|t| format!("`{t}`"))
+            .collect();
+        if !mlp.is_empty() {
+            // PEFT adapts a transformers 5 mixture's experts through their fused parameters
+            // (`target_parameters`), a layout flotilla does not write yet.
+            return Err(invalid(
+                "model_type",
+                format!(
+                    "peft.target_modules adapts {} of {}'s MLP; LoRA on a mixture of experts \
+                     adapts its attention: set peft.target_modules=[q_proj,k_proj,v_proj,o_proj]",
+                    mlp.join(", "),
+                    c.architecture().display_name()
+                ),
+            ));
+        }
+    }
     let (h, hd) = (c.hidden_size as i64, c.head_dim() as i64);
     let (q_out, kv_out) = (
         c.num_attention_heads as i64 * hd,

@@ -630,3 +630,38 @@ fn fp16_weights_keep_the_residual_stream_in_fp32() {
     );
     assert!(block.abs().max().double_value(&[]) > 65504.0);
 }
+
+/// LoRA on a mixture of experts adapts its attention; targeting its MLP is refused with the fix.
+#[test]
+fn lora_on_a_mixture_of_experts_adapts_attention_and_refuses_the_mlp() {
+    let moe: flotilla_config::schema::MoeConfig =
+        serde_yaml::from_str("{num_experts: 4, num_experts_per_tok: 2}").unwrap();
+    let c = ModelConfig {
+        model_type: Some(flotilla_config::schema::ModelType::Mixtral),
+        moe: Some(moe),
+        ..tiny(false, 2)
+    };
+    let lora = |targets: &str| -> LoraConfig {
+        serde_yaml::from_str(&format!(
+            "{{r: 2, alpha: 4, dropout: 0.0, target_modules: {targets}, use_rslora: false, \
+             modules_to_save: [], init_from: null, merge: false}}"
+        ))
+        .unwrap()
+    };
+    let attention = CausalLm::with_lora(&c, Some(&lora("[q_proj, v_proj]"))).unwrap();
+    let adapters = attention
+        .param_specs()
+        .iter()
+        .filter(|s| s.trainable)
+        .count();
+    assert_eq!(adapters, 2 * 2 * c.num_hidden_layers);
+    for targets in ["[all-linear]", "[q_proj, up_proj]"] {
+        let err = CausalLm::with_lora(&c, Some(&lora(targets)))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("peft.target_modules=[q_proj,k_proj,v_proj,o_proj]"),
+            "{targets}: {err}"
+        );
+    }
+}
