@@ -53,21 +53,24 @@ def models():
     return {"moe": moe, "dense": dense}
 
 
-def transformers_ms(model, seq, batch, iters):
-    model = model.float().train()
+def transformers_ms(models, seq, batch, iters):
+    """Median step time of each model, the models' steps interleaved so that a burst of other
+    work on the machine falls on both."""
     tokens = torch.randint(0, SHAPE["vocab_size"], (batch, seq))
 
-    def step():
+    def step(model):
         model.zero_grad(set_to_none=True)
         model(input_ids=tokens, labels=tokens).loss.backward()
 
-    step()
-    times = []
+    times = {name: [] for name in models}
+    for name, model in models.items():
+        step(model.float().train())
     for _ in range(iters):
-        t = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times) * 1e3
+        for name, model in models.items():
+            t = time.perf_counter()
+            step(model)
+            times[name].append(time.perf_counter() - t)
+    return {name: statistics.median(t) * 1e3 for name, t in times.items()}
 
 
 def flotilla_ms(directory, seq, batch, iters):
@@ -86,14 +89,15 @@ def main():
     print(f"T={seq}, M={batch}, fp32 CPU, {torch.get_num_threads()} threads, "
           f"median of {iters} steps (forward + backward)\n")
     rows = {}
+    built = models()
+    theirs = transformers_ms(built, seq, batch, iters)
     with tempfile.TemporaryDirectory() as tmp:
-        for name, model in models().items():
+        for name, model in built.items():
             directory = os.path.join(tmp, name)
             model.save_pretrained(directory)
             n = sum(p.numel() for p in model.parameters())
-            theirs = transformers_ms(model, seq, batch, iters)
             whole, units = flotilla_ms(directory, seq, batch, iters)
-            rows[name] = (n, theirs, whole, units)
+            rows[name] = (n, theirs[name], whole, units)
     print("| model | parameters | transformers | flotilla (one graph) | flotilla (units) "
           "| flotilla units / transformers |")
     print("|---|---|---|---|---|---|")
