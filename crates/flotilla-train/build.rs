@@ -1,8 +1,9 @@
 //! Build script: embeds an rpath to the libtorch shared libraries so the `flotilla-train`
 //! binary, this crate's examples and its test executables (tests/, which drive the trainer
 //! in-process) find them without `LD_LIBRARY_PATH`, and compiles the small C++ shim
-//! (`csrc/storage.cpp`, freeing and re-allocating a tensor's storage in place for FSDP) against
-//! the same libtorch headers.
+//! (`csrc/storage.cpp`, freeing and re-allocating a tensor's storage in place for FSDP;
+//! `csrc/vjp.cpp`, a seeded backward; `csrc/optim.cpp`, the fused AdamW and foreach-norm kernels)
+//! against the same libtorch headers.
 
 use std::path::PathBuf;
 
@@ -11,6 +12,7 @@ fn main() {
     println!("cargo:rerun-if-changed=build.rs");
     println!("cargo:rerun-if-changed=csrc/storage.cpp");
     println!("cargo:rerun-if-changed=csrc/vjp.cpp");
+    println!("cargo:rerun-if-changed=csrc/optim.cpp");
     let Some(libtorch) = std::env::var_os("LIBTORCH") else {
         panic!("LIBTORCH is not set; run scripts/setup.sh (it links .venv/libtorch, which .cargo/config.toml names)");
     };
@@ -20,6 +22,7 @@ fn main() {
         .cpp(true)
         .file("csrc/storage.cpp")
         .file("csrc/vjp.cpp")
+        .file("csrc/optim.cpp")
         .include(libtorch.join("include"))
         .include(libtorch.join("include/torch/csrc/api/include"))
         .flag("-std=c++17")

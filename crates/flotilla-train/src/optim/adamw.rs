@@ -1,6 +1,7 @@
-//! The optimizer: AdamW exactly as `torch.optim.AdamW` (single-tensor path), with weight decay
-//! only on parameters of two or more dimensions, and global gradient-norm clipping as
-//! `torch.nn.utils.clip_grad_norm_`. This file owns the update formulas and the optimizer state
+//! The optimizer: AdamW exactly as `torch.optim.AdamW` (its fused kernel; the single-tensor path
+//! kept as the op-for-op reference), with weight decay only on parameters of two or more
+//! dimensions, and global gradient-norm clipping as `torch.nn.utils.clip_grad_norm_` (the
+//! per-tensor norms by one multi-tensor kernel). This file owns the update formulas and the optimizer state
 //! (step count, `exp_avg`, `exp_avg_sq`) and its (de)serialisation to safetensors.
 
 use std::path::Path;
@@ -8,6 +9,7 @@ use std::path::Path;
 use indexmap::IndexMap;
 use tch::{Kind, Tensor};
 
+use super::fused::{foreach_norm, fused_adamw, FusedAdamW};
 use crate::error::TrainError;
 use crate::model::Params;
 
@@ -52,12 +54,10 @@ impl AdamWConfig {
     }
 }
 
-/// Which elements of a tensor get decoupled weight decay.
-pub(crate) enum Decay<'a> {
+/// Whether a tensor gets decoupled weight decay.
+pub(crate) enum Decay {
     None,
     All,
-    /// Elements where the boolean mask is set (a flat FSDP shard mixing parameters).
-    Mask(&'a Tensor),
 }
 
 /// One AdamW update of `p` (in place, under the caller's `no_grad`) with gradient `g` and
@@ -69,7 +69,7 @@ pub(crate) fn adamw_update(
     m: &mut Tensor,
     v: &mut Tensor,
     h: &StepScalars,
-    decay: Decay<'_>,
+    decay: Decay,
 ) -> Result<(), TrainError> {
     let g = g.f_to_kind(p.kind())?;
     if h.weight_decay != 0.0 {
@@ -78,11 +78,6 @@ pub(crate) fn adamw_update(
             Decay::None => {}
             Decay::All => {
                 let _ = p.f_mul_scalar_(factor)?;
-            }
-            Decay::Mask(mask) => {
-                let one = Tensor::f_ones([1], (p.kind(), p.device()))?;
-                let factor = one.f_mul_scalar(factor)?.f_where_self(mask, &one)?;
-                let _ = p.f_mul_(&factor)?;
             }
         }
     }
@@ -95,6 +90,15 @@ pub(crate) fn adamw_update(
     let _ = v.f_addcmul_(&g.f_mul_scalar(1.0 - h.beta2)?, &g)?;
     let denom = v.f_sqrt()?.f_div_scalar(h.bc2_sqrt)?.f_add_scalar_(h.eps)?;
     let _ = p.f_addcdiv_(&m.f_mul_scalar(-h.step_size)?, &denom)?;
+    Ok(())
+}
+
+/// Decoupled weight decay of the elements of `p` where `mask` is set: `p *= factor` there
+/// (`factor` = 1 − lr·wd), in place.
+pub(crate) fn decay_where(p: &mut Tensor, factor: f64, mask: &Tensor) -> Result<(), TrainError> {
+    let one = Tensor::f_ones([1], (p.kind(), p.device()))?;
+    let factor = one.f_mul_scalar(factor)?.f_where_self(mask, &one)?;
+    let _ = p.f_mul_(&factor)?;
     Ok(())
 }
 
@@ -132,15 +136,66 @@ impl AdamW {
         &self.state
     }
 
-    /// One AdamW step with learning rate `lr`. Every parameter of `params` with a gradient in
-    /// `grads` (same name) is updated; parameters without one are skipped, as torch skips
-    /// `p.grad is None`. The moments are created (zeros) on first use.
+    /// One AdamW step with learning rate `lr`, by libtorch's fused kernel (torch's
+    /// `AdamW(fused=True)`, two calls: the parameters with weight decay and those without).
+    /// Every parameter of `params` with a gradient in `grads` (same name) is updated; parameters
+    /// without one are skipped, as torch skips `p.grad is None`. The moments are created (zeros)
+    /// on first use.
     ///
     /// Per parameter, with `t` the step count after increment:
     /// `p *= 1 − lr·wd` (if `p.dim() ≥ 2`); `m = lerp(m, g, 1−β1)`; `v = β2·v + (1−β2)·g²`;
     /// `p −= lr/(1−β1^t) · m / (sqrt(v)/sqrt(1−β2^t) + eps)`.
     pub fn step(&mut self, params: &Params, grads: &Params, lr: f64) -> Result<(), TrainError> {
-        // Check every shape first, so that an error leaves the state untouched.
+        self.check_shapes(params, grads)?;
+        self.step += 1;
+        let [beta1, beta2] = self.config.betas;
+        tch::no_grad(|| -> Result<(), TrainError> {
+            // (params, grads, exp_avgs, exp_avg_sqs) without and with weight decay.
+            let mut lists: [[Vec<Tensor>; 4]; 2] = Default::default();
+            for (name, p) in params.iter() {
+                let Some(g) = grads.get(name) else { continue };
+                let st = self.moments(name, p);
+                let list = &mut lists[usize::from(p.dim() >= 2)];
+                list[0].push(p.shallow_clone());
+                list[1].push(g.shallow_clone());
+                list[2].push(st.exp_avg.shallow_clone());
+                list[3].push(st.exp_avg_sq.shallow_clone());
+            }
+            for (decay, [p, g, m, v]) in lists.iter().enumerate() {
+                if p.is_empty() {
+                    continue;
+                }
+                let h = FusedAdamW {
+                    step: self.step,
+                    lr,
+                    beta1,
+                    beta2,
+                    weight_decay: if decay == 1 {
+                        self.config.weight_decay
+                    } else {
+                        0.0
+                    },
+                    eps: self.config.eps,
+                };
+                fused_adamw(p, g, m, v, &h)?;
+            }
+            Ok(())
+        })
+    }
+
+    /// A parameter's moments, created (zeros) on first use.
+    fn moments(&mut self, name: &str, p: &Tensor) -> &ParamState {
+        self.state
+            .entry(name.to_string())
+            .or_insert_with(|| ParamState {
+                exp_avg: p.zeros_like(),
+                exp_avg_sq: p.zeros_like(),
+            })
+    }
+
+    /// Every gradient's and moment's shape against its parameter's, so that an error leaves the
+    /// state untouched.
+    fn check_shapes(&self, params: &Params, grads: &Params) -> Result<(), TrainError> {
         for (name, p) in params.iter() {
             let Some(g) = grads.get(name) else { continue };
             let state_shape = self.state.get(name).map(|s| s.exp_avg.size());
@@ -154,18 +209,26 @@ impl AdamW {
                 }
             }
         }
+        Ok(())
+    }
+
+    /// [`AdamW::step`] parameter by parameter, kernel by kernel as torch's single-tensor AdamW
+    /// (`foreach=False`), which it equals op for op: the reference the fused step is checked
+    /// against.
+    pub fn step_single_tensor(
+        &mut self,
+        params: &Params,
+        grads: &Params,
+        lr: f64,
+    ) -> Result<(), TrainError> {
+        self.check_shapes(params, grads)?;
         self.step += 1;
         let h = self.config.scalars(self.step, lr);
         tch::no_grad(|| -> Result<(), TrainError> {
             for (name, p) in params.iter() {
                 let Some(g) = grads.get(name) else { continue };
-                let st = self
-                    .state
-                    .entry(name.to_string())
-                    .or_insert_with(|| ParamState {
-                        exp_avg: p.zeros_like(),
-                        exp_avg_sq: p.zeros_like(),
-                    });
+                self.moments(name, p);
+                let st = self.state.get_mut(name).expect("moments were just made");
                 let decay = if p.dim() >= 2 {
                     Decay::All
                 } else {
@@ -253,10 +316,11 @@ impl AdamW {
 /// scaled in place by `min(1, max_norm / (norm + 1e-6))`.
 pub fn clip_grad_norm(grads: &Params, max_norm: f64) -> Result<f64, TrainError> {
     tch::no_grad(|| {
-        let norms: Vec<Tensor> = grads
+        let fp32: Vec<Tensor> = grads
             .iter()
-            .map(|(_, g)| g.f_to_kind(Kind::Float)?.f_norm())
+            .map(|(_, g)| g.f_to_kind(Kind::Float))
             .collect::<Result<_, _>>()?;
+        let norms = foreach_norm(&fp32)?;
         if norms.is_empty() {
             return Ok(0.0);
         }

@@ -46,7 +46,8 @@ use tch::{Device, Kind, Tensor};
 use crate::data::StepBatches;
 use crate::error::TrainError;
 use crate::model::{CausalLm, Params, TokenInput};
-use crate::optim::adamw::{adamw_update, scale_to_max_norm, AdamWConfig, Decay};
+use crate::optim::adamw::{decay_where, scale_to_max_norm, AdamWConfig};
+use crate::optim::fused::{foreach_norm, fused_adamw, FusedAdamW};
 use crate::optim::loss_scale::unscale;
 use crate::parallel::engine::{forward_by_unit, Engine, Strategy};
 use crate::parallel::tensor_comm::TensorCollectives;
@@ -810,14 +811,15 @@ impl ParallelWeights for Fsdp {
         tch::no_grad(|| {
             // As `clip_grad_norm_` does per tensor: the norm of each parameter's piece of the
             // local shard, then the squared norm of those norms, summed over the shard group.
-            let mut norms = vec![];
+            let mut pieces = vec![];
             for g in &self.groups {
                 let Some(grad) = &g.grad else { continue };
                 let grad = grad.f_to_device(self.device)?.f_to_kind(Kind::Float)?;
                 for (start, len) in g.local_segments(self.shard_rank) {
-                    norms.push(grad.f_narrow(0, start, len)?.f_norm()?);
+                    pieces.push(grad.f_narrow(0, start, len)?);
                 }
             }
+            let norms = foreach_norm(&pieces)?;
             let sq = if norms.is_empty() {
                 Tensor::f_zeros([1], (Kind::Float, self.device))?
             } else {
@@ -841,23 +843,33 @@ impl ParallelWeights for Fsdp {
     }
 
     /// One AdamW step over the local shards (the formulas of [`crate::optim::AdamW::step`],
-    /// element-wise, weight decay where the element belongs to a 2+-dimensional parameter).
+    /// element-wise): weight decay where the element belongs to a 2+-dimensional parameter,
+    /// then libtorch's fused AdamW over every shard at once.
     fn optimizer_step(&mut self, lr: f64) -> Result<(), TrainError> {
         self.opt_step += 1;
-        let h = self.adam.scalars(self.opt_step, lr);
+        let [beta1, beta2] = self.adam.betas;
+        let wd = self.adam.weight_decay;
         tch::no_grad(|| -> Result<(), TrainError> {
+            let (mut p, mut gr, mut m, mut v) = (vec![], vec![], vec![], vec![]);
             for g in &mut self.groups {
                 let Some(grad) = g.grad.take() else { continue };
-                adamw_update(
-                    &mut g.shard,
-                    &grad,
-                    &mut g.exp_avg,
-                    &mut g.exp_avg_sq,
-                    &h,
-                    Decay::Mask(&g.decay),
-                )?;
+                if wd != 0.0 {
+                    decay_where(&mut g.shard, 1.0 - lr * wd, &g.decay)?;
+                }
+                p.push(g.shard.shallow_clone());
+                gr.push(grad);
+                m.push(g.exp_avg.shallow_clone());
+                v.push(g.exp_avg_sq.shallow_clone());
             }
-            Ok(())
+            let h = FusedAdamW {
+                step: self.opt_step,
+                lr,
+                beta1,
+                beta2,
+                weight_decay: 0.0,
+                eps: self.adam.eps,
+            };
+            fused_adamw(&p, &gr, &m, &v, &h)
         })
     }
 
