@@ -1,6 +1,6 @@
 // libtorch's multi-tensor optimizer kernels, which tch does not bind: the fused AdamW update
-// (torch.optim.AdamW(fused=True)) and the per-tensor norms of a tensor list (torch's
-// clip_grad_norm_ with foreach). One kernel launch per list instead of ~10 per parameter.
+// (torch.optim.AdamW(fused=True)), the per-tensor norms of a tensor list (torch's
+// clip_grad_norm_ with foreach) and fp16's unscale with its inf/NaN check (GradScaler's). One kernel launch per list instead of ~10 per parameter.
 #include <ATen/ATen.h>
 
 #include <exception>
@@ -51,6 +51,22 @@ int flotilla_foreach_norm(void* const* tensors, int n, void** outputs) {
     for (int i = 0; i < n; ++i) {
       outputs[i] = new at::Tensor(norms[i]);
     }
+    return 0;
+  } catch (const std::exception& e) {
+    last_error = e.what();
+    return 1;
+  }
+}
+
+// at::_amp_foreach_non_finite_check_and_unscale_: n gradients multiplied by `inv_scale` in
+// place, `found_inf` (a float tensor of one element on their device) set to 1 when any holds
+// an inf or a NaN (torch.amp.GradScaler's unscale_). 0: done; 1: an exception.
+int flotilla_unscale(void* const* grads, int n, void* found_inf, const void* inv_scale) {
+  try {
+    auto g = list(grads, n);
+    auto& found = *static_cast<at::Tensor*>(found_inf);
+    const auto& inv = *static_cast<const at::Tensor*>(inv_scale);
+    at::_amp_foreach_non_finite_check_and_unscale_(g, found, inv);
     return 0;
   } catch (const std::exception& e) {
     last_error = e.what();

@@ -1,7 +1,9 @@
 //! libtorch's multi-tensor optimizer kernels, through the C++ shim (`csrc/optim.cpp`; tch does
 //! not bind them): the fused AdamW update ([`fused_adamw`], torch's `AdamW(fused=True)`: one
 //! kernel over a list of parameters instead of about ten per parameter) and the L2 norms of a
-//! list of tensors ([`foreach_norm`], `clip_grad_norm_(foreach=True)`'s).
+//! list of tensors ([`foreach_norm`], `clip_grad_norm_(foreach=True)`'s) and fp16's unscale with
+//! its inf/NaN check ([`unscale_and_check`], `GradScaler.unscale_`'s: one kernel and one flag per
+//! device, one read of it).
 
 use std::ffi::{c_char, c_int, c_void, CStr};
 
@@ -27,6 +29,12 @@ extern "C" {
         tensors: *const *mut c_void,
         n: c_int,
         outputs: *mut *mut c_void,
+    ) -> c_int;
+    fn flotilla_unscale(
+        grads: *const *mut c_void,
+        n: c_int,
+        found_inf: *mut c_void,
+        inv_scale: *const c_void,
     ) -> c_int;
     fn flotilla_optim_error() -> *const c_char;
 }
@@ -146,4 +154,36 @@ pub(crate) fn foreach_norm(tensors: &[Tensor]) -> Result<Vec<Tensor>, TrainError
         // SAFETY: each pointer is a fresh at::Tensor* owned by nobody else.
         .map(|p| unsafe { Tensor::from_ptr(p as *mut torch_sys::C_tensor) })
         .collect())
+}
+
+/// Multiplies every gradient by `inv_scale` in place (one multi-tensor kernel per device) and
+/// returns whether any held an inf or a NaN: one flag per device, read once.
+pub(crate) fn unscale_and_check(grads: &[Tensor], inv_scale: f64) -> Result<bool, TrainError> {
+    let mut devices: Vec<(Device, Vec<Tensor>)> = Vec::new();
+    for g in grads {
+        match devices.iter_mut().find(|(d, _)| *d == g.device()) {
+            Some((_, list)) => list.push(g.shallow_clone()),
+            None => devices.push((g.device(), vec![g.shallow_clone()])),
+        }
+    }
+    let mut flags = Vec::with_capacity(devices.len());
+    for (device, list) in devices {
+        let found = Tensor::f_zeros([1], (Kind::Float, device))?;
+        let inv = Tensor::f_full([1], inv_scale, (Kind::Float, device))?;
+        let h = handles(&list);
+        // SAFETY: the handles, `found` and `inv` are live tch tensors for the call.
+        let code = unsafe {
+            flotilla_unscale(
+                h.as_ptr(),
+                list.len() as c_int,
+                found.as_ptr() as *mut c_void,
+                inv.as_ptr() as *const c_void,
+            )
+        };
+        if code != 0 {
+            return Err(shim_error("unscaling the gradients"));
+        }
+        flags.push(found.f_to_device(Device::Cpu)?);
+    }
+    Ok(flags.iter().map(|f| f.double_value(&[0])).any(|v| v != 0.0))
 }

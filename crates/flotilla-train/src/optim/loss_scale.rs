@@ -1,8 +1,8 @@
 //! fp16 dynamic loss scaling: the [`LossScaler`] state (scale and growth tracker, kept in
 //! checkpoints) with its update rule, and `unscale`, which divides a step's gradients by the
 //! scale in place and reports inf/NaN. The training loop owns when these run; the weights
-//! (`parallel::replicated`, `parallel::fsdp`) unscale their own gradients. This module depends on nothing else
-//! of the crate but its error type.
+//! (`parallel::replicated`, `parallel::fsdp`) unscale their own gradients, by the multi-tensor
+//! kernel of `fused`.
 
 use serde::{Deserialize, Serialize};
 use tch::Tensor;
@@ -50,21 +50,41 @@ impl Default for LossScaler {
     }
 }
 
-/// Multiplies gradients by `inv_scale` in place; returns whether any is inf or NaN.
+/// Multiplies gradients by `inv_scale` in place; returns whether any is inf or NaN (one
+/// multi-tensor kernel and one flag per device, as `GradScaler.unscale_`).
 pub(crate) fn unscale<'a>(
     grads: impl Iterator<Item = &'a Tensor>,
     inv_scale: f64,
 ) -> Result<bool, TrainError> {
-    let mut found = false;
-    tch::no_grad(|| -> Result<(), TrainError> {
-        for g in grads {
-            let mut g = g.shallow_clone();
-            let _ = g.f_mul_scalar_(inv_scale)?;
-            if !found && g.f_isfinite()?.f_all()?.f_int64_value(&[])? == 0 {
-                found = true;
+    let grads: Vec<Tensor> = grads.map(Tensor::shallow_clone).collect();
+    tch::no_grad(|| super::fused::unscale_and_check(&grads, inv_scale))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tch::{Device, Kind};
+
+    /// Every gradient is multiplied exactly as a plain product would; one inf or NaN anywhere
+    /// (in any dtype) sets the flag.
+    #[test]
+    fn unscale_multiplies_every_gradient_and_flags_non_finite_values() {
+        tch::manual_seed(0);
+        for kind in [Kind::Float, Kind::Half, Kind::BFloat16] {
+            let grads: Vec<Tensor> = [[3, 4], [7, 1], [5, 5]]
+                .iter()
+                .map(|s| (Tensor::randn(*s, (Kind::Float, Device::Cpu)) * 100.0).to_kind(kind))
+                .collect();
+            let want: Vec<Tensor> = grads.iter().map(|g| g * (1.0 / 1024.0)).collect();
+            assert!(!unscale(grads.iter(), 1.0 / 1024.0).unwrap(), "{kind:?}");
+            for (g, w) in grads.iter().zip(&want) {
+                assert!(g.equal(w), "{kind:?}");
+            }
+            for bad in [f64::INFINITY, f64::NAN] {
+                let g: Vec<Tensor> = grads.iter().map(Tensor::copy).collect();
+                let _ = g[1].get(0).get(0).fill_(bad);
+                assert!(unscale(g.iter(), 0.5).unwrap(), "{kind:?} {bad}");
             }
         }
-        Ok(())
-    })?;
-    Ok(found)
+    }
 }
