@@ -304,7 +304,7 @@ impl Trainer {
         let weights = &mut self.weights;
         let local_loss = weights.forward_backward(&engine, &batches)?;
         let sums = engine.take_sums();
-        let aux_loss = engine.take_aux_loss();
+        let aux_loss = engine.take_aux_loss()?;
         let found_inf = match self.scaler {
             Some(_) => weights.unscale_grads(inv_scale)?,
             None => false,

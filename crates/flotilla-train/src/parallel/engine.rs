@@ -152,8 +152,9 @@ pub struct Engine<'m> {
     pub options: EngineOptions,
     /// A preference objective's sums over the micro-batches run so far.
     sums: RefCell<Option<DpoSums>>,
-    /// The load-balancing loss of the micro-batches run so far, each times its share.
-    aux_loss: RefCell<Option<f64>>,
+    /// The load-balancing loss of the micro-batches run so far, each times its share (on the
+    /// device, read once by [`Engine::take_aux_loss`]).
+    aux_loss: RefCell<Option<Tensor>>,
 }
 
 /// What the forward pass keeps of one unit for its backward.
@@ -194,8 +195,11 @@ impl<'m> Engine<'m> {
     /// The load-balancing loss of the micro-batches run so far, each weighted by its share of
     /// the step (this rank's part of the step's mean), which it leaves at zero; `None` without
     /// one.
-    pub fn take_aux_loss(&self) -> Option<f64> {
-        self.aux_loss.borrow_mut().take()
+    pub fn take_aux_loss(&self) -> Result<Option<f64>, TrainError> {
+        match self.aux_loss.borrow_mut().take() {
+            Some(sum) => Ok(Some(sum.f_double_value(&[])?)),
+            None => Ok(None),
+        }
     }
 
     /// What a step's summed loss is divided by under this engine's objective.
@@ -223,22 +227,34 @@ impl<'m> Engine<'m> {
         global_loss_tokens: u64,
     ) -> Result<(f64, Params), TrainError> {
         let mut grads = Params::new();
-        let mut loss = 0.0;
+        // Each micro-batch's loss stays on the device (in f64, as it was summed on the host);
+        // the step reads their sum once, after the last backward.
+        let mut loss: Option<Tensor> = None;
         for (k, batch) in batches.iter().enumerate() {
             let last = k + 1 == batches.len();
             let seed = self
                 .options
                 .dropout_seed
                 .map(|s| s.wrapping_mul(0x100_0000_01B3).wrapping_add(k as u64));
-            loss += self.micro_step(strategy, batch, global_loss_tokens, &mut grads, last, seed)?;
+            let micro =
+                self.micro_step(strategy, batch, global_loss_tokens, &mut grads, last, seed)?;
+            loss = Some(match loss {
+                Some(sum) => sum.f_add(&micro)?,
+                None => micro,
+            });
         }
+        let loss = match loss {
+            Some(sum) => sum.f_double_value(&[])?,
+            None => 0.0,
+        };
         Ok((loss, grads))
     }
 
     /// Forward and backward of one micro-batch, adding its parameter gradients into `grads`
     /// (created on first use). With `last`, calls [`Strategy::gradients_ready`] for each unit
     /// as its gradients become final; `dropout_seed` seeds its dropout masks (`None`: no
-    /// dropout). Returns `loss_sum / global_loss_tokens`.
+    /// dropout). Returns `loss_sum / global_loss_tokens`, a float64 scalar on the device (not
+    /// read: no host sync between forward and backward).
     pub fn micro_step(
         &self,
         strategy: &mut dyn Strategy,
@@ -247,7 +263,7 @@ impl<'m> Engine<'m> {
         grads: &mut Params,
         last: bool,
         dropout_seed: Option<u64>,
-    ) -> Result<f64, TrainError> {
+    ) -> Result<Tensor, TrainError> {
         let model = self.model;
         let units = model.units();
         let n = units.len();
@@ -293,14 +309,18 @@ impl<'m> Engine<'m> {
                 .add(&sums);
         }
         let loss = loss / global_loss_tokens as f64;
-        let loss_value = loss.f_double_value(&[])?;
+        let loss_value = loss.detach().f_to_kind(Kind::Double)?;
         // The load-balancing loss couples every sparse layer: its value, and the gradient each
         // layer's routing probabilities receive in backward (scaled as the loss is).
         let aux_grad = match (aux, &ctx.router_log) {
             (Some(a), Some(log)) => match log.with_all(|s| load_balancing(s, a.num_experts)) {
                 Some((value, grad)) => {
-                    let value = value.f_double_value(&[])?;
-                    *self.aux_loss.borrow_mut().get_or_insert(0.0) += value * a.share;
+                    let share = value.f_to_kind(Kind::Double)?.f_mul_scalar(a.share)?;
+                    let mut acc = self.aux_loss.borrow_mut();
+                    *acc = Some(match acc.take() {
+                        Some(sum) => sum.f_add(&share)?,
+                        None => share,
+                    });
                     log_expert_counts(log);
                     Some(grad * (a.coef * a.share * self.options.loss_scale))
                 }
