@@ -187,6 +187,7 @@ impl CausalLm {
                 .map(|f| rotary_tables(f, positions)),
             adapters_off: false,
             router_log: None,
+            masks: Default::default(),
         }
     }
 

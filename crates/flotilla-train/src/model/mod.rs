@@ -244,6 +244,10 @@ pub struct ForwardCtx {
     /// Where sparse layers record their routing for the load-balancing loss; `None`: they
     /// record nothing (no auxiliary loss, evaluation, generation).
     pub router_log: Option<layers::moe::RouterLog>,
+    /// The attention masks of windowed and soft-capped layers, built by the first layer that
+    /// needs each and shared by the others (for [`ForwardCtx::attention_mask`] as it is when
+    /// they are built: set that first).
+    pub masks: layers::attention::MaskCache,
 }
 
 impl ForwardCtx {

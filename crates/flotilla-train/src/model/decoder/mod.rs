@@ -693,6 +693,7 @@ impl Block {
             k,
             v,
             ctx.attention_mask.as_ref(),
+            &ctx.masks,
             self.num_heads,
             self.num_kv_heads,
             &options,

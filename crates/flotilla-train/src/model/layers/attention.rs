@@ -1,11 +1,51 @@
 //! Causal attention with grouped-query heads, as transformers computes it: scaled dot-product
 //! attention (`sdpa`) over a whole row, within each sequence of a packed row (a mask), within a
 //! sliding window, or for new positions against a key/value cache; and the eager attention of
-//! Gemma 2, whose scores are soft-capped before the softmax.
+//! Gemma 2, whose scores are soft-capped before the softmax. A forward's masks are built once
+//! and shared by its layers ([`MaskCache`]).
+
+use std::collections::HashMap;
+use std::sync::Mutex;
 
 use tch::{Kind, Tensor};
 
 use super::softcap::soft_cap;
+
+/// The boolean masks of one forward's layers, built once and shared: every layer with the same
+/// window over the same positions (and the same packed rows) reads the same mask, where each
+/// used to build its own.
+#[derive(Debug, Default)]
+pub struct MaskCache {
+    masks: Mutex<HashMap<MaskKey, Tensor>>,
+}
+
+/// A mask's queries, keys and window.
+type MaskKey = (i64, i64, Option<i64>);
+
+impl MaskCache {
+    /// The mask of `t_q` queries over `t_k` keys within `window`, and'ed with `packed`, from the
+    /// cache or built now.
+    fn get(
+        &self,
+        q: &Tensor,
+        t_q: i64,
+        t_k: i64,
+        window: Option<i64>,
+        packed: Option<&Tensor>,
+    ) -> Tensor {
+        let mut masks = self.masks.lock().expect("mask cache lock");
+        masks
+            .entry((t_q, t_k, window))
+            .or_insert_with(|| {
+                let mask = visible_keys(q, t_q, t_k, window);
+                match packed {
+                    Some(p) => mask.logical_and(p),
+                    None => mask,
+                }
+            })
+            .shallow_clone()
+    }
+}
 
 /// What a layer's attention does besides causal masking.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -24,12 +64,15 @@ pub struct AttentionOptions {
 /// `[B, num_kv_heads, T_k, head_dim]`, where the queries are the last `T_q` of the `T_k` key
 /// positions (all of them in a training forward, the new ones after a cache's); `packed_mask`
 /// (`[B, 1, T, T]`, only when `T_q == T_k`) keeps each sequence of a packed row to itself.
-/// Returns `[B, num_heads, T_q, head_dim]`.
+/// Returns `[B, num_heads, T_q, head_dim]`. The masks a window or soft-capping needs come from
+/// `masks`, the forward's cache (`packed_mask` must be the same for every call with one cache).
+#[allow(clippy::too_many_arguments)]
 pub fn causal_attention(
     q: &Tensor,
     k: &Tensor,
     v: &Tensor,
     packed_mask: Option<&Tensor>,
+    masks: &MaskCache,
     num_heads: i64,
     num_kv_heads: i64,
     options: &AttentionOptions,
@@ -88,10 +131,7 @@ pub fn causal_attention(
             gqa,
         );
     }
-    let mut mask = visible_keys(q, t_q, t_k, window);
-    if let Some(packed) = packed_mask {
-        mask = mask.logical_and(packed);
-    }
+    let mask = masks.get(q, t_q, t_k, window, packed_mask);
     let (k, v) = repeated();
     match options.softcap {
         None => Tensor::scaled_dot_product_attention(
