@@ -786,7 +786,10 @@ fn a_full_disk_leaves_no_cache_entry_behind() {
         message.contains(&bin.display().to_string()) && message.contains("free space"),
         "{message}"
     );
-    assert!(!err.is_input(), "a full disk is the machine's fault, not the data's");
+    assert!(
+        !err.is_input(),
+        "a full disk is the machine's fault, not the data's"
+    );
     assert!(cache_files(&data, "bin").is_empty());
     assert!(
         std::fs::symlink_metadata(&tmp).is_err(),

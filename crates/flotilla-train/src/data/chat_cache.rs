@@ -180,8 +180,7 @@ impl CacheEntry {
         let header_start = (size - footer).checked_sub(header_len)?;
         let header: Header = serde_json::from_slice(&read(header_start, header_len)?).ok()?;
         let index_start = header.index_offset()?;
-        if header.key != self.key || index_start.checked_add(header.index_len()?)? != header_start
-        {
+        if header.key != self.key || index_start.checked_add(header.index_len()?)? != header_start {
             return None;
         }
         let mut at = index_start;

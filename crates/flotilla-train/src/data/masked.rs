@@ -240,7 +240,10 @@ impl MaskedSequences {
     pub fn sequence(&self, index: usize) -> Result<(Vec<u32>, Vec<bool>)> {
         let r = self.index.range(index);
         let n = r.len();
-        let bytes = self.read(r.start as u64 * BYTES_PER_TOKEN, n * BYTES_PER_TOKEN as usize)?;
+        let bytes = self.read(
+            r.start as u64 * BYTES_PER_TOKEN,
+            n * BYTES_PER_TOKEN as usize,
+        )?;
         let (ids, mask) = bytes.split_at(n * 4);
         let ids = ids
             .chunks_exact(4)
@@ -411,7 +414,9 @@ mod tests {
 
     #[test]
     fn labels_follow_the_mask_and_pad() {
-        let d = held(5, |w| w.push(&[1, 5, 6, 7, 2], &[false, false, true, true, true], 3));
+        let d = held(5, |w| {
+            w.push(&[1, 5, 6, 7, 2], &[false, false, true, true, true], 3)
+        });
         let s = d.get(0).unwrap();
         assert_eq!(s.input_ids, vec![1, 5, 6, 7, 0]);
         assert_eq!(s.labels, vec![-100, 6, 7, 2, -100]);

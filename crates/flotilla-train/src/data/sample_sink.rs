@@ -121,9 +121,9 @@ impl SampleSink {
             source: e,
         };
         match self {
-            SampleSink::Cache(pending) => pending
-                .commit(name, seq_len, pad_id, stats)
-                .map_err(failed),
+            SampleSink::Cache(pending) => {
+                pending.commit(name, seq_len, pad_id, stats).map_err(failed)
+            }
             SampleSink::Scratch(w) => {
                 let (out, index) = w.into_parts();
                 let file = out.into_inner().map_err(|e| failed(e.into_error()))?;
