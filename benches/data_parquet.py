@@ -9,10 +9,11 @@ Usage:
       about a third), each message of LO-HI words (log-uniform; default 20-400 as there),
       written as JSON lines and converted by pyarrow into a Parquet file (snappy, row groups of
       64k) with a list<struct<role, content>> `messages` column.
-  .venv/bin/python benches/data_parquet.py --flotilla FLOTILLA_TRAIN TOKENIZER_DIR DATA.parquet
+  .venv/bin/python benches/data_parquet.py --flotilla FLOTILLA_TRAIN TOKENIZER_DIR DATA.parquet [--warm]
       `FLOTILLA_TRAIN data show --num 0 --format json data=chat data.path=DATA ...` with the
       cache beside DATA removed first (cold); prints wall s, CPU s (user + system of the
-      process) and its peak RSS (ru_maxrss), from wait4.
+      process) and its peak RSS (ru_maxrss), from wait4. With --warm, the same command again
+      on the cache the cold run wrote (read, not prepared), measured the same way.
   .venv/bin/python benches/data_parquet.py --hf TOKENIZER_DIR DATA.parquet
       datasets.Dataset.from_parquet(DATA).map(fn, num_proc=os.cpu_count()) with fn
       benches/chat_preprocess.py's (apply_chat_template, tokenize with offsets, the assistant
@@ -58,7 +59,7 @@ def generate(n, out, words, seed):
     print(f"wrote {n} conversations ({os.path.getsize(out) / 2**20:.1f} MiB) to {out}")
 
 
-def run_flotilla(binary, tok_dir, data):
+def run_flotilla(binary, tok_dir, data, warm=False):
     cache = os.path.join(os.path.dirname(os.path.abspath(data)), ".flotilla-cache")
     shutil.rmtree(cache, ignore_errors=True)
     cmd = [
@@ -66,21 +67,29 @@ def run_flotilla(binary, tok_dir, data):
         f"data.path={os.path.abspath(data)}", f"data.tokenizer={os.path.abspath(tok_dir)}",
         "data.seq_len=4096", "model.vocab_size=1024", "model.max_position_embeddings=4096",
     ]
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    t0 = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=os.path.dirname(HERE), stdout=subprocess.PIPE,
-                          stderr=subprocess.PIPE, text=True)
-    secs = time.perf_counter() - t0
+    for label in ["cold", "warm"] if warm else ["cold"]:
+        time_child(cmd, label)
+
+
+def time_child(cmd, label):
+    """Runs `cmd` (a `data show` of the summary only) and prints its times and peak RSS."""
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        t0 = time.perf_counter()
+        proc = subprocess.Popen(cmd, cwd=os.path.dirname(HERE), stdout=out, stderr=err)
+        # wait4's rusage is this child's alone (RUSAGE_CHILDREN keeps the largest peak of every
+        # child waited for: the cold run's when this is the warm one).
+        _, status, usage = os.wait4(proc.pid, 0)
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        secs = time.perf_counter() - t0
+        out.seek(0)
+        err.seek(0)
+        stdout, stderr = out.read().decode(), err.read().decode(errors="replace")
     if proc.returncode != 0:
-        sys.exit(f"data_parquet: {' '.join(cmd)} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    stdout = proc.stdout
-    # ru_maxrss of the children is the largest waited-for child's: this run is the only one.
-    usage = after
-    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+        sys.exit(f"data_parquet: {' '.join(cmd)} failed ({proc.returncode}):\n{stderr[-3000:]}")
+    cpu = usage.ru_utime + usage.ru_stime
     summary = json.loads(stdout)["summary"]
     print(
-        f"flotilla (cold): {summary['examples']} conversations, {summary['tokens']} tokens in "
+        f"flotilla ({label}): {summary['examples']} conversations, {summary['tokens']} tokens in "
         f"{secs:.1f} s; {cpu:.1f} CPU s ({cpu / summary['examples'] * 1e3:.3f} CPU ms per "
         f"conversation); peak RSS {usage.ru_maxrss / 2**20:.2f} GiB (KiB: {usage.ru_maxrss})"
     )
@@ -129,11 +138,12 @@ def main():
     g.add_argument("--hf", nargs=2, metavar=("TOKENIZER_DIR", "DATA"))
     ap.add_argument("--words", nargs=2, type=int, default=[20, 400], metavar=("LO", "HI"))
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--warm", action="store_true", help="with --flotilla: a second, warm run")
     a = ap.parse_args()
     if a.generate:
         generate(int(a.generate[0]), a.generate[1], a.words, a.seed)
     elif a.flotilla:
-        run_flotilla(*a.flotilla)
+        run_flotilla(*a.flotilla, warm=a.warm)
     else:
         run_hf(*a.hf)
 

@@ -555,8 +555,8 @@ fn packing_keeps_masks_and_never_trains_across_conversations() {
         let mut ids = vec![];
         let mut trained = 0;
         for k in 0..d.len() {
-            let (s, t) = d.sequence(k);
-            ids.extend_from_slice(s);
+            let (s, t) = d.sequence(k).unwrap();
+            ids.extend_from_slice(&s);
             trained += t.iter().skip(1).filter(|&&x| x).count();
         }
         (ids, trained)
@@ -566,10 +566,10 @@ fn packing_keeps_masks_and_never_trains_across_conversations() {
     assert_eq!(all(&plain).1, all(&packed).1);
     // Each window's conversations start where the unpacked ones do, and (packed_attention:
     // conversation, the default) its sample's positions restart there.
-    let mut plain_lengths = (0..plain.len()).map(|k| plain.sequence(k).0.len());
+    let mut plain_lengths = (0..plain.len()).map(|k| plain.sequence(k).unwrap().0.len());
     let mut windows_with_several = 0;
     for k in 0..packed.len() {
-        let (s, _) = packed.sequence(k);
+        let (s, _) = packed.sequence(k).unwrap();
         assert!(s.len() <= cfg.seq_len + 1);
         let sample = packed.get(k).unwrap();
         assert_eq!(sample.num_loss_tokens(), packed.num_loss_tokens(k).unwrap());
@@ -607,7 +607,7 @@ fn packing_keeps_masks_and_never_trains_across_conversations() {
     assert!(cut_stats.truncated > 0 && drop_stats.dropped >= cut_stats.truncated);
     assert!(kept.len() < cut.len());
     for k in 0..cut.len() {
-        assert!(cut.sequence(k).0.len() <= 101);
+        assert!(cut.sequence(k).unwrap().0.len() <= 101);
     }
 }
 
@@ -657,7 +657,7 @@ fn the_cache_is_used_and_never_stale() {
     // So is a changed setting.
     cfg.train_on = TrainOn::All;
     let (all, _) = chat::build("data.path", &data, &cfg, &chat, true).unwrap();
-    assert_ne!(all.sequence(0).1, changed.sequence(0).1);
+    assert_ne!(all.sequence(0).unwrap().1, changed.sequence(0).unwrap().1);
     assert_eq!(entries(), 3);
     // Packed windows come back with where their conversations start.
     cfg.packing = true;
@@ -720,6 +720,100 @@ fn ranks_prepare_an_entry_once() {
         stored,
         "the waiting process prepared and stored the entry again instead of reading it"
     );
+}
+
+/// A warm cache is read, not prepared again: its file is the same file (inode and time) after
+/// a second build, and the samples read from it are those prepared.
+#[test]
+fn a_warm_cache_is_read_without_preparing_again() {
+    use std::os::unix::fs::MetadataExt;
+    let Some(dir) = require_tokenizers("a_warm_cache_is_read_without_preparing_again") else {
+        return;
+    };
+    let (_tmp, data, mut cfg, chat) = fixture_chats_in_tempdir(dir);
+    cfg.packing = true;
+    cfg.seq_len = 300;
+    let (first, stats) = chat::build("data.path", &data, &cfg, &chat, true).unwrap();
+    let bin = cache_files(&data, "bin").pop().unwrap();
+    let stamp = |p: &Path| {
+        let m = std::fs::metadata(p).unwrap();
+        (m.ino(), m.mtime(), m.mtime_nsec(), m.len())
+    };
+    let before = stamp(&bin);
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    let (again, again_stats) = chat::build("data.path", &data, &cfg, &chat, true).unwrap();
+    assert_eq!(stamp(&bin), before, "the cache entry was written again");
+    assert_eq!((&again, &again_stats), (&first, &stats));
+    let (uncached, uncached_stats) = chat::build("data.path", &data, &cfg, &chat, false).unwrap();
+    assert_eq!((&uncached, &uncached_stats), (&first, &stats));
+    for k in 0..first.len() {
+        assert_eq!(first.get(k).unwrap(), uncached.get(k).unwrap());
+        assert_eq!(again.example(k).unwrap(), uncached.example(k).unwrap());
+    }
+    // A damaged entry (cut short) is not served: it is prepared again, the same.
+    let size = std::fs::metadata(&bin).unwrap().len();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&bin)
+        .unwrap()
+        .set_len(size - 3)
+        .unwrap();
+    let (rebuilt, _) = chat::build("data.path", &data, &cfg, &chat, true).unwrap();
+    assert_eq!(rebuilt, first);
+    assert_eq!(std::fs::metadata(&bin).unwrap().len(), size);
+}
+
+/// A disk that fills while the samples are written is an error naming the cache file, and
+/// leaves neither the entry nor its temporary file behind; the next build prepares it.
+#[test]
+fn a_full_disk_leaves_no_cache_entry_behind() {
+    let Some(dir) = require_tokenizers("a_full_disk_leaves_no_cache_entry_behind") else {
+        return;
+    };
+    if !Path::new("/dev/full").exists() {
+        return;
+    }
+    let (_tmp, data, cfg, chat) = fixture_chats_in_tempdir(dir);
+    let (first, _) = chat::build("data.path", &data, &cfg, &chat, true).unwrap();
+    let bin = cache_files(&data, "bin").pop().unwrap();
+    std::fs::remove_file(&bin).unwrap();
+    // This process's temporary name for the entry, pointed at a device that is always full.
+    let tmp = bin.with_extension(format!("tmp-{}", std::process::id()));
+    std::os::unix::fs::symlink("/dev/full", &tmp).unwrap();
+    let err = chat::build("data.path", &data, &cfg, &chat, true).unwrap_err();
+    let message = err.to_string();
+    assert!(
+        message.contains(&bin.display().to_string()) && message.contains("free space"),
+        "{message}"
+    );
+    assert!(
+        !err.is_input(),
+        "a full disk is the machine's fault, not the data's"
+    );
+    assert!(cache_files(&data, "bin").is_empty());
+    assert!(
+        std::fs::symlink_metadata(&tmp).is_err(),
+        "the temporary file is left behind"
+    );
+    let (again, _) = chat::build("data.path", &data, &cfg, &chat, true).unwrap();
+    assert_eq!(again, first);
+    assert_eq!(cache_files(&data, "bin"), vec![bin]);
+}
+
+/// A cache folder that cannot be made costs only the cache: the samples are written to a
+/// temporary file and read from there.
+#[test]
+fn an_unwritable_cache_folder_costs_only_the_cache() {
+    let Some(dir) = require_tokenizers("an_unwritable_cache_folder_costs_only_the_cache") else {
+        return;
+    };
+    let (_tmp, data, cfg, chat) = fixture_chats_in_tempdir(dir);
+    let (uncached, stats) = chat::build("data.path", &data, &cfg, &chat, false).unwrap();
+    // A file where the folder would be.
+    std::fs::write(data.with_file_name(".flotilla-cache"), "not a folder").unwrap();
+    let (got, got_stats) = chat::build("data.path", &data, &cfg, &chat, true).unwrap();
+    assert_eq!((&got, &got_stats), (&uncached, &stats));
+    assert!((0..got.len()).all(|k| got.get(k).unwrap() == uncached.get(k).unwrap()));
 }
 
 /// `flotilla-train data show --format json` prints the oracle's ids, and labels that are the

@@ -62,12 +62,14 @@
 //! large file is never held parsed whole; each conversation's messages are converted to
 //! template values once for all the prefixes rendered. Tokenizing is most of the remaining
 //! work; byte-level BPE tokenizers (Llama 3, Qwen2) take the faster exact path of
-//! `byte_level_encoder`. The result is stored in
-//! `.flotilla-cache/` beside the data, keyed by the SHA-256 of the data files (and the records a
-//! mixture or held-out set takes), the
-//! tokenizer files, the template, these settings (and today's date when the template calls
-//! `strftime_now`), so a changed input is never served stale; an unwritable directory only
-//! costs the cache.
+//! `byte_level_encoder`. The samples are written as they are made to the cache
+//! (`chat_cache`) in `.flotilla-cache/` beside the data, keyed by the SHA-256 of the data files
+//! (and the records a mixture or held-out set takes), the tokenizer files, the template, these
+//! settings (and today's date when the template calls `strftime_now`), so a changed input is
+//! never served stale, and training reads them from there a sample at a time: memory holds
+//! only their index. An unwritable directory only costs the cache (the samples go to a
+//! temporary file, `sample_sink`); a disk that fills while they are written is an error, and
+//! leaves nothing half-written.
 
 use std::path::{Path, PathBuf};
 
@@ -80,10 +82,10 @@ use sha2::{Digest, Sha256};
 use super::chat_formats::{self, Conversation, RecordShape};
 use super::chat_markers::marker_spans;
 use super::chat_template::{message_value, ChatTemplate};
-use super::dataset::Dataset;
 use super::error::{DataError, Result};
 use super::masked::MaskedSequences;
 use super::records::{self, Origin, RecordFiles};
+use super::sample_sink::SampleSink;
 use super::tokenizer::Tokenizer;
 
 /// Counts of one chat dataset's preparation.
@@ -614,12 +616,13 @@ fn prepare(
         None
     };
     let cached = || {
-        let hit = cache.as_ref().and_then(|c| c.load())?;
+        let entry = cache.as_ref()?;
+        let hit = entry.load()?;
         tracing::info!(
             "{name}: prepared conversations read from {}",
-            hit.2.display()
+            entry.path().display()
         );
-        Some((hit.0, hit.1))
+        Some(hit)
     };
     if let Some(hit) = cached() {
         return Ok(hit);
@@ -636,7 +639,7 @@ fn prepare(
         .or(chat.tokenizer.eos_id())
         .unwrap_or(0);
     let mut samples = Samples {
-        out: MaskedSequences::new(&format!("chat {name}"), cfg.seq_len, pad),
+        out: SampleSink::open(cache.as_ref()),
         stats: ChatStats::default(),
         settings: &settings,
         window: Window::default(),
@@ -649,7 +652,8 @@ fn prepare(
         });
     }
     super::byte_level_encoder::release_piece_caches();
-    let (out, stats) = samples.finish()?;
+    // An error from here on drops the sink, and with it what was written.
+    let (sink, stats) = samples.finish()?;
     if stats.records == 0 {
         return Err(DataError::config(
             &set.parts[0].files.key,
@@ -666,9 +670,7 @@ fn prepare(
             ),
         ));
     }
-    if let Some(c) = &cache {
-        c.store(&out, &stats);
-    }
+    let out = sink.finish(&format!("chat {name}"), cfg.seq_len, pad, &stats)?;
     Ok((out, stats))
 }
 
@@ -694,9 +696,9 @@ fn encode_tokens(
 }
 
 /// Encoded conversations becoming samples, in file order: cut or dropped for length, packed
-/// into windows when asked, counted.
+/// into windows when asked, counted, and written out as they are made.
 struct Samples<'a> {
-    out: MaskedSequences,
+    out: SampleSink,
     stats: ChatStats,
     settings: &'a Settings<'a>,
     /// The window being packed.
@@ -714,14 +716,15 @@ struct Window {
 }
 
 impl Window {
-    /// Moves the window's conversations into `out` as one sequence, leaving it empty.
-    fn flush(&mut self, out: &mut MaskedSequences) {
+    /// Writes the window's conversations to `out` as one sequence, leaving it empty.
+    fn flush(&mut self, out: &mut SampleSink) -> Result<()> {
         if !self.ids.is_empty() {
-            out.push_packed(&self.ids, &self.trained, &self.starts, self.line);
+            out.push_packed(&self.ids, &self.trained, &self.starts, self.line)?;
         }
         self.ids.clear();
         self.trained.clear();
         self.starts.clear();
+        Ok(())
     }
 }
 
@@ -772,9 +775,9 @@ impl Samples<'_> {
                 match result {
                     Ok(e) => {
                         for _ in 1..times {
-                            self.add(e.clone(), origin.place.number());
+                            self.add(e.clone(), origin.place.number())?;
                         }
-                        self.add(e, origin.place.number());
+                        self.add(e, origin.place.number())?;
                     }
                     Err(message) if settings.skip_bad_records => {
                         self.stats.skipped += times as usize;
@@ -789,31 +792,30 @@ impl Samples<'_> {
         Ok(source)
     }
 
-    fn add(&mut self, e: EncodedTokens, at: usize) {
+    fn add(&mut self, e: EncodedTokens, at: usize) -> Result<()> {
         let limit = self.settings.seq_len + 1;
         self.stats.masked_by_markers += e.by_markers as usize;
         let (mut ids, mut trained) = (e.ids, e.trained);
         if ids.len() > limit {
             if self.settings.overflow == Overflow::Drop {
                 self.stats.dropped += 1;
-                return;
+                return Ok(());
             }
             ids.truncate(limit);
             trained.truncate(limit);
             if !trained.iter().skip(1).any(|&t| t) {
                 self.stats.dropped += 1;
-                return;
+                return Ok(());
             }
             self.stats.truncated += 1;
         }
         self.stats.conversations += 1;
         if !self.settings.packing {
-            self.out.push(&ids, &trained, at);
-            return;
+            return self.out.push_packed(&ids, &trained, &[0], at);
         }
         let window = &mut self.window;
         if window.ids.len() + ids.len() > limit {
-            window.flush(&mut self.out);
+            window.flush(&mut self.out)?;
         }
         if window.ids.is_empty() {
             window.line = at;
@@ -823,18 +825,17 @@ impl Samples<'_> {
         window.starts.push(window.ids.len());
         window.ids.extend_from_slice(&ids);
         window.trained.extend_from_slice(&trained);
+        Ok(())
     }
 
-    fn finish(mut self) -> Result<(MaskedSequences, ChatStats)> {
-        self.window.flush(&mut self.out);
-        let out = self.out;
+    /// The samples written (the last window too) and their counts.
+    fn finish(mut self) -> Result<(SampleSink, ChatStats)> {
+        self.window.flush(&mut self.out)?;
         let mut stats = self.stats;
-        stats.examples = out.len();
-        stats.tokens = out.num_tokens();
-        stats.trained_tokens = (0..out.len())
-            .map(|k| out.num_loss_tokens(k))
-            .sum::<Result<usize>>()?;
-        Ok((out, stats))
+        stats.examples = self.out.index().len();
+        stats.tokens = self.out.index().num_tokens();
+        stats.trained_tokens = self.out.trained_tokens();
+        Ok((self.out, stats))
     }
 }
 

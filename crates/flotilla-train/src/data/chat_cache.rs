@@ -1,34 +1,45 @@
-//! The cache of prepared chat data: `.flotilla-cache/chat-<key>.bin` beside the data file.
+//! The cache of prepared chat data: `.flotilla-cache/chat-<key>.bin` beside the data file,
+//! written as the samples are made and read back one sample at a time, so that prepared data
+//! of any size costs only its index in memory.
 //!
 //! The key is the SHA-256 of everything the samples depend on: the data files' bytes (and which
 //! records a mixture or a held-out set takes), the
 //! tokenizer directory's `tokenizer.json` and its companions, the template's source, the
 //! settings (and today's date when the template calls `strftime_now`), and a format version.
-//! A file is a magic line, a JSON header (the key, the counts, the sizes) and the flat arrays
-//! of [`MaskedSequences`] (bounds, lines, conversation starts, ids, mask); it is written to a
-//! temporary name and renamed, so readers never see half a file, and anything that does not
-//! match on reading is ignored (and rebuilt).
+//!
+//! A file is the magic line, the samples' token bytes as [`SequenceWriter`] writes them, then
+//! the index (sequence bounds, lines, conversation starts: `u64` each), a JSON header (the
+//! key, the counts, the sizes), the header's length (`u64`) and the magic line again. The
+//! token bytes are streamed to a temporary name as conversations are encoded; the index and
+//! header follow once all are, and the file is renamed into place, so readers never see half
+//! a file, and a failure on the way (a full disk) removes the temporary file. Anything that
+//! does not match on reading is ignored (and rebuilt).
 //!
 //! Ranks that share the data folder prepare an entry once: whoever first takes the entry's lock
 //! (`chat-<key>.lock`, an exclusive `flock`) prepares and stores it while the others wait, then
 //! read what it stored. The lock goes with its holder, so a rank that dies never blocks the rest.
 
-use std::io::{Read, Write};
+use std::fs::File;
+use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use super::chat::{ChatStats, ChatTokenizer};
-use super::masked::MaskedSequences;
+use super::masked::{MaskedSequences, SequenceIndex, SequenceWriter, BYTES_PER_TOKEN};
+use super::positional_read::read_exact_at;
 
 /// The format and the renderer's version: part of every key, so a cache written by an earlier
 /// renderer (3: messages reach the template as transformers passes them, values print as
 /// Python prints them; 4: templates that are not prefix-stable are masked by markers, not
-/// refused; 5: records of every format, with each source's counts) is never served.
-const MAGIC: &[u8] = b"FLOTILLA-CHAT-CACHE 5\n";
-/// Tokens read or written at once.
-const BLOCK: usize = 1 << 20;
+/// refused; 5: records of every format, with each source's counts; 6: the samples first,
+/// sequence by sequence, the index and header after them) is never served.
+const MAGIC: &[u8] = b"FLOTILLA-CHAT-CACHE 6\n";
+/// Bytes buffered between the samples being made and the file.
+const WRITE_BUFFER: usize = 1 << 20;
+/// Index entries read at once.
+const INDEX_BLOCK: usize = 1 << 16;
 /// The folder beside the data file that holds the cache.
 pub const CACHE_DIR: &str = ".flotilla-cache";
 
@@ -40,9 +51,28 @@ struct Header {
     seq_len: usize,
     pad_id: u32,
     sequences: usize,
-    /// Conversations (entries of `MaskedSequences::starts`).
+    /// Conversations (entries of [`SequenceIndex`]'s starts).
     conversations: usize,
     tokens: usize,
+}
+
+impl Header {
+    /// Where the index begins in the file.
+    fn index_offset(&self) -> Option<u64> {
+        (self.tokens as u64)
+            .checked_mul(BYTES_PER_TOKEN)?
+            .checked_add(MAGIC.len() as u64)
+    }
+
+    /// Bytes of the index in the file.
+    fn index_len(&self) -> Option<u64> {
+        let entries = self
+            .sequences
+            .checked_mul(2)?
+            .checked_add(1)?
+            .checked_add(self.conversations)?;
+        (entries as u64).checked_mul(8)
+    }
 }
 
 /// One data file's cache entry.
@@ -98,10 +128,15 @@ impl CacheEntry {
         CacheEntry { key, file }
     }
 
+    /// The entry's file.
+    pub(crate) fn path(&self) -> &Path {
+        &self.file
+    }
+
     /// Waits for this entry's lock and holds it until the returned file is dropped; `None` when
     /// the lock cannot be taken (an unwritable folder, a file system without locks), which only
     /// costs the waiting: each process then prepares for itself.
-    pub(crate) fn lock(&self) -> Option<std::fs::File> {
+    pub(crate) fn lock(&self) -> Option<File> {
         let dir = self.file.parent()?;
         std::fs::create_dir_all(dir).ok()?;
         let file = std::fs::OpenOptions::new()
@@ -123,129 +158,166 @@ impl CacheEntry {
         Some(file)
     }
 
-    /// The cached samples, their counts and the file, when a complete entry with this key is
-    /// there.
-    pub(crate) fn load(&self) -> Option<(MaskedSequences, ChatStats, PathBuf)> {
-        let mut f = std::io::BufReader::new(std::fs::File::open(&self.file).ok()?);
-        let mut magic = vec![0u8; MAGIC.len()];
-        f.read_exact(&mut magic).ok()?;
-        if magic != MAGIC {
+    /// The cached samples (their index read, their tokens left in the file) and their counts,
+    /// when a complete entry with this key is there.
+    pub(crate) fn load(&self) -> Option<(MaskedSequences, ChatStats)> {
+        let file = File::open(&self.file).ok()?;
+        let size = file.metadata().ok()?.len();
+        let footer = 8 + MAGIC.len() as u64;
+        let read = |offset: u64, len: u64| -> Option<Vec<u8>> {
+            let mut buf = vec![0u8; usize::try_from(len).ok()?];
+            read_exact_at(&file, &mut buf, offset).ok()?;
+            Some(buf)
+        };
+        if size < MAGIC.len() as u64 + footer || read(0, MAGIC.len() as u64)? != MAGIC {
             return None;
         }
-        let header_len = read_u64(&mut f)? as usize;
-        let mut header = vec![0u8; header_len];
-        f.read_exact(&mut header).ok()?;
-        let header: Header = serde_json::from_slice(&header).ok()?;
-        if header.key != self.key {
+        let tail = read(size - footer, footer)?;
+        if &tail[8..] != MAGIC {
             return None;
         }
-        let mut out = MaskedSequences::new(&header.name, header.seq_len, header.pad_id);
-        out.bounds = read_u64s(&mut f, header.sequences + 1)?
-            .into_iter()
-            .map(|b| b as usize)
-            .collect();
-        out.lines = read_u64s(&mut f, header.sequences)?
-            .into_iter()
-            .map(|b| b as usize)
-            .collect();
-        out.starts = read_u64s(&mut f, header.conversations)?
-            .into_iter()
-            .map(|b| b as usize)
-            .collect();
-        // a block at a time, so that reading needs no second copy of the arrays
-        let mut block = vec![0u8; BLOCK * 4];
-        out.ids = Vec::with_capacity(header.tokens);
-        while out.ids.len() < header.tokens {
-            let n = (header.tokens - out.ids.len()).min(BLOCK);
-            f.read_exact(&mut block[..n * 4]).ok()?;
-            out.ids.extend(
-                block[..n * 4]
-                    .chunks_exact(4)
-                    .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])),
-            );
-        }
-        out.trained = Vec::with_capacity(header.tokens);
-        while out.trained.len() < header.tokens {
-            let n = (header.tokens - out.trained.len()).min(BLOCK);
-            f.read_exact(&mut block[..n]).ok()?;
-            out.trained.extend(block[..n].iter().map(|&b| b != 0));
-        }
-        if out.bounds.last() != Some(&header.tokens) || f.read(&mut [0u8; 1]).ok()? != 0 {
+        let header_len = u64::from_le_bytes(tail[..8].try_into().ok()?);
+        let header_start = (size - footer).checked_sub(header_len)?;
+        let header: Header = serde_json::from_slice(&read(header_start, header_len)?).ok()?;
+        let index_start = header.index_offset()?;
+        if header.key != self.key || index_start.checked_add(header.index_len()?)? != header_start {
             return None;
         }
-        Some((out, header.stats, self.file.clone()))
+        let mut at = index_start;
+        let mut entries = |n: usize| -> Option<Vec<usize>> {
+            let mut out = Vec::with_capacity(n);
+            while out.len() < n {
+                let k = (n - out.len()).min(INDEX_BLOCK);
+                let bytes = read(at, k as u64 * 8)?;
+                at += k as u64 * 8;
+                for c in bytes.chunks_exact(8) {
+                    out.push(usize::try_from(u64::from_le_bytes(c.try_into().ok()?)).ok()?);
+                }
+            }
+            Some(out)
+        };
+        let index = SequenceIndex {
+            bounds: entries(header.sequences + 1)?,
+            lines: entries(header.sequences)?,
+            starts: entries(header.conversations)?,
+        };
+        if !index.is_consistent() || index.num_tokens() != header.tokens {
+            return None;
+        }
+        let data = MaskedSequences::in_file(
+            &header.name,
+            header.seq_len,
+            header.pad_id,
+            index,
+            file,
+            &self.file,
+            MAGIC.len() as u64,
+        );
+        Some((data, header.stats))
     }
 
-    /// Writes the entry; a failure (a read-only data folder, a full disk) is logged and
-    /// costs only the cache.
-    pub(crate) fn store(&self, data: &MaskedSequences, stats: &ChatStats) {
-        if let Err(e) = self.try_store(data, stats) {
-            tracing::warn!(
-                "the prepared conversations were not cached in {}: {e}",
-                self.file.display()
-            );
-        }
-    }
-
-    fn try_store(&self, data: &MaskedSequences, stats: &ChatStats) -> std::io::Result<()> {
+    /// Starts writing the entry under a temporary name in the cache folder.
+    pub(crate) fn create(&self) -> std::io::Result<PendingEntry> {
         let dir = self.file.parent().unwrap_or(Path::new("."));
         std::fs::create_dir_all(dir)?;
-        let header = serde_json::to_vec(&Header {
-            key: self.key.clone(),
-            stats: stats.clone(),
-            name: data.name.clone(),
-            seq_len: data.seq_len,
-            pad_id: data.pad_id,
-            sequences: data.lines.len(),
-            conversations: data.starts.len(),
-            tokens: data.ids.len(),
-        })?;
         let tmp = self
             .file
             .with_extension(format!("tmp-{}", std::process::id()));
-        let result = (|| {
-            let mut f = std::io::BufWriter::new(std::fs::File::create(&tmp)?);
-            f.write_all(MAGIC)?;
-            f.write_all(&(header.len() as u64).to_le_bytes())?;
-            f.write_all(&header)?;
-            for b in &data.bounds {
-                f.write_all(&(*b as u64).to_le_bytes())?;
-            }
-            for l in data.lines.iter().chain(&data.starts) {
-                f.write_all(&(*l as u64).to_le_bytes())?;
-            }
-            for id in &data.ids {
-                f.write_all(&id.to_le_bytes())?;
-            }
-            // a block at a time: a copy of a million conversations' mask would be as large as
-            // the mask
-            for block in data.trained.chunks(BLOCK) {
-                let mask: Vec<u8> = block.iter().map(|&t| t as u8).collect();
-                f.write_all(&mask)?;
-            }
-            f.into_inner().map_err(|e| e.into_error())?.sync_all()?;
-            std::fs::rename(&tmp, &self.file)
-        })();
-        if result.is_err() {
-            let _ = std::fs::remove_file(&tmp);
-        }
-        result
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&tmp)?;
+        let mut pending = PendingEntry {
+            key: self.key.clone(),
+            file: self.file.clone(),
+            tmp,
+            writer: None,
+            committed: false,
+        };
+        let mut out = BufWriter::with_capacity(WRITE_BUFFER, file);
+        out.write_all(MAGIC)?;
+        pending.writer = Some(SequenceWriter::new(out));
+        Ok(pending)
     }
 }
 
-fn read_u64(f: &mut impl Read) -> Option<u64> {
-    let mut b = [0u8; 8];
-    f.read_exact(&mut b).ok()?;
-    Some(u64::from_le_bytes(b))
+/// A cache entry being written: its samples go to the temporary file as they are made; it is
+/// renamed into place by [`PendingEntry::commit`], and removed if it is dropped before.
+pub(crate) struct PendingEntry {
+    key: String,
+    file: PathBuf,
+    tmp: PathBuf,
+    /// `None` once committed.
+    writer: Option<SequenceWriter<BufWriter<File>>>,
+    /// Renamed into place.
+    committed: bool,
 }
 
-fn read_u64s(f: &mut impl Read, n: usize) -> Option<Vec<u64>> {
-    let mut bytes = vec![0u8; n.checked_mul(8)?];
-    f.read_exact(&mut bytes).ok()?;
-    Some(
-        bytes
-            .chunks_exact(8)
-            .map(|c| u64::from_le_bytes(c.try_into().unwrap_or([0; 8])))
-            .collect(),
-    )
+impl PendingEntry {
+    /// Where the samples go.
+    pub(crate) fn writer(&mut self) -> &mut SequenceWriter<BufWriter<File>> {
+        self.writer
+            .as_mut()
+            .expect("a pending entry has its writer until it is committed")
+    }
+
+    /// The entry's file once complete (for messages).
+    pub(crate) fn path(&self) -> &Path {
+        &self.file
+    }
+
+    /// Completes the entry (the index and the header after the samples), renames it into
+    /// place and opens its samples for reading.
+    pub(crate) fn commit(
+        mut self,
+        name: &str,
+        seq_len: usize,
+        pad_id: u32,
+        stats: &ChatStats,
+    ) -> std::io::Result<MaskedSequences> {
+        let writer = self
+            .writer
+            .take()
+            .expect("a pending entry is committed once");
+        let (mut out, index) = writer.into_parts();
+        let header = serde_json::to_vec(&Header {
+            key: self.key.clone(),
+            stats: stats.clone(),
+            name: name.to_string(),
+            seq_len,
+            pad_id,
+            sequences: index.len(),
+            conversations: index.starts.len(),
+            tokens: index.num_tokens(),
+        })?;
+        for v in index.bounds.iter().chain(&index.lines).chain(&index.starts) {
+            out.write_all(&(*v as u64).to_le_bytes())?;
+        }
+        out.write_all(&header)?;
+        out.write_all(&(header.len() as u64).to_le_bytes())?;
+        out.write_all(MAGIC)?;
+        let file = out.into_inner().map_err(|e| e.into_error())?;
+        file.sync_all()?;
+        std::fs::rename(&self.tmp, &self.file)?;
+        self.committed = true;
+        Ok(MaskedSequences::in_file(
+            name,
+            seq_len,
+            pad_id,
+            index,
+            file,
+            &self.file,
+            MAGIC.len() as u64,
+        ))
+    }
+}
+
+impl Drop for PendingEntry {
+    fn drop(&mut self) {
+        if !self.committed {
+            let _ = std::fs::remove_file(&self.tmp);
+        }
+    }
 }

@@ -27,6 +27,19 @@ pub enum DataError {
         source: std::io::Error,
     },
 
+    /// Prepared samples that cannot be written where training reads them from (the cache
+    /// beside the data, or a temporary file); what was written is removed.
+    #[error(
+        "cannot write the prepared samples to {}: {source}; training reads them from there (5 \
+         bytes a token), so free space on that disk",
+        path.display()
+    )]
+    SamplesNotWritten {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+
     /// A token file whose size is not a whole number of elements.
     #[error(
         "{}: size {size} bytes is not a multiple of {width} (data.token_dtype={dtype}); the file \
@@ -129,6 +142,7 @@ impl DataError {
             self,
             DataError::Io { .. }
                 | DataError::Write { .. }
+                | DataError::SamplesNotWritten { .. }
                 | DataError::Tensor(_)
                 | DataError::Generate(_)
                 | DataError::SamplerMismatch(_)

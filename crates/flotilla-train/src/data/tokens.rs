@@ -10,6 +10,7 @@ use flotilla_config::schema::TokenDtype;
 
 use super::dataset::{Dataset, Sample};
 use super::error::{DataError, Result};
+use super::positional_read::read_exact_at;
 
 /// Bytes per element of `dtype`.
 pub fn dtype_width(dtype: TokenDtype) -> u64 {
@@ -156,27 +157,6 @@ impl Dataset for TokensDataset {
             self.seq_len
         )
     }
-}
-
-#[cfg(unix)]
-fn read_exact_at(file: &File, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
-    use std::os::unix::fs::FileExt;
-    file.read_exact_at(buf, offset)
-}
-
-#[cfg(windows)]
-fn read_exact_at(file: &File, mut buf: &mut [u8], mut offset: u64) -> std::io::Result<()> {
-    use std::os::windows::fs::FileExt;
-    while !buf.is_empty() {
-        match file.seek_read(buf, offset)? {
-            0 => return Err(std::io::ErrorKind::UnexpectedEof.into()),
-            n => {
-                buf = &mut buf[n..];
-                offset += n as u64;
-            }
-        }
-    }
-    Ok(())
 }
 
 #[cfg(test)]
