@@ -48,6 +48,9 @@ pub struct ReportOptions {
     pub metric_only: bool,
     /// The figures will be drawn: the loss is read too (the curves figure draws it).
     pub figures: bool,
+    /// Look for every job's `final/` ([`JobRow::final_model`]), not only where the job's state
+    /// depends on it: what `flotilla status` shows.
+    pub final_models: bool,
     /// Swept keys to group over (`seed`): one row per configuration of the other swept keys,
     /// with the mean, standard deviation and count of its jobs' best values
     /// ([`group::Groups`]). `sort` and `top` then apply to the groups.
@@ -86,6 +89,9 @@ pub struct JobRow {
     /// The job's task overrides, all of them (what `group_by` groups on).
     #[serde(skip)]
     pub overrides: IndexMap<String, serde_json::Value>,
+    /// Whether the job directory holds `final/`, when [`ReportOptions::final_models`] asked.
+    #[serde(skip)]
+    pub final_model: Option<bool>,
 }
 
 /// The best job.
@@ -287,6 +293,12 @@ pub fn build(paths: &[PathBuf], options: &ReportOptions) -> Result<Report, Repor
     if found.is_empty() {
         return Err(ReportError::NoJobs(paths[0].clone()));
     }
+    build_of_jobs(found, options)
+}
+
+/// Builds the report of jobs found already (by [`discover::find_jobs`] or
+/// [`discover::jobs_of_plan`]), at least one.
+pub fn build_of_jobs(found: Vec<FoundJob>, options: &ReportOptions) -> Result<Report, ReportError> {
     // The series a report uses: its metric (or the two it chooses from), the trainer's clock
     // and throughput, and for the figures the loss; the other columns are not even parsed.
     let mut only: Vec<String> = match &options.metric {
@@ -306,7 +318,14 @@ pub fn build(paths: &[PathBuf], options: &ReportOptions) -> Result<Report, Repor
     // report's time.
     let files: Vec<JobFiles> = found
         .par_iter()
-        .map(|job| JobFiles::read(job, only.as_deref(), options.metric.as_deref()))
+        .map(|job| {
+            JobFiles::read(
+                job,
+                only.as_deref(),
+                options.metric.as_deref(),
+                options.final_models,
+            )
+        })
         .collect();
     let metric = options.metric.clone().unwrap_or_else(|| {
         if files.iter().any(|f| f.metrics.get("eval_loss").is_some()) {
@@ -433,13 +452,20 @@ struct JobFiles {
     elapsed_s: Option<f64>,
     /// The median throughput over the logged steps.
     tokens_per_s: Option<f64>,
+    /// Whether the directory holds `final/`, when asked.
+    final_model: Option<bool>,
 }
 
 impl JobFiles {
     /// Reads `job`'s files: the series `only` of its metrics; `elapsed_s` and `tokens_per_s`
     /// are summed up at once and dropped unless they are the report's `metric` (a sweep of
     /// thousands of jobs would hold them all).
-    fn read(job: &FoundJob, only: Option<&[String]>, metric: Option<&str>) -> JobFiles {
+    fn read(
+        job: &FoundJob,
+        only: Option<&[String]>,
+        metric: Option<&str>,
+        final_model: bool,
+    ) -> JobFiles {
         let mut metrics = read_job_metrics_named(&job.dir, only);
         let elapsed_s = metrics
             .get("elapsed_s")
@@ -462,6 +488,7 @@ impl JobFiles {
             has_config: job.dir.join(CONFIG_FILE).is_file(),
             elapsed_s,
             tokens_per_s: median(&mut throughput),
+            final_model: final_model.then(|| has_final_model(&job.dir)),
         }
     }
 }
@@ -478,6 +505,7 @@ fn row(
         has_config,
         elapsed_s,
         tokens_per_s,
+        final_model,
     } = files;
     let mut reasons: Vec<String> = Vec::new();
     let steps = metrics.last_step().map_or(0, |s| s + 1);
@@ -488,7 +516,7 @@ fn row(
         .is_some_and(|r| r.state == JobState::Completed);
     let marks = Markers {
         steps: Some(steps),
-        final_model: !recorded_complete && has_final_model(&job.dir),
+        final_model: !recorded_complete && final_model.unwrap_or_else(|| has_final_model(&job.dir)),
     };
     let state = match &job.record {
         Some(record) => {
@@ -549,6 +577,7 @@ fn row(
         reason: (!reasons.is_empty()).then(|| reasons.join("; ")),
         metrics,
         overrides: IndexMap::new(),
+        final_model,
     }
 }
 
