@@ -49,17 +49,108 @@ impl JobMetrics {
     }
 }
 
+/// Which series of a job's metrics are read, and how much of each: a series named nowhere is
+/// left unread (its name kept in [`JobMetrics::unread`] when it has values), and a
+/// `metrics.csv` cell of it is not even parsed.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Wanted<'a> {
+    /// Series read whole; `None`: every series, whole.
+    whole: Option<&'a [String]>,
+    first_of: &'a [String],
+    last: &'a [String],
+    /// The series of `last` are read whole (and cut to their last value afterwards).
+    lasts_whole: bool,
+}
+
+/// How a column is read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum ReadAs {
+    /// Every value; `rank`: its place in [`Wanted::first_of`] when it is one of those.
+    Whole { rank: Option<usize> },
+    /// The last value only.
+    Last,
+}
+
+impl<'a> Wanted<'a> {
+    /// Every series, whole.
+    pub fn all() -> Wanted<'static> {
+        Wanted::default()
+    }
+
+    /// The series named in `names`, whole.
+    pub fn only(names: &'a [String]) -> Wanted<'a> {
+        Wanted {
+            whole: Some(names),
+            ..Wanted::default()
+        }
+    }
+
+    /// Also, of the series `names`, the first in that order that has a value, whole; the
+    /// others are left unread: `["eval_loss", "loss"]` reads a job's `loss` only when it
+    /// logged no `eval_loss` (the metric a report chooses by default).
+    pub fn first_of(self, names: &'a [String]) -> Wanted<'a> {
+        Wanted {
+            first_of: names,
+            ..self
+        }
+    }
+
+    /// Also the last value of each series in `names` (a series read whole already stays so).
+    pub fn last(self, names: &'a [String]) -> Wanted<'a> {
+        Wanted {
+            last: names,
+            ..self
+        }
+    }
+
+    /// This, with the series read for their last value read whole.
+    fn lasts_whole(self) -> Wanted<'a> {
+        Wanted {
+            lasts_whole: true,
+            ..self
+        }
+    }
+
+    fn read_as(&self, name: &str) -> Option<ReadAs> {
+        let Some(whole) = self.whole else {
+            return Some(ReadAs::Whole { rank: None });
+        };
+        if whole.iter().any(|w| w == name) {
+            return Some(ReadAs::Whole { rank: None });
+        }
+        if let Some(rank) = self.first_of.iter().position(|f| f == name) {
+            return Some(ReadAs::Whole { rank: Some(rank) });
+        }
+        if self.last.iter().any(|l| l == name) {
+            return Some(if self.lasts_whole {
+                ReadAs::Whole { rank: None }
+            } else {
+                ReadAs::Last
+            });
+        }
+        None
+    }
+}
+
 /// Reads the metrics of `job_dir` (never fails: problems are reported in the result).
 pub fn read_job_metrics(job_dir: &Path) -> JobMetrics {
-    read_job_metrics_named(job_dir, None)
+    read_job_metrics_wanted(job_dir, &Wanted::all())
 }
 
 /// Reads the series of `job_dir` named in `only` (all of them when `None`). A `metrics.csv`
 /// cell of any other column is not even parsed: a sweep's best-so-far reads its metric alone.
 pub fn read_job_metrics_named(job_dir: &Path, only: Option<&[String]>) -> JobMetrics {
+    match only {
+        Some(names) => read_job_metrics_wanted(job_dir, &Wanted::only(names)),
+        None => read_job_metrics(job_dir),
+    }
+}
+
+/// Reads the series of `job_dir` that are [`Wanted`], as much of each as it says.
+pub fn read_job_metrics_wanted(job_dir: &Path, wanted: &Wanted) -> JobMetrics {
     // Read at once: asking first whether the file exists would cost a system call per job.
     let csv = job_dir.join(METRICS_CSV);
-    match with_file_bytes(&csv, |bytes| read_csv(&csv, bytes, only)) {
+    match with_file_bytes(&csv, |bytes| read_csv(&csv, bytes, wanted)) {
         Ok(metrics) => return metrics,
         Err(e) if e.kind() != std::io::ErrorKind::NotFound && !csv.is_dir() => {
             return JobMetrics {
@@ -87,16 +178,25 @@ pub fn read_job_metrics_named(job_dir: &Path, only: Option<&[String]>) -> JobMet
         read_tfevents(&files)
     };
     out.last_record_step = out.last_step();
-    if let Some(only) = only {
+    if wanted.whole.is_some() {
+        // Of the series `first_of`, the first with a value.
+        let first = wanted
+            .first_of
+            .iter()
+            .find(|name| out.series.get(*name).is_some_and(|s| !s.is_empty()));
         let mut unread = Vec::new();
         out.series.retain(|name, _| {
-            let keep = only.contains(name);
+            let keep = match wanted.read_as(name) {
+                Some(ReadAs::Whole { rank: Some(_) }) => Some(name) == first,
+                read => read.is_some(),
+            };
             if !keep {
                 unread.push(name.clone());
             }
             keep
         });
         out.unread = unread;
+        keep_last_values(&mut out, wanted);
     }
     out
 }
@@ -145,7 +245,7 @@ fn push(series: &mut IndexMap<String, Series>, name: &str, step: u64, value: f64
 
 /// `metrics.csv`: a header with a `step` column; empty cells are skipped; a last line cut
 /// short by a writer at work is ignored.
-fn read_csv(path: &Path, text: &[u8], only: Option<&[String]>) -> JobMetrics {
+fn read_csv(path: &Path, text: &[u8], wanted: &Wanted) -> JobMetrics {
     let mut out = JobMetrics {
         source: Some(path.to_path_buf()),
         ..JobMetrics::default()
@@ -160,33 +260,16 @@ fn read_csv(path: &Path, text: &[u8], only: Option<&[String]>) -> JobMetrics {
     // buffer of cells for all of them), which on a sweep of thousands of jobs is most of the
     // time a report takes. A file with quotes goes through the CSV reader.
     if let (None, Ok(text)) = (memchr::memchr(b'"', text), std::str::from_utf8(text)) {
-        let mut lines = text
-            .split('\n')
-            .map(|l| l.strip_suffix('\r').unwrap_or(l))
-            .filter(|l| !l.is_empty())
-            .peekable();
-        let Some(header) = lines.next() else {
-            out.problem = Some(format!("{METRICS_CSV} is empty"));
+        if read_plain_csv(&mut out, text, complete, wanted) {
             return out;
-        };
-        let headers: Vec<&str> = header.split(',').map(str::trim).collect();
-        // Room for about a value per line in each series read (the file's size over its first
-        // row's), so that they do not grow as they fill.
-        let rows_hint = lines.peek().map_or(0, |l| text.len() / (l.len() + 1) + 1);
-        let Some(mut rows) = CsvRows::new(&mut out, &headers, only, rows_hint) else {
-            return out;
-        };
-        let mut cells: Vec<&str> = Vec::with_capacity(headers.len());
-        let mut i = 0;
-        while let Some(line) = lines.next() {
-            split_commas(line, &mut cells);
-            let last_and_cut = lines.peek().is_none() && !complete;
-            if !rows.row(&mut out, i, &cells, last_and_cut) {
-                break;
-            }
-            i += 1;
         }
-        rows.finish(&mut out, &headers);
+        // A last value that is not a number: the series' last numbers, read whole.
+        let mut out = JobMetrics {
+            source: Some(path.to_path_buf()),
+            ..JobMetrics::default()
+        };
+        read_plain_csv(&mut out, text, complete, &wanted.lasts_whole());
+        keep_last_values(&mut out, wanted);
         return out;
     }
     let mut reader = csv::ReaderBuilder::new().flexible(true).from_reader(text);
@@ -198,7 +281,8 @@ fn read_csv(path: &Path, text: &[u8], only: Option<&[String]>) -> JobMetrics {
         }
     };
     let headers: Vec<&str> = headers.iter().map(String::as_str).collect();
-    let Some(mut rows) = CsvRows::new(&mut out, &headers, only, 0) else {
+    // The last values too are read whole here (a record's cells do not outlive it).
+    let Some(mut rows) = CsvRows::new(&mut out, &headers, &wanted.lasts_whole(), 0) else {
         return out;
     };
     let mut records = reader.records().enumerate().peekable();
@@ -209,12 +293,57 @@ fn read_csv(path: &Path, text: &[u8], only: Option<&[String]>) -> JobMetrics {
         };
         let cells: Vec<&str> = record.iter().collect();
         let last_and_cut = records.peek().is_none() && !complete;
-        if !rows.row(&mut out, i, &cells, last_and_cut) {
+        if !rows.row(&mut out, i, &cells, last_and_cut, &mut []) {
             break;
         }
     }
-    rows.finish(&mut out, &headers);
+    rows.finish(&mut out, &headers, &[]);
+    keep_last_values(&mut out, wanted);
     out
+}
+
+/// A line without its `\r`; `None` for an empty one (skipped).
+fn content(line: &str) -> Option<&str> {
+    let line = line.strip_suffix('\r').unwrap_or(line);
+    (!line.is_empty()).then_some(line)
+}
+
+/// A `metrics.csv` without quotes, `complete` when it ends with a newline. `false` when the
+/// last value of a series read for its last value only is not a number: the caller reads the
+/// file again with that series whole.
+fn read_plain_csv(out: &mut JobMetrics, text: &str, complete: bool, wanted: &Wanted) -> bool {
+    // Where the last line with content starts: the one a writer may be cutting short.
+    let last_start = text
+        .rsplit('\n')
+        .find(|l| content(l).is_some())
+        .map(|l| l.as_ptr() as usize - text.as_ptr() as usize);
+    let mut lines = text.split('\n').filter_map(content);
+    let Some(header) = lines.next() else {
+        out.problem = Some(format!("{METRICS_CSV} is empty"));
+        return true;
+    };
+    let headers: Vec<&str> = header.split(',').map(str::trim).collect();
+    // Room for about a value per line in each series read whole (the file's size over its
+    // first row's), so that they do not grow as they fill.
+    let header_end = header.as_ptr() as usize - text.as_ptr() as usize + header.len();
+    let rows_hint = text[header_end..]
+        .split('\n')
+        .find_map(content)
+        .map_or(0, |l| text.len() / (l.len() + 1) + 1);
+    let Some(mut rows) = CsvRows::new(out, &headers, wanted, rows_hint) else {
+        return true;
+    };
+    let mut last_cells = vec![None; rows.last.len()];
+    let mut cells: Vec<&str> = Vec::with_capacity(headers.len());
+    for (i, line) in lines.enumerate() {
+        split_commas(line, &mut cells);
+        let start = line.as_ptr() as usize - text.as_ptr() as usize;
+        let last_and_cut = !complete && Some(start) == last_start;
+        if !rows.row(out, i, &cells, last_and_cut, &mut last_cells) {
+            break;
+        }
+    }
+    rows.finish(out, &headers, &last_cells)
 }
 
 /// The cells of an unquoted CSV line into `cells` (cleared first).
@@ -238,57 +367,96 @@ fn trim(cell: &str) -> &str {
     }
 }
 
+/// A column whose values are read into a series.
+struct ReadColumn {
+    col: usize,
+    /// Its index in `out.series`.
+    series: usize,
+    /// Its place in [`Wanted::first_of`], when it is one of those.
+    rank: Option<usize>,
+    /// A cell of it has been seen with something in it.
+    seen: bool,
+}
+
+/// A column of which only the last value is read (its last cell with something in it, kept
+/// by the caller, is parsed at the end).
+struct LastColumn {
+    col: usize,
+    series: usize,
+}
+
+/// The step and the text of the last cell with something in it of each [`LastColumn`].
+type LastCells<'c> = [Option<(u64, &'c str)>];
+
 /// What becomes of a CSV's rows: where the step is, which column fills which series, which
 /// columns are not read (and whether any row has a value in them).
 struct CsvRows {
     columns: usize,
     step_col: usize,
-    /// `(column, index in out.series)` of each column read.
-    read: Vec<(usize, usize)>,
+    read: Vec<ReadColumn>,
+    last: Vec<LastColumn>,
     /// `(column, seen a value)` of each column not read.
     unread: Vec<(usize, bool)>,
 }
 
 impl CsvRows {
-    /// The plan for `headers` (the series asked for in `only`, all when `None`), the series
-    /// created in `out` with room for `rows` values; `None`, with the problem in `out`, without
-    /// a `step` column.
+    /// The plan for `headers` (the series `wanted`), the series created in `out` with room for
+    /// `rows` values; `None`, with the problem in `out`, without a `step` column.
     fn new(
         out: &mut JobMetrics,
         headers: &[&str],
-        only: Option<&[String]>,
+        wanted: &Wanted,
         rows: usize,
     ) -> Option<CsvRows> {
         let Some(step_col) = headers.iter().position(|h| *h == "step") else {
             out.problem = Some(format!("{METRICS_CSV} has no 'step' column"));
             return None;
         };
-        let wanted = |name: &str| only.is_none_or(|only| only.iter().any(|o| o == name));
         let mut read = Vec::new();
+        let mut last = Vec::new();
         let mut unread = Vec::new();
         for (col, name) in headers.iter().enumerate() {
             if col == step_col {
                 continue;
             }
-            if wanted(name) {
-                let (index, _) = out
-                    .series
-                    .insert_full(name.to_string(), Vec::with_capacity(rows));
-                read.push((col, index));
-            } else {
-                unread.push((col, false));
+            match wanted.read_as(name) {
+                Some(ReadAs::Whole { rank }) => {
+                    let (series, _) = out
+                        .series
+                        .insert_full(name.to_string(), Vec::with_capacity(rows));
+                    read.push(ReadColumn {
+                        col,
+                        series,
+                        rank,
+                        seen: false,
+                    });
+                }
+                Some(ReadAs::Last) => {
+                    let (series, _) = out.series.insert_full(name.to_string(), Vec::new());
+                    last.push(LastColumn { col, series });
+                }
+                None => unread.push((col, false)),
             }
         }
         Some(CsvRows {
             columns: headers.len(),
             step_col,
             read,
+            last,
             unread,
         })
     }
 
-    /// Row `i` (0 for the first after the header); `false` to stop (a last row cut short).
-    fn row(&mut self, out: &mut JobMetrics, i: usize, cells: &[&str], last_and_cut: bool) -> bool {
+    /// Row `i` (0 for the first after the header), the last cells of the [`LastColumn`]s
+    /// kept in `last_cells`; `false` to stop (a last row cut short).
+    fn row<'c>(
+        &mut self,
+        out: &mut JobMetrics,
+        i: usize,
+        cells: &[&'c str],
+        last_and_cut: bool,
+        last_cells: &mut LastCells<'c>,
+    ) -> bool {
         if last_and_cut && cells.len() != self.columns {
             out.problem = Some(format!("{METRICS_CSV}: its last row is cut short"));
             return false;
@@ -304,33 +472,99 @@ impl CsvRows {
         for (col, seen) in self.unread.iter_mut().filter(|(_, seen)| !seen) {
             *seen = cells.get(*col).is_some_and(|c| !trim(c).is_empty());
         }
-        for &(col, index) in &self.read {
-            let Some(cell) = cells.get(col).map(|c| trim(c)) else {
+        let mut outranked: Option<usize> = None;
+        for column in &mut self.read {
+            let Some(cell) = cells.get(column.col).map(|c| trim(c)) else {
                 continue;
             };
             if cell.is_empty() {
                 continue;
             }
+            column.seen = true;
             match parse_number(cell) {
-                Some(v) => out.series[index].push((step, v)),
+                Some(v) => {
+                    let series = &mut out.series[column.series];
+                    if series.is_empty() {
+                        if let Some(rank) = column.rank {
+                            outranked = Some(outranked.map_or(rank, |r| r.min(rank)));
+                        }
+                    }
+                    series.push((step, v));
+                }
                 None if last_and_cut => {
                     out.problem = Some(format!("{METRICS_CSV}: its last row is cut short"));
                 }
                 None => {}
             }
         }
+        for (column, last) in self.last.iter().zip(last_cells.iter_mut()) {
+            let Some(cell) = cells.get(column.col).map(|c| trim(c)) else {
+                continue;
+            };
+            if cell.is_empty() {
+                continue;
+            }
+            if !last_and_cut || parse_number(cell).is_some() {
+                *last = Some((step, cell));
+            } else {
+                out.problem = Some(format!("{METRICS_CSV}: its last row is cut short"));
+            }
+        }
+        if let Some(rank) = outranked {
+            self.outrank(out, rank);
+        }
         true
     }
 
-    /// Drops the series without a value and names the columns with values left unread.
-    fn finish(self, out: &mut JobMetrics, headers: &[&str]) {
+    /// A series of [`Wanted::first_of`] at `rank` has its first value: those after it are
+    /// not read any more (their values so far let go of), only watched for values as the
+    /// columns not read are.
+    fn outrank(&mut self, out: &mut JobMetrics, rank: usize) {
+        let unread = &mut self.unread;
+        self.read.retain(|column| {
+            let keep = column.rank.is_none_or(|r| r <= rank);
+            if !keep {
+                out.series[column.series] = Vec::new();
+                unread.push((column.col, column.seen));
+            }
+            keep
+        });
+    }
+
+    /// Parses the last values, drops the series without a value and names the columns with
+    /// values left unread; `false` when a last value is not a number.
+    fn finish(self, out: &mut JobMetrics, headers: &[&str], last_cells: &LastCells) -> bool {
+        let mut numbers = true;
+        for (column, last) in self.last.iter().zip(last_cells) {
+            if let Some((step, cell)) = *last {
+                match parse_number(cell) {
+                    Some(v) => out.series[column.series].push((step, v)),
+                    None => numbers = false,
+                }
+            }
+        }
         out.series.retain(|_, s| !s.is_empty());
-        out.unread = self
-            .unread
+        let mut unread = self.unread;
+        unread.sort_unstable();
+        out.unread = unread
             .into_iter()
             .filter(|(_, seen)| *seen)
             .map(|(col, _)| headers[col].to_string())
             .collect();
+        numbers
+    }
+}
+
+/// Cuts the series `wanted` for their last value only down to it.
+fn keep_last_values(out: &mut JobMetrics, wanted: &Wanted) {
+    for name in wanted.last {
+        if wanted.read_as(name) == Some(ReadAs::Last) {
+            if let Some(series) = out.series.get_mut(name) {
+                let last = series.pop();
+                series.clear();
+                series.extend(last);
+            }
+        }
     }
 }
 

@@ -19,7 +19,7 @@ pub mod render;
 pub mod svg;
 
 use discover::FoundJob;
-use flotilla_contract::metrics::{read_job_metrics, read_job_metrics_named, JobMetrics};
+use flotilla_contract::metrics::{read_job_metrics, read_job_metrics_wanted, JobMetrics, Wanted};
 use flotilla_launch::rundir::status::{combine, has_final_model, Markers};
 use flotilla_launch::rundir::{JobState, CONFIG_FILE};
 use indexmap::IndexMap;
@@ -299,21 +299,29 @@ pub fn build(paths: &[PathBuf], options: &ReportOptions) -> Result<Report, Repor
 /// Builds the report of jobs found already (by [`discover::find_jobs`] or
 /// [`discover::jobs_of_plan`]), at least one.
 pub fn build_of_jobs(found: Vec<FoundJob>, options: &ReportOptions) -> Result<Report, ReportError> {
-    // The series a report uses: its metric (or the two it chooses from), the trainer's clock
-    // and throughput, and for the figures the loss; the other columns are not even parsed.
-    let mut only: Vec<String> = match &options.metric {
-        Some(m) => vec![m.clone()],
-        None => vec!["eval_loss".into(), "loss".into()],
-    };
+    // The series a report uses: its metric, the trainer's throughput, for the figures the
+    // loss, and the clock's last value; the other columns are not even parsed. The default
+    // metric is `eval_loss` where any job logged it, else `loss`: a job that logged
+    // `eval_loss` has its `loss` read only for the figures.
+    let defaults: [String; 2] = ["eval_loss".into(), "loss".into()];
+    let mut whole: Vec<String> = Vec::new();
+    let mut first_of: &[String] = &[];
+    match &options.metric {
+        Some(m) => whole.push(m.clone()),
+        None if options.figures => whole.extend(defaults.iter().cloned()),
+        None => first_of = &defaults,
+    }
+    let mut last: Vec<String> = Vec::new();
     if !options.metric_only {
         let curves = options.figures.then_some("loss");
-        for name in ["elapsed_s", "tokens_per_s"].into_iter().chain(curves) {
-            if !only.iter().any(|o| o == name) {
-                only.push(name.into());
+        for name in ["tokens_per_s"].into_iter().chain(curves) {
+            if !whole.iter().any(|o| o == name) {
+                whole.push(name.into());
             }
         }
+        last.push("elapsed_s".into());
     }
-    let only = Some(only);
+    let wanted = Wanted::only(&whole).first_of(first_of).last(&last);
     // Each job's files, read on every core: on a sweep of thousands of jobs this is the
     // report's time.
     let files: Vec<JobFiles> = found
@@ -321,7 +329,7 @@ pub fn build_of_jobs(found: Vec<FoundJob>, options: &ReportOptions) -> Result<Re
         .map(|job| {
             JobFiles::read(
                 job,
-                only.as_deref(),
+                &wanted,
                 options.metric.as_deref(),
                 options.final_models,
             )
@@ -457,16 +465,11 @@ struct JobFiles {
 }
 
 impl JobFiles {
-    /// Reads `job`'s files: the series `only` of its metrics; `elapsed_s` and `tokens_per_s`
+    /// Reads `job`'s files: the series `wanted` of its metrics; `elapsed_s` and `tokens_per_s`
     /// are summed up at once and dropped unless they are the report's `metric` (a sweep of
     /// thousands of jobs would hold them all).
-    fn read(
-        job: &FoundJob,
-        only: Option<&[String]>,
-        metric: Option<&str>,
-        final_model: bool,
-    ) -> JobFiles {
-        let mut metrics = read_job_metrics_named(&job.dir, only);
+    fn read(job: &FoundJob, wanted: &Wanted, metric: Option<&str>, final_model: bool) -> JobFiles {
+        let mut metrics = read_job_metrics_wanted(&job.dir, wanted);
         let elapsed_s = metrics
             .get("elapsed_s")
             .and_then(|s| s.last())
