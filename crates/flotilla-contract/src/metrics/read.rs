@@ -346,13 +346,32 @@ fn read_plain_csv(out: &mut JobMetrics, text: &str, complete: bool, wanted: &Wan
     rows.finish(out, &headers, &last_cells)
 }
 
-/// The cells of an unquoted CSV line into `cells` (cleared first).
+/// The cells of an unquoted CSV line into `cells` (cleared first). The commas are found
+/// eight bytes at a time: cells of a few characters are too short for a search per cell.
 fn split_commas<'a>(line: &'a str, cells: &mut Vec<&'a str>) {
+    const LOW7: u64 = 0x7f7f_7f7f_7f7f_7f7f;
+    const COMMAS: u64 = 0x2c2c_2c2c_2c2c_2c2c;
     cells.clear();
+    let bytes = line.as_bytes();
     let mut start = 0;
-    for i in memchr::memchr_iter(b',', line.as_bytes()) {
-        cells.push(&line[start..i]);
-        start = i + 1;
+    let mut chunks = bytes.chunks_exact(8);
+    for (k, chunk) in chunks.by_ref().enumerate() {
+        let word = u64::from_le_bytes(chunk.try_into().expect("8 bytes")) ^ COMMAS;
+        // The high bit of each byte that was a comma (now zero), and of no other byte.
+        let mut commas = !((((word & LOW7) + LOW7) | word) | LOW7);
+        while commas != 0 {
+            let i = k * 8 + (commas.trailing_zeros() / 8) as usize;
+            cells.push(&line[start..i]);
+            start = i + 1;
+            commas &= commas - 1;
+        }
+    }
+    let tail = bytes.len() - chunks.remainder().len();
+    for (i, b) in chunks.remainder().iter().enumerate() {
+        if *b == b',' {
+            cells.push(&line[start..tail + i]);
+            start = tail + i + 1;
+        }
     }
     cells.push(&line[start..]);
 }
@@ -376,6 +395,9 @@ struct ReadColumn {
     rank: Option<usize>,
     /// A cell of it has been seen with something in it.
     seen: bool,
+    /// Outranked by an earlier series of [`Wanted::first_of`]: its values are let go of and
+    /// only a last row cut short is parsed (to say so), as a column read would be.
+    outranked: bool,
 }
 
 /// A column of which only the last value is read (its last cell with something in it, kept
@@ -429,6 +451,7 @@ impl CsvRows {
                         series,
                         rank,
                         seen: false,
+                        outranked: false,
                     });
                 }
                 Some(ReadAs::Last) => {
@@ -481,7 +504,11 @@ impl CsvRows {
                 continue;
             }
             column.seen = true;
+            if column.outranked && !last_and_cut {
+                continue;
+            }
             match parse_number(cell) {
+                Some(_) if column.outranked => {}
                 Some(v) => {
                     let series = &mut out.series[column.series];
                     if series.is_empty() {
@@ -517,18 +544,14 @@ impl CsvRows {
     }
 
     /// A series of [`Wanted::first_of`] at `rank` has its first value: those after it are
-    /// not read any more (their values so far let go of), only watched for values as the
-    /// columns not read are.
+    /// not read any more (their values so far let go of), and named as columns not read.
     fn outrank(&mut self, out: &mut JobMetrics, rank: usize) {
-        let unread = &mut self.unread;
-        self.read.retain(|column| {
-            let keep = column.rank.is_none_or(|r| r <= rank);
-            if !keep {
+        for column in &mut self.read {
+            if column.rank.is_some_and(|r| r > rank) && !column.outranked {
+                column.outranked = true;
                 out.series[column.series] = Vec::new();
-                unread.push((column.col, column.seen));
             }
-            keep
-        });
+        }
     }
 
     /// Parses the last values, drops the series without a value and names the columns with
@@ -543,8 +566,18 @@ impl CsvRows {
                 }
             }
         }
-        out.series.retain(|_, s| !s.is_empty());
+        // Room left over is let go of: a sweep of thousands of jobs keeps their series.
+        out.series.retain(|_, s| {
+            s.shrink_to_fit();
+            !s.is_empty()
+        });
         let mut unread = self.unread;
+        unread.extend(
+            self.read
+                .iter()
+                .filter(|c| c.outranked)
+                .map(|c| (c.col, c.seen)),
+        );
         unread.sort_unstable();
         out.unread = unread
             .into_iter()
@@ -761,5 +794,167 @@ mod tests {
         let m = read_job_metrics(dir.path());
         assert!(m.series.is_empty());
         assert_eq!(m.problem.as_deref(), Some("no metrics file yet"));
+    }
+
+    fn names(names: &[&str]) -> Vec<String> {
+        names.iter().map(|n| n.to_string()).collect()
+    }
+
+    fn read_text(text: &str, wanted: &Wanted) -> JobMetrics {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join(METRICS_CSV), text).unwrap();
+        read_job_metrics_wanted(dir.path(), wanted)
+    }
+
+    #[test]
+    fn of_the_first_of_series_only_the_first_with_a_value_is_read() {
+        let first_of = names(&["eval_loss", "loss"]);
+        let none: [String; 0] = [];
+        let wanted = Wanted::only(&none).first_of(&first_of);
+        // `eval_loss` logged: `loss` is left unread, though read until `eval_loss` had a value.
+        let m = read_text(
+            "step,loss,lr,eval_loss\n0,2.5,0.1,\n1,2.0,0.1,2.2\n2,1.5,0.1,\n",
+            &wanted,
+        );
+        assert_eq!(m.series.keys().collect::<Vec<_>>(), ["eval_loss"]);
+        assert_eq!(m.get("eval_loss").unwrap(), &vec![(1, 2.2)]);
+        assert_eq!(m.unread, ["loss", "lr"]);
+        assert_eq!(m.last_step(), Some(2));
+        // No `eval_loss`: `loss` is read whole.
+        let m = read_text("step,loss,eval_loss\n0,2.5,\n1,2.0,\n", &wanted);
+        assert_eq!(m.get("loss").unwrap(), &vec![(0, 2.5), (1, 2.0)]);
+        assert!(m.get("eval_loss").is_none());
+        // A column left unread is still checked on a last row cut short.
+        let m = read_text("step,eval_loss,loss\n0,2.2,2.5\n1,2.1,2.", &wanted);
+        assert_eq!(m.get("eval_loss").unwrap(), &vec![(0, 2.2), (1, 2.1)]);
+        assert!(m.problem.is_none());
+        let whole = read_text("step,eval_loss,loss\n0,2.2,2.5\n1,2.1,2.e", &Wanted::all());
+        let first = read_text("step,eval_loss,loss\n0,2.2,2.5\n1,2.1,2.e", &wanted);
+        assert_eq!(whole.get("eval_loss"), first.get("eval_loss"));
+        assert_eq!(whole.problem, first.problem);
+        // A series named both whole and first_of is read whole.
+        let both = names(&["loss"]);
+        let m = read_text(
+            "step,loss,eval_loss\n0,2.5,2.2\n",
+            &Wanted::only(&both).first_of(&first_of),
+        );
+        assert_eq!(m.series.keys().collect::<Vec<_>>(), ["loss", "eval_loss"]);
+        // The same rule for metrics.jsonl.
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(
+            dir.path().join(METRICS_JSONL),
+            "{\"step\": 0, \"loss\": 3.0}\n{\"step\": 1, \"loss\": 2.0, \"eval_loss\": 2.5}\n",
+        )
+        .unwrap();
+        let m = read_job_metrics_wanted(dir.path(), &wanted);
+        assert_eq!(m.series.keys().collect::<Vec<_>>(), ["eval_loss"]);
+        assert_eq!(m.unread, ["loss"]);
+    }
+
+    #[test]
+    fn a_series_read_for_its_last_value_has_the_last_number() {
+        let last = names(&["elapsed_s"]);
+        let none: [String; 0] = [];
+        let wanted = Wanted::only(&none).last(&last);
+        let m = read_text("step,elapsed_s\n0,0.5\n1,1.0\n2,\n", &wanted);
+        assert_eq!(m.get("elapsed_s").unwrap(), &vec![(1, 1.0)]);
+        // The last cell is not a number: the last one that is.
+        let m = read_text("step,elapsed_s\n0,0.5\n1,1.0\n2,x\n", &wanted);
+        assert_eq!(m.get("elapsed_s").unwrap(), &vec![(1, 1.0)]);
+        // A last row cut short: the row before it, and the problem said.
+        let text = "step,elapsed_s\n0,0.5\n1,1.0\n2,1.";
+        let m = read_text(text, &wanted);
+        assert_eq!(m.get("elapsed_s").unwrap(), &vec![(2, 1.0)]);
+        assert_eq!(m.problem, read_text(text, &Wanted::all()).problem);
+        let text = "step,elapsed_s\n0,0.5\n1,1.0\n2,1.e";
+        let m = read_text(text, &wanted);
+        assert_eq!(m.get("elapsed_s").unwrap(), &vec![(1, 1.0)]);
+        assert_eq!(m.problem, read_text(text, &Wanted::all()).problem);
+        // Quoted files and metrics.jsonl alike.
+        let m = read_text("step,\"elapsed_s\"\n0,0.5\n1,\"1.0\"\n", &wanted);
+        assert_eq!(m.get("elapsed_s").unwrap(), &vec![(1, 1.0)]);
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(
+            dir.path().join(METRICS_JSONL),
+            "{\"step\": 0, \"elapsed_s\": 3.0}\n{\"step\": 1, \"elapsed_s\": 4.0}\n",
+        )
+        .unwrap();
+        let m = read_job_metrics_wanted(dir.path(), &wanted);
+        assert_eq!(m.get("elapsed_s").unwrap(), &vec![(1, 4.0)]);
+        // Named whole too: whole.
+        let m = read_text(
+            "step,elapsed_s\n0,0.5\n1,1.0\n",
+            &Wanted::only(&last).last(&last),
+        );
+        assert_eq!(m.get("elapsed_s").unwrap(), &vec![(0, 0.5), (1, 1.0)]);
+    }
+
+    /// `series` as [`Wanted`] would have them read, from the same series read whole.
+    fn as_wanted(all: &JobMetrics, wanted: &Wanted) -> IndexMap<String, Series> {
+        let first = wanted
+            .first_of
+            .iter()
+            .find(|n| all.get(n).is_some())
+            .cloned();
+        all.series
+            .iter()
+            .filter_map(|(name, series)| match wanted.read_as(name)? {
+                ReadAs::Whole { rank: Some(_) } if Some(name) != first.as_ref() => None,
+                ReadAs::Last => Some((name.clone(), series.last().into_iter().copied().collect())),
+                _ => Some((name.clone(), series.clone())),
+            })
+            .collect()
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn cells_split_and_trim_as_the_standard_library_does(line in "[a-c1 ,\t\u{b}é\u{a0}]{0,40}") {
+            let mut cells = Vec::new();
+            split_commas(&line, &mut cells);
+            proptest::prop_assert_eq!(&cells, &line.split(',').collect::<Vec<_>>());
+            for cell in cells {
+                proptest::prop_assert_eq!(trim(cell), cell.trim());
+            }
+        }
+
+        #[test]
+        fn wanted_series_are_the_whole_series_cut_by_the_rules(
+            rows in proptest::collection::vec(
+                proptest::collection::vec("|1|2.5|-0.25|nan|x| 3 |1e", 4), 0..12),
+            steps_ok in proptest::collection::vec(proptest::bool::ANY, 12),
+            cut in proptest::bool::ANY,
+            quoted in proptest::bool::ANY,
+        ) {
+            let mut text = String::from("step,eval_loss,loss,elapsed_s,lr\n");
+            for (i, cells) in rows.iter().enumerate() {
+                let step = if steps_ok[i] { i.to_string() } else { "?".into() };
+                let cells: Vec<String> = cells
+                    .iter()
+                    .map(|c| if quoted && !c.is_empty() { format!("\"{c}\"") } else { c.clone() })
+                    .collect();
+                text.push_str(&format!("{step},{}\n", cells.join(",")));
+            }
+            if cut && text.len() > 40 {
+                text.pop();
+                text.pop();
+            }
+            let first_of = names(&["eval_loss", "loss"]);
+            let last = names(&["elapsed_s"]);
+            let none: [String; 0] = [];
+            let wanted = Wanted::only(&none).first_of(&first_of).last(&last);
+            // The same columns read whole (a column not read is not checked for a row cut
+            // short either way).
+            let columns = names(&["eval_loss", "loss", "elapsed_s"]);
+            let all = read_text(&text, &Wanted::only(&columns));
+            let some = read_text(&text, &wanted);
+            // Compared by their text: a NaN is not equal to itself.
+            proptest::prop_assert_eq!(
+                format!("{:?}", some.series),
+                format!("{:?}", as_wanted(&all, &wanted))
+            );
+            proptest::prop_assert_eq!(&some.problem, &all.problem);
+            proptest::prop_assert_eq!(some.last_record_step, all.last_record_step);
+            proptest::prop_assert_eq!(some.last_step(), all.last_step());
+        }
     }
 }
