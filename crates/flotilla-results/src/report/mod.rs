@@ -26,7 +26,7 @@ use indexmap::IndexMap;
 use rayon::prelude::*;
 use serde::Serialize;
 use std::cmp::Ordering;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 pub use flotilla_contract::metrics::Mode;
 
@@ -229,10 +229,10 @@ pub fn param_header(key: &str) -> String {
 /// Names each job's sweep (or single run) when the jobs come from more than one: the paths
 /// without their shared leading components (`outputs/multirun/2026-11-25/10-00-00` and
 /// `.../11-00-00` become `10-00-00` and `11-00-00`).
-fn sweep_labels(groups: &[PathBuf]) -> Vec<Option<String>> {
+fn sweep_labels(groups: &[&Path]) -> Vec<Option<String>> {
     // Each distinct path once, by its bytes (a sweep's thousands of jobs share one).
     let mut index: std::collections::HashMap<&std::ffi::OsStr, usize> = Default::default();
-    let mut distinct: Vec<&PathBuf> = Vec::new();
+    let mut distinct: Vec<&Path> = Vec::new();
     for g in groups {
         index.entry(g.as_os_str()).or_insert_with(|| {
             distinct.push(g);
@@ -343,19 +343,21 @@ pub fn build_of_jobs(found: Vec<FoundJob>, options: &ReportOptions) -> Result<Re
         }
     });
     let mode = options.mode.unwrap_or_else(|| Mode::for_metric(&metric));
-    let groups: Vec<PathBuf> = found
+    let groups: Vec<&Path> = found
         .iter()
-        .map(|job| job.sweep_dir.clone().unwrap_or_else(|| job.dir.clone()))
+        .map(|job| job.sweep_dir.as_deref().unwrap_or(&job.dir))
         .collect();
     let has_config: Vec<bool> = files.iter().map(|f| f.has_config).collect();
     let overrides: Vec<IndexMap<String, serde_json::Value>> =
         found.iter().map(params::override_params).collect();
-    let params = params::differing_params(&found, overrides.clone(), &groups, &has_config);
+    let params = params::differing_params(&found, &overrides, &groups, &has_config);
+    let labels = sweep_labels(&groups);
+    drop(groups);
     let rows: Vec<JobRow> = found
         .into_iter()
         .zip(files)
         .zip(params.into_iter().zip(overrides))
-        .zip(sweep_labels(&groups))
+        .zip(labels)
         .map(|(((job, files), (params, overrides)), sweep)| {
             let mut row = row(job, files, params, &metric, mode);
             row.sweep = sweep;
