@@ -1,7 +1,9 @@
 //! A job's logged metrics, read from whichever file its program wrote: the built-in trainer's
 //! `metrics.csv`, a `metrics.jsonl` (one JSON object per line with a `step`), or TensorBoard
 //! event files (`tb/` or the job directory itself), in that order. Every reader tolerates a
-//! file still being written (a cut last line or record) and says what it could not read.
+//! file still being written (a cut last line or record) and says what it could not read. A
+//! reader asks for the series it uses ([`Wanted`]: whole, the first of several that has a
+//! value, or the last value only), and a `metrics.csv` cell of any other is not parsed.
 
 use crate::events;
 pub use crate::layout::{METRICS_CSV, METRICS_JSONL};
