@@ -210,6 +210,7 @@ def optuna_proposals(dists, history, draws, multivariate=False):
     import optuna
     from optuna.trial import TrialState, create_trial
 
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
     states = {"RUNNING": TrialState.RUNNING, "PRUNED": TrialState.PRUNED, "COMPLETE": TrialState.COMPLETE}
     out = {k: [] for k in dists}
     for seed in range(draws):
