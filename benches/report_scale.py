@@ -10,9 +10,10 @@ its wall time in sweep.json. The dry run needs the task binary to exist, not to 
 variable FLOTILLA_TRAIN_BINARY points it at /bin/true.
 
 Each command then runs `--repeat` times on the warm sweep (the first run reads the files into
-the page cache), its output to /dev/null; the table prints the median and the fastest wall
-time and the median CPU time (user + system) per command for each binary given, with
-`--before` the ratio of the median wall times before / after, and the load average.
+the page cache), its output to /dev/null, the binaries taking turns run after run; the table
+prints the median and the fastest wall time and the median CPU time (user + system) per
+command for each binary given, with `--before` the ratios of the median wall times and of the
+median CPU times before / after, and the load average at the start and at the end.
 
 Usage: .venv/bin/python benches/report_scale.py [--binary target/release/flotilla]
        [--before OLD_BINARY] [--lrs 100] [--seeds 100] [--steps 50] [--eval-every 10]
@@ -82,20 +83,40 @@ def finish_jobs(sweep, steps, eval_every):
     return len(plan["jobs"])
 
 
-def timed(cmd, repeat):
-    """The median and fastest wall time of `repeat` runs, and their median CPU time (user +
-    system, all threads): on a machine shared with other work the CPU time is the steadier
-    figure, and with 2 cores the wall time of an idle machine is at least half of it."""
+def run_once(cmd):
+    """The wall time and the CPU time (user + system, all threads) of one run of `cmd`."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0 = time.perf_counter()
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    times, cpu = [], []
+    wall = time.perf_counter() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return wall, after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
+
+
+def timed(cmds, repeat):
+    """For each of `cmds` (the same command of each binary), the median and fastest wall time
+    of `repeat` runs and their median CPU time: on a machine shared with other work the CPU
+    time is the steadier figure, and with 2 cores the wall time of an idle machine is at least
+    half of it. The binaries take turns, run after run, so that both see the same load; a
+    binary that fails the command gets `None`."""
+    ok = []
+    for cmd in cmds:
+        try:
+            subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            ok.append(True)
+        except subprocess.CalledProcessError:
+            ok.append(False)
+    runs = [([], []) for _ in cmds]
     for _ in range(repeat):
-        before = resource.getrusage(resource.RUSAGE_CHILDREN)
-        t0 = time.perf_counter()
-        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        times.append(time.perf_counter() - t0)
-        after = resource.getrusage(resource.RUSAGE_CHILDREN)
-        cpu.append(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime)
-    return statistics.median(times), min(times), statistics.median(cpu)
+        for i, cmd in enumerate(cmds):
+            if ok[i]:
+                wall, cpu = run_once(cmd)
+                runs[i][0].append(wall)
+                runs[i][1].append(cpu)
+    return [
+        (statistics.median(w), min(w), statistics.median(c)) if ok[i] else None
+        for i, (w, c) in enumerate(runs)
+    ]
 
 
 def main():
@@ -124,6 +145,7 @@ def main():
         sweep = os.path.join(base, "sweep")
         if os.path.exists(sweep):
             shutil.rmtree(sweep)
+        load_start = os.getloadavg()
         t_prepare = prepare(binaries[-1][1], sweep, a.lrs, a.seeds)
         n = finish_jobs(sweep, a.steps, a.eval_every)
         print(f"{n} jobs ({a.lrs} trainer.lr x {a.seeds} seed), {a.steps} metrics rows each "
@@ -137,18 +159,18 @@ def main():
             ("report --html", ["report", sweep, "--html", html]),
         ]
         results = {}
+        for name, args in commands:
+            timings = timed([[binary] + args for _, binary in binaries], a.repeat)
+            for (label, _), t in zip(binaries, timings):
+                results[(label, name)] = t
         for label, binary in binaries:
-            for name, args in commands:
-                try:
-                    results[(label, name)] = timed([binary] + args, a.repeat)
-                except subprocess.CalledProcessError:
-                    results[(label, name)] = None
-            if os.path.exists(html):
-                results[(label, "html bytes")] = os.path.getsize(html)
-                os.remove(html)
+            subprocess.run([binary, "report", sweep, "--html", html], check=True,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            results[(label, "html bytes")] = os.path.getsize(html)
+            os.remove(html)
         cols = " | ".join(f"{label}: wall median (fastest), CPU" for label, _ in binaries)
         print()
-        print(f"| command | {cols} |" + (" before / after |" if a.before else ""))
+        print(f"| command | {cols} |" + (" before / after: wall, CPU |" if a.before else ""))
         print("|---|" + "---|" * len(binaries) + ("---|" if a.before else ""))
         for name, _ in commands:
             cells = []
@@ -158,7 +180,7 @@ def main():
             line = f"| {name} | " + " | ".join(cells) + " |"
             if a.before:
                 b, f = results[("before", name)], results[("after", name)]
-                line += f" {b[0] / f[0]:.1f}x |" if b and f else " - |"
+                line += f" {b[0] / f[0]:.2f}x, {b[2] / f[2]:.2f}x |" if b and f else " - |"
             print(line)
         sizes = ", ".join(
             f"{label} {results[(label, 'html bytes')] / 1e6:.2f} MB"
@@ -166,7 +188,8 @@ def main():
         )
         print()
         print(f"HTML page: {sizes}")
-        print(f"load average at the end (1, 5, 15 min): {os.getloadavg()}")
+        print(f"load average (1, 5, 15 min) at the start: {tuple(round(x, 2) for x in load_start)}, "
+              f"at the end: {tuple(round(x, 2) for x in os.getloadavg())}")
     finally:
         if scratch:
             shutil.rmtree(scratch)

@@ -22,9 +22,11 @@ use different random streams, so seeds are not paired): "at least as good" when 
 difference is <= 0, "within noise" when the interval holds 0, else "WORSE" (exit status 1).
 
 Part 2 takes the random numbers out: for a fixed history (34 trials of noisy_quadratic with
-COMPLETE, PRUNED and RUNNING ones; 30 COMPLETE trials of discrete), both samplers propose the
-next trial once per seed (`--draws` seeds), and the proposal distributions are printed side by
-side (quantiles of each numerical param, frequencies of a categorical's choices).
+COMPLETE, PRUNED and RUNNING ones; 30 COMPLETE trials of discrete; for the multivariate sampler,
+29 trials of branin_lr, the last 3 RUNNING), both samplers propose the next trial once per seed
+(`--draws` seeds), and the proposal distributions are printed side by side (quantiles of each
+numerical param with the two-sample Kolmogorov-Smirnov distance, frequencies of a
+categorical's choices). `--parity-only` runs this part alone.
 
 With `--parallel P` it instead measures trials in flight on `branin_lr` (Branin over x1, x2
 plus (log10 lr + 3)^2, lr log-uniform in [1e-5, 1]; minimum 0.397887):
@@ -44,7 +46,11 @@ plus (log10 lr + 3)^2, lr log-uniform in [1e-5, 1]; minimum 0.397887):
   one at a time, the same for optuna; here both modes must be within 1.25x of optuna's
   sequential median (exit status 1 otherwise).
 
+Each ratio of medians is printed with a 95% bootstrap interval (the seeds of each side
+resampled on their own), and in process flotilla's sequential median against optuna's too.
+
 Usage: .venv/bin/python benches/tpe_vs_optuna.py [--seeds 100] [--budget 40] [--draws 2000]
+           [--parity-only]
        .venv/bin/python benches/tpe_vs_optuna.py --parallel 4 --seeds 7 --budget 30
            [--sim-seeds 400] [--binary target/release/flotilla]
 """
@@ -148,6 +154,16 @@ def median_diff_ci(a, b, n_boot=4000):
     return float(np.median(a) - np.median(b)), float(lo), float(hi)
 
 
+def median_ratio_ci(a, b, n_boot=4000):
+    """median(a) / median(b) with a 95% bootstrap interval (seeds resampled independently: the
+    two samplers' random streams differ, so their seeds are not paired)."""
+    rng = np.random.default_rng(0)
+    a, b = np.asarray(a), np.asarray(b)
+    ratios = [np.median(rng.choice(a, a.size)) / np.median(rng.choice(b, b.size)) for _ in range(n_boot)]
+    lo, hi = np.percentile(ratios, [2.5, 97.5])
+    return np.median(a) / np.median(b), lo, hi
+
+
 def histories():
     """The fixed histories of part 2, as (objective, optuna distributions, trials) with trials
     in flotilla's Trial JSON (internal representations)."""
@@ -173,22 +189,32 @@ def histories():
         v = (math.log2(w) - 8) ** 2 / 4 + (layers - 7) ** 2 / 10 + 10 * (d - 0.2) ** 2
         disc.append({"number": i, "params": {"width": float(w), "layers": float(layers), "dropout": d},
                      "state": "COMPLETE", "value": v, "intermediate": {}})
+    # branin_lr for the multivariate sampler: 29 trials, the last three in flight.
+    blr = []
+    for i in range(29):
+        x1, x2, lr = rng.uniform(-5, 10), rng.uniform(0, 15), 10 ** rng.uniform(-5, 0)
+        state = "RUNNING" if i >= 26 else "COMPLETE"
+        blr.append({"number": i, "params": {"x1": x1, "x2": x2, "lr": lr}, "state": state,
+                    "value": branin_lr(x1, x2, lr) if state == "COMPLETE" else None, "intermediate": {}})
     return [
         ("noisy_quadratic", {"lr": FloatDistribution(1e-5, 1, log=True),
-                             "opt": CategoricalDistribution(list(OFFSETS))}, quad),
+                             "opt": CategoricalDistribution(list(OFFSETS))}, quad, False),
         ("discrete", {"width": IntDistribution(16, 1024, log=True), "layers": IntDistribution(1, 12),
-                      "dropout": FloatDistribution(0.0, 0.5, step=0.05)}, disc),
+                      "dropout": FloatDistribution(0.0, 0.5, step=0.05)}, disc, False),
+        ("branin_lr", {"x1": FloatDistribution(-5, 10), "x2": FloatDistribution(0, 15),
+                       "lr": FloatDistribution(1e-5, 1, log=True)}, blr, True),
     ]
 
 
-def optuna_proposals(dists, history, draws):
+def optuna_proposals(dists, history, draws, multivariate=False):
     import optuna
     from optuna.trial import TrialState, create_trial
 
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
     states = {"RUNNING": TrialState.RUNNING, "PRUNED": TrialState.PRUNED, "COMPLETE": TrialState.COMPLETE}
     out = {k: [] for k in dists}
     for seed in range(draws):
-        study = optuna.create_study(sampler=optuna.samplers.TPESampler(seed=seed, multivariate=False))
+        study = optuna.create_study(sampler=optuna.samplers.TPESampler(seed=seed, multivariate=multivariate))
         for h in history:
             ext = {k: dists[k].to_external_repr(v) for k, v in h["params"].items()}
             study.add_trial(create_trial(
@@ -201,33 +227,49 @@ def optuna_proposals(dists, history, draws):
     return out
 
 
+def ks_distance(a, b):
+    """The two-sample Kolmogorov-Smirnov statistic: the largest gap between the two empirical
+    distribution functions."""
+    a, b = np.sort(a), np.sort(b)
+    xs = np.concatenate([a, b])
+    fa = np.searchsorted(a, xs, side="right") / a.size
+    fb = np.searchsorted(b, xs, side="right") / b.size
+    return float(np.max(np.abs(fa - fb)))
+
+
 def proposal_parity(draws):
     import tempfile
 
-    print(f"## Proposal distributions for a fixed history (univariate TPE, {draws} seeds each)")
+    print(f"## Proposal distributions for a fixed history ({draws} seeds each; branin_lr: "
+          "multivariate, 3 trials in flight)")
     print()
-    print("| objective | param | sampler | q5 | q25 | median | q75 | q95 |")
-    print("|---|---|---|---|---|---|---|---|")
+    # Above this KS distance the two samples differ at the 5% level (equal sizes).
+    ks_critical = 1.358 * math.sqrt(2 / draws)
+    print(f"| objective | param | sampler | q5 | q25 | median | q75 | q95 | KS distance (5%: {ks_critical:.3f}) |")
+    print("|---|---|---|---|---|---|---|---|---|")
     freq_lines = []
-    for objective, dists, history in histories():
+    for objective, dists, history, multivariate in histories():
         with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
             json.dump(history, f)
             path = f.name
-        cmd = EXAMPLE + ["--propose", objective, "--history", path, "--draws", str(draws), "--samplers", "tpe"]
+        cmd = EXAMPLE + ["--propose", objective, "--history", path, "--draws", str(draws),
+                         "--samplers", "tpe-mv" if multivariate else "tpe"]
         ours = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=ROOT).stdout)
         os.unlink(path)
-        theirs = optuna_proposals(dists, history, draws)
+        theirs = optuna_proposals(dists, history, draws, multivariate)
         for param in dists:
             if param == "opt":
                 for name, vals in [("flotilla", ours[param]), ("optuna", theirs[param])]:
                     counts = {c: int(sum(1 for v in vals if int(v) == i)) for i, c in enumerate(OFFSETS)}
                     freq_lines.append(f"{objective} {param} {name}: {counts}")
                 continue
+            ks = ks_distance(ours[param], theirs[param])
             for name, vals in [("flotilla", ours[param]), ("optuna", theirs[param])]:
                 v = np.log10(vals) if param == "lr" else np.asarray(vals)
                 q = np.percentile(v, [5, 25, 50, 75, 95])
                 label = "log10 lr" if param == "lr" else param
-                print(f"| {objective} | {label} | {name} | " + " | ".join(f"{x:.4g}" for x in q) + " |")
+                print(f"| {objective} | {label} | {name} | " + " | ".join(f"{x:.4g}" for x in q)
+                      + (f" | {ks:.4f} |" if name == "optuna" else " | |"))
     print()
     for line in freq_lines:
         print(line)
@@ -347,12 +389,13 @@ def parallel_main(args):
             best = rows[(mode, name)]
             print(f"| {mode} | {name} | {np.median(best):.4f} | "
                   + " ".join(f"{b:.3f}" for b in best) + " |")
-        ratio = np.median(rows[(mode, f"flotilla, {p} in flight")]) / np.median(rows[(mode, "optuna, 1 in flight")])
+        ratio, lo, hi = median_ratio_ci(rows[(mode, f"flotilla, {p} in flight")], rows[(mode, "optuna, 1 in flight")])
         verdict = "within 1.25x" if ratio <= 1.25 else "NOT within 1.25x"
         if mode == "univariate":
             # flotilla's default sampler: what a `max_parallel: 4` TPE study runs.
             ok = ok and ratio <= 1.25
-        verdicts.append(f"{mode}: flotilla with {p} in flight / optuna sequential = {ratio:.3f} ({verdict})")
+        verdicts.append(f"{mode}: flotilla with {p} in flight / optuna sequential = {ratio:.3f} ({verdict}; "
+                        f"95% bootstrap interval {lo:.2f} .. {hi:.2f})")
     print()
     for v in verdicts:
         print(v)
@@ -378,13 +421,17 @@ def parallel_main(args):
             for name, best in results:
                 q25, q50, q75 = np.percentile(best, [25, 50, 75])
                 print(f"| {mode} | {name} | {q50:.4f} | {q25:.4f} - {q75:.4f} | {np.mean(best):.4f} |")
+            best_of = dict(results)
             medians = {name: np.median(best) for name, best in results}
-            ratio = medians[f"flotilla, {p} in flight"] / medians["optuna, 1 in flight"]
+            ratio, lo, hi = median_ratio_ci(best_of[f"flotilla, {p} in flight"], best_of["optuna, 1 in flight"])
+            seq, seq_lo, seq_hi = median_ratio_ci(best_of["flotilla, 1 in flight"], best_of["optuna, 1 in flight"])
             ok = ok and ratio <= 1.25
             sim_verdicts.append(
                 f"{mode}: flotilla with {p} in flight / optuna sequential = {ratio:.3f} "
-                f"({'within 1.25x' if ratio <= 1.25 else 'NOT within 1.25x'}); optuna with {p} in "
-                f"flight / optuna sequential = {medians[f'optuna, {p} in flight'] / medians['optuna, 1 in flight']:.3f}")
+                f"({'within 1.25x' if ratio <= 1.25 else 'NOT within 1.25x'}; 95% bootstrap interval "
+                f"{lo:.2f} .. {hi:.2f}); optuna with {p} in "
+                f"flight / optuna sequential = {medians[f'optuna, {p} in flight'] / medians['optuna, 1 in flight']:.3f}; "
+                f"flotilla sequential / optuna sequential = {seq:.3f} ({seq_lo:.2f} .. {seq_hi:.2f})")
         print()
         for v in sim_verdicts:
             print(v)
@@ -398,12 +445,17 @@ def main():
     ap.add_argument("--draws", type=int, default=2000)
     ap.add_argument("--parallel", type=int, default=0, help="measure P trials in flight instead")
     ap.add_argument("--sim-seeds", type=int, default=400)
+    ap.add_argument("--parity-only", action="store_true",
+                    help="only the proposal distributions for fixed histories (part 2)")
     ap.add_argument("--binary", default=os.path.join(ROOT, "target/release/flotilla"))
     args = ap.parse_args()
     if args.seeds < 1 or args.budget < 1:
         sys.exit("--seeds and --budget must be positive")
     if args.parallel > 0:
         parallel_main(args)
+    if args.parity_only:
+        proposal_parity(args.draws)
+        sys.exit(0)
 
     t0 = time.perf_counter()
     rows = run_flotilla(args.seeds, args.budget)

@@ -83,6 +83,7 @@ pub fn report(args: ReportArgs) -> Result<(), Failure> {
         top: args.top,
         metric_only: false,
         figures: args.html.is_some() || args.plot.is_some(),
+        final_models: false,
         group_by: args.group_by.clone(),
     };
     let report = report::build(&args.paths, &options).map_err(|e| match e {

@@ -41,5 +41,7 @@ pub use launcher::{
 pub use local::{Cancel, LocalLauncher, LocalOptions};
 pub use resume::{prepared_job_from_dir, read_job_config, resume};
 pub use run::{launcher_for, run, run_after, RunOptions, RunReport};
-pub use status::{live_states, status, status_json, status_text, status_with_steps};
+pub use status::{
+    live_states, status, status_json, status_of_located, status_text, status_with_markers,
+};
 pub use train_binary::{locate_train_binary, locate_train_binary_in, TRAIN_BINARY_NAME};

@@ -1,7 +1,7 @@
 //! `flotilla status DIR`: [`status`] combines what a run directory records with its
 //! launcher's live view ([`live_states`]); [`status_text`] and [`status_json`] render it.
 
-use crate::rundir::status::{read_located, KnownSteps, RunStatus};
+use crate::rundir::status::{read_located, KnownMarkers, Located, RunStatus};
 use crate::rundir::{self, JobState, Plan};
 use crate::{local, slurm, LaunchError};
 use flotilla_config::schema::Launcher as LauncherKind;
@@ -21,27 +21,35 @@ pub fn live_states(plan: &Plan) -> Result<HashMap<usize, JobState>, LaunchError>
 /// directory inside a sweep), its recorded state corrected by the launcher's live view and by
 /// the directory's markers.
 pub fn status(dir: &Path) -> Result<RunStatus, LaunchError> {
-    status_with_steps(dir, None)
+    status_with_markers(dir, None)
 }
 
-/// [`status`], with the steps of the jobs in `known` (by job directory) taken from it instead
-/// of read from their files again.
-pub fn status_with_steps(dir: &Path, known: Option<&KnownSteps>) -> Result<RunStatus, LaunchError> {
+/// [`status`], with the markers of the jobs in `known` (by job directory) taken from it
+/// instead of read from their files again.
+pub fn status_with_markers(
+    dir: &Path,
+    known: Option<&KnownMarkers>,
+) -> Result<RunStatus, LaunchError> {
     let located = rundir::status::locate(dir)?;
-    let (live, gone, plan) = match &located.plan {
-        Some(p) => {
-            let plan = p.read()?;
-            match plan.launcher {
-                // One batched squeue/sacct query; state changes are written back to the plan.
-                LauncherKind::Slurm => return Ok(slurm::status(dir)?),
-                LauncherKind::Local => (
-                    live_states(&plan)?,
-                    local::supervisor_gone(&plan),
-                    Some(plan),
-                ),
-            }
-        }
-        None => (HashMap::new(), None, None),
+    let plan = located.plan.as_ref().map(|p| p.read()).transpose()?;
+    status_of_located(dir, located, plan, known)
+}
+
+/// [`status_with_markers`] for a directory already [`locate`](rundir::status::locate)d, with
+/// its plan already read when it has one (a sweep of thousands of jobs has a large plan).
+pub fn status_of_located(
+    dir: &Path,
+    located: Located,
+    plan: Option<Plan>,
+    known: Option<&KnownMarkers>,
+) -> Result<RunStatus, LaunchError> {
+    let (live, gone) = match &plan {
+        Some(plan) => match plan.launcher {
+            // One batched squeue/sacct query; state changes are written back to the plan.
+            LauncherKind::Slurm => return Ok(slurm::status(dir)?),
+            LauncherKind::Local => (live_states(plan)?, local::supervisor_gone(plan)),
+        },
+        None => (HashMap::new(), None),
     };
     let mut st = read_located(dir, located, plan, &|j| live.get(&j.num).copied(), known)?;
     // A job left RUNNING by a `flotilla run` that is gone says why it is UNKNOWN.

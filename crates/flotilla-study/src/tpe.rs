@@ -111,6 +111,26 @@ impl TpeSampler {
         number: u64,
         rng: &mut R,
     ) -> Vec<f64> {
+        let (below, above) = self.estimators(group, trials, number);
+        let samples = below.sample(rng, self.options.n_ei_candidates);
+        let acq = acquisition(&below, &above, &samples);
+        let best = argmax(&acq);
+        group
+            .iter()
+            .zip(&samples)
+            .map(|(p, s)| to_internal_value(&p.distribution, s[best]))
+            .collect()
+    }
+
+    /// The Parzen estimators `l` (over the good trials) and `g` (over the rest, with the
+    /// trials in flight under the constant liar) of the parameters `group` for a trial numbered
+    /// `number`: Optuna's `_split_trials` and `_build_parzen_estimator`.
+    fn estimators(
+        &self,
+        group: &[&Param],
+        trials: &[Trial],
+        number: u64,
+    ) -> (ParzenEstimator, ParzenEstimator) {
         let used: Vec<&Trial> = trials
             .iter()
             .filter(|t| t.number != number)
@@ -130,17 +150,16 @@ impl TpeSampler {
         let opts = self.parzen_options();
         let below = ParzenEstimator::new(&observations(&below, group), &dists, &opts);
         let above = ParzenEstimator::new(&observations(&above, group), &dists, &opts);
-        let samples = below.sample(rng, self.options.n_ei_candidates);
-        let ll_below = below.log_pdf(&samples);
-        let ll_above = above.log_pdf(&samples);
-        let acq: Vec<f64> = ll_below.iter().zip(&ll_above).map(|(l, g)| l - g).collect();
-        let best = argmax(&acq);
-        group
-            .iter()
-            .zip(&samples)
-            .map(|(p, s)| to_internal_value(&p.distribution, s[best]))
-            .collect()
+        (below, above)
     }
+}
+
+/// Optuna's `_compute_acquisition_func`: `log l(x) − log g(x)` at each of `samples`
+/// (`samples[param][j]`).
+fn acquisition(below: &ParzenEstimator, above: &ParzenEstimator, samples: &[Vec<f64>]) -> Vec<f64> {
+    let ll_below = below.log_pdf(samples);
+    let ll_above = above.log_pdf(samples);
+    ll_below.iter().zip(&ll_above).map(|(l, g)| l - g).collect()
 }
 
 impl Sampler for TpeSampler {
@@ -523,6 +542,353 @@ mod tests {
         let no_liar = TpeSampler::new(opts(false), Direction::Minimize).sample(&space, &running);
         assert_ne!(liar, random);
         assert_eq!(no_liar, random);
+    }
+
+    #[test]
+    fn multivariate_estimators_with_trials_in_flight_match_optuna() {
+        // 32 trials of Branin + (log10 lr + 3)² (2 PRUNED with one intermediate value, 3 in
+        // flight): optuna 5.0.0's `_split_trials` with `default_gamma` (29 finished: the 3
+        // best below; the other 26 finished and the 3 RUNNING above, 29, so the oldest get the
+        // ramp of `default_weights`), `TPESampler(multivariate=True)._build_parzen_estimator`
+        // of both, and their `log_pdf` and `_compute_acquisition_func` at four points.
+        use TrialState::*;
+        let history: [(u64, f64, f64, f64, TrialState, f64); 32] = [
+            (
+                0,
+                3.262,
+                10.622,
+                0.0002818382931264455,
+                Complete,
+                71.98710009453957,
+            ),
+            (
+                1,
+                2.662,
+                13.394,
+                0.3019951720402016,
+                Complete,
+                122.44861550216243,
+            ),
+            (
+                2,
+                -3.116,
+                3.109,
+                1.8197008586099827e-05,
+                Complete,
+                86.3219966527595,
+            ),
+            (
+                3,
+                1.612,
+                0.448,
+                0.0019054607179632462,
+                Complete,
+                20.719310715649723,
+            ),
+            (
+                4,
+                4.737,
+                4.177,
+                0.023988329190194897,
+                Complete,
+                20.078304953746684,
+            ),
+            (
+                5,
+                3.863,
+                0.36,
+                0.006165950018614822,
+                Complete,
+                5.42945836501033,
+            ),
+            (
+                6,
+                -1.111,
+                6.227,
+                0.00026302679918953814,
+                Complete,
+                17.489754021558742,
+            ),
+            (
+                7,
+                5.397,
+                6.607,
+                6.0255958607435806e-05,
+                Complete,
+                47.08621327741288,
+            ),
+            (
+                8,
+                3.17,
+                11.705,
+                0.0003388441561392024,
+                Complete,
+                89.96390085242172,
+            ),
+            (
+                9,
+                -1.671,
+                5.82,
+                0.4786300923226383,
+                Complete,
+                26.46308006764766,
+            ),
+            (
+                10,
+                9.64,
+                10.086,
+                0.32359365692962827,
+                Pruned,
+                62.02745058095543,
+            ),
+            (
+                11,
+                7.686,
+                5.67,
+                2.8840315031266056e-05,
+                Complete,
+                32.2195228231071,
+            ),
+            (
+                12,
+                4.801,
+                8.368,
+                0.0006456542290346556,
+                Complete,
+                60.326108474770145,
+            ),
+            (
+                13,
+                -1.624,
+                6.098,
+                0.002187761623949552,
+                Complete,
+                17.599075859989235,
+            ),
+            (
+                14,
+                -0.961,
+                4.377,
+                0.0019498445997580456,
+                Complete,
+                26.287802778813393,
+            ),
+            (
+                15,
+                7.908,
+                8.794,
+                0.00026302679918953814,
+                Complete,
+                63.125928513336554,
+            ),
+            (
+                16,
+                -0.83,
+                6.819,
+                0.00010715193052376059,
+                Complete,
+                17.77039188906036,
+            ),
+            (
+                17,
+                -1.979,
+                7.711,
+                2.754228703338169e-05,
+                Complete,
+                12.403479778120467,
+            ),
+            (
+                18,
+                2.254,
+                5.433,
+                0.034673685045253165,
+                Complete,
+                11.898600383901552,
+            ),
+            (
+                19,
+                6.201,
+                10.366,
+                0.028183829312644536,
+                Complete,
+                107.56327159033123,
+            ),
+            (
+                20,
+                0.604,
+                10.022,
+                0.0005011872336272725,
+                Pruned,
+                42.35896257766874,
+            ),
+            (
+                21,
+                3.592,
+                4.887,
+                0.0016982436524617442,
+                Complete,
+                10.034653064361548,
+            ),
+            (
+                22,
+                -4.077,
+                3.64,
+                0.72443596007499,
+                Complete,
+                133.39379272366614,
+            ),
+            (
+                23,
+                -1.541,
+                10.372,
+                0.01778279410038923,
+                Complete,
+                14.449206431776847,
+            ),
+            (
+                24,
+                5.859,
+                7.126,
+                0.009549925860214359,
+                Complete,
+                55.906875340668684,
+            ),
+            (
+                25,
+                -3.995,
+                1.088,
+                9.772372209558111e-05,
+                Complete,
+                182.4504542643599,
+            ),
+            (
+                26,
+                -2.722,
+                1.502,
+                4.466835921509635e-05,
+                Complete,
+                98.8457831190179,
+            ),
+            (
+                27,
+                3.299,
+                2.817,
+                0.5754399373371569,
+                Running,
+                8.571852762625458,
+            ),
+            (
+                28,
+                5.224,
+                8.115,
+                0.034673685045253165,
+                Complete,
+                64.73489187121551,
+            ),
+            (
+                29,
+                -1.042,
+                13.901,
+                0.15848931924611134,
+                Running,
+                56.92278546314002,
+            ),
+            (
+                30,
+                5.895,
+                7.204,
+                0.16218100973589297,
+                Complete,
+                60.94385618094827,
+            ),
+            (
+                31,
+                6.171,
+                9.905,
+                0.37153522909717257,
+                Running,
+                103.70893429268355,
+            ),
+        ];
+        let trials: Vec<Trial> = history
+            .iter()
+            .map(|&(number, x1, x2, lr, state, value)| {
+                let params = Params::from([
+                    ("x1".to_string(), x1),
+                    ("x2".to_string(), x2),
+                    ("lr".to_string(), lr),
+                ]);
+                let mut t = Trial::new(number, params);
+                t.state = state;
+                match state {
+                    Complete => t.value = Some(value),
+                    // The value the trial would have had, as its one intermediate value.
+                    Pruned => t.intermediate = BTreeMap::from([(5, value)]),
+                    _ => {}
+                }
+                t
+            })
+            .collect();
+        let space = SearchSpace::from_overrides(&[
+            "x1=interval(-5, 10)",
+            "x2=interval(0, 15)",
+            "lr=tag(log, interval(1e-5, 1))",
+        ])
+        .unwrap();
+        let group: Vec<&Param> = space.params.iter().collect();
+        let tpe = TpeSampler::new(
+            TpeOptions {
+                multivariate: true,
+                ..TpeOptions::default()
+            },
+            Direction::Minimize,
+        );
+        let (below, above) = tpe.estimators(&group, &trials, 32);
+        let points = vec![
+            vec![-3.0, 0.5, 3.1, 9.4],
+            vec![12.0, 4.0, 2.3, 2.5],
+            vec![1e-4, 1e-3, 0.02, 0.5],
+        ];
+        let tolerance = |got: &[f64], want: &[f64]| {
+            for (g, w) in got.iter().zip(want) {
+                assert!(
+                    (g - w).abs() <= 1e-10 * w.abs().max(1.0),
+                    "{got:?}\n  vs {want:?}"
+                );
+            }
+        };
+        tolerance(
+            &below.log_pdf(&points),
+            &[
+                -9.190078615466753,
+                -6.976968517745979,
+                -6.416851642771737,
+                -8.944138954435035,
+            ],
+        );
+        tolerance(
+            &above.log_pdf(&points),
+            &[
+                -11.22852281193477,
+                -10.27884978869612,
+                -10.606967899029486,
+                -11.297258042488894,
+            ],
+        );
+        tolerance(
+            &acquisition(&below, &above, &points),
+            &[
+                2.038444196468017,
+                3.3018812709501404,
+                4.19011625625775,
+                2.353119088053859,
+            ],
+        );
+        // The below estimator's kernels are trials 5, 18 and 21 and the prior's; the above one
+        // has 30 (the oldest weighted down).
+        assert_eq!(below.weights.len(), 4);
+        assert_eq!(above.weights.len(), 30);
+        assert!(above.weights[0] < above.weights[29]);
     }
 
     /// 15 finished trials of `(x − 1)²` over `[−10, 10]`, the best at 1.

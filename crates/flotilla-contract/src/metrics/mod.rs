@@ -6,7 +6,9 @@
 pub mod read;
 pub mod row;
 
-pub use read::{read_job_metrics, read_job_metrics_named, JobMetrics, Series};
+pub use read::{
+    read_job_metrics, read_job_metrics_named, read_job_metrics_wanted, JobMetrics, Series, Wanted,
+};
 pub use row::{EvalMetrics, MetricsRow, MetricsWriter, EVAL_COLUMNS, STEP_COLUMNS};
 
 use serde::Serialize;

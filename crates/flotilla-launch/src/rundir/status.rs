@@ -190,15 +190,15 @@ pub fn read_status(
     read_status_with(dir, live, None)
 }
 
-/// Steps done by job directory, as a caller that has read the jobs' `metrics.csv` already
-/// found them (the markers' `steps`), so that they are not read twice.
-pub type KnownSteps = std::collections::HashMap<PathBuf, Option<u64>>;
+/// The markers of job directories, by directory, as a caller that has read the jobs' files
+/// already found them, so that they are not read twice.
+pub type KnownMarkers = std::collections::HashMap<PathBuf, Markers>;
 
-/// [`read_status`], taking the steps of the jobs in `known` from it instead of their files.
+/// [`read_status`], taking the markers of the jobs in `known` from it instead of their files.
 pub fn read_status_with(
     dir: &Path,
     live: &dyn Fn(&JobRecord) -> Option<JobState>,
-    known: Option<&KnownSteps>,
+    known: Option<&KnownMarkers>,
 ) -> Result<RunStatus, RunDirError> {
     read_located(dir, locate(dir)?, None, live, known)
 }
@@ -210,7 +210,7 @@ pub fn read_located(
     located: Located,
     plan: Option<Plan>,
     live: &dyn Fn(&JobRecord) -> Option<JobState>,
-    known: Option<&KnownSteps>,
+    known: Option<&KnownMarkers>,
 ) -> Result<RunStatus, RunDirError> {
     let Some(plan_file) = located.plan else {
         let m = markers(dir);
@@ -248,21 +248,21 @@ pub fn read_located(
         .filter(|j| located.only.is_none_or(|n| n == j.num))
         .collect();
     // Each job's markers, read on every core (a sweep of thousands of jobs is thousands of
-    // files); the launcher's view is asked in order, on this thread.
-    let marks: Vec<(PathBuf, Markers)> = records
-        .par_iter()
-        .map(|j| {
-            let job_dir = plan_file.job_dir(j);
-            let m = match known.and_then(|k| k.get(&job_dir)) {
-                Some(steps) => Markers {
-                    steps: *steps,
-                    final_model: has_final_model(&job_dir),
-                },
-                None => markers(&job_dir),
-            };
-            (job_dir, m)
-        })
-        .collect();
+    // files) unless known already; the launcher's view is asked in order, on this thread.
+    let job_marks = |j: &&JobRecord| {
+        let job_dir = plan_file.job_dir(j);
+        let m = match known.and_then(|k| k.get(&job_dir)) {
+            Some(m) => m.clone(),
+            None => markers(&job_dir),
+        };
+        (job_dir, m)
+    };
+    let all_known = known.is_some_and(|k| k.len() >= records.len());
+    let marks: Vec<(PathBuf, Markers)> = if all_known {
+        records.iter().map(job_marks).collect()
+    } else {
+        records.par_iter().map(job_marks).collect()
+    };
     let jobs = records
         .into_iter()
         .zip(marks)

@@ -3,7 +3,7 @@
 //! holding them, searched recursively. A plan file that cannot be read does not hide its jobs:
 //! their directories are found by their `meta.json` instead, and the problem is kept.
 
-use flotilla_launch::rundir::{JobRecord, JobState, Meta, PlanFile, META_FILE, SWEEP_FILE};
+use flotilla_launch::rundir::{JobRecord, JobState, Meta, Plan, PlanFile, META_FILE, SWEEP_FILE};
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 
@@ -107,38 +107,55 @@ fn natural_key(path: &Path) -> (u64, String) {
     (name.parse().unwrap_or(u64::MAX), name)
 }
 
+/// The jobs of the plan `plan_file` of the directory `dir`, read already as `plan`, in plan
+/// order and each directory once: what [`find_jobs`] finds of a sweep or run directory.
+pub fn jobs_of_plan(dir: &Path, plan_file: &PlanFile, plan: Plan) -> Vec<FoundJob> {
+    let mut found = Vec::with_capacity(plan.jobs.len());
+    add_plan_jobs(dir, plan_file, plan, &mut found, &mut HashSet::new());
+    found
+}
+
+fn add_plan_jobs(
+    dir: &Path,
+    plan_file: &PlanFile,
+    plan: Plan,
+    found: &mut Vec<FoundJob>,
+    seen: &mut HashSet<PathBuf>,
+) {
+    let sweep_dir = plan_file.is_sweep().then(|| dir.to_path_buf());
+    let gone = match plan.launcher {
+        flotilla_config::schema::Launcher::Local => flotilla_launch::local::supervisor_gone(&plan),
+        flotilla_config::schema::Launcher::Slurm => None,
+    };
+    let canonical_dir = dir.canonicalize().ok();
+    for record in plan.jobs {
+        let job_dir = plan_file.job_dir(&record);
+        let key = canonical_job_dir(canonical_dir.as_deref(), &job_dir, &record.dir);
+        let stale = gone
+            .clone()
+            .filter(|_| matches!(record.state, JobState::Pending | JobState::Running));
+        add_as(
+            found,
+            seen,
+            FoundJob {
+                dir: job_dir,
+                num: record.num,
+                record: Some(record),
+                sweep_dir: sweep_dir.clone(),
+                plan_problem: None,
+                stale,
+            },
+            key,
+        );
+    }
+}
+
 fn walk(dir: &Path, depth: usize, found: &mut Vec<FoundJob>, seen: &mut HashSet<PathBuf>) {
     if let Some(plan_file) = PlanFile::find(dir) {
         let sweep_dir = plan_file.is_sweep().then(|| dir.to_path_buf());
         match plan_file.read() {
             Ok(plan) => {
-                let gone = match plan.launcher {
-                    flotilla_config::schema::Launcher::Local => {
-                        flotilla_launch::local::supervisor_gone(&plan)
-                    }
-                    flotilla_config::schema::Launcher::Slurm => None,
-                };
-                let canonical_dir = dir.canonicalize().ok();
-                for record in plan.jobs {
-                    let job_dir = plan_file.job_dir(&record);
-                    let key = canonical_job_dir(canonical_dir.as_deref(), &job_dir, &record.dir);
-                    let stale = gone
-                        .clone()
-                        .filter(|_| matches!(record.state, JobState::Pending | JobState::Running));
-                    add_as(
-                        found,
-                        seen,
-                        FoundJob {
-                            dir: job_dir,
-                            num: record.num,
-                            record: Some(record),
-                            sweep_dir: sweep_dir.clone(),
-                            plan_problem: None,
-                            stale,
-                        },
-                        key,
-                    );
-                }
+                add_plan_jobs(dir, &plan_file, plan, found, seen);
                 return;
             }
             Err(error) => {

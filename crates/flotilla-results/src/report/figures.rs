@@ -959,6 +959,7 @@ mod tests {
                 reason: None,
                 metrics: Default::default(),
                 overrides: IndexMap::new(),
+                final_model: None,
             });
         }
         Report {

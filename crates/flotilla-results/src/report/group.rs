@@ -288,6 +288,7 @@ mod tests {
             tokens_per_s: None,
             reason: None,
             metrics: Default::default(),
+            final_model: None,
         }
     }
 

@@ -19,14 +19,14 @@ pub mod render;
 pub mod svg;
 
 use discover::FoundJob;
-use flotilla_contract::metrics::{read_job_metrics, read_job_metrics_named, JobMetrics};
+use flotilla_contract::metrics::{read_job_metrics, read_job_metrics_wanted, JobMetrics, Wanted};
 use flotilla_launch::rundir::status::{combine, has_final_model, Markers};
 use flotilla_launch::rundir::{JobState, CONFIG_FILE};
 use indexmap::IndexMap;
 use rayon::prelude::*;
 use serde::Serialize;
 use std::cmp::Ordering;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 pub use flotilla_contract::metrics::Mode;
 
@@ -48,6 +48,9 @@ pub struct ReportOptions {
     pub metric_only: bool,
     /// The figures will be drawn: the loss is read too (the curves figure draws it).
     pub figures: bool,
+    /// Look for every job's `final/` ([`JobRow::final_model`]), not only where the job's state
+    /// depends on it: what `flotilla status` shows.
+    pub final_models: bool,
     /// Swept keys to group over (`seed`): one row per configuration of the other swept keys,
     /// with the mean, standard deviation and count of its jobs' best values
     /// ([`group::Groups`]). `sort` and `top` then apply to the groups.
@@ -86,6 +89,9 @@ pub struct JobRow {
     /// The job's task overrides, all of them (what `group_by` groups on).
     #[serde(skip)]
     pub overrides: IndexMap<String, serde_json::Value>,
+    /// Whether the job directory holds `final/`, when [`ReportOptions::final_models`] asked.
+    #[serde(skip)]
+    pub final_model: Option<bool>,
 }
 
 /// The best job.
@@ -223,10 +229,10 @@ pub fn param_header(key: &str) -> String {
 /// Names each job's sweep (or single run) when the jobs come from more than one: the paths
 /// without their shared leading components (`outputs/multirun/2026-11-25/10-00-00` and
 /// `.../11-00-00` become `10-00-00` and `11-00-00`).
-fn sweep_labels(groups: &[PathBuf]) -> Vec<Option<String>> {
+fn sweep_labels(groups: &[&Path]) -> Vec<Option<String>> {
     // Each distinct path once, by its bytes (a sweep's thousands of jobs share one).
     let mut index: std::collections::HashMap<&std::ffi::OsStr, usize> = Default::default();
-    let mut distinct: Vec<&PathBuf> = Vec::new();
+    let mut distinct: Vec<&Path> = Vec::new();
     for g in groups {
         index.entry(g.as_os_str()).or_insert_with(|| {
             distinct.push(g);
@@ -287,26 +293,47 @@ pub fn build(paths: &[PathBuf], options: &ReportOptions) -> Result<Report, Repor
     if found.is_empty() {
         return Err(ReportError::NoJobs(paths[0].clone()));
     }
-    // The series a report uses: its metric (or the two it chooses from), the trainer's clock
-    // and throughput, and for the figures the loss; the other columns are not even parsed.
-    let mut only: Vec<String> = match &options.metric {
-        Some(m) => vec![m.clone()],
-        None => vec!["eval_loss".into(), "loss".into()],
-    };
+    build_of_jobs(found, options)
+}
+
+/// Builds the report of jobs found already (by [`discover::find_jobs`] or
+/// [`discover::jobs_of_plan`]), at least one.
+pub fn build_of_jobs(found: Vec<FoundJob>, options: &ReportOptions) -> Result<Report, ReportError> {
+    // The series a report uses: its metric, the trainer's throughput, for the figures the
+    // loss, and the clock's last value; the other columns are not even parsed. The default
+    // metric is `eval_loss` where any job logged it, else `loss`: a job that logged
+    // `eval_loss` has its `loss` read only for the figures.
+    let defaults: [String; 2] = ["eval_loss".into(), "loss".into()];
+    let mut whole: Vec<String> = Vec::new();
+    let mut first_of: &[String] = &[];
+    match &options.metric {
+        Some(m) => whole.push(m.clone()),
+        None if options.figures => whole.extend(defaults.iter().cloned()),
+        None => first_of = &defaults,
+    }
+    let mut last: Vec<String> = Vec::new();
     if !options.metric_only {
         let curves = options.figures.then_some("loss");
-        for name in ["elapsed_s", "tokens_per_s"].into_iter().chain(curves) {
-            if !only.iter().any(|o| o == name) {
-                only.push(name.into());
+        for name in ["tokens_per_s"].into_iter().chain(curves) {
+            if !whole.iter().any(|o| o == name) {
+                whole.push(name.into());
             }
         }
+        last.push("elapsed_s".into());
     }
-    let only = Some(only);
+    let wanted = Wanted::only(&whole).first_of(first_of).last(&last);
     // Each job's files, read on every core: on a sweep of thousands of jobs this is the
     // report's time.
     let files: Vec<JobFiles> = found
         .par_iter()
-        .map(|job| JobFiles::read(job, only.as_deref(), options.metric.as_deref()))
+        .map(|job| {
+            JobFiles::read(
+                job,
+                &wanted,
+                options.metric.as_deref(),
+                options.final_models,
+            )
+        })
         .collect();
     let metric = options.metric.clone().unwrap_or_else(|| {
         if files.iter().any(|f| f.metrics.get("eval_loss").is_some()) {
@@ -316,19 +343,21 @@ pub fn build(paths: &[PathBuf], options: &ReportOptions) -> Result<Report, Repor
         }
     });
     let mode = options.mode.unwrap_or_else(|| Mode::for_metric(&metric));
-    let groups: Vec<PathBuf> = found
+    let groups: Vec<&Path> = found
         .iter()
-        .map(|job| job.sweep_dir.clone().unwrap_or_else(|| job.dir.clone()))
+        .map(|job| job.sweep_dir.as_deref().unwrap_or(&job.dir))
         .collect();
     let has_config: Vec<bool> = files.iter().map(|f| f.has_config).collect();
     let overrides: Vec<IndexMap<String, serde_json::Value>> =
         found.iter().map(params::override_params).collect();
-    let params = params::differing_params(&found, overrides.clone(), &groups, &has_config);
+    let params = params::differing_params(&found, &overrides, &groups, &has_config);
+    let labels = sweep_labels(&groups);
+    drop(groups);
     let rows: Vec<JobRow> = found
         .into_iter()
         .zip(files)
         .zip(params.into_iter().zip(overrides))
-        .zip(sweep_labels(&groups))
+        .zip(labels)
         .map(|(((job, files), (params, overrides)), sweep)| {
             let mut row = row(job, files, params, &metric, mode);
             row.sweep = sweep;
@@ -433,14 +462,16 @@ struct JobFiles {
     elapsed_s: Option<f64>,
     /// The median throughput over the logged steps.
     tokens_per_s: Option<f64>,
+    /// Whether the directory holds `final/`, when asked.
+    final_model: Option<bool>,
 }
 
 impl JobFiles {
-    /// Reads `job`'s files: the series `only` of its metrics; `elapsed_s` and `tokens_per_s`
+    /// Reads `job`'s files: the series `wanted` of its metrics; `elapsed_s` and `tokens_per_s`
     /// are summed up at once and dropped unless they are the report's `metric` (a sweep of
     /// thousands of jobs would hold them all).
-    fn read(job: &FoundJob, only: Option<&[String]>, metric: Option<&str>) -> JobFiles {
-        let mut metrics = read_job_metrics_named(&job.dir, only);
+    fn read(job: &FoundJob, wanted: &Wanted, metric: Option<&str>, final_model: bool) -> JobFiles {
+        let mut metrics = read_job_metrics_wanted(&job.dir, wanted);
         let elapsed_s = metrics
             .get("elapsed_s")
             .and_then(|s| s.last())
@@ -462,6 +493,7 @@ impl JobFiles {
             has_config: job.dir.join(CONFIG_FILE).is_file(),
             elapsed_s,
             tokens_per_s: median(&mut throughput),
+            final_model: final_model.then(|| has_final_model(&job.dir)),
         }
     }
 }
@@ -478,6 +510,7 @@ fn row(
         has_config,
         elapsed_s,
         tokens_per_s,
+        final_model,
     } = files;
     let mut reasons: Vec<String> = Vec::new();
     let steps = metrics.last_step().map_or(0, |s| s + 1);
@@ -488,7 +521,7 @@ fn row(
         .is_some_and(|r| r.state == JobState::Completed);
     let marks = Markers {
         steps: Some(steps),
-        final_model: !recorded_complete && has_final_model(&job.dir),
+        final_model: !recorded_complete && final_model.unwrap_or_else(|| has_final_model(&job.dir)),
     };
     let state = match &job.record {
         Some(record) => {
@@ -549,6 +582,7 @@ fn row(
         reason: (!reasons.is_empty()).then(|| reasons.join("; ")),
         metrics,
         overrides: IndexMap::new(),
+        final_model,
     }
 }
 

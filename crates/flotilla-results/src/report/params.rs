@@ -13,7 +13,7 @@ use indexmap::IndexMap;
 use rayon::prelude::*;
 use serde_json::Value;
 use std::collections::HashMap;
-use std::path::PathBuf;
+use std::path::Path;
 
 /// A job's task overrides as `key → value`: from its plan record, else its `overrides.yaml`;
 /// a value typed as JSON reads it, else kept as text.
@@ -50,14 +50,15 @@ fn config_leaves(config: &Node) -> IndexMap<String, Value> {
 /// overrides, typed as its config has them.
 pub fn differing_params(
     jobs: &[FoundJob],
-    mut overrides: Vec<IndexMap<String, Value>>,
-    groups: &[PathBuf],
+    overrides: &[IndexMap<String, Value>],
+    groups: &[&Path],
     has_config: &[bool],
 ) -> Vec<IndexMap<String, Value>> {
     let several_groups = groups
         .iter()
         .any(|g| g.as_os_str() != groups[0].as_os_str());
     if jobs.len() == 1 || several_groups {
+        let mut overrides = overrides.to_vec();
         // Configs are read only here: one job, or jobs of several sweeps or runs.
         let configs: Vec<Option<IndexMap<String, Value>>> = jobs
             .par_iter()
@@ -88,6 +89,7 @@ pub fn differing_params(
             }
         }
         add_config_differences(&mut overrides, &configs, groups);
+        return keep_differing(&overrides, has_config);
     }
     keep_differing(overrides, has_config)
 }
@@ -98,11 +100,11 @@ pub fn differing_params(
 fn add_config_differences(
     params: &mut [IndexMap<String, Value>],
     configs: &[Option<IndexMap<String, Value>>],
-    groups: &[PathBuf],
+    groups: &[&Path],
 ) {
     // Per group, each key's value when every job of the group with a config agrees on it
     // (`None`: absent in some config of the group, or not agreed).
-    let mut per_group: HashMap<&PathBuf, IndexMap<&str, Option<&Value>>> = HashMap::new();
+    let mut per_group: HashMap<&Path, IndexMap<&str, Option<&Value>>> = HashMap::new();
     let mut keys: IndexMap<&str, ()> = IndexMap::new();
     for (config, group) in configs.iter().zip(groups) {
         let Some(config) = config else { continue };
@@ -167,11 +169,11 @@ fn add_config_differences(
 /// disagree, or a job composed from a config lacks it (a job known only by its overrides says
 /// nothing about the keys it does not set).
 fn keep_differing(
-    params: Vec<IndexMap<String, Value>>,
+    params: &[IndexMap<String, Value>],
     has_config: &[bool],
 ) -> Vec<IndexMap<String, Value>> {
     let mut keys: IndexMap<&str, ()> = IndexMap::new();
-    for p in &params {
+    for p in params {
         for k in p.keys() {
             keys.insert(k, ());
         }
@@ -220,18 +222,18 @@ mod tests {
             map(&[("lr", json!(0.1)), ("steps", json!(10))]),
         ];
         // Job 2 has a config without `seed`: the key differs; constant `steps` does not.
-        let kept = keep_differing(params.clone(), &[true, true, true]);
+        let kept = keep_differing(&params, &[true, true, true]);
         assert_eq!(kept[0], map(&[("lr", json!(0.1)), ("seed", json!(1))]));
         assert_eq!(kept[2], map(&[("lr", json!(0.1)), ("seed", Value::Null)]));
         // Known only by its overrides, job 2 says nothing about `seed`.
-        let kept = keep_differing(params, &[true, true, false]);
+        let kept = keep_differing(&params, &[true, true, false]);
         assert_eq!(kept[2], map(&[("lr", json!(0.1))]));
     }
 
     #[test]
     fn config_values_count_when_they_differ_between_sweeps_not_within() {
-        let (a, b) = (PathBuf::from("a"), PathBuf::from("b"));
-        let groups = vec![a.clone(), a, b];
+        let (a, b) = (Path::new("a"), Path::new("b"));
+        let groups = vec![a, a, b];
         let configs = vec![
             Some(map(&[
                 ("seed", json!(1)),

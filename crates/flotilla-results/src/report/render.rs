@@ -3,6 +3,7 @@
 
 use super::group::{Group, Groups};
 use super::{param_header, JobRow, Mode, Report};
+use rayon::prelude::*;
 
 pub use flotilla_contract::metrics::format_value as number;
 
@@ -48,9 +49,10 @@ fn cells(report: &Report) -> (Vec<String>, Vec<Vec<String>>) {
         "tokens/s".into(),
         "note".into(),
     ]);
+    // Each row's numbers formatted on every core: a sweep has thousands of rows.
     let rows = report
         .jobs
-        .iter()
+        .par_iter()
         .map(|r: &JobRow| {
             let mut row = vec![if report.is_best(r) {
                 format!("{}*", r.num)
@@ -124,7 +126,8 @@ fn aligned(header: &[String], rows: &[Vec<String>], text_col: Option<usize>) -> 
         out.truncate(start + kept);
         out.push('\n');
     };
-    let mut out = String::new();
+    let mut out =
+        String::with_capacity((widths.iter().sum::<usize>() + 2 * widths.len()) * (rows.len() + 1));
     line(header, &mut out);
     for row in rows {
         line(row, &mut out);
