@@ -1,8 +1,8 @@
 //! libtorch's multi-tensor optimizer kernels, through the C++ shim (`csrc/optim.cpp`; tch does
-//! not bind them): the fused AdamW update ([`fused_adamw`], torch's `AdamW(fused=True)`: one
+//! not bind them): the fused AdamW update (`fused_adamw`, torch's `AdamW(fused=True)`: one
 //! kernel over a list of parameters instead of about ten per parameter) and the L2 norms of a
-//! list of tensors ([`foreach_norm`], `clip_grad_norm_(foreach=True)`'s) and fp16's unscale with
-//! its inf/NaN check ([`unscale_and_check`], `GradScaler.unscale_`'s: one kernel and one flag per
+//! list of tensors (`foreach_norm`, `clip_grad_norm_(foreach=True)`'s) and fp16's unscale with
+//! its inf/NaN check (`unscale_and_check`, `GradScaler.unscale_`'s: one kernel and one flag per
 //! device, one read of it).
 
 use std::ffi::{c_char, c_int, c_void, CStr};
