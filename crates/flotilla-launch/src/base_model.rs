@@ -3,13 +3,16 @@
 //! (`flotilla_config::schema::hf_config`), so that a base the trainer would refuse (an
 //! architecture, activation, head size or rope type it does not implement) is refused here. The memory planner (`plan --memory`, `run`'s fit check) and `run`'s adapter
 //! pre-flight price and check a fine-tuning job against it, read without libtorch; a job whose
-//! `data.seq_len` exceeds the base's positions is refused here, before anything is created.
+//! `data.seq_len` exceeds the base's positions, or whose LoRA targets a mixture of experts' MLP,
+//! is refused here, before anything is created.
 
 use std::borrow::Cow;
 use std::path::Path;
 
 use flotilla_config::schema::hf_config::{read_model_config, HfConfigError};
-use flotilla_config::schema::{JobConfig, ModelConfig, TokenizerSpec, BYTE_TOKENIZER_IDS};
+use flotilla_config::schema::{
+    lora_moe_problem, JobConfig, ModelConfig, TokenizerSpec, BYTE_TOKENIZER_IDS,
+};
 
 /// `job` with its `model` replaced by the sizes and architecture of `model.init_from`'s
 /// `config.json` (the job itself when it starts from no directory). An unreadable or
@@ -30,6 +33,13 @@ pub fn trained_job(job: &JobConfig) -> Result<Cow<'_, JobConfig>, String> {
         ));
     }
     check_tokenizer(job, &owned.model)?;
+    if let Some(problem) = job
+        .peft
+        .lora()
+        .and_then(|l| lora_moe_problem(&owned.model, l))
+    {
+        return Err(problem);
+    }
     Ok(Cow::Owned(owned))
 }
 
@@ -162,5 +172,46 @@ mod tests {
         write(r#""model_type": "gemma""#);
         let err = trained_job(&job).unwrap_err();
         assert!(err.contains("`gemma` is not supported"), "{err}");
+    }
+}
+
+#[cfg(test)]
+mod moe_tests {
+    use super::*;
+    use crate::memory;
+
+    /// A LoRA job that targets a mixture of experts' MLP is refused before anything is made,
+    /// naming the fix; one on its attention is priced as the base.
+    #[test]
+    fn lora_on_a_mixtures_mlp_is_refused_before_the_queue() {
+        let tmp = tempfile::tempdir().unwrap();
+        std::fs::write(
+            tmp.path().join("config.json"),
+            r#"{"model_type": "mixtral", "vocab_size": 100, "hidden_size": 64,
+                "intermediate_size": 96, "num_hidden_layers": 2, "num_attention_heads": 4,
+                "num_key_value_heads": 2, "num_local_experts": 4, "num_experts_per_tok": 2}"#,
+        )
+        .unwrap();
+        let mut job = memory::tests::job("");
+        job.model.init_from = Some(tmp.path().display().to_string());
+        let lora = |targets: serde_json::Value| {
+            serde_json::from_value(serde_json::json!({
+                "method": "lora", "r": 4, "alpha": 8, "dropout": 0.0,
+                "target_modules": targets, "use_rslora": false, "modules_to_save": [],
+                "init_from": null, "merge": false,
+            }))
+            .unwrap()
+        };
+        job.peft = lora(serde_json::json!(["all-linear"]));
+        let err = trained_job(&job).unwrap_err();
+        assert!(
+            err.contains("Mixtral's MLP")
+                && err.contains("peft.target_modules=[q_proj,k_proj,v_proj,o_proj]"),
+            "{err}"
+        );
+        job.peft = lora(serde_json::json!(["q_proj", "v_proj"]));
+        let trained = trained_job(&job).unwrap();
+        // 4 experts of [96, 64] x 3 and a router of [4, 64] in each of the 2 layers.
+        assert_eq!(trained.model.mlp_elements(0), 4 * 64 + 4 * 3 * 64 * 96);
     }
 }

@@ -336,6 +336,13 @@ impl Check<'_> {
                 "write peft.target_modules=all-linear alone".into(),
             );
         }
+        if let Some(problem) = super::moe::lora_moe_problem(m, l) {
+            self.invalid(
+                "peft.target_modules",
+                problem,
+                "set peft.target_modules=[q_proj,k_proj,v_proj,o_proj]".into(),
+            );
+        }
         // A job from a base is checked against the base's layers, by `run` and the trainer.
         let linear = m.linear_modules();
         let absent: Vec<&str> = l

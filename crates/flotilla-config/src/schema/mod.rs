@@ -53,7 +53,7 @@ pub use checks::{
     MAX_ARITHMETIC_DIGITS, USER_TASK_COMPUTE_DEFAULTS,
 };
 pub use gpus::{gpu_model, gpu_names, GpuModel, GPU_MODELS};
-pub use moe::{MoeConfig, DEFAULT_ROUTER_AUX_LOSS_COEF};
+pub use moe::{lora_moe_problem, MoeConfig, DEFAULT_ROUTER_AUX_LOSS_COEF};
 pub use objective::{DpoConfig, DpoLossType, ObjectiveConfig, ObjectiveKind, ReferenceModel};
 pub use rope::RopeProblem;
 pub use runtime_mandatory::{check_runtime_mandatory, RuntimeMode};

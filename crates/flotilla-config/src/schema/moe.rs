@@ -10,6 +10,7 @@ use serde::{Deserialize, Serialize};
 
 use super::from_node::{field, Cx, Fail, FromNode, Parsed};
 use super::hf_config::HfLlamaConfig;
+use super::peft::{LoraConfig, LoraModule};
 use super::types::{section, ModelConfig, ModelType};
 use crate::node::{Dict, Node, Value};
 
@@ -273,4 +274,33 @@ pub(super) fn moe_problems(c: &ModelConfig) -> Vec<(String, String)> {
         }
     }
     problems
+}
+
+/// Why LoRA `lora` cannot adapt mixture-of-experts `model` (`None` when it can, or when the
+/// model is dense): it targets the MLP. PEFT adapts a transformers 5 mixture's experts through
+/// their fused parameters (`target_parameters`), a layout flotilla does not write yet; its
+/// attention is adapted as for a dense model. The message names the fix.
+pub fn lora_moe_problem(model: &ModelConfig, lora: &LoraConfig) -> Option<String> {
+    if !model.is_moe() {
+        return None;
+    }
+    let mlp: Vec<String> = lora
+        .targets(model)
+        .into_iter()
+        .filter(|t| {
+            matches!(
+                t,
+                LoraModule::GateProj | LoraModule::UpProj | LoraModule::DownProj
+            )
+        })
+        .map(|t| format!("`{t}`"))
+        .collect();
+    (!mlp.is_empty()).then(|| {
+        format!(
+            "peft.target_modules adapts {} of {}'s MLP; LoRA on a mixture of experts adapts \
+             its attention: set peft.target_modules=[q_proj,k_proj,v_proj,o_proj]",
+            mlp.join(", "),
+            model.architecture().display_name()
+        )
+    })
 }

@@ -11,7 +11,7 @@
 
 use tch::{Kind, Tensor};
 
-use flotilla_config::schema::{LoraConfig, LoraModule, ModelConfig, SavedModule};
+use flotilla_config::schema::{lora_moe_problem, LoraConfig, LoraModule, ModelConfig, SavedModule};
 
 use super::layers::attention::{causal_attention, AttentionOptions};
 use super::layers::linear::{linear, Projections};
@@ -188,31 +188,8 @@ pub fn build(
             ));
         }
     }
-    if let Some(l) = lora.filter(|_| c.is_moe()) {
-        let mlp: Vec<String> = l
-            .targets(c)
-            .into_iter()
-            .filter(|t| {
-                matches!(
-                    t,
-                    LoraModule::GateProj | LoraModule::UpProj | LoraModule::DownProj
-                )
-            })
-            .map(|t| format!("`{t}`"))
-            .collect();
-        if !mlp.is_empty() {
-            // PEFT adapts a transformers 5 mixture's experts through their fused parameters
-            // (`target_parameters`), a layout flotilla does not write yet.
-            return Err(invalid(
-                "model_type",
-                format!(
-                    "peft.target_modules adapts {} of {}'s MLP; LoRA on a mixture of experts \
-                     adapts its attention: set peft.target_modules=[q_proj,k_proj,v_proj,o_proj]",
-                    mlp.join(", "),
-                    c.architecture().display_name()
-                ),
-            ));
-        }
+    if let Some(problem) = lora.and_then(|l| lora_moe_problem(c, l)) {
+        return Err(invalid("model_type", problem));
     }
     let (h, hd) = (c.hidden_size as i64, c.head_dim() as i64);
     let (q_out, kv_out) = (
