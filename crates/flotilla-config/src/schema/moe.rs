@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 
 use super::from_node::{field, Cx, Fail, FromNode, Parsed};
 use super::hf_config::HfLlamaConfig;
-use super::peft::{LoraConfig, LoraModule};
+use super::peft::LoraConfig;
 use super::types::{section, ModelConfig, ModelType};
 use crate::node::{Dict, Node, Value};
 
@@ -69,6 +69,45 @@ impl MoeConfig {
     /// The router's input noise in training (0: none).
     pub fn jitter(&self) -> f64 {
         self.router_jitter_noise.unwrap_or(0.0)
+    }
+}
+
+impl MoeConfig {
+    /// What is wrong with these values, each `(field, message)` under `MoeConfig`'s field
+    /// names; `experts` is how the messages name the expert count.
+    fn problems(&self, experts: &str) -> Vec<(&'static str, String)> {
+        let mut problems = Vec::new();
+        if self.num_experts == 0 {
+            problems.push(("num_experts", "must be positive".to_string()));
+        }
+        if self.num_experts_per_tok == 0 || self.num_experts_per_tok > self.num_experts {
+            problems.push((
+                "num_experts_per_tok",
+                format!(
+                    "{} must be between 1 and {experts} ({})",
+                    self.num_experts_per_tok, self.num_experts
+                ),
+            ));
+        }
+        if self.moe_intermediate_size == Some(0) {
+            problems.push(("moe_intermediate_size", "must be positive".into()));
+        }
+        if let Some(step) = self.decoder_sparse_step.filter(|s| *s == 0) {
+            problems.push(("decoder_sparse_step", format!("{step} must be positive")));
+        }
+        if let Some(j) = self.router_jitter_noise.filter(|j| !(0.0..1.0).contains(j)) {
+            problems.push(("router_jitter_noise", format!("{j} must be in [0, 1)")));
+        }
+        if let Some(coef) = self
+            .router_aux_loss_coef
+            .filter(|c| !c.is_finite() || *c < 0.0)
+        {
+            problems.push((
+                "router_aux_loss_coef",
+                format!("{coef} must be a non-negative number"),
+            ));
+        }
+        problems
     }
 }
 
@@ -160,20 +199,8 @@ pub(super) fn hf_moe(
         8
     };
     let num_experts_per_tok = hf.num_experts_per_tok.unwrap_or(default_k);
-    if num_experts == 0 {
-        return Err((experts_field, "must be positive".into()));
-    }
-    if num_experts_per_tok == 0 || num_experts_per_tok > num_experts {
-        return Err((
-            "num_experts_per_tok",
-            format!("{num_experts_per_tok} must be between 1 and {experts_field} ({num_experts})"),
-        ));
-    }
     let qwen = model_type == ModelType::Qwen3Moe;
-    if let Some(step) = hf.decoder_sparse_step.filter(|s| *s == 0) {
-        return Err(("decoder_sparse_step", format!("{step} must be positive")));
-    }
-    Ok(Some(MoeConfig {
+    let moe = MoeConfig {
         num_experts,
         num_experts_per_tok,
         moe_intermediate_size: qwen.then(|| hf.moe_intermediate_size.unwrap_or(768)),
@@ -186,7 +213,13 @@ pub(super) fn hf_moe(
         router_jitter_noise: (!qwen).then(|| hf.router_jitter_noise.unwrap_or(0.0)),
         decoder_sparse_step: qwen.then(|| hf.decoder_sparse_step.unwrap_or(1)),
         mlp_only_layers: qwen.then(|| hf.mlp_only_layers.clone().unwrap_or_default()),
-    }))
+    };
+    // The same checks as `model.moe`'s, under the file's own names.
+    match moe.problems(experts_field).into_iter().next() {
+        Some(("num_experts", message)) => Err((experts_field, message)),
+        Some((field, message)) => Err((field, message)),
+        None => Ok(Some(moe)),
+    }
 }
 
 /// Writes `model.moe` into a `config.json` of its architecture, under that architecture's keys.
@@ -236,42 +269,11 @@ pub(super) fn moe_problems(c: &ModelConfig) -> Vec<(String, String)> {
         _ => {}
     }
     if let Some(moe) = &c.moe {
-        if moe.num_experts == 0 {
-            problems.push(("moe.num_experts".into(), "must be positive".into()));
-        }
-        if moe.num_experts_per_tok == 0 || moe.num_experts_per_tok > moe.num_experts {
-            problems.push((
-                "moe.num_experts_per_tok".into(),
-                format!(
-                    "{} must be between 1 and moe.num_experts ({})",
-                    moe.num_experts_per_tok, moe.num_experts
-                ),
-            ));
-        }
-        if moe.moe_intermediate_size == Some(0) {
-            problems.push((
-                "moe.moe_intermediate_size".into(),
-                "must be positive".into(),
-            ));
-        }
-        if moe.decoder_sparse_step == Some(0) {
-            problems.push(("moe.decoder_sparse_step".into(), "must be positive".into()));
-        }
-        if let Some(j) = moe.router_jitter_noise.filter(|j| !(0.0..1.0).contains(j)) {
-            problems.push((
-                "moe.router_jitter_noise".into(),
-                format!("{j} must be in [0, 1)"),
-            ));
-        }
-        if let Some(coef) = moe
-            .router_aux_loss_coef
-            .filter(|c| !c.is_finite() || *c < 0.0)
-        {
-            problems.push((
-                "moe.router_aux_loss_coef".into(),
-                format!("{coef} must be a non-negative number"),
-            ));
-        }
+        problems.extend(
+            moe.problems("moe.num_experts")
+                .into_iter()
+                .map(|(field, message)| (format!("moe.{field}"), message)),
+        );
     }
     problems
 }
@@ -287,12 +289,7 @@ pub fn lora_moe_problem(model: &ModelConfig, lora: &LoraConfig) -> Option<String
     let mlp: Vec<String> = lora
         .targets(model)
         .into_iter()
-        .filter(|t| {
-            matches!(
-                t,
-                LoraModule::GateProj | LoraModule::UpProj | LoraModule::DownProj
-            )
-        })
+        .filter(|t| t.in_mlp())
         .map(|t| format!("`{t}`"))
         .collect();
     (!mlp.is_empty()).then(|| {

@@ -34,6 +34,18 @@ choice! {
 }
 
 impl LoraModule {
+    /// Whether the layer belongs to a block's MLP (a mixture of experts' sparse layers have no
+    /// dense one to adapt).
+    pub fn in_mlp(self) -> bool {
+        matches!(
+            self,
+            LoraModule::GateProj
+                | LoraModule::UpProj
+                | LoraModule::DownProj
+                | LoraModule::GateUpProj
+        )
+    }
+
     /// A block's linear layers, in Hugging Face order.
     pub const LINEAR: [LoraModule; 7] = [
         LoraModule::QProj,

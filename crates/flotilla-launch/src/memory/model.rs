@@ -373,14 +373,7 @@ impl Units {
                 LoraModule::DownProj | LoraModule::AllLinear => (inter, h),
             };
             adapter += r * (inp + out);
-            if matches!(
-                t,
-                LoraModule::QProj
-                    | LoraModule::KProj
-                    | LoraModule::VProj
-                    | LoraModule::OProj
-                    | LoraModule::QkvProj
-            ) {
+            if !t.in_mlp() {
                 attention_adapter += r * (inp + out);
             }
             largest_factor = largest_factor.max(r * inp.max(out));

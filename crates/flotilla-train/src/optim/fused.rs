@@ -49,6 +49,20 @@ fn shim_error(what: &str) -> TrainError {
     )))
 }
 
+/// The indices of `tensors` grouped by `key` (device, dtype), groups in order of first
+/// appearance: each multi-tensor kernel takes tensors of one device (and dtype).
+fn grouped<K: PartialEq>(tensors: &[Tensor], key: impl Fn(&Tensor) -> K) -> Vec<(K, Vec<usize>)> {
+    let mut groups: Vec<(K, Vec<usize>)> = Vec::new();
+    for (i, t) in tensors.iter().enumerate() {
+        let k = key(t);
+        match groups.iter_mut().find(|(g, _)| *g == k) {
+            Some((_, members)) => members.push(i),
+            None => groups.push((k, vec![i])),
+        }
+    }
+    groups
+}
+
 fn handles(tensors: &[Tensor]) -> Vec<*mut c_void> {
     tensors.iter().map(|t| t.as_ptr() as *mut c_void).collect()
 }
@@ -78,15 +92,7 @@ pub(crate) fn fused_adamw(
 ) -> Result<(), TrainError> {
     let n = params.len();
     assert!(grads.len() == n && exp_avgs.len() == n && exp_avg_sqs.len() == n);
-    let mut groups: Vec<((Device, Kind), Vec<usize>)> = Vec::new();
-    for (i, p) in params.iter().enumerate() {
-        let key = (p.device(), p.kind());
-        match groups.iter_mut().find(|(k, _)| *k == key) {
-            Some((_, members)) => members.push(i),
-            None => groups.push((key, vec![i])),
-        }
-    }
-    for ((device, kind), members) in groups {
+    for ((device, kind), members) in grouped(params, |p| (p.device(), p.kind())) {
         let pick = |ts: &[Tensor]| -> Vec<Tensor> {
             members.iter().map(|&i| ts[i].shallow_clone()).collect()
         };
@@ -159,15 +165,10 @@ pub(crate) fn foreach_norm(tensors: &[Tensor]) -> Result<Vec<Tensor>, TrainError
 /// Multiplies every gradient by `inv_scale` in place (one multi-tensor kernel per device) and
 /// returns whether any held an inf or a NaN: one flag per device, read once.
 pub(crate) fn unscale_and_check(grads: &[Tensor], inv_scale: f64) -> Result<bool, TrainError> {
-    let mut devices: Vec<(Device, Vec<Tensor>)> = Vec::new();
-    for g in grads {
-        match devices.iter_mut().find(|(d, _)| *d == g.device()) {
-            Some((_, list)) => list.push(g.shallow_clone()),
-            None => devices.push((g.device(), vec![g.shallow_clone()])),
-        }
-    }
+    let devices = grouped(grads, Tensor::device);
     let mut flags = Vec::with_capacity(devices.len());
-    for (device, list) in devices {
+    for (device, members) in devices {
+        let list: Vec<Tensor> = members.iter().map(|&i| grads[i].shallow_clone()).collect();
         let found = Tensor::f_zeros([1], (Kind::Float, device))?;
         let inv = Tensor::f_full([1], inv_scale, (Kind::Float, device))?;
         let h = handles(&list);

@@ -11,7 +11,9 @@
 
 use tch::{Kind, Tensor};
 
-use flotilla_config::schema::{lora_moe_problem, LoraConfig, LoraModule, ModelConfig, SavedModule};
+use flotilla_config::schema::{
+    lora_moe_problem, LoraConfig, LoraModule, ModelConfig, ModelType, SavedModule,
+};
 
 use super::layers::attention::{causal_attention, AttentionOptions};
 use super::layers::linear::{linear, Projections};
@@ -234,7 +236,7 @@ pub fn build(
     let targets = lora.map(|l| l.targets(c)).unwrap_or_default();
     let dense_weights = style.block_weights();
     let moe_names = match c.architecture() {
-        flotilla_config::schema::ModelType::Mixtral => MoeNames::Mixtral,
+        ModelType::Mixtral => MoeNames::Mixtral,
         _ => MoeNames::Qwen,
     };
     for i in 0..c.num_hidden_layers {
@@ -293,7 +295,7 @@ pub fn build(
                         num_experts: m.num_experts as i64,
                         top_k: m.num_experts_per_tok as i64,
                         norm_topk_prob: c.norm_topk_prob(),
-                        scores_in_compute_dtype: moe_names == MoeNames::Qwen,
+                        scores_in_compute_dtype: c.architecture() == ModelType::Qwen3Moe,
                         jitter: m.jitter(),
                     },
                 })
