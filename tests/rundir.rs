@@ -11,7 +11,7 @@ mod launch;
 use common::{conf_dir, ov};
 use flotilla_config::interp::ResolveContext;
 use flotilla_config::{Composer, ConfigError};
-use flotilla_launch::rundir::status::{combine, markers};
+use flotilla_launch::rundir::status::{combine, markers, Markers};
 use flotilla_launch::rundir::{
     self, JobRecord, JobState, Meta, Plan, PlanFile, PreparedRun, RunDirError,
 };
@@ -647,6 +647,28 @@ fn status_combines_the_plan_with_the_directory_markers() {
             &Default::default()
         ),
         JobState::Failed
+    );
+    // `final/` says training finished: COMPLETED over a record the launcher did not update,
+    // but not while the scheduler still runs the job (its process is still writing its logs).
+    let finished = Markers {
+        steps: Some(4),
+        final_model: true,
+    };
+    assert_eq!(
+        combine(JobState::Running, None, &finished),
+        JobState::Completed
+    );
+    assert_eq!(
+        combine(JobState::Running, Some(JobState::Running), &finished),
+        JobState::Running
+    );
+    assert_eq!(
+        combine(JobState::Running, Some(JobState::Timeout), &finished),
+        JobState::Completed
+    );
+    assert_eq!(
+        combine(JobState::Running, Some(JobState::Cancelled), &finished),
+        JobState::Cancelled
     );
 }
 

@@ -7,6 +7,9 @@
 //! that transformers reads, and a large one writes a single `model.safetensors` (removing the
 //! shards and index an earlier write left).
 //!
+//! `final/` appears only when whole: a failed write leaves neither it nor its staging
+//! directory.
+//!
 //! A LoRA job's `final/merged/` under FSDP on 2 ranks (threads over one `MemoryStore`) is
 //! streamed unit by unit: rank 0 never gathers more than one flat group at a time, and the
 //! files hold exactly the adapters folded into the base as `MergedWeights` folds them (the
@@ -180,6 +183,77 @@ fn final_dir_is_what_save_pretrained_writes() {
     );
     let again = oracle(&python, &["load", fin.to_str().unwrap()]);
     assert_eq!(again["sums"], loaded["sums"]);
+}
+
+/// `final/` appears whole or not at all (`status` and `report` take it as the sign that
+/// training finished): a staging directory a killed writer left is cleared, a write that fails
+/// after the weights (the base's config.json is not JSON) leaves neither `final/` nor its
+/// staging directory, and a write that succeeds leaves `final/` alone.
+#[test]
+fn final_dir_appears_only_when_whole() {
+    let job = compose::composer()
+        .compose(&common::ov(&[
+            "model=tiny",
+            "trainer.device=cpu",
+            "trainer.precision=32-true",
+            "trainer.micro_batch_size=2",
+            "trainer.global_batch_size=2",
+            "data.seq_len=16",
+            "data.num_train=8",
+            "compute.tasks_per_node=1",
+        ]))
+        .unwrap()
+        .typed
+        .unwrap();
+    let model = CausalLm::new(&job.model).unwrap();
+    let params = model.init_params(3, Device::Cpu, Kind::Float);
+    let d = data::build(
+        &job.data,
+        &DataOptions {
+            model_vocab_size: job.model.vocab_size,
+            run_dir: None,
+            init_from: None,
+        },
+    )
+    .unwrap();
+    let layout = BatchLayout {
+        global_batch_size: 2,
+        micro_batch_size: 2,
+        rank: 0,
+        world_size: 1,
+    };
+    let loader = DataLoader::new(d.train, true, 7, layout, Device::Cpu).unwrap();
+    let mut trainer = Trainer::new(model, &params, &job.trainer, loader, Device::Cpu).unwrap();
+    trainer.run(1, None).unwrap();
+
+    let tmp = tempfile::tempdir().unwrap();
+    let runs = tmp.path().join("run");
+    std::fs::create_dir_all(runs.join(".tmp-final")).unwrap();
+    std::fs::write(runs.join(".tmp-final/model.safetensors"), "cut short").unwrap();
+    let broken_base = tmp.path().join("base");
+    std::fs::create_dir(&broken_base).unwrap();
+    std::fs::write(broken_base.join("config.json"), "{not json").unwrap();
+    let fin = runs.join("final");
+    let opts = FinalOptions {
+        kind: Kind::Float,
+        max_shard_bytes: u64::MAX,
+        base: Some(&broken_base),
+    };
+    let err = save_final(&trainer, &fin, None, opts)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("config.json"), "{err}");
+    assert!(files(&runs).is_empty(), "{:?}", files(&runs));
+
+    let opts = FinalOptions { base: None, ..opts };
+    save_final(&trainer, &fin, None, opts).unwrap();
+    assert_eq!(files(&runs), ["final"]);
+    let written = files(&fin);
+    assert!(
+        written.contains(&"model.safetensors".to_string())
+            && written.contains(&"config.json".to_string()),
+        "{written:?}"
+    );
 }
 
 /// A LoRA job of the tiny model under FSDP FULL_SHARD on 2 CPU ranks, merged at the end.

@@ -69,7 +69,9 @@ fn last_step(path: &Path) -> Option<u64> {
 }
 
 /// The state to show: the launcher's live state when it has one, else the recorded state, and
-/// COMPLETED when the directory holds `final/` and nothing says the job failed.
+/// COMPLETED when the directory holds `final/` (written whole, as training's last act) and
+/// nothing says the job failed or is still alive: a job the scheduler still sees pending,
+/// running or requeued shows that state until its process has exited.
 pub fn combine(recorded: JobState, live: Option<JobState>, markers: &Markers) -> JobState {
     // A study's decision: the scheduler only saw the job cancelled.
     if recorded == JobState::Pruned {
@@ -80,7 +82,11 @@ pub fn combine(recorded: JobState, live: Option<JobState>, markers: &Markers) ->
         state,
         JobState::Failed | JobState::Cancelled | JobState::NodeFail | JobState::OutOfMemory
     );
-    if markers.final_model && !failed {
+    let alive = matches!(
+        live,
+        Some(JobState::Pending | JobState::Running | JobState::Requeued)
+    );
+    if markers.final_model && !failed && !alive {
         JobState::Completed
     } else {
         state

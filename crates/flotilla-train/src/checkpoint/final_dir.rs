@@ -1,9 +1,10 @@
 //! A job's `final/`, written once training ends: the trained model as a Hugging Face directory
 //! ([`save_final`]), or a LoRA job's adapter in PEFT's format with, on request, the merged model
 //! ([`save_adapter`]). Both are gathered to rank 0 a group at a time and are collective: a
-//! failure on any rank fails them on every rank.
+//! failure on any rank fails them on every rank. Either is written into a hidden sibling and
+//! renamed into place when whole (`write_whole`), so a `final/` that exists is complete.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use tch::{Kind, Tensor};
 
@@ -21,17 +22,55 @@ use crate::state::peft::{adapter_config, ADAPTER_CONFIG, MERGED_DIR};
 use crate::trainer::Trainer;
 use flotilla_config::schema::{JobConfig, LoraConfig, Precision, SaveDtype};
 
-/// Creates `dir` on rank 0 (collective: every rank learns whether it could); returns whether
-/// this rank is rank 0.
-fn create_on_root(trainer: &Trainer, dir: &Path) -> Result<bool, TrainError> {
+/// Name prefix of a `final/` being written (`.tmp-final`), renamed into place when whole.
+const STAGING_PREFIX: &str = ".tmp-";
+
+/// Where `dir` is written before it is renamed into place: a hidden sibling.
+fn staging_dir(dir: &Path) -> PathBuf {
+    let name = dir
+        .file_name()
+        .map_or_else(|| "final".into(), |n| n.to_string_lossy().into_owned());
+    dir.with_file_name(format!("{STAGING_PREFIX}{name}"))
+}
+
+/// Writes `dir` whole or not at all: rank 0 creates a hidden staging sibling (removing one a
+/// killed process left), every rank runs `write` into it, and rank 0 renames it into place,
+/// replacing an older `dir`, once `write` succeeded everywhere; on failure rank 0 removes the
+/// staging directory. A directory that exists is therefore complete: `status` and `report`
+/// take `final/` as the sign that training finished. `write` gets the staging directory and
+/// whether this rank is rank 0. Collective.
+fn write_whole(
+    trainer: &Trainer,
+    dir: &Path,
+    write: impl FnOnce(&Path, bool) -> Result<(), TrainError>,
+) -> Result<(), TrainError> {
     let root = trainer.rank_world().0 == 0;
+    let staging = staging_dir(dir);
     on_all_ranks(trainer, "set-up of final/", || {
         if root {
-            std::fs::create_dir_all(dir).map_err(io(dir))?;
+            if staging.exists() {
+                std::fs::remove_dir_all(&staging).map_err(io(&staging))?;
+            }
+            std::fs::create_dir_all(&staging).map_err(io(&staging))?;
         }
         Ok(())
     })?;
-    Ok(root)
+    let written = write(&staging, root).and_then(|()| {
+        on_all_ranks(trainer, "commit of final/", || {
+            if root {
+                if dir.exists() {
+                    std::fs::remove_dir_all(dir).map_err(io(dir))?;
+                }
+                std::fs::rename(&staging, dir).map_err(io(dir))?;
+            }
+            Ok(())
+        })
+    });
+    if written.is_err() && root {
+        // Best effort: the error that matters is the one being returned.
+        let _ = std::fs::remove_dir_all(&staging);
+    }
+    written
 }
 
 /// How a job's `final/` is written: its weights' dtype, its largest weights file, and the base
@@ -101,19 +140,20 @@ pub fn save_final(
     tokenizer: Option<&Tokenizer>,
     opts: FinalOptions<'_>,
 ) -> Result<(), TrainError> {
-    let root = create_on_root(trainer, dir)?;
-    on_all_ranks(trainer, "write of final/", || {
-        let file = StateFile::Model(Some(opts.kind));
-        write_state_file(trainer.weights(), dir, file, opts.max_shard_bytes, root)?;
-        if root {
-            let hf = opts.hf_dir(tokenizer);
-            finish_hf_dir(dir, &trainer.model, opts.kind, hf.base, &hf.special)?;
-            write_generation_config(dir, hf.base, &hf.special)?;
-            if let Some(tok) = tokenizer {
-                tok.save_into(dir)?;
+    write_whole(trainer, dir, |dir, root| {
+        on_all_ranks(trainer, "write of final/", || {
+            let file = StateFile::Model(Some(opts.kind));
+            write_state_file(trainer.weights(), dir, file, opts.max_shard_bytes, root)?;
+            if root {
+                let hf = opts.hf_dir(tokenizer);
+                finish_hf_dir(dir, &trainer.model, opts.kind, hf.base, &hf.special)?;
+                write_generation_config(dir, hf.base, &hf.special)?;
+                if let Some(tok) = tokenizer {
+                    tok.save_into(dir)?;
+                }
             }
-        }
-        Ok(())
+            Ok(())
+        })
     })
 }
 
@@ -129,29 +169,33 @@ pub fn save_adapter(
     tokenizer: Option<&Tokenizer>,
     merged: FinalOptions<'_>,
 ) -> Result<(), TrainError> {
-    let root = create_on_root(trainer, dir)?;
-    on_all_ranks(trainer, "write of final/", || {
-        write_state_file(trainer.weights(), dir, StateFile::Adapter, u64::MAX, root)?;
-        if root {
-            let path = dir.join(ADAPTER_CONFIG);
-            let mut text =
-                serde_json::to_string_pretty(&adapter_config(lora, trainer.model.config(), base))
-                    .expect("serialises");
-            text.push('\n');
-            std::fs::write(&path, text).map_err(io(&path))?;
-            if let Some(tok) = tokenizer {
-                tok.save_into(dir)?;
+    write_whole(trainer, dir, |dir, root| {
+        on_all_ranks(trainer, "write of final/", || {
+            write_state_file(trainer.weights(), dir, StateFile::Adapter, u64::MAX, root)?;
+            if root {
+                let path = dir.join(ADAPTER_CONFIG);
+                let mut text = serde_json::to_string_pretty(&adapter_config(
+                    lora,
+                    trainer.model.config(),
+                    base,
+                ))
+                .expect("serialises");
+                text.push('\n');
+                std::fs::write(&path, text).map_err(io(&path))?;
+                if let Some(tok) = tokenizer {
+                    tok.save_into(dir)?;
+                }
             }
+            Ok(())
+        })?;
+        if lora.merge {
+            let merged_dir = dir.join(MERGED_DIR);
+            on_all_ranks(trainer, "write of final/merged/", || {
+                save_merged(trainer, &merged_dir, lora, tokenizer, merged, root)
+            })?;
         }
         Ok(())
-    })?;
-    if lora.merge {
-        let merged_dir = dir.join(MERGED_DIR);
-        on_all_ranks(trainer, "write of final/merged/", || {
-            save_merged(trainer, &merged_dir, lora, tokenizer, merged, root)
-        })?;
-    }
-    Ok(())
+    })
 }
 
 /// Writes `final/merged/`: the adapters folded into the base, streamed unit by unit on the
