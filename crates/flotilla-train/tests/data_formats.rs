@@ -5,7 +5,8 @@
 //! start-up for every test). `flotilla-train data show` must give identical examples from every
 //! copy of the conversations, train prompt-completion records from where TRL's
 //! `completion_only_loss` does, build Alpaca conversations as axolotl does, mix sources and hold
-//! records out as configured, and exit 2 naming the file and the fix for broken data.
+//! records out as configured (preference pairs too), and exit 2 naming the file and the fix
+//! for broken data.
 
 #[path = "../../../tests/common/mod.rs"]
 mod common;
@@ -294,6 +295,93 @@ fn mixtures_take_their_shares_and_hold_records_out() {
         .collect();
     assert_eq!(taken, [20, 30]);
     assert!(sized.eval.is_none());
+}
+
+/// Preference pairs mixed and held out as chat records are: a JSON-lines source and a `.json`
+/// array source taking their shares, the same pairs for the same seed, held-out pairs never
+/// trained on, and a number of pairs carved from a single path.
+#[test]
+fn preference_mixtures_take_their_shares_and_hold_pairs_out() {
+    let Some((dir, _)) =
+        require_fixtures("preference_mixtures_take_their_shares_and_hold_pairs_out")
+    else {
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let pair = |source: &str, i: usize| {
+        serde_json::json!({
+            "prompt": format!("Is {source} {i} blue?"),
+            "chosen": format!(" Yes, {source} {i} is."),
+            "rejected": format!(" No, {source} {i} is not."),
+        })
+    };
+    let a = tmp.path().join("pairs_a.jsonl");
+    let lines: Vec<String> = (0..40).map(|i| pair("source a", i).to_string()).collect();
+    std::fs::write(&a, lines.join("\n") + "\n").unwrap();
+    let b = tmp.path().join("pairs_b.json");
+    let items: Vec<Value> = (0..20).map(|i| pair("source b", i)).collect();
+    std::fs::write(&b, Value::Array(items).to_string()).unwrap();
+    let build = |extra: &str| {
+        let text = format!(
+            "kind: preference\npath: null\nsplit: null\nsources:\n  - {{path: {a}, weight: 1}}\n  \
+             - {{path: {b}, weight: 1}}\neval_path: null\neval_split: null\neval_fraction: \
+             null\neval_records: null\nseed: 3\ntokenizer: {tok}\nchat_template: null\n\
+             max_prompt_length: null\ntruncation_mode: keep_start\nskip_bad_records: false\n\
+             seq_len: 64\nshuffle: false\nnum_workers: 0\n",
+            a = a.display(),
+            b = b.display(),
+            tok = dir.join("tok/llama3").display(),
+        );
+        let mut value: serde_yaml::Mapping = serde_yaml::from_str(&text).unwrap();
+        for (k, v) in serde_yaml::from_str::<serde_yaml::Mapping>(extra).unwrap() {
+            value.insert(k, v);
+        }
+        let cfg: DataConfig = serde_yaml::from_value(serde_yaml::Value::Mapping(value)).unwrap();
+        data::build(
+            &cfg,
+            &DataOptions {
+                model_vocab_size: 1 << 20,
+                run_dir: None,
+                init_from: None,
+            },
+        )
+        .unwrap()
+    };
+    // Equal weights: as many of each as the smaller source (20) has; 10% of each held out.
+    let mixed = build("eval_fraction: 0.1");
+    let stats = mixed.preference_stats.as_ref().unwrap();
+    let counts: Vec<(usize, usize, usize)> = stats
+        .sources
+        .iter()
+        .map(|s| (s.records, s.held_out, s.taken))
+        .collect();
+    assert_eq!(counts, [(40, 4, 18), (20, 2, 18)]);
+    assert_eq!(stats.pairs, 36);
+    let tok = mixed.tokenizer.as_ref().unwrap();
+    let train = texts(mixed.train.as_ref(), tok);
+    let eval = texts(mixed.eval.as_ref().unwrap().as_ref(), tok);
+    assert_eq!((train.len(), eval.len()), (36, 6));
+    for source in ["source a", "source b"] {
+        assert_eq!(train.iter().filter(|t| t.contains(source)).count(), 18);
+        let held = if source == "source a" { 4 } else { 2 };
+        assert_eq!(eval.iter().filter(|t| t.contains(source)).count(), held);
+    }
+    assert!(
+        eval.iter().all(|e| !train.contains(e)),
+        "a held-out pair is trained on"
+    );
+    // The same seed picks the same pairs.
+    assert_eq!(
+        texts(build("eval_fraction: 0.1").train.as_ref(), tok),
+        train
+    );
+    // A number of pairs held out, without a mixture: from the one path.
+    let single = build(&format!(
+        "path: {}\nsources: null\neval_records: 5",
+        a.display()
+    ));
+    let stats = single.preference_stats.as_ref().unwrap();
+    assert_eq!((stats.pairs, single.eval.as_ref().unwrap().len()), (35, 5));
 }
 
 fn stderr_of(out: &Output) -> String {

@@ -8,9 +8,9 @@ use super::messages::{alternatives, quote_list, set_note, show, suggest, typo_no
 use super::objective::DpoLossType;
 use super::types::ModelType;
 use super::types::{
-    AutoWrapPolicy, Backend, ChatData, ComputeConfig, DataConfig, DataKind, DataSource, Device,
-    DistConfig, DistMode, JobConfig, Launcher, LoraConfig, LoraModule, ModelConfig,
-    ObjectiveConfig, PeftConfig, TaskConfig, TaskRanks, TokenizerSpec, TrainerConfig,
+    AutoWrapPolicy, Backend, ComputeConfig, DataConfig, DataKind, DataSource, Device, DistConfig,
+    DistMode, JobConfig, Launcher, LoraConfig, LoraModule, ModelConfig, ObjectiveConfig,
+    PeftConfig, RecordSelection, TaskConfig, TaskRanks, TokenizerSpec, TrainerConfig,
 };
 use super::{ProblemKind, SchemaError};
 use crate::node::{python_float_repr, Dict, Node, Value};
@@ -743,13 +743,13 @@ impl Check<'_> {
                 self.vocab(j.tokenizer.as_ref(), j.vocab_size, model);
             }
             DataConfig::Chat(c) => {
-                self.chat_sources(c);
+                self.record_selection(&c.selection(), "chat data", "chats.jsonl");
                 self.non_empty("data.messages_key", &c.messages_key);
                 self.at_least("data.seq_len", c.seq_len as u64, 1);
                 self.hf_tokenizer(c.tokenizer.as_deref(), model, "chat");
             }
             DataConfig::Preference(p) => {
-                self.non_empty("data.path", &p.path);
+                self.record_selection(&p.selection(), "preference data", "pairs.jsonl");
                 if let Some(n) = p.max_prompt_length {
                     self.at_least("data.max_prompt_length", n as u64, 1);
                 }
@@ -842,15 +842,18 @@ impl Check<'_> {
         }
     }
 
-    /// Chat data's records: `path` or `sources` (one of them), each source's share, and the
-    /// held-out set (from `eval_path`/`eval_split`, or carved by `eval_fraction`/`eval_records`).
-    fn chat_sources(&mut self, c: &ChatData) {
-        match (&c.path, &c.sources) {
+    /// The records of `what` (chat or preference data, whose example file is `example`):
+    /// `path` or `sources` (one of them), each source's share, and the held-out set (from
+    /// `eval_path`/`eval_split`, or carved by `eval_fraction`/`eval_records`).
+    fn record_selection(&mut self, c: &RecordSelection, what: &str, example: &str) {
+        match (c.path, c.sources) {
             (None, None) => self.invalid(
                 "data.path",
-                "is null and data.sources is null: chat data needs records".into(),
-                "set data.path=/path/to/chats.jsonl (or a .parquet file, a directory of shards),                  or data.sources=[{path: ..., weight: ...}, ...]"
-                    .into(),
+                format!("is null and data.sources is null: {what} needs records"),
+                format!(
+                    "set data.path=/path/to/{example} (or a .parquet file, a directory of \
+                     shards), or data.sources=[{{path: ..., weight: ...}}, ...]"
+                ),
             ),
             (Some(p), None) => self.non_empty("data.path", p),
             (Some(_), Some(_)) => self.invalid(
@@ -861,7 +864,7 @@ impl Check<'_> {
             ),
             (None, Some(sources)) => self.mixture(sources),
         }
-        for (key, value) in [("data.split", &c.split), ("data.eval_split", &c.eval_split)] {
+        for (key, value) in [("data.split", c.split), ("data.eval_split", c.eval_split)] {
             if let Some(v) = value {
                 self.non_empty(key, v);
             }

@@ -66,7 +66,9 @@ pub use types::{
     SaveDtype, SavedModule, ShardingStrategy, StateDictType, TaskConfig, TaskRanks, TextData,
     TokenDtype, TokenizerSpec, TokensData, TrainOn, TrainerConfig,
 };
-pub use types::{LayerType, ModelType, PreferenceData, ProcessGroup, TruncationMode};
+pub use types::{
+    LayerType, ModelType, PreferenceData, ProcessGroup, RecordSelection, TruncationMode,
+};
 
 /// What kind of problem a [`Problem`] is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -1151,3 +1151,50 @@ fn chat_sources_and_held_out_records_are_checked_with_their_fix() {
         .message
         .contains("set data.eval_fraction=null, or data.eval_path=null"));
 }
+
+#[test]
+fn preference_sources_and_held_out_pairs_are_checked_as_chat_data_s() {
+    let preference = || {
+        let mut job = base();
+        let data = conf(
+            "conf/data/preference.yaml",
+            include_str!("../../../../conf/data/preference.yaml"),
+        );
+        job.value.as_dict_mut().unwrap().insert("data".into(), data);
+        let objective = conf(
+            "conf/objective/dpo.yaml",
+            include_str!("../../../../conf/objective/dpo.yaml"),
+        );
+        job.value
+            .as_dict_mut()
+            .unwrap()
+            .insert("objective".into(), objective);
+        set(&mut job, "data.tokenizer", json!("/tok"), ovr("t"));
+        set(&mut job, "data.seq_len", json!(128), ovr("s"));
+        job
+    };
+    let p = only(&preference());
+    assert_eq!(p.key, "data.path");
+    assert!(
+        p.message.contains("preference data needs records")
+            && p.message.contains("data.path=/path/to/pairs.jsonl")
+            && p.message.contains("data.sources=["),
+        "{}",
+        p.message
+    );
+    let mut job = preference();
+    set(&mut job, "data.path", json!("/pairs.jsonl"), ovr("p"));
+    set(&mut job, "data.sources", json!([{"path": "/b"}]), ovr("s"));
+    assert_eq!(only(&job).key, "data.sources");
+    set(&mut job, "data.path", json!(null), ovr("p"));
+    set(&mut job, "data.eval_records", json!(0), ovr("e"));
+    let p = only(&job);
+    assert_eq!(p.key, "data.eval_records");
+    set(&mut job, "data.eval_records", json!(100), ovr("e"));
+    let typed = validate(&job).unwrap();
+    let DataConfig::Preference(d) = &typed.data else {
+        panic!("{:?}", typed.data)
+    };
+    assert!(d.has_eval());
+    assert_eq!(d.selection().sources.map(<[_]>::len), Some(1));
+}

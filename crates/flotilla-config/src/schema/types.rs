@@ -838,14 +838,24 @@ section! {
     /// completion (TRL's preference formats), for `objective: dpo`.
     pub struct PreferenceData {
         /// A `.jsonl`/`.json`/`.parquet` file, a glob, a directory of Parquet shards or a
-        /// `save_to_disk` directory.
-        path: String => "/path/to/pairs.jsonl",
+        /// `save_to_disk` directory; `None` with `sources`.
+        path: Option<String> => "/path/to/pairs.jsonl",
         /// The split of a directory that holds several; `None`: `train`.
         split: Option<String> => "train_prefs",
-        /// Held-out pairs; `None`: no evaluation data (or `eval_split`).
+        /// Several sources mixed into the training set, instead of `path`.
+        sources: Option<Vec<DataSource>> => "[{path: /path/to/a.parquet, weight: 1.0}]",
+        /// Held-out pairs; `None`: no evaluation data (or `eval_split`, or a carved
+        /// `eval_fraction`/`eval_records`).
         eval_path: Option<String> => "/path/to/eval_pairs.jsonl",
         /// The split of `eval_path` (or, without it, of `path`) held out for evaluation.
         eval_split: Option<String> => "test_prefs",
+        /// A fraction of the training pairs held out for evaluation (without `eval_path`).
+        eval_fraction: Option<f64> => "0.05",
+        /// A number of training pairs held out for evaluation (without `eval_path`).
+        eval_records: Option<usize> => "500",
+        /// Seeds the mixture's sampling and the held-out pairs (fixed, so that runs that vary
+        /// `trainer.seed` share them); `None`: 0.
+        seed: Option<usize> => "0",
         /// A Hugging Face tokenizer directory; `None`: the one in `model.init_from`.
         tokenizer: Option<String> => "/path/to/tokenizer_dir",
         /// A Jinja file used instead of the tokenizer directory's chat template.
@@ -863,7 +873,22 @@ section! {
     }
 }
 
-impl ChatData {
+/// Which records make a data set, as chat and preference data name them alike: `path` (with
+/// `split`) or a mixture of `sources`, and the held-out records (`eval_path`/`eval_split`, or
+/// carved from the training records by `eval_fraction`/`eval_records`, seeded by `seed`).
+#[derive(Clone, Copy, Debug)]
+pub struct RecordSelection<'a> {
+    pub path: Option<&'a str>,
+    pub split: Option<&'a str>,
+    pub sources: Option<&'a [DataSource]>,
+    pub eval_path: Option<&'a str>,
+    pub eval_split: Option<&'a str>,
+    pub eval_fraction: Option<f64>,
+    pub eval_records: Option<usize>,
+    pub seed: u64,
+}
+
+impl<'a> RecordSelection<'a> {
     /// Whether the job has evaluation data: `eval_path`, `eval_split`, or records carved from
     /// the training data.
     pub fn has_eval(&self) -> bool {
@@ -871,6 +896,53 @@ impl ChatData {
             || self.eval_split.is_some()
             || self.eval_fraction.is_some()
             || self.eval_records.is_some()
+    }
+
+    /// The training records' path as the config names it (`None` for a mixture).
+    pub fn describe(&self) -> &'a str {
+        self.path.unwrap_or("a mixture of data.sources")
+    }
+}
+
+impl ChatData {
+    /// The records this data set is made of.
+    pub fn selection(&self) -> RecordSelection<'_> {
+        RecordSelection {
+            path: self.path.as_deref(),
+            split: self.split.as_deref(),
+            sources: self.sources.as_deref(),
+            eval_path: self.eval_path.as_deref(),
+            eval_split: self.eval_split.as_deref(),
+            eval_fraction: self.eval_fraction,
+            eval_records: self.eval_records,
+            seed: self.seed.unwrap_or(0) as u64,
+        }
+    }
+
+    /// Whether the job has evaluation data ([`RecordSelection::has_eval`]).
+    pub fn has_eval(&self) -> bool {
+        self.selection().has_eval()
+    }
+}
+
+impl PreferenceData {
+    /// The records this data set is made of.
+    pub fn selection(&self) -> RecordSelection<'_> {
+        RecordSelection {
+            path: self.path.as_deref(),
+            split: self.split.as_deref(),
+            sources: self.sources.as_deref(),
+            eval_path: self.eval_path.as_deref(),
+            eval_split: self.eval_split.as_deref(),
+            eval_fraction: self.eval_fraction,
+            eval_records: self.eval_records,
+            seed: self.seed.unwrap_or(0) as u64,
+        }
+    }
+
+    /// Whether the job has evaluation data ([`RecordSelection::has_eval`]).
+    pub fn has_eval(&self) -> bool {
+        self.selection().has_eval()
     }
 }
 

@@ -796,7 +796,7 @@ impl<'a> Step<'a> {
                 DataConfig::Text(d) => d.eval_paths.is_some(),
                 DataConfig::Jsonl(d) => d.eval_path.is_some(),
                 DataConfig::Chat(d) => d.has_eval(),
-                DataConfig::Preference(d) => d.eval_path.is_some() || d.eval_split.is_some(),
+                DataConfig::Preference(d) => d.has_eval(),
             }
     }
 

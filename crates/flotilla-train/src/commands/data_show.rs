@@ -145,9 +145,9 @@ pub fn run(
 fn data_path(cfg: &flotilla_config::schema::DataConfig) -> &str {
     use flotilla_config::schema::DataConfig;
     match cfg {
-        DataConfig::Chat(c) => c.path.as_deref().unwrap_or("a source"),
+        DataConfig::Chat(c) => c.selection().describe(),
         DataConfig::Jsonl(j) => &j.path,
-        DataConfig::Preference(p) => &p.path,
+        DataConfig::Preference(p) => p.selection().describe(),
         _ => "data",
     }
 }

@@ -4,7 +4,7 @@
 //! # Records
 //! Records come from [`super::records`] (a `.jsonl` or `.json` file, Parquet, Arrow, a glob, a
 //! directory of shards or a `save_to_disk` directory), from one path or a mixture of sources
-//! (`super::chat_sets`), and are read by [`super::chat_formats`] as `data.format` says:
+//! (`super::record_sets`), and are read by [`super::chat_formats`] as `data.format` says:
 //! `{role, content}` turns (`messages`, ShareGPT's `{from, value}`, Alpaca's instruction and
 //! output), prompt-completion, or text. `data.system` is prepended as a system turn to
 //! conversations (and conversational prompts) that do not start with one.
@@ -84,7 +84,8 @@ use super::chat_markers::marker_spans;
 use super::chat_template::{message_value, ChatTemplate};
 use super::error::{DataError, Result};
 use super::masked::MaskedSequences;
-use super::records::{self, Origin, RecordFiles};
+use super::record_sets::{sources_note, RecordSet, SetPart, SourceStats};
+use super::records::{self, Origin};
 use super::sample_sink::SampleSink;
 use super::tokenizer::Tokenizer;
 
@@ -521,12 +522,12 @@ pub fn build(
     use_cache: bool,
 ) -> Result<(MaskedSequences, ChatStats)> {
     let files = records::locate(key, &path.to_string_lossy(), cfg.split.as_deref())?;
-    build_set(&ChatSet::whole(files), cfg, chat, use_cache)
+    build_set(&RecordSet::whole(files), cfg, chat, use_cache)
 }
 
-/// Reads and encodes a [`ChatSet`], from the cache when it holds it.
+/// Reads and encodes a [`RecordSet`], from the cache when it holds it.
 pub fn build_set(
-    set: &ChatSet,
+    set: &RecordSet,
     cfg: &ChatData,
     chat: &ChatTokenizer,
     use_cache: bool,
@@ -536,58 +537,8 @@ pub fn build_set(
     Ok((out, stats))
 }
 
-/// One source of a [`ChatSet`]: its records and, unless it takes each once, how many times it
-/// takes each (by the record's index among the source's records).
-#[derive(Clone, Debug)]
-pub struct SetPart {
-    pub files: RecordFiles,
-    pub takes: Option<Vec<u32>>,
-}
-
-/// The records a chat dataset is made of: the training set (a file, or a mixture of
-/// sources), or the held-out set.
-#[derive(Clone, Debug)]
-pub struct ChatSet {
-    pub parts: Vec<SetPart>,
-    /// Records each source holds and holds out, when counted before reading (a mixture or
-    /// carved held-out records).
-    pub counted: Vec<Option<(usize, usize)>>,
-}
-
-impl ChatSet {
-    /// Every record of `files`, once.
-    pub fn whole(files: RecordFiles) -> Self {
-        ChatSet {
-            parts: vec![SetPart { files, takes: None }],
-            counted: vec![None],
-        }
-    }
-
-    /// The sources' paths (with their number of files), joined by ` + `, for messages.
-    pub fn name(&self) -> String {
-        self.parts
-            .iter()
-            .map(|p| p.files.describe())
-            .collect::<Vec<_>>()
-            .join(" + ")
-    }
-}
-
-/// What preparing took from one source.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct SourceStats {
-    /// The source's path as the config names it.
-    pub path: String,
-    /// Records the source holds.
-    pub records: usize,
-    /// Records of it held out for evaluation.
-    pub held_out: usize,
-    /// Records of it this set takes, repeats counted.
-    pub taken: usize,
-}
-
 fn prepare(
-    set: &ChatSet,
+    set: &RecordSet,
     cfg: &ChatData,
     chat: &ChatTokenizer,
     use_cache: bool,
@@ -861,25 +812,6 @@ pub fn summary_line(stats: &ChatStats) -> String {
     line.push_str(&markers_note(stats.masked_by_markers));
     line.push_str(&sources_note(&stats.sources));
     line
-}
-
-/// `; from PATH: N of M records (K held out), ...` for a mixture or a carved held-out set,
-/// else nothing.
-pub fn sources_note(sources: &[SourceStats]) -> String {
-    if sources.len() < 2 && sources.iter().all(|s| s.held_out == 0) {
-        return String::new();
-    }
-    let parts: Vec<String> = sources
-        .iter()
-        .map(|s| {
-            let held = match s.held_out {
-                0 => String::new(),
-                n => format!(", {n} held out"),
-            };
-            format!("{}: {} of {} records{held}", s.path, s.taken, s.records)
-        })
-        .collect();
-    format!("; from {}", parts.join(", "))
 }
 
 /// `; N masked by markers (...)` when the template is not prefix-stable for some

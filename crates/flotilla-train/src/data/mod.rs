@@ -68,7 +68,6 @@ pub mod chat;
 pub mod chat_cache;
 pub mod chat_formats;
 mod chat_markers;
-pub mod chat_sets;
 pub mod chat_template;
 pub mod dataset;
 pub mod error;
@@ -78,6 +77,7 @@ mod metaspace_encoder;
 pub mod mixture;
 mod positional_read;
 pub mod preference;
+pub mod record_sets;
 pub mod records;
 pub mod rng;
 mod sample_sink;
@@ -287,7 +287,7 @@ pub fn build(cfg: &DataConfig, opts: &DataOptions<'_>) -> Result<Data> {
         DataConfig::Chat(c) => {
             let chat = ChatTokenizer::open(c, opts.init_from)?;
             check_vocab(&chat.tokenizer, opts.model_vocab_size)?;
-            let (train_set, eval_set) = chat_sets::plan(c)?;
+            let (train_set, eval_set) = record_sets::plan(&c.selection())?;
             let (train, stats) = chat::build_set(&train_set, c, &chat, true)?;
             tracing::info!("{}: {}", train_set.name(), chat::summary_line(&stats));
             for reason in &stats.skip_reasons {
@@ -321,22 +321,20 @@ pub fn build(cfg: &DataConfig, opts: &DataOptions<'_>) -> Result<Data> {
                 opts.init_from,
             )?;
             check_vocab(&chat.tokenizer, opts.model_vocab_size)?;
-            let (train, stats) =
-                PreferenceDataset::build("data.path", &p.path, p.split.as_deref(), p, &chat)?;
-            tracing::info!("{}: {}", p.path, preference::summary_line(&stats));
+            let (train_set, eval_set) = record_sets::plan(&p.selection())?;
+            let (train, stats) = PreferenceDataset::build(&train_set, p, &chat)?;
+            tracing::info!("{}: {}", train_set.name(), preference::summary_line(&stats));
             for reason in &stats.skip_reasons {
                 tracing::warn!("skipped {reason}");
             }
-            // Held out: `eval_path` (its `eval_split`), or `eval_split` of `path`.
-            let held_out = match (&p.eval_path, &p.eval_split) {
-                (Some(e), split) => Some(("data.eval_path", e, split.as_deref())),
-                (None, Some(split)) => Some(("data.eval_split", &p.path, Some(split.as_str()))),
-                (None, None) => None,
-            };
-            let eval = match held_out {
-                Some((key, path, split)) => {
-                    let (eval, eval_stats) = PreferenceDataset::build(key, path, split, p, &chat)?;
-                    tracing::info!("{path}: {}", preference::summary_line(&eval_stats));
+            let eval = match &eval_set {
+                Some(set) => {
+                    let (eval, eval_stats) = PreferenceDataset::build(set, p, &chat)?;
+                    tracing::info!(
+                        "held out {}: {}",
+                        set.name(),
+                        preference::summary_line(&eval_stats)
+                    );
                     Some(Arc::new(eval) as Arc<dyn Dataset>)
                 }
                 None => None,

@@ -40,7 +40,7 @@ use serde_json::Value;
 use super::chat::ChatTokenizer;
 use super::dataset::{Dataset, Example, Sample, IGNORE_INDEX};
 use super::error::{DataError, Result};
-use super::records;
+use super::record_sets::{sources_note, RecordSet, SourceStats};
 use flotilla_config::schema::{PreferenceData, TruncationMode};
 
 /// One pair's token ids, before truncation.
@@ -74,6 +74,8 @@ pub struct PreferenceStats {
     /// Malformed records skipped (`data.skip_bad_records`), with the first reasons.
     pub skipped: usize,
     pub skip_reasons: Vec<String>,
+    /// What each source held, held out and gave (one entry for a single path).
+    pub sources: Vec<SourceStats>,
 }
 
 /// Preference pairs of one file.
@@ -276,71 +278,83 @@ fn truncate(ids: PairIds, cfg: &PreferenceData) -> Option<([Sequence; 2], usize)
 }
 
 impl PreferenceDataset {
-    /// Reads and tokenizes the pairs of `path` (`key`: its config key; `split`: the split of a
-    /// directory of shards), a chunk of records at a time.
+    /// Reads and tokenizes the pairs of `set` (a file or a mixture of sources, each taking
+    /// its records as many times as the set says), a chunk of records at a time.
     pub fn build(
-        key: &str,
-        path: &str,
-        split: Option<&str>,
+        set: &RecordSet,
         cfg: &PreferenceData,
         chat: &ChatTokenizer,
     ) -> Result<(Self, PreferenceStats)> {
-        let files = records::locate(key, path, split)?;
         let mut stats = PreferenceStats::default();
         let mut pairs = Vec::new();
-        for chunk in files.chunks() {
-            let chunk = chunk?;
-            for k in 0..chunk.len() {
-                stats.records += 1;
-                let origin = chunk.origin(k);
-                let ids = chunk
-                    .record(k)
-                    .map_err(|e| match e {
-                        DataError::Record { message, .. } => message,
-                        other => other.to_string(),
-                    })
-                    .and_then(|r| tokenize_pair(chat, &r));
-                let ids = match ids {
-                    Ok(ids) => ids,
-                    Err(message) if cfg.skip_bad_records => {
-                        stats.skipped += 1;
-                        if stats.skip_reasons.len() < 5 {
-                            stats.skip_reasons.push(format!("{origin}: {message}"));
-                        }
+        for (part, counted) in set.parts.iter().zip(&set.counted) {
+            let mut source = SourceStats {
+                path: part.files.spec.clone(),
+                held_out: counted.map_or(0, |c| c.1),
+                ..Default::default()
+            };
+            for chunk in part.files.chunks() {
+                let chunk = chunk?;
+                source.records += chunk.len();
+                for k in 0..chunk.len() {
+                    let times = part.takes.as_ref().map_or(1, |t| t[chunk.index(k)]) as usize;
+                    if times == 0 {
                         continue;
                     }
-                    Err(message) => {
-                        return Err(origin.error(format!(
-                            "{message} (or set data.skip_bad_records=true to count and skip \
-                             such records)"
-                        )))
-                    }
-                };
-                let Some(([(chosen, chosen_start), (rejected, rejected_start)], cut)) =
-                    truncate(ids, cfg)
-                else {
-                    stats.dropped_long_prompt += 1;
-                    continue;
-                };
-                stats.truncated += cut;
-                pairs.push(Pair {
-                    chosen,
-                    chosen_start,
-                    rejected,
-                    rejected_start,
-                    source: origin.place.number(),
-                });
+                    source.taken += times;
+                    stats.records += times;
+                    let origin = chunk.origin(k);
+                    let ids = chunk
+                        .record(k)
+                        .map_err(|e| match e {
+                            DataError::Record { message, .. } => message,
+                            other => other.to_string(),
+                        })
+                        .and_then(|r| tokenize_pair(chat, &r));
+                    let ids = match ids {
+                        Ok(ids) => ids,
+                        Err(message) if cfg.skip_bad_records => {
+                            stats.skipped += times;
+                            if stats.skip_reasons.len() < 5 {
+                                stats.skip_reasons.push(format!("{origin}: {message}"));
+                            }
+                            continue;
+                        }
+                        Err(message) => {
+                            return Err(origin.error(format!(
+                                "{message} (or set data.skip_bad_records=true to count and skip \
+                                 such records)"
+                            )))
+                        }
+                    };
+                    let Some(([(chosen, chosen_start), (rejected, rejected_start)], cut)) =
+                        truncate(ids, cfg)
+                    else {
+                        stats.dropped_long_prompt += times;
+                        continue;
+                    };
+                    stats.truncated += cut * times;
+                    let pair = Pair {
+                        chosen,
+                        chosen_start,
+                        rejected,
+                        rejected_start,
+                        source: origin.place.number(),
+                    };
+                    pairs.extend(std::iter::repeat_n(pair, times));
+                }
             }
+            stats.sources.push(source);
         }
         stats.pairs = pairs.len();
         if pairs.is_empty() {
             return Err(DataError::config(
-                key,
+                &set.parts[0].files.key,
                 format!(
                     "{} has no usable preference pair ({} records, {} with a prompt that fills \
                      data.seq_len={}, {} skipped); raise data.seq_len or set \
                      data.max_prompt_length",
-                    files.describe(),
+                    set.name(),
                     stats.records,
                     stats.dropped_long_prompt,
                     cfg.seq_len,
@@ -358,7 +372,7 @@ impl PreferenceDataset {
                 pairs,
                 seq_len: cfg.seq_len,
                 pad,
-                path: files.describe(),
+                path: set.name(),
             },
             stats,
         ))
@@ -449,6 +463,7 @@ pub fn summary_line(stats: &PreferenceStats) -> String {
     if stats.skipped > 0 {
         line.push_str(&format!(", {} bad records skipped", stats.skipped));
     }
+    line.push_str(&sources_note(&stats.sources));
     line
 }
 
@@ -492,10 +507,14 @@ mod tests {
 
     fn cfg(seq_len: usize, mode: TruncationMode, max_prompt: Option<usize>) -> PreferenceData {
         PreferenceData {
-            path: "p.jsonl".into(),
+            path: Some("p.jsonl".into()),
             split: None,
+            sources: None,
             eval_path: None,
             eval_split: None,
+            eval_fraction: None,
+            eval_records: None,
+            seed: None,
             tokenizer: None,
             chat_template: None,
             max_prompt_length: max_prompt,

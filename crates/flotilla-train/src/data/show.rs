@@ -8,10 +8,11 @@
 
 use serde::Serialize;
 
-use super::chat::{self, ChatStats, SourceStats};
+use super::chat::{self, ChatStats};
 use super::dataset::{Dataset, Example, IGNORE_INDEX};
 use super::error::Result;
 use super::preference;
+use super::record_sets::SourceStats;
 use super::tokenizer::Tokenizer;
 use super::Data;
 
