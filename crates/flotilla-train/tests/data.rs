@@ -477,6 +477,64 @@ fn jsonl_config(path: &Path, mask: bool, tokenizer: &str) -> DataConfig {
     ))
 }
 
+/// The completions of a jsonl dataset's samples: the bytes between the prompt's `=` and EOS.
+fn jsonl_completions(ds: &dyn data::Dataset) -> Vec<String> {
+    (0..ds.len())
+        .map(|i| {
+            let ids = ds.example(i).unwrap().ids;
+            let bytes: Vec<u8> = ids.iter().filter(|&&t| t < 256).map(|&t| t as u8).collect();
+            String::from_utf8(bytes).unwrap()
+        })
+        .collect()
+}
+
+/// jsonl data mixes sources and carves held-out records as chat data does: each source's
+/// share of what is left after its held-out records, a share above the source repeating it.
+#[test]
+fn jsonl_sources_take_their_shares_and_hold_records_out() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = dir.path().join("a.jsonl");
+    let lines: Vec<String> = (0..30)
+        .map(|i| format!(r#"{{"prompt": "a{i}=", "completion": "x"}}"#))
+        .collect();
+    std::fs::write(&a, lines.join("\n")).unwrap();
+    let b = dir.path().join("b.json");
+    let items: Vec<String> = (0..10)
+        .map(|i| format!(r#"{{"prompt": "b{i}=", "completion": "y"}}"#))
+        .collect();
+    std::fs::write(&b, format!("[{}]", items.join(","))).unwrap();
+    let config = |seed: u64| {
+        data_config(&format!(
+            "kind: jsonl\npath: null\nsources: [{{path: {}, fraction: 0.5}}, {{path: {}, records: 15}}]\n\
+             eval_path: null\neval_fraction: 0.2\nseed: {seed}\nprompt_template: '{{prompt}}'\n\
+             completion_key: completion\nmask_prompt: true\ntokenizer: byte\nvocab_size: 400\n\
+             seq_len: 16\nshuffle: false\nnum_workers: 0\n",
+            a.display(),
+            b.display()
+        ))
+    };
+    let d = data::build(&config(1), &opts(300, None)).unwrap();
+    let train = jsonl_completions(d.train.as_ref());
+    let eval = jsonl_completions(d.eval.as_ref().unwrap().as_ref());
+    // Held out: 20% of each source (6 of a, 2 of b); of the rest, half of a's 24 and 15 of
+    // b's 8 (each once, the first 7 twice).
+    let from = |set: &[String], p: char| set.iter().filter(|t| t.starts_with(p)).count();
+    assert_eq!((from(&train, 'a'), from(&train, 'b')), (12, 15));
+    assert_eq!((from(&eval, 'a'), from(&eval, 'b')), (6, 2));
+    assert!(
+        eval.iter().all(|e| !train.contains(e)),
+        "a held-out record is trained on: {eval:?} {train:?}"
+    );
+    let distinct_b: HashSet<&String> = train.iter().filter(|t| t.starts_with('b')).collect();
+    assert_eq!(distinct_b.len(), 8);
+    // The seed picks them.
+    let other = data::build(&config(2), &opts(300, None)).unwrap();
+    assert_ne!(
+        jsonl_completions(other.eval.as_ref().unwrap().as_ref()),
+        eval
+    );
+}
+
 #[test]
 fn jsonl_alpaca_masks_the_prompt() {
     let dir = tempfile::tempdir().unwrap();

@@ -738,7 +738,7 @@ impl Check<'_> {
                 self.vocab(t.tokenizer.as_ref(), t.vocab_size, model);
             }
             DataConfig::Jsonl(j) => {
-                self.non_empty("data.path", &j.path);
+                self.record_selection(&j.selection(), "jsonl data", "train.jsonl");
                 self.non_empty("data.completion_key", &j.completion_key);
                 self.vocab(j.tokenizer.as_ref(), j.vocab_size, model);
             }

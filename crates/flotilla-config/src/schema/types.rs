@@ -743,9 +743,24 @@ section! {
 section! {
     /// `data` with `kind: jsonl`: prompt/completion records.
     pub struct JsonlData {
-        path: String => "/path/to/train.jsonl",
-        /// Held-out records; `None`: no evaluation data.
+        /// A data file (`.jsonl`, `.json`, `.parquet`, `.arrow`), a glob, a directory of
+        /// Parquet shards or a `datasets.save_to_disk` directory; `None` with `sources`.
+        path: Option<String> => "/path/to/train.jsonl",
+        /// The split of a directory that holds several; `None`: `train`.
+        split: Option<String> => "train",
+        /// Several sources mixed into the training set, instead of `path`.
+        sources: Option<Vec<DataSource>> => "[{path: /path/to/a.parquet, weight: 1.0}]",
+        /// Held-out records; `None`: no evaluation data (or `eval_split`, or a carved
+        /// `eval_fraction`/`eval_records`).
         eval_path: Option<String> => "/path/to/eval.jsonl",
+        /// The split of `eval_path` (or, without it, of `path`) held out for evaluation.
+        eval_split: Option<String> => "test",
+        /// A fraction of the training records held out for evaluation (without `eval_path`).
+        eval_fraction: Option<f64> => "0.05",
+        /// A number of training records held out for evaluation (without `eval_path`).
+        eval_records: Option<usize> => "500",
+        /// Seeds the mixture's sampling and the held-out records; `None`: 0.
+        seed: Option<usize> => "0",
         /// `{field}` is replaced by that record field.
         prompt_template: String => "'{prompt}'",
         /// Record field appended after the rendered prompt.
@@ -904,47 +919,32 @@ impl<'a> RecordSelection<'a> {
     }
 }
 
-impl ChatData {
-    /// The records this data set is made of.
-    pub fn selection(&self) -> RecordSelection<'_> {
-        RecordSelection {
-            path: self.path.as_deref(),
-            split: self.split.as_deref(),
-            sources: self.sources.as_deref(),
-            eval_path: self.eval_path.as_deref(),
-            eval_split: self.eval_split.as_deref(),
-            eval_fraction: self.eval_fraction,
-            eval_records: self.eval_records,
-            seed: self.seed.unwrap_or(0) as u64,
+/// The [`RecordSelection`] of each data section that reads records.
+macro_rules! record_selection {
+    ($($section:ident),+) => {$(
+        impl $section {
+            /// The records this data set is made of.
+            pub fn selection(&self) -> RecordSelection<'_> {
+                RecordSelection {
+                    path: self.path.as_deref(),
+                    split: self.split.as_deref(),
+                    sources: self.sources.as_deref(),
+                    eval_path: self.eval_path.as_deref(),
+                    eval_split: self.eval_split.as_deref(),
+                    eval_fraction: self.eval_fraction,
+                    eval_records: self.eval_records,
+                    seed: self.seed.unwrap_or(0) as u64,
+                }
+            }
+
+            /// Whether the job has evaluation data ([`RecordSelection::has_eval`]).
+            pub fn has_eval(&self) -> bool {
+                self.selection().has_eval()
+            }
         }
-    }
-
-    /// Whether the job has evaluation data ([`RecordSelection::has_eval`]).
-    pub fn has_eval(&self) -> bool {
-        self.selection().has_eval()
-    }
+    )+};
 }
-
-impl PreferenceData {
-    /// The records this data set is made of.
-    pub fn selection(&self) -> RecordSelection<'_> {
-        RecordSelection {
-            path: self.path.as_deref(),
-            split: self.split.as_deref(),
-            sources: self.sources.as_deref(),
-            eval_path: self.eval_path.as_deref(),
-            eval_split: self.eval_split.as_deref(),
-            eval_fraction: self.eval_fraction,
-            eval_records: self.eval_records,
-            seed: self.seed.unwrap_or(0) as u64,
-        }
-    }
-
-    /// Whether the job has evaluation data ([`RecordSelection::has_eval`]).
-    pub fn has_eval(&self) -> bool {
-        self.selection().has_eval()
-    }
-}
+record_selection!(ChatData, PreferenceData, JsonlData);
 
 impl DataConfig {
     pub fn kind(&self) -> DataKind {

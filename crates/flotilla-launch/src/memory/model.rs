@@ -794,7 +794,7 @@ impl<'a> Step<'a> {
                 DataConfig::Arithmetic(d) => d.num_eval > 0,
                 DataConfig::Tokens(d) => d.eval_path.is_some(),
                 DataConfig::Text(d) => d.eval_paths.is_some(),
-                DataConfig::Jsonl(d) => d.eval_path.is_some(),
+                DataConfig::Jsonl(d) => d.has_eval(),
                 DataConfig::Chat(d) => d.has_eval(),
                 DataConfig::Preference(d) => d.has_eval(),
             }

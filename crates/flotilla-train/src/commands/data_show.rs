@@ -146,7 +146,7 @@ fn data_path(cfg: &flotilla_config::schema::DataConfig) -> &str {
     use flotilla_config::schema::DataConfig;
     match cfg {
         DataConfig::Chat(c) => c.selection().describe(),
-        DataConfig::Jsonl(j) => &j.path,
+        DataConfig::Jsonl(j) => j.selection().describe(),
         DataConfig::Preference(p) => p.selection().describe(),
         _ => "data",
     }

@@ -11,7 +11,8 @@
 //! `mask_prompt` only the completion and EOS carry labels (prompt labels are -100).
 //!
 //! The records come from any file [`super::records`] reads (`.jsonl`, `.json`, Parquet,
-//! Arrow, globs and directories of them). Blank lines are skipped; anything else that is not a
+//! Arrow, globs and directories of them), or from a mixture of such sources with a carved
+//! held-out set ([`super::record_sets`]). Blank lines are skipped; anything else that is not a
 //! JSON object with the fields above is an error naming the file and the line (or row).
 
 use std::path::{Path, PathBuf};
@@ -19,6 +20,8 @@ use std::path::{Path, PathBuf};
 use serde_json::Value;
 
 use super::error::{DataError, Result};
+use super::record_sets::RecordSet;
+use super::records::Origin;
 use super::sequences::SequenceDataset;
 use super::tokenizer::Tokenizer;
 
@@ -130,61 +133,78 @@ pub struct Record {
     pub line: usize,
 }
 
-/// Reads the records of `path` (a `.jsonl` or `.json` file, Parquet, Arrow, a glob or a
-/// directory of them: [`super::records`]; `key` names its config key).
+/// Reads the records of `set` (a file, a glob, a directory of them or a mixture of sources:
+/// [`super::record_sets`]), each as many times as the set takes it.
 pub fn read_records(
-    key: &str,
-    path: &Path,
+    set: &RecordSet,
     template: &Template,
     completion_key: &str,
 ) -> Result<Vec<Record>> {
-    let files = super::records::locate(key, &path.to_string_lossy(), None)?;
     let mut records = vec![];
-    for item in files.records() {
-        let (origin, value) = item?;
-        let n = origin.place.number();
-        let Value::Object(obj) = value else {
-            return Err(origin.error("a record must be a JSON object"));
-        };
-        let record = if let Some(c) = obj.get(completion_key) {
-            let prompt = template.render(&obj).map_err(|f| {
-                origin.error(format!(
-                    "record has no field '{f}', which data.prompt_template uses"
-                ))
-            })?;
-            Record {
-                prompt,
-                completion: value_text(c),
-                has_prompt: true,
-                line: n,
+    for part in &set.parts {
+        for chunk in part.files.chunks() {
+            let chunk = chunk?;
+            for k in 0..chunk.len() {
+                let times = part.takes.as_ref().map_or(1, |t| t[chunk.index(k)]) as usize;
+                if times == 0 {
+                    continue;
+                }
+                let origin = chunk.origin(k);
+                let record = parse_record(chunk.record(k)?, &origin, template, completion_key)?;
+                records.extend(std::iter::repeat_n(record, times));
             }
-        } else if let Some(t) = obj.get("text") {
-            let Value::String(t) = t else {
-                return Err(origin.error("field 'text' is not a string"));
-            };
-            Record {
-                prompt: String::new(),
-                completion: t.clone(),
-                has_prompt: false,
-                line: n,
-            }
-        } else {
-            let keys: Vec<&str> = obj.keys().map(String::as_str).collect();
-            return Err(origin.error(format!(
-                "record has neither '{completion_key}' (data.completion_key) nor 'text'; its \
-                 fields are [{}]",
-                keys.join(", ")
-            )));
-        };
-        records.push(record);
+        }
     }
     if records.is_empty() {
         return Err(DataError::config(
-            key,
-            format!("{} has no records", files.describe()),
+            &set.parts[0].files.key,
+            format!("{} has no records", set.name()),
         ));
     }
     Ok(records)
+}
+
+/// One record as a prompt and completion, or as a text.
+fn parse_record(
+    value: Value,
+    origin: &Origin,
+    template: &Template,
+    completion_key: &str,
+) -> Result<Record> {
+    let n = origin.place.number();
+    let Value::Object(obj) = value else {
+        return Err(origin.error("a record must be a JSON object"));
+    };
+    if let Some(c) = obj.get(completion_key) {
+        let prompt = template.render(&obj).map_err(|f| {
+            origin.error(format!(
+                "record has no field '{f}', which data.prompt_template uses"
+            ))
+        })?;
+        Ok(Record {
+            prompt,
+            completion: value_text(c),
+            has_prompt: true,
+            line: n,
+        })
+    } else if let Some(t) = obj.get("text") {
+        let Value::String(t) = t else {
+            return Err(origin.error("field 'text' is not a string"));
+        };
+        Ok(Record {
+            prompt: String::new(),
+            completion: t.clone(),
+            has_prompt: false,
+            line: n,
+        })
+    } else {
+        let keys: Vec<&str> = obj.keys().map(String::as_str).collect();
+        Err(origin.error(format!(
+            "record has neither '{completion_key}' (data.completion_key) nor 'text'; its \
+             fields are [{}]",
+            keys.join(", ")
+        )))
+    }
 }
 
 /// Encodes records into one padded sample each (see the module docs).

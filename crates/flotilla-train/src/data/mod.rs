@@ -232,12 +232,8 @@ pub fn build(cfg: &DataConfig, opts: &DataOptions<'_>) -> Result<Data> {
         }
         DataConfig::Jsonl(j) => {
             let template = jsonl::Template::parse(&j.prompt_template)?;
-            let records = jsonl::read_records(
-                "data.path",
-                Path::new(&j.path),
-                &template,
-                &j.completion_key,
-            )?;
+            let (train_set, eval_set) = record_sets::plan(&j.selection())?;
+            let records = jsonl::read_records(&train_set, &template, &j.completion_key)?;
             let tokenizer = tokenizer::tokenizer_for_spec(
                 &base_or(&j.tokenizer, opts),
                 j.vocab_size,
@@ -251,22 +247,17 @@ pub fn build(cfg: &DataConfig, opts: &DataOptions<'_>) -> Result<Data> {
             )?;
             check_vocab(&tokenizer, opts.model_vocab_size)?;
             let train = Arc::new(jsonl::encode_records(
-                &j.path,
+                train_set.name(),
                 &records,
                 &tokenizer,
                 j.seq_len,
                 j.mask_prompt,
             )?);
-            let eval = match &j.eval_path {
-                Some(p) => {
-                    let recs = jsonl::read_records(
-                        "data.eval_path",
-                        Path::new(p),
-                        &template,
-                        &j.completion_key,
-                    )?;
+            let eval = match &eval_set {
+                Some(set) => {
+                    let recs = jsonl::read_records(set, &template, &j.completion_key)?;
                     Some(Arc::new(jsonl::encode_records(
-                        p,
+                        set.name(),
                         &recs,
                         &tokenizer,
                         j.seq_len,
