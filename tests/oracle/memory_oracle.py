@@ -5,11 +5,12 @@ parameters left out).
 
     memory_oracle.py CASES
 
-CASES is a JSON list of [BATCH, SEQ, DTYPE, CONFIG, PACKED] (DTYPE float32 or bfloat16; CONFIG
-the model's `config.json` as an object, its family named by `architectures`; PACKED true:
-every row packs three sequences, with position ids restarting at each and the boolean
-block-diagonal causal mask transformers makes of them). Measures, for each, one micro-batch of
-BATCH x SEQ tokens:
+CASES is a JSON list of [BATCH, SEQ, DTYPE, CONFIG, PACKED, CHUNK] (DTYPE float32 or bfloat16;
+CONFIG the model's `config.json` as an object, its family named by `architectures`; PACKED
+true: every row packs three sequences, with position ids restarting at each and the boolean
+block-diagonal causal mask transformers makes of them; CHUNK: the tokens of one chunk of the
+loss fused with the head, or null for the whole logits). Measures, for each, one micro-batch
+of BATCH x SEQ tokens:
 
 - block: the family's first decoder layer as transformers builds it (`LlamaDecoderLayer`,
   `Gemma2DecoderLayer`, ...; sdpa attention, eager where the family soft-caps its scores as
@@ -21,7 +22,9 @@ BATCH x SEQ tokens:
 - head: the family's final RMSNorm and the LM head (logits soft-capped where the family caps
   them) with flotilla's loss (the logits shifted by one position, cast to fp32, summed
   cross-entropy), the storages saved plus its input; and the
-  logits' bytes, which flotilla's engine keeps as the head unit's output.
+  logits' bytes, which flotilla's engine keeps as the head unit's output. With CHUNK, the
+  same for the first CHUNK tokens only (unshifted: the data's labels are shifted already), plus
+  the whole micro-batch's input: what the fused head and loss hold while a chunk runs.
 
 Prints a JSON list of one object per case as the last line of stdout.
 """
@@ -66,7 +69,7 @@ def family(config):
     return importlib.import_module(f"transformers.models.{module}.modeling_{module}"), prefix
 
 
-def measure(b, t, dtype, model, packed=False):
+def measure(b, t, dtype, model, packed=False, chunk=None):
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype]
     torch.manual_seed(0)
     fields = dict(model)
@@ -133,14 +136,24 @@ def measure(b, t, dtype, model, packed=False):
     x = torch.randn(b, t, h, dtype=dtype, requires_grad=True)
     labels = torch.randint(0, vocab, (b, t))
     saved = Saved(list(norm.parameters()) + list(lm_head.parameters()))
-    with saved.hooks():
-        logits = lm_head(norm(x))
-        if cap is not None:
-            logits = torch.tanh(logits / cap) * cap
-        shifted = logits[:, :-1].float().reshape(-1, vocab)
-        loss = torch.nn.functional.cross_entropy(
-            shifted, labels[:, 1:].reshape(-1), reduction="sum"
-        )
+    if chunk is None:
+        with saved.hooks():
+            logits = lm_head(norm(x))
+            if cap is not None:
+                logits = torch.tanh(logits / cap) * cap
+            shifted = logits[:, :-1].float().reshape(-1, vocab)
+            loss = torch.nn.functional.cross_entropy(
+                shifted, labels[:, 1:].reshape(-1), reduction="sum"
+            )
+    else:
+        rows = x.detach().reshape(-1, h)[:chunk].detach().requires_grad_()
+        with saved.hooks():
+            logits = lm_head(norm(rows[None]))
+            if cap is not None:
+                logits = torch.tanh(logits / cap) * cap
+            loss = torch.nn.functional.cross_entropy(
+                logits.float().reshape(-1, vocab), labels.reshape(-1)[:chunk], reduction="sum"
+            )
     head = saved.held(x)
     logits_bytes = logits.untyped_storage().nbytes()
     loss.backward()

@@ -4,7 +4,8 @@
 //! which device `auto` means) goes through here, which loads the library first. Training,
 //! `generate` and `bench comm` all choose their device with [`device_count`] and
 //! [`auto_device`], so `auto` means the same thing everywhere. [`bind`] makes a rank's device
-//! the current one explicitly, before anything allocates on it.
+//! the current one explicitly, before anything allocates on it; [`set_allow_tf32`] sets
+//! libtorch's TF32 switches (`trainer.allow_tf32`).
 
 use std::path::Path;
 use std::sync::{Arc, OnceLock};
@@ -91,9 +92,42 @@ pub fn bind(device: Device) -> Result<(), String> {
     Ok(())
 }
 
+extern "C" {
+    fn flotilla_set_allow_tf32(allow: bool);
+    fn flotilla_allow_tf32_cublas() -> bool;
+}
+
+/// Lets fp32 matrix products (cuBLAS) and convolutions (cuDNN) run in TF32 on GPUs that have
+/// it, or not, as `torch.backends.cuda.matmul.allow_tf32` and `torch.backends.cudnn.allow_tf32`
+/// do (`trainer.allow_tf32`; PyTorch's default for matrix products is off). Process-wide.
+pub fn set_allow_tf32(allow: bool) {
+    // SAFETY: sets two flags of libtorch's global context.
+    unsafe { flotilla_set_allow_tf32(allow) }
+}
+
+/// Whether fp32 matrix products may run in TF32 ([`set_allow_tf32`]).
+pub fn allow_tf32() -> bool {
+    // SAFETY: reads a flag of libtorch's global context.
+    unsafe { flotilla_allow_tf32_cublas() }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The switch reaches libtorch's context and back (the only test in this binary that
+    /// touches it).
+    #[test]
+    fn tf32_is_off_by_default_and_switches() {
+        assert!(
+            !allow_tf32(),
+            "PyTorch's default: no TF32 for fp32 matrix products"
+        );
+        set_allow_tf32(true);
+        assert!(allow_tf32());
+        set_allow_tf32(false);
+        assert!(!allow_tf32());
+    }
 
     /// Without a GPU, `auto` is the CPU and binding the CPU does nothing; the count agrees
     /// with libtorch's own answer once the library is loaded.

@@ -15,7 +15,8 @@ use crate::data::{eval_batches, greedy_generate_in_step, ArithmeticTask, Batch, 
 use crate::error::TrainError;
 use crate::host_memory::HostPhase;
 use crate::model::TokenInput;
-use crate::objective::{next_token_loss_sum, Dpo, DpoSums, Objective};
+use crate::objective::next_token::next_token_loss_sum_chunked;
+use crate::objective::{Dpo, DpoSums, Objective};
 use crate::parallel::tensor_comm::TensorCollectives;
 use crate::preempt;
 use crate::trainer::Trainer;
@@ -69,7 +70,9 @@ impl Trainer {
         let mut sum = 0.0;
         let (model, weights) = (&self.model, &mut self.weights);
         weights.forward_eval(model, &inputs, &mut |i, logits| {
-            sum += next_token_loss_sum(&logits, &batches.micro_batches[i]).f_double_value(&[])?;
+            let batch = &batches.micro_batches[i];
+            let rows = model.config().loss_chunk_rows(batch.labels.numel());
+            sum += next_token_loss_sum_chunked(&logits, batch, rows)?.f_double_value(&[])?;
             Ok(())
         })?;
         drop(inputs);

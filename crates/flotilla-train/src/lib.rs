@@ -61,8 +61,8 @@ pub use fit::{fit, resume, EvalSet, FitOptions};
 pub use flotilla_contract::metrics::{EvalMetrics, MetricsRow, MetricsWriter};
 pub use optim::{clip_grad_norm, AdamW, AdamWConfig, LossScaler, Schedule};
 pub use parallel::{
-    parallelize, DistContext, Engine, EngineOptions, HeldTensors, MemoryReport, ParallelWeights,
-    SingleProcess, Strategy,
+    parallelize, DistContext, Engine, EngineOptions, HeldTensors, LossChunks, MemoryReport,
+    ParallelWeights, SingleProcess, Strategy,
 };
 pub use progress::Progress;
 pub use trainer::{torch_device, Trainer};

@@ -12,9 +12,10 @@
 //!   decoder layer of each family — Llama (also packed), Qwen3's q/k norms, Phi-3's fused
 //!   projections and partial rotary, Mistral's sliding window under SDPA, Gemma 2's four norms,
 //!   GeGLU and eager soft-capped attention —, and the final norm, LM head (soft-capped logits
-//!   for Gemma 2) and flotilla's shifted fp32 cross-entropy, distinct storages counted with
-//!   `saved_tensors_hooks`) against the estimate's per-block and loss terms, within 10%, with
-//!   and without activation checkpointing, fp32 and bf16.
+//!   for Gemma 2) with flotilla's fp32 cross-entropy over one chunk of tokens as the fused
+//!   loss runs it (the `small` model's 4096 words over 512 hidden: 8 chunks), distinct storages
+//!   counted with `saved_tensors_hooks`) against the estimate's per-block and loss terms,
+//!   within 10%, with and without activation checkpointing, fp32 and bf16.
 //! - The CLI: `flotilla plan --memory` (table and JSON) and `flotilla run` for llama-8b on 8
 //!   H100s: DDP refused with exit status 2, the largest term and ranked advice, nothing
 //!   created; FSDP FULL_SHARD with sharded checkpoints accepted (`--dry-run`);
@@ -36,7 +37,7 @@ use common::ov;
 use compose::composer;
 use flotilla_comm::comm::Communicator;
 use flotilla_config::schema::hf_config::HfLlamaConfig;
-use flotilla_config::schema::{DistConfig, JobConfig};
+use flotilla_config::schema::{DistConfig, JobConfig, ObjectiveConfig};
 use flotilla_launch::memory::{self, Phase, Step, TermKind};
 use flotilla_train::data::{self, BatchLayout, DataLoader, DataOptions};
 use flotilla_train::model::{CausalLm, Params};
@@ -661,12 +662,17 @@ fn oracle(cases: &[(JobConfig, &str)]) -> Option<Vec<Saved>> {
         .iter()
         .map(|(job, dtype)| {
             let config = serde_json::to_value(HfLlamaConfig::from(&job.model)).unwrap();
+            // Next-token jobs fuse the loss with the head, a chunk of tokens at a time.
+            let tokens = job.trainer.micro_batch_size * job.data.seq_len();
+            let chunk = matches!(job.objective, ObjectiveConfig::Sft)
+                .then(|| job.model.loss_chunk_rows(tokens));
             serde_json::json!([
                 job.trainer.micro_batch_size,
                 job.data.seq_len(),
                 dtype,
                 config,
-                job.data.isolates_packed_sequences()
+                job.data.isolates_packed_sequences(),
+                chunk
             ])
         })
         .collect();
@@ -830,7 +836,7 @@ fn plan_memory_prints_the_terms_and_json_for_scripts() {
     for needle in [
         "8 ranks (1 node x 8), DDP, bf16-mixed, micro batch 1 x 4096 tokens",
         "AdamW moments (fp32)",
-        "logits (bf16, vocab 128256)",
+        "logits (bf16, vocab 128256, chunks of 128 tokens)",
         "peak per GPU:",
         "DOES NOT FIT one NVIDIA H100",
         "host RAM per node:",

@@ -11,7 +11,7 @@ use flotilla_config::schema::ModelConfig;
 use flotilla_train::data::{Batch, IGNORE_INDEX};
 use flotilla_train::model::{CausalLm, Params};
 use flotilla_train::objective::next_token_loss_sum;
-use flotilla_train::{Engine, EngineOptions, SingleProcess, Strategy, TrainError};
+use flotilla_train::{Engine, EngineOptions, LossChunks, SingleProcess, Strategy, TrainError};
 use tch::{Device, Kind, Tensor};
 
 fn tiny(tied: bool) -> ModelConfig {
@@ -103,11 +103,17 @@ fn engine_matches_whole_graph_backward() {
         let model = CausalLm::new(&tiny(tied)).unwrap();
         let params = model.init_params(5, Device::Cpu, Kind::Float);
         let whole_rows = reference(&model, &params, &batch(4, 12, 1), 1).0;
-        for (b, ckpt) in [
-            (batch(4, 12, 1), false),
-            (batch(4, 12, 1), true),
-            (packed(batch(4, 12, 1)), false),
-            (packed(batch(4, 12, 1)), true),
+        // The head and loss fused in chunks of 5 of the 48 tokens (the last one short), or in
+        // one chunk (`Auto`: the vocabulary is smaller than the hidden size), or the whole
+        // logits then the loss.
+        for (b, ckpt, loss_chunks) in [
+            (batch(4, 12, 1), false, LossChunks::Auto),
+            (batch(4, 12, 1), false, LossChunks::Rows(5)),
+            (batch(4, 12, 1), false, LossChunks::Whole),
+            (batch(4, 12, 1), true, LossChunks::Rows(5)),
+            (batch(4, 12, 1), true, LossChunks::Whole),
+            (packed(batch(4, 12, 1)), false, LossChunks::Rows(7)),
+            (packed(batch(4, 12, 1)), true, LossChunks::Auto),
         ] {
             let tokens = b.num_loss_tokens;
             let (ref_loss, ref_grads) = reference(&model, &params, &b, tokens);
@@ -121,6 +127,7 @@ fn engine_matches_whole_graph_backward() {
                 &model,
                 EngineOptions {
                     activation_checkpointing: ckpt,
+                    loss_chunks,
                     ..EngineOptions::default()
                 },
             );
@@ -134,8 +141,8 @@ fn engine_matches_whole_graph_backward() {
             let d = max_diff(&grads, &ref_grads);
             let packed = b.positions.is_some();
             eprintln!(
-                "tied={tied} ckpt={ckpt} packed={packed}: loss {loss} vs {ref_loss}, max grad \
-                 diff {d:e}"
+                "tied={tied} ckpt={ckpt} packed={packed} {loss_chunks:?}: loss {loss} vs \
+                 {ref_loss}, max grad diff {d:e}"
             );
             assert!((loss - ref_loss).abs() <= 1e-6 * ref_loss.abs());
             assert!(d <= 1e-7, "max grad diff {d:e}");

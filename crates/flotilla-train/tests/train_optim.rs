@@ -27,6 +27,10 @@ fn python() -> PathBuf {
 }
 
 fn inputs() -> (Params, Vec<Params>) {
+    // libtorch's generator is global to the process and the tests run on threads: the seed
+    // and the draws are made under one lock, so every call gets the same tensors.
+    static DRAWS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _draws = DRAWS.lock().unwrap_or_else(|e| e.into_inner());
     tch::manual_seed(11);
     let opts = (Kind::Float, Device::Cpu);
     let mut params = Params::new();

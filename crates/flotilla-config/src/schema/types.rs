@@ -452,6 +452,15 @@ section! {
 }
 
 impl ModelConfig {
+    /// Tokens a chunk of the next-token loss takes when the
+    /// head and the loss are fused: `tokens` split into `ceil(vocab / hidden)` chunks, so that
+    /// a chunk's logits are about the size of the head's input (Liger's fused linear
+    /// cross-entropy's rule). A vocabulary no larger than the hidden size is one chunk.
+    pub fn loss_chunk_rows(&self, tokens: usize) -> usize {
+        let chunks = self.vocab_size.div_ceil(self.hidden_size.max(1)).max(1);
+        tokens.div_ceil(chunks).max(1)
+    }
+
     /// Per-head dimension: `head_dim`, else `hidden_size / num_attention_heads`.
     pub fn head_dim(&self) -> usize {
         self.head_dim
@@ -522,6 +531,9 @@ section! {
         save_dtype: Option<SaveDtype>,
         /// The largest weights file of `final/` (absent: [`DEFAULT_MAX_SHARD_SIZE`]).
         max_shard_size: Option<ShardSize>,
+        /// fp32 matrix products and convolutions on GPUs in TF32 (absent: false, PyTorch's
+        /// default).
+        allow_tf32: Option<bool>,
     }
 }
 

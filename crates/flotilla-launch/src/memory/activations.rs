@@ -1,7 +1,7 @@
 //! What one micro-batch's activations cost: the bytes each op of the decoder saves for
 //! backward, in each family's style, for the planner's terms ([`Activations`]).
 
-use flotilla_config::schema::{JobConfig, ModelType, Precision};
+use flotilla_config::schema::{JobConfig, ModelType, ObjectiveConfig, Precision};
 
 /// Activation bytes of one micro-batch (the decoder of `flotilla-train`'s `model/decoder/` as
 /// autograd runs it, in each family's style: what each op saves for backward, checked against
@@ -14,7 +14,8 @@ pub struct Activations {
     pub block_saved: u64,
     /// The embedding's input token ids.
     pub tokens: u64,
-    /// The head's input and its final norm's saved tensors.
+    /// The head's input and its final norm's saved tensors (of one chunk of tokens when the
+    /// loss is fused with the head).
     pub head: u64,
     /// The rotary tables shared by every block (fp32 `cos`/`sin`; a table per row when rows
     /// are packed).
@@ -22,11 +23,16 @@ pub struct Activations {
     /// Packed rows ([`isolates_packed_sequences`](flotilla_config::schema::DataConfig::isolates_packed_sequences)): their int64 position ids and
     /// boolean attention mask `[M, 1, T, T]`, held for the micro-batch.
     pub packing: u64,
+    /// The logits (of one chunk of tokens when the loss is fused with the head).
     pub logits: u64,
-    /// log-softmax's fp32 output and the shifted targets.
+    /// log-softmax's fp32 output and the targets.
     pub loss: u64,
-    /// The NLL and log-softmax gradients over the vocabulary, alive together.
+    /// The NLL and log-softmax gradients over the vocabulary, alive together; with the fused
+    /// loss also the head's input gradient and its fp32 weight gradient, filled chunk by chunk.
     pub loss_backward: u64,
+    /// Evaluation's loss: the whole logits of the micro-batch and one chunk's fp32 copy and
+    /// log-probabilities (`next_token_loss_sum_chunked`; DPO: every row's).
+    pub eval_loss: u64,
     /// Gradients inside one block's backward: three of the MLP's width and two of the hidden
     /// size at once, and below fp32 the block's weight gradients before their fp32 cast (an
     /// estimate; PyTorch's saved tensors check the other terms, not this one).
@@ -154,17 +160,36 @@ impl Activations {
         } else {
             0
         };
-        let rows = micro * t.saturating_sub(1);
+        // Next-token cross-entropy is fused with the head (`objective/fused_head.rs`): the
+        // final norm, the logits and the loss of one chunk of tokens at a time are alive, with
+        // the head's input and, filled chunk by chunk, its gradient and the head's fp32 weight
+        // gradient. DPO takes the whole logits (shifted by one position).
+        let fused = matches!(job.objective, ObjectiveConfig::Sft);
+        let (head_rows, rows) = if fused {
+            let chunk = m.loss_chunk_rows(n as usize) as u64;
+            (chunk, chunk)
+        } else {
+            (n, micro * t.saturating_sub(1))
+        };
+        let head_grads = if !fused {
+            0
+        } else if job.peft.lora().is_some() {
+            n * h * residual
+        } else {
+            n * h * residual + vocab * h * 4
+        };
+        let capped_logits = capped_logits * head_rows / n.max(1);
         Self {
             block_input: n * h * residual,
             block_saved: n * saved_tok + block_rotary + mask_bias,
             tokens: n * 8,
-            head: n * (h * residual + norm) + capped_logits,
+            head: n * h * residual + head_rows * norm + capped_logits,
             rotary: 2 * tables * t * rotary_dim * 4,
             packing: if packed { n * 8 + micro * t * t } else { 0 },
-            logits: n * vocab * a,
+            logits: head_rows * vocab * a,
             loss: rows * vocab * 4 + rows * 8,
-            loss_backward: 2 * rows * vocab * 4,
+            loss_backward: 2 * rows * vocab * 4 + head_grads,
+            eval_loss: n * vocab * a + 2 * rows * vocab * 4,
             block_backward: n * (mlp_backward + 2 * h) * a
                 + if a == 4 { 0 } else { block_params * a },
         }

@@ -22,7 +22,9 @@ pub mod render;
 #[cfg(test)]
 pub(crate) mod tests;
 
-use flotilla_config::schema::{DistConfig, Dtype, JobConfig, Precision, ShardingStrategy};
+use flotilla_config::schema::{
+    DistConfig, Dtype, JobConfig, ObjectiveConfig, Precision, ShardingStrategy,
+};
 use serde::Serialize;
 
 pub use advice::{advise, Advice};
@@ -267,13 +269,24 @@ fn label(job: &JobConfig, step: &Step<'_>, t: TermKind) -> String {
             job.data.seq_len()
         ),
         TermKind::Recompute => "block recomputed in backward (checkpointing)".into(),
+        TermKind::Logits if matches!(job.objective, ObjectiveConfig::Sft) => {
+            let tokens = job.trainer.micro_batch_size * job.data.seq_len();
+            format!(
+                "logits ({act_dtype}, vocab {}, chunks of {} tokens)",
+                job.model.vocab_size,
+                job.model.loss_chunk_rows(tokens)
+            )
+        }
         TermKind::Logits => format!("logits ({act_dtype}, vocab {})", job.model.vocab_size),
         TermKind::Loss => "loss: fp32 log-probabilities".into(),
+        TermKind::LossBackward if matches!(job.objective, ObjectiveConfig::Sft) => {
+            "loss backward: fp32 gradients over the vocabulary, and the head's".into()
+        }
         TermKind::LossBackward => "loss backward: fp32 gradients over the vocabulary".into(),
         TermKind::BackwardWorkspace => "one block's backward".into(),
         TermKind::OptimizerWorkspace => "AdamW temporaries".into(),
-        TermKind::EvalGather => format!("one unit's groups gathered to evaluate ({master})"),
-        TermKind::EvalForward => format!("evaluation forward ({master})"),
+        TermKind::EvalGather => format!("one unit's groups gathered to evaluate ({param})"),
+        TermKind::EvalForward => format!("evaluation forward ({act_dtype})"),
         TermKind::CheckpointGather => {
             format!("one group gathered on rank 0 to checkpoint ({master})")
         }

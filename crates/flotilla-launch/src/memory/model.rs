@@ -985,14 +985,15 @@ impl<'a> Step<'a> {
             }
         }
 
-        // Evaluation, in the master dtype without gradients: replicated weights run a
-        // micro-batch at a time; FSDP gathers the groups one unit reads and walks the units
+        // Evaluation, in the compute dtype without gradients: replicated weights run a
+        // micro-batch at a time, each unit's weights cast as it runs; FSDP gathers the groups
+        // one unit reads, cast to the param dtype before the all-gather, and walks the units
         // once for all of the rank's evaluation micro-batches.
         if self.has_eval() {
             let mut mo = base(Phase::Evaluation);
             let t = &self.job.trainer;
             let micro = t.micro_batch_size as u64;
-            let a = Activations::of(self.job, micro, m, 0);
+            let a = Activations::of(self.job, micro, self.c, 0);
             match &self.weights {
                 Weights::Fsdp(f) => {
                     if f.gathers_copy() {
@@ -1002,7 +1003,7 @@ impl<'a> Step<'a> {
                                     .iter()
                                     .map(|&g| {
                                         let g = &f.groups[g];
-                                        g.padded * m + g.frozen_padded * f.p
+                                        (g.padded + g.frozen_padded) * f.p
                                     })
                                     .sum::<u64>()
                             })
@@ -1015,17 +1016,11 @@ impl<'a> Step<'a> {
                     let hidden = rows
                         * self.job.data.seq_len() as u64
                         * self.job.model.hidden_size as u64
-                        * m;
-                    mo.add(
-                        TermKind::EvalForward,
-                        2 * hidden + a.logits + a.loss_backward,
-                    );
+                        * self.c;
+                    mo.add(TermKind::EvalForward, 2 * hidden + a.eval_loss);
                 }
                 Weights::Replicated { .. } => {
-                    mo.add(
-                        TermKind::EvalForward,
-                        a.logits + a.loss_backward + a.block_input,
-                    );
+                    mo.add(TermKind::EvalForward, a.eval_loss + a.block_input);
                 }
             }
             out.push(mo);

@@ -172,9 +172,24 @@ fn activations_per_block_and_loss_by_hand() {
     assert_eq!(a.block(), n * 10264);
     assert_eq!(a.block_input, n * 512);
     assert_eq!(a.rotary, 2 * 32 * 32 * 4);
+    // The loss fused with the head, in one chunk (a vocabulary of 32 below the hidden 128):
+    // the logits, the fp32 log-probabilities and targets, and in backward their gradients
+    // with the head's input gradient and its fp32 weight gradient.
     assert_eq!(a.logits, n * 32 * 4);
-    assert_eq!(a.loss, 4 * 31 * 32 * 4 + 4 * 31 * 8);
-    assert_eq!(a.loss_backward, 2 * 4 * 31 * 32 * 4);
+    assert_eq!(a.loss, n * 32 * 4 + n * 8);
+    assert_eq!(a.loss_backward, 2 * n * 32 * 4 + n * 128 * 4 + 32 * 128 * 4);
+    // DPO takes the whole logits of its chosen and rejected rows, shifted by one position.
+    let mut dpo = j.clone();
+    dpo.objective =
+        flotilla_config::schema::ObjectiveConfig::Dpo(flotilla_config::schema::DpoConfig {
+            beta: 0.1,
+            loss_type: flotilla_config::schema::DpoLossType::Sigmoid,
+            label_smoothing: 0.0,
+            reference: flotilla_config::schema::ReferenceModel::Precomputed,
+        });
+    let d = Step::new(&dpo).act;
+    assert_eq!(d.loss, 8 * 31 * 32 * 4 + 8 * 31 * 8);
+    assert_eq!(d.loss_backward, 2 * 8 * 31 * 32 * 4);
     // bf16: fp32 copies in the norms, half-size tensors, lse in fp32, rotary casts per block.
     let b = Step::new(&job("trainer: {precision: bf16-mixed}")).act;
     assert_eq!(b.block(), n * 5912 + 2 * 32 * 32 * 2);
@@ -458,9 +473,10 @@ fn json_names_every_term_and_the_advice() {
     let est = estimate(&j);
     let v = render::json(&est, &advise(&j, est.gpu.as_ref().unwrap().bytes));
     assert_eq!(v["fits"], false);
-    // The loss backward over a 128k vocabulary with every block's activations, on top of the
-    // replica and its AdamW state (the gradients, views of the buckets, come later).
-    assert_eq!(v["peak_phase"], "loss_backward");
+    // The loss fused with the head holds one chunk of the 128k vocabulary's logits at a time:
+    // the peak is a block's backward, on top of the replica, its AdamW state and the
+    // gradients (views of the buckets).
+    assert_eq!(v["peak_phase"], "backward");
     let keys: Vec<&str> = v["terms"]
         .as_array()
         .unwrap()

@@ -157,6 +157,9 @@ fn run_job_unguarded(
     // The rank's GPU is the current device before anything (NCCL, the allocator, the FSDP
     // storage shim) allocates on one.
     crate::cuda::bind(device).map_err(TrainError::BadState)?;
+    if device.is_cuda() {
+        crate::cuda::set_allow_tf32(job.trainer.allow_tf32.unwrap_or(false));
+    }
     // `trainer.precision: auto` for the device this rank got: bf16-mixed on a GPU.
     let resolved;
     let job = match job.trainer.precision {

@@ -3,8 +3,11 @@
 //! of supervised fine-tuning and pre-training, normalised by the global batch's labelled
 //! tokens; [`dpo`] is direct preference optimisation over pairs, normalised by the global
 //! batch's pairs. [`Objective`] chooses between them from the job's `objective`.
+//! [`fused_head`] computes next-token cross-entropy with the model's head a chunk of tokens at
+//! a time, with its gradients, so that the whole logits are never alive.
 
 pub mod dpo;
+pub mod fused_head;
 pub mod next_token;
 
 pub use dpo::{sequence_logps, Dpo, DpoSums, DPO_METRICS};

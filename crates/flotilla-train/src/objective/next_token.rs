@@ -25,3 +25,69 @@ pub fn next_token_loss_sum(logits: &Tensor, batch: &Batch) -> Tensor {
             0.0,
         )
 }
+
+/// [`next_token_loss_sum`] without gradients, `rows` tokens at a time: only one chunk's fp32
+/// log-probabilities are alive beside the logits (evaluation's peak). Equal to the whole sum up
+/// to the order of the additions.
+pub fn next_token_loss_sum_chunked(
+    logits: &Tensor,
+    batch: &Batch,
+    rows: usize,
+) -> Result<Tensor, tch::TchError> {
+    let _guard = tch::no_grad_guard();
+    let v = *logits.size().last().expect("logits [M, T, V]");
+    let flat = logits.f_reshape([-1, v])?;
+    let labels = batch.labels.f_reshape([-1])?;
+    let tokens = flat.size()[0];
+    let rows = (rows.max(1) as i64).min(tokens.max(1));
+    let mut sum = Tensor::f_zeros([], (Kind::Float, logits.device()))?;
+    let mut start = 0;
+    while start < tokens {
+        let len = rows.min(tokens - start);
+        let chunk = flat
+            .f_narrow(0, start, len)?
+            .f_to_kind(Kind::Float)?
+            .f_cross_entropy_loss::<&Tensor>(
+                &labels.f_narrow(0, start, len)?,
+                None,
+                Reduction::Sum,
+                IGNORE_INDEX,
+                0.0,
+            )?;
+        sum = sum.f_add(&chunk)?;
+        start += len;
+    }
+    Ok(sum)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_chunked_sum_is_the_whole_sum() {
+        tch::manual_seed(3);
+        let logits = Tensor::randn([3, 7, 11], (Kind::Float, tch::Device::Cpu));
+        let labels = Tensor::randint(11, [3, 7], (Kind::Int64, tch::Device::Cpu));
+        let _ = labels.narrow(1, 0, 2).fill_(IGNORE_INDEX);
+        let batch = Batch {
+            input_ids: Tensor::zeros([3, 7], (Kind::Int64, tch::Device::Cpu)),
+            positions: None,
+            num_loss_tokens: 15,
+            labels,
+            pairs: false,
+            reference_logps: None,
+        };
+        let whole = next_token_loss_sum(&logits, &batch).double_value(&[]);
+        for rows in [1, 4, 5, 21, 100] {
+            let chunked = next_token_loss_sum_chunked(&logits, &batch, rows)
+                .unwrap()
+                .double_value(&[]);
+            assert!(
+                (chunked - whole).abs() <= 1e-5 * whole.abs(),
+                "{rows}: {chunked} vs {whole}"
+            );
+        }
+        assert!(whole > 0.0);
+    }
+}

@@ -16,6 +16,7 @@ use crate::data::{Batch, StepBatches};
 use crate::error::TrainError;
 use crate::model::layers::moe::{load_balancing, RouterLog};
 use crate::model::{vjp, CausalLm, Params, TokenInput};
+use crate::objective::fused_head::fused_head_loss;
 use crate::objective::{DpoSums, Objective};
 
 /// How the engine gets parameters and hands over gradients.
@@ -119,6 +120,23 @@ pub struct EngineOptions {
     /// A mixture of experts' load-balancing loss, added to the differentiated loss; `None`:
     /// none (a dense model, or `output_router_logits` off).
     pub router_aux: Option<RouterAux>,
+    /// How next-token cross-entropy meets the head.
+    pub loss_chunks: LossChunks,
+}
+
+/// How next-token cross-entropy meets the model's head. DPO, which needs each sequence's
+/// log-probabilities, always takes the whole logits.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum LossChunks {
+    /// The head and the loss fused ([`fused_head_loss`]), in chunks of
+    /// [`ModelConfig::loss_chunk_rows`](flotilla_config::schema::ModelConfig::loss_chunk_rows)
+    /// tokens.
+    #[default]
+    Auto,
+    /// Fused, in chunks of this many tokens.
+    Rows(usize),
+    /// The whole micro-batch's logits at once, then the objective's loss (the reference).
+    Whole,
 }
 
 /// How the load-balancing loss enters a step: each micro-batch's loss (transformers'
@@ -141,6 +159,7 @@ impl Default for EngineOptions {
             dropout_seed: None,
             objective: Objective::NextToken,
             router_aux: None,
+            loss_chunks: LossChunks::Auto,
         }
     }
 }
@@ -163,6 +182,8 @@ struct Saved {
     input: Tensor,
     /// Leaf parameter handles and the output with its graph (absent when checkpointed).
     graph: Option<(Vec<Tensor>, Tensor)>,
+    /// The head's gradients, already computed with the fused loss (in [`vjp`]'s order).
+    done: Option<Vec<Option<Tensor>>>,
 }
 
 /// The unit's parameters as the graph's leaves: a trainable one becomes a fresh leaf that
@@ -279,6 +300,9 @@ impl<'m> Engine<'m> {
         strategy.begin_forward();
         let mut saved: Vec<Saved> = Vec::with_capacity(n);
         let mut x = batch.input_ids.shallow_clone();
+        let fused_rows = self.fused_head_rows(batch);
+        let scale = self.options.loss_scale / global_loss_tokens as f64;
+        let mut fused_loss: Option<Tensor> = None;
         for (i, unit) in units.iter().enumerate() {
             let input = if i == 0 {
                 x
@@ -286,22 +310,51 @@ impl<'m> Engine<'m> {
                 x.detach().set_requires_grad(true)
             };
             let params = strategy.params_for(model, i)?;
-            if checkpoint(i) {
+            if let (Some(rows), true) = (fused_rows, i + 1 == n) {
+                // The head with the loss, and their backward, a chunk of tokens at a time.
+                let params = leaves(model, i, params);
+                let head = fused_head_loss(
+                    unit.as_ref(),
+                    &params,
+                    model.trainable_mask(i),
+                    &input,
+                    i > 0,
+                    &batch.labels,
+                    rows,
+                    scale,
+                    &ctx,
+                )?;
+                fused_loss = Some(head.loss_sum);
+                saved.push(Saved {
+                    input,
+                    graph: None,
+                    done: Some(head.grads),
+                });
+                x = Tensor::new();
+            } else if checkpoint(i) {
                 x = tch::no_grad(|| unit.forward(&params, &input, &ctx));
-                saved.push(Saved { input, graph: None });
+                saved.push(Saved {
+                    input,
+                    graph: None,
+                    done: None,
+                });
             } else {
                 let params = leaves(model, i, params);
                 x = unit.forward(&params, &input, &ctx);
                 saved.push(Saved {
                     input,
                     graph: Some((params, x.shallow_clone())),
+                    done: None,
                 });
             }
             if i + 1 < n {
                 strategy.release(i)?;
             }
         }
-        let (loss, sums) = self.options.objective.loss_sum(&x, batch)?;
+        let (loss, sums) = match fused_loss {
+            Some(loss) => (loss, None),
+            None => self.options.objective.loss_sum(&x, batch)?,
+        };
         if let Some(sums) = sums {
             self.sums
                 .borrow_mut()
@@ -339,7 +392,14 @@ impl<'m> Engine<'m> {
         strategy.begin_backward();
         let mut grad_out: Option<Tensor> = None;
         for i in (0..n).rev() {
-            let Saved { input, graph } = saved.pop().expect("one saved entry per unit");
+            let Saved { input, graph, done } = saved.pop().expect("one saved entry per unit");
+            if let Some(head_grads) = done {
+                // The fused head: its gradients were computed with the loss.
+                let mut g = head_grads.into_iter();
+                grad_out = if i > 0 { g.next().flatten() } else { None };
+                self.finish_unit(strategy, i, g, grads, last)?;
+                continue;
+            }
             let (params, output) = match graph {
                 Some(g) => {
                     strategy.before_backward(model, i)?;
@@ -385,51 +445,82 @@ impl<'m> Engine<'m> {
                 vjp(&output, grad_out_ref, &wrt)?.into_iter()
             };
             grad_out = if i > 0 { g.next().flatten() } else { None };
-            let trained_names = units[i]
-                .param_names()
-                .iter()
-                .zip(trainable)
-                .filter(|(_, t)| **t)
-                .map(|(n, _)| n);
-            for (name, pg) in trained_names.zip(g) {
-                let Some(pg) = pg else { continue };
-                // Gradients accumulate in fp32 whatever the compute dtype.
-                let pg = if pg.kind() == Kind::Float {
-                    pg
-                } else {
-                    pg.f_to_kind(Kind::Float)?
-                };
-                match grads.get(name) {
-                    Some(acc) => {
-                        let _ = acc.shallow_clone().f_add_(&pg)?;
-                    }
-                    None => match strategy.gradient_storage(name)? {
-                        Some(storage) => {
-                            storage.shallow_clone().f_copy_(&pg)?;
-                            grads.insert(name.clone(), storage);
-                        }
-                        None => grads.insert(name.clone(), pg),
-                    },
-                }
-            }
-            strategy.release(i)?;
-            if last || strategy.reduces_every_micro_batch() {
-                let mut owned = Params::new();
-                for s in model.owned_params(i) {
-                    if let Some(g) = grads.get(&s.name) {
-                        owned.insert(s.name.clone(), g.shallow_clone());
-                    }
-                }
-                strategy.gradients_ready(i, &owned)?;
-                if strategy.takes_gradients() {
-                    for name in owned.names() {
-                        grads.remove(name);
-                    }
-                }
-            }
+            self.finish_unit(strategy, i, g, grads, last)?;
         }
         strategy.finish_backward(last)?;
         Ok(loss_value)
+    }
+
+    /// Tokens per chunk of the fused head and loss for `batch`, or `None` when the loss takes
+    /// the whole logits (DPO, or [`LossChunks::Whole`]).
+    fn fused_head_rows(&self, batch: &Batch) -> Option<usize> {
+        if self.options.objective != Objective::NextToken {
+            return None;
+        }
+        let tokens = batch.labels.numel();
+        match self.options.loss_chunks {
+            LossChunks::Whole => None,
+            LossChunks::Rows(rows) => Some(rows),
+            LossChunks::Auto => Some(self.model.config().loss_chunk_rows(tokens)),
+        }
+    }
+
+    /// The end of unit `unit`'s backward: its parameter gradients `g` (the trainable ones', in
+    /// order) added into `grads` in fp32, its parameters released, and with `last` (or a
+    /// strategy that reduces every micro-batch) the gradients of the parameters it owns handed
+    /// to the strategy.
+    fn finish_unit(
+        &self,
+        strategy: &mut dyn Strategy,
+        unit: usize,
+        g: impl Iterator<Item = Option<Tensor>>,
+        grads: &mut Params,
+        last: bool,
+    ) -> Result<(), TrainError> {
+        let model = self.model;
+        let trained_names = model.units()[unit]
+            .param_names()
+            .iter()
+            .zip(model.trainable_mask(unit))
+            .filter(|(_, t)| **t)
+            .map(|(n, _)| n);
+        for (name, pg) in trained_names.zip(g) {
+            let Some(pg) = pg else { continue };
+            // Gradients accumulate in fp32 whatever the compute dtype.
+            let pg = if pg.kind() == Kind::Float {
+                pg
+            } else {
+                pg.f_to_kind(Kind::Float)?
+            };
+            match grads.get(name) {
+                Some(acc) => {
+                    let _ = acc.shallow_clone().f_add_(&pg)?;
+                }
+                None => match strategy.gradient_storage(name)? {
+                    Some(storage) => {
+                        storage.shallow_clone().f_copy_(&pg)?;
+                        grads.insert(name.clone(), storage);
+                    }
+                    None => grads.insert(name.clone(), pg),
+                },
+            }
+        }
+        strategy.release(unit)?;
+        if last || strategy.reduces_every_micro_batch() {
+            let mut owned = Params::new();
+            for s in model.owned_params(unit) {
+                if let Some(g) = grads.get(&s.name) {
+                    owned.insert(s.name.clone(), g.shallow_clone());
+                }
+            }
+            strategy.gradients_ready(unit, &owned)?;
+            if strategy.takes_gradients() {
+                for name in owned.names() {
+                    grads.remove(name);
+                }
+            }
+        }
+        Ok(())
     }
 }
 

@@ -1066,7 +1066,8 @@ impl ParallelWeights for Fsdp {
 
 impl Fsdp {
     /// The forward of [`ParallelWeights::forward_eval`] (`reference` false) or of
-    /// [`ParallelWeights::forward_reference`].
+    /// [`ParallelWeights::forward_reference`], in the param dtype: each group is cast before
+    /// it is gathered.
     fn walk(
         &self,
         model: &CausalLm,
@@ -1075,8 +1076,7 @@ impl Fsdp {
         on_logits: &mut dyn FnMut(usize, Tensor) -> Result<(), TrainError>,
     ) -> Result<(), TrainError> {
         let this = self;
-        let mixed = this.groups.iter().any(|g| !g.layout.trainable);
-        let in_param_kind = mixed || reference;
+        let kind = this.options.param_kind;
         let shard_of = |g: usize| -> &Tensor {
             match (&this.reference, reference) {
                 (Some(copy), true) => copy[g].as_ref().unwrap_or(&this.groups[g].shard),
@@ -1089,7 +1089,9 @@ impl Fsdp {
             held.retain(|(g, _)| reads.contains(g));
             for &g in reads {
                 if !held.iter().any(|(h, _)| *h == g) {
-                    held.push((g, this.gather_full(shard_of(g))?));
+                    // Cast before the all-gather: half the traffic and the buffer under bf16.
+                    let shard = shard_of(g).f_to_kind(kind)?;
+                    held.push((g, this.gather_full(&shard)?));
                 }
             }
             let bytes = held.iter().map(|(_, t)| nbytes(t)).sum::<usize>();
@@ -1098,16 +1100,7 @@ impl Fsdp {
             for (g, flat) in &held {
                 unflatten(&this.groups[*g].layout, flat, &mut named)?;
             }
-            let params = model.unit_params(u, &named)?;
-            if !in_param_kind {
-                return Ok(params);
-            }
-            // A LoRA job's frozen groups are held in the param dtype, and the reference
-            // computes in it: evaluate in it.
-            params
-                .into_iter()
-                .map(|p| Ok(p.f_to_kind(this.options.param_kind)?))
-                .collect()
+            Ok(model.unit_params(u, &named)?)
         };
         // The reference with no copy kept is the base: the adapters off.
         let adapters_off = reference && this.reference.is_none();

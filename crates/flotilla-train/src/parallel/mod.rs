@@ -14,6 +14,6 @@ pub mod storage_shim;
 pub mod tensor_comm;
 pub mod weights;
 
-pub use engine::{Engine, EngineOptions, RouterAux, SingleProcess, Strategy};
+pub use engine::{Engine, EngineOptions, LossChunks, RouterAux, SingleProcess, Strategy};
 pub use parallelize::{parallelize, DistContext};
 pub use weights::{HeldTensors, MemoryReport, ParallelWeights};

@@ -135,6 +135,7 @@ pub fn parallelize(
                     num_experts: m.num_experts as i64,
                 })
             }),
+            loss_chunks: crate::parallel::LossChunks::Auto,
         },
     })
 }

@@ -307,10 +307,10 @@ impl ParallelWeights for Replicated {
     ) -> Result<(), TrainError> {
         let _guard = tch::no_grad_guard();
         match self.compute_kind {
-            Some(kind) if !self.frozen.is_empty() => {
-                forward_cast(model, inputs, &self.params, Some(kind), false, on_logits)
-            }
-            _ => {
+            // In the compute dtype, as training's forward (HF Trainer and Lightning evaluate
+            // under autocast too): each unit's weights cast as it runs.
+            Some(kind) => forward_cast(model, inputs, &self.params, Some(kind), false, on_logits),
+            None => {
                 for (i, x) in inputs.iter().enumerate() {
                     on_logits(i, model.forward_input(&self.params, x)?)?;
                 }

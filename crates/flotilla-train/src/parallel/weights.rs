@@ -216,10 +216,12 @@ pub trait ParallelWeights {
         on_logits: &mut dyn FnMut(usize, Tensor) -> Result<(), TrainError>,
     ) -> Result<(), TrainError>;
 
-    /// Runs `inputs` (token ids) forward without gradients in the master dtype and gives
-    /// `on_logits` each input's logits, one input at a time as each is done. Sharded weights
-    /// walk the units once for all inputs, gathering a group at a time (collective: every rank
-    /// calls it the same number of times, with any number of inputs, none included).
+    /// Runs `inputs` (token ids) forward without gradients in the compute dtype (the param
+    /// dtype under FSDP, cast before its all-gather; the master dtype under full precision)
+    /// and gives `on_logits` each input's logits, one input at a time as each is done.
+    /// Sharded weights walk the units once for all inputs, gathering a group at a time
+    /// (collective: every rank calls it the same number of times, with any number of inputs,
+    /// none included).
     fn forward_eval(
         &mut self,
         model: &CausalLm,
