@@ -401,6 +401,73 @@ fn eval_split_covers_the_first_samples_once() {
 // kind: text
 // ------------------------------------------------------------------------------------------
 
+/// The documents of a packed text dataset, read back from its windows (`seq_len` 1: every
+/// token of the stream but the last EOS is a window's input).
+fn text_documents(ds: &dyn data::Dataset, eos: i64) -> Vec<String> {
+    let stream: Vec<i64> = (0..ds.len())
+        .map(|i| ds.get(i).unwrap().input_ids[0])
+        .collect();
+    stream
+        .split(|&t| t == eos)
+        .map(|d| String::from_utf8(d.iter().map(|&t| t as u8).collect()).unwrap())
+        .filter(|d| !d.is_empty())
+        .collect()
+}
+
+/// `data.eval_fraction` / `data.eval_records` hold documents of `kind: text` out, seeded by
+/// `data.seed`: the held-out documents are never trained on, both sets keep reading order.
+#[test]
+fn text_holds_documents_out() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("docs.jsonl");
+    let docs: Vec<String> = (0..20).map(|i| format!("doc{i:02}")).collect();
+    let lines: Vec<String> = docs
+        .iter()
+        .map(|d| format!(r#"{{"text": "{d}"}}"#))
+        .collect();
+    std::fs::write(&file, lines.join("\n")).unwrap();
+    let config = |held: &str, seed: u64| {
+        data_config(&format!(
+            "kind: text\npaths: ['{}']\neval_paths: null\n{held}\nseed: {seed}\ntokenizer: byte\n\
+             vocab_size: 300\nseq_len: 1\nshuffle: false\nnum_workers: 0\n",
+            file.display()
+        ))
+    };
+    let eos = 258i64;
+    let d = data::build(&config("eval_records: 4", 0), &opts(300, None)).unwrap();
+    let train = text_documents(d.train.as_ref(), eos);
+    let eval = text_documents(d.eval.as_ref().unwrap().as_ref(), eos);
+    assert_eq!((train.len(), eval.len()), (16, 4), "{train:?} {eval:?}");
+    let mut all: Vec<String> = train.iter().chain(&eval).cloned().collect();
+    all.sort();
+    assert_eq!(all, docs, "every document once, in one set");
+    for set in [&train, &eval] {
+        assert!(
+            set.windows(2).all(|w| w[0] < w[1]),
+            "reading order: {set:?}"
+        );
+    }
+    let d = data::build(&config("eval_fraction: 0.25", 0), &opts(300, None)).unwrap();
+    assert_eq!(
+        text_documents(d.eval.as_ref().unwrap().as_ref(), eos).len(),
+        5
+    );
+    let other = data::build(&config("eval_records: 4", 1), &opts(300, None)).unwrap();
+    assert_ne!(
+        text_documents(other.eval.as_ref().unwrap().as_ref(), eos),
+        eval
+    );
+    // Holding every document out is refused, naming the key.
+    let e = data::build(&config("eval_records: 20", 0), &opts(300, None))
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        e.contains("data.eval_records") && e.contains("leave none of the 20 to train on"),
+        "{e}"
+    );
+}
+
 #[test]
 fn text_is_packed_with_eos_between_documents() {
     let dir = tempfile::tempdir().unwrap();

@@ -229,34 +229,37 @@ const KNOWN_TYPES: &str = "`llama`, `mistral`, `qwen2`, `qwen3`, `gemma2`, `gemm
 /// names, by default every second layer for Gemma 2 and five of six for Gemma 3), and the
 /// head size.
 pub fn hf_architecture(config: &Map<String, Value>) -> Result<HfArchitecture, HfFieldError> {
-    let model_type = match config.get("model_type") {
-        None | Some(Value::Null) => ModelType::Llama,
-        Some(Value::String(t)) => match t.as_str() {
-            "llama" => ModelType::Llama,
-            "mistral" => ModelType::Mistral,
-            "qwen2" => ModelType::Qwen2,
-            "qwen3" => ModelType::Qwen3,
-            "gemma2" => ModelType::Gemma2,
-            "gemma3_text" => ModelType::Gemma3,
-            "phi3" => ModelType::Phi3,
-            "smollm3" => ModelType::SmolLm3,
-            "mixtral" => ModelType::Mixtral,
-            "qwen3_moe" => ModelType::Qwen3Moe,
-            "gemma3" => {
-                return Err(refuse(
+    let model_type =
+        match config.get("model_type") {
+            None | Some(Value::Null) => ModelType::Llama,
+            Some(Value::String(t)) => match t.as_str() {
+                "llama" => ModelType::Llama,
+                "mistral" => ModelType::Mistral,
+                "qwen2" => ModelType::Qwen2,
+                "qwen3" => ModelType::Qwen3,
+                "gemma2" => ModelType::Gemma2,
+                "gemma3_text" => ModelType::Gemma3,
+                "phi3" => ModelType::Phi3,
+                "smollm3" => ModelType::SmolLm3,
+                "mixtral" => ModelType::Mixtral,
+                "qwen3_moe" => ModelType::Qwen3Moe,
+                "gemma3" => return Err(refuse(
                     "model_type",
-                    "`gemma3` is a Gemma 3 image-text checkpoint (Gemma3ForConditionalGeneration:                      its language model under `text_config`, its weights under                      `language_model.`); flotilla fine-tunes the text model: save it alone                      first, e.g. `Gemma3ForCausalLM.from_pretrained(DIR).save_pretrained(OUT)`                      in transformers, and pass OUT",
-                ))
-            }
-            other => {
-                return Err(refuse(
-                    "model_type",
-                    format!("`{other}` is not supported; flotilla implements {KNOWN_TYPES}"),
-                ))
-            }
-        },
-        Some(v) => return Err(refuse("model_type", format!("expected a string, got {v}"))),
-    };
+                    "`gemma3` is a Gemma 3 image-text checkpoint (Gemma3ForConditionalGeneration: \
+                    its language model under `text_config`, its weights under \
+                    `language_model.`); flotilla fine-tunes the text model: save it alone \
+                    first, e.g. `Gemma3ForCausalLM.from_pretrained(DIR).save_pretrained(OUT)` \
+                    in transformers, and pass OUT",
+                )),
+                other => {
+                    return Err(refuse(
+                        "model_type",
+                        format!("`{other}` is not supported; flotilla implements {KNOWN_TYPES}"),
+                    ))
+                }
+            },
+            Some(v) => return Err(refuse("model_type", format!("expected a string, got {v}"))),
+        };
     if flag(config, "mlp_bias")? {
         return Err(refuse(
             "mlp_bias",
@@ -266,7 +269,8 @@ pub fn hf_architecture(config: &Map<String, Value>) -> Result<HfArchitecture, Hf
     if model_type.is_gemma() && flag(config, "use_bidirectional_attention")? {
         return Err(refuse(
             "use_bidirectional_attention",
-            "bidirectional attention (an encoder) is not a causal language model; flotilla              trains causal models",
+            "bidirectional attention (an encoder) is not a causal language model; flotilla \
+            trains causal models",
         ));
     }
     let layers = config

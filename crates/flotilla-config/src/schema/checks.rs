@@ -735,6 +735,8 @@ impl Check<'_> {
                         "list the text files or globs, e.g. data.paths=[/path/to/a.txt]".into(),
                     );
                 }
+                let named = t.eval_paths.is_some().then_some("data.eval_paths");
+                self.held_out(t.eval_fraction, t.eval_records, named, "documents");
                 self.vocab(t.tokenizer.as_ref(), t.vocab_size, model);
             }
             DataConfig::Jsonl(j) => {
@@ -869,37 +871,49 @@ impl Check<'_> {
                 self.non_empty(key, v);
             }
         }
-        if let Some(f) = c.eval_fraction {
+        let named = match (c.eval_path, c.eval_split) {
+            (Some(_), _) => Some("data.eval_path"),
+            (None, Some(_)) => Some("data.eval_split"),
+            (None, None) => None,
+        };
+        self.held_out(c.eval_fraction, c.eval_records, named, "records");
+    }
+
+    /// Held-out `what` carved from the training data: `data.eval_fraction` in (0, 1) or a
+    /// positive `data.eval_records`, not both, and neither when `named` (the key that names
+    /// held-out data already) is set.
+    fn held_out(
+        &mut self,
+        fraction: Option<f64>,
+        records: Option<usize>,
+        named: Option<&str>,
+        what: &str,
+    ) {
+        if let Some(f) = fraction {
             if !(f > 0.0 && f < 1.0) {
                 self.invalid(
                     "data.eval_fraction",
                     format!("must be above 0 and below 1, got {f}"),
-                    "set e.g. data.eval_fraction=0.05, or null for no held-out records".into(),
+                    format!("set e.g. data.eval_fraction=0.05, or null for no held-out {what}"),
                 );
             }
         }
-        if c.eval_records == Some(0) {
+        if records == Some(0) {
             self.invalid(
                 "data.eval_records",
                 "is 0".into(),
-                "set a number of records, e.g. data.eval_records=500, or null".into(),
+                format!("set a number of {what}, e.g. data.eval_records=500, or null"),
             );
         }
-        if c.eval_fraction.is_some() && c.eval_records.is_some() {
+        if fraction.is_some() && records.is_some() {
             self.invalid(
                 "data.eval_records",
                 "is set together with data.eval_fraction".into(),
                 "set one of them, the other to null".into(),
             );
         }
-        let carved = c.eval_fraction.is_some() || c.eval_records.is_some();
-        if carved && (c.eval_path.is_some() || c.eval_split.is_some()) {
-            let other = if c.eval_path.is_some() {
-                "data.eval_path"
-            } else {
-                "data.eval_split"
-            };
-            let carving = if c.eval_fraction.is_some() {
+        if let (true, Some(other)) = (fraction.is_some() || records.is_some(), named) {
+            let carving = if fraction.is_some() {
                 "data.eval_fraction"
             } else {
                 "data.eval_records"
@@ -907,7 +921,8 @@ impl Check<'_> {
             self.invalid(
                 carving,
                 format!(
-                    "carves held-out records from the training data, but {other} names them                      already"
+                    "carves held-out {what} from the training data, but {other} names them \
+                     already"
                 ),
                 format!("set {carving}=null, or {other}=null"),
             );
@@ -921,7 +936,8 @@ impl Check<'_> {
             self.invalid(
                 "data.sources",
                 "is an empty list".into(),
-                "list the sources, e.g. data.sources=[{path: /data/a.parquet, weight: 1}], or                  set data.path instead"
+                "list the sources, e.g. data.sources=[{path: /data/a.parquet, weight: 1}], or \
+                 set data.path instead"
                     .into(),
             );
         }
@@ -974,7 +990,8 @@ impl Check<'_> {
                 self.invalid(
                     &format!("{key}.weight"),
                     format!(
-                        "is unset while {weighted} other source(s) have a weight: weights share                          the mixture among all sources"
+                        "is unset while {weighted} other source(s) have a weight: weights share \
+                         the mixture among all sources"
                     ),
                     format!(
                         "give {key} a weight too, or use fraction/records on every source instead"

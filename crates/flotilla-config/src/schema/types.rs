@@ -740,8 +740,16 @@ section! {
     pub struct TextData {
         /// Files or glob patterns; a single string is taken as a one-item list.
         paths: Vec<String> => "[/path/to/a.txt,/path/to/b.txt]",
-        /// Held-out files or globs; `None`: no evaluation data.
+        /// Held-out files or globs; `None`: no evaluation data (or a carved
+        /// `eval_fraction`/`eval_records`).
         eval_paths: Option<Vec<String>> => "[/path/to/eval.txt]",
+        /// A fraction of the training documents held out for evaluation (without
+        /// `eval_paths`), as run_clm's `validation_split_percentage`.
+        eval_fraction: Option<f64> => "0.05",
+        /// A number of training documents held out for evaluation (without `eval_paths`).
+        eval_records: Option<usize> => "100",
+        /// Seeds the held-out documents; `None`: 0.
+        seed: Option<usize> => "0",
         /// `None`: `model.init_from`'s tokenizer, else `byte` ([`TokenizerSpec::resolve`]).
         tokenizer: Option<TokenizerSpec> => "byte",
         /// Vocabulary of a trained `bpe` tokenizer.

@@ -793,7 +793,9 @@ impl<'a> Step<'a> {
             && match &self.job.data {
                 DataConfig::Arithmetic(d) => d.num_eval > 0,
                 DataConfig::Tokens(d) => d.eval_path.is_some(),
-                DataConfig::Text(d) => d.eval_paths.is_some(),
+                DataConfig::Text(d) => {
+                    d.eval_paths.is_some() || d.eval_fraction.is_some() || d.eval_records.is_some()
+                }
                 DataConfig::Jsonl(d) => d.has_eval(),
                 DataConfig::Chat(d) => d.has_eval(),
                 DataConfig::Preference(d) => d.has_eval(),

@@ -195,7 +195,8 @@ pub fn build(cfg: &DataConfig, opts: &DataOptions<'_>) -> Result<Data> {
             })
         }
         DataConfig::Text(t) => {
-            let train_docs = text::read_documents("data.paths", &t.paths)?;
+            let docs = text::read_documents("data.paths", &t.paths)?;
+            let (train_docs, carved) = text::carve(docs, t)?;
             let tokenizer = tokenizer::tokenizer_for_spec(
                 &base_or(&t.tokenizer, opts),
                 t.vocab_size,
@@ -209,16 +210,18 @@ pub fn build(cfg: &DataConfig, opts: &DataOptions<'_>) -> Result<Data> {
                 &tokenizer,
                 t.seq_len,
             )?);
-            let eval = match &t.eval_paths {
-                Some(p) => {
-                    let docs = text::read_documents("data.eval_paths", p)?;
-                    Some(Arc::new(PackedDataset::from_documents(
-                        "data.eval_paths",
-                        &docs,
-                        &tokenizer,
-                        t.seq_len,
-                    )?) as Arc<dyn Dataset>)
-                }
+            let eval_docs = match (&t.eval_paths, carved) {
+                (Some(p), _) => Some((
+                    "data.eval_paths",
+                    text::read_documents("data.eval_paths", p)?,
+                )),
+                (None, Some(docs)) => Some(("data.eval_fraction", docs)),
+                (None, None) => None,
+            };
+            let eval = match eval_docs {
+                Some((key, docs)) => Some(Arc::new(PackedDataset::from_documents(
+                    key, &docs, &tokenizer, t.seq_len,
+                )?) as Arc<dyn Dataset>),
                 None => None,
             };
             Ok(Data {

@@ -3,15 +3,55 @@
 //! Arrow) or a directory of them; the stream `doc_0 EOS doc_1 EOS ... doc_n EOS` is held in
 //! memory and cut into samples exactly like a token file ([`super::tokens::window`]). Files
 //! are read whole, so corpora of many GB belong in a pre-tokenized `tokens` file instead.
+//! `data.eval_fraction`/`data.eval_records` hold documents out for evaluation ([`carve`]).
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 
+use flotilla_config::schema::TextData;
+
 use super::dataset::{Dataset, Sample};
 use super::error::{DataError, Result};
+use super::mixture::{self, HeldOut, Share};
 use super::records::FileFormat;
 use super::tokenizer::Tokenizer;
 use super::tokens::{num_windows, window};
+
+/// Documents and where each comes from (a file, or a record file's record).
+pub type Documents = Vec<(PathBuf, String)>;
+
+/// Splits `docs` into the training documents and, with `data.eval_fraction` or
+/// `data.eval_records`, the held-out ones, each in reading order: the documents `mixture`
+/// picks for the seed `data.seed` (the same whatever `trainer.seed` is).
+pub fn carve(docs: Documents, cfg: &TextData) -> Result<(Documents, Option<Documents>)> {
+    let (held_out, key) = match (cfg.eval_fraction, cfg.eval_records) {
+        (Some(f), _) => (HeldOut::Fraction(f), "data.eval_fraction"),
+        (None, Some(r)) => (HeldOut::Records(r), "data.eval_records"),
+        (None, None) => return Ok((docs, None)),
+    };
+    let seed = cfg.seed.unwrap_or(0) as u64;
+    let picks = mixture::pick(&[docs.len()], &[Share::All], held_out, seed)
+        .map_err(|e| DataError::config(key, e.replace("records", "documents")))?;
+    let eval_flags = &picks[0].eval;
+    let (mut train, mut eval) = (vec![], vec![]);
+    for (doc, held) in docs.into_iter().zip(eval_flags) {
+        if *held {
+            eval.push(doc);
+        } else {
+            train.push(doc);
+        }
+    }
+    if eval.is_empty() {
+        return Err(DataError::config(
+            key,
+            format!(
+                "holds out no document of the {} in data.paths; raise it, or set it to null",
+                train.len()
+            ),
+        ));
+    }
+    Ok((train, Some(eval)))
+}
 
 /// Documents longer than this are encoded in pieces cut after a newline, so that the
 /// tokenizer's per-encoding bookkeeping stays small.
