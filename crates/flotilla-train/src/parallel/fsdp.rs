@@ -37,7 +37,7 @@
 //! while the next unit's backward runs); start-up builds each rank's shards from the
 //! parameters' source by ranges (`state::param_source`), never the whole model; a full checkpoint
 //! is gathered to rank 0 one group at a time ([`ParallelWeights::visit_full`]); evaluation
-//! gathers one group at a time in the master dtype ([`ParallelWeights::forward_eval`]).
+//! gathers one group at a time in the param dtype ([`ParallelWeights::forward_eval`]).
 
 use std::sync::Arc;
 
