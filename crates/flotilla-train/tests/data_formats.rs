@@ -15,6 +15,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use flotilla_config::schema::DataConfig;
+use flotilla_train::data::record_sets::SourceStats;
 use flotilla_train::data::{self, DataOptions, Dataset};
 use serde_json::Value;
 
@@ -225,6 +226,27 @@ fn mixture_config(dir: &Path, yaml: &str) -> DataConfig {
     serde_yaml::from_value(serde_yaml::Value::Mapping(value)).unwrap()
 }
 
+/// `cfg`'s data, built in process (any vocabulary fits).
+fn build_data(cfg: &DataConfig) -> data::Data {
+    data::build(
+        cfg,
+        &DataOptions {
+            model_vocab_size: 1 << 20,
+            run_dir: None,
+            init_from: None,
+        },
+    )
+    .unwrap()
+}
+
+/// Each source's records, held-out records and records taken.
+fn source_counts(sources: &[SourceStats]) -> Vec<(usize, usize, usize)> {
+    sources
+        .iter()
+        .map(|s| (s.records, s.held_out, s.taken))
+        .collect()
+}
+
 /// The decoded texts of every sample of a dataset.
 fn texts(ds: &dyn Dataset, tok: &data::Tokenizer) -> Vec<String> {
     (0..ds.len())
@@ -237,26 +259,11 @@ fn mixtures_take_their_shares_and_hold_records_out() {
     let Some((dir, _)) = require_fixtures("mixtures_take_their_shares_and_hold_records_out") else {
         return;
     };
-    let build = |yaml: &str| {
-        data::build(
-            &mixture_config(dir, yaml),
-            &DataOptions {
-                model_vocab_size: 1024,
-                run_dir: None,
-                init_from: None,
-            },
-        )
-        .unwrap()
-    };
+    let build = |yaml: &str| build_data(&mixture_config(dir, yaml));
     // Equal weights: as many of each as the smaller source (20) has; 10% of each held out.
     let mixed = build("eval_fraction: 0.1\nseed: 3");
     let stats = mixed.chat_stats.as_ref().unwrap();
-    let counts: Vec<(usize, usize, usize)> = stats
-        .sources
-        .iter()
-        .map(|s| (s.records, s.held_out, s.taken))
-        .collect();
-    assert_eq!(counts, [(40, 4, 18), (20, 2, 18)]);
+    assert_eq!(source_counts(&stats.sources), [(40, 4, 18), (20, 2, 18)]);
     let tok = mixed.tokenizer.as_ref().unwrap();
     let train = texts(mixed.train.as_ref(), tok);
     let eval = texts(mixed.eval.as_ref().unwrap().as_ref(), tok);
@@ -336,26 +343,12 @@ fn preference_mixtures_take_their_shares_and_hold_pairs_out() {
         for (k, v) in serde_yaml::from_str::<serde_yaml::Mapping>(extra).unwrap() {
             value.insert(k, v);
         }
-        let cfg: DataConfig = serde_yaml::from_value(serde_yaml::Value::Mapping(value)).unwrap();
-        data::build(
-            &cfg,
-            &DataOptions {
-                model_vocab_size: 1 << 20,
-                run_dir: None,
-                init_from: None,
-            },
-        )
-        .unwrap()
+        build_data(&serde_yaml::from_value(serde_yaml::Value::Mapping(value)).unwrap())
     };
     // Equal weights: as many of each as the smaller source (20) has; 10% of each held out.
     let mixed = build("eval_fraction: 0.1");
     let stats = mixed.preference_stats.as_ref().unwrap();
-    let counts: Vec<(usize, usize, usize)> = stats
-        .sources
-        .iter()
-        .map(|s| (s.records, s.held_out, s.taken))
-        .collect();
-    assert_eq!(counts, [(40, 4, 18), (20, 2, 18)]);
+    assert_eq!(source_counts(&stats.sources), [(40, 4, 18), (20, 2, 18)]);
     assert_eq!(stats.pairs, 36);
     let tok = mixed.tokenizer.as_ref().unwrap();
     let train = texts(mixed.train.as_ref(), tok);

@@ -185,6 +185,19 @@ fn final_dir_is_what_save_pretrained_writes() {
     assert_eq!(again["sums"], loaded["sums"]);
 }
 
+/// `job`'s data, built in process.
+fn job_data(job: &JobConfig) -> data::Data {
+    data::build(
+        &job.data,
+        &DataOptions {
+            model_vocab_size: job.model.vocab_size,
+            run_dir: None,
+            init_from: None,
+        },
+    )
+    .unwrap()
+}
+
 /// `final/` appears whole or not at all (`status` and `report` take it as the sign that
 /// training finished): a staging directory a killed writer left is cleared, a write that fails
 /// after the weights (the base's config.json is not JSON) leaves neither `final/` nor its
@@ -207,15 +220,7 @@ fn final_dir_appears_only_when_whole() {
         .unwrap();
     let model = CausalLm::new(&job.model).unwrap();
     let params = model.init_params(3, Device::Cpu, Kind::Float);
-    let d = data::build(
-        &job.data,
-        &DataOptions {
-            model_vocab_size: job.model.vocab_size,
-            run_dir: None,
-            init_from: None,
-        },
-    )
-    .unwrap();
+    let d = job_data(&job);
     let layout = BatchLayout {
         global_batch_size: 2,
         micro_batch_size: 2,
@@ -295,15 +300,7 @@ fn merge_on_rank(
     let lora = job.peft.lora().unwrap();
     let model = CausalLm::with_lora(&job.model, Some(lora)).unwrap();
     let params = model.init_params(3, Device::Cpu, Kind::Float);
-    let d = data::build(
-        &job.data,
-        &DataOptions {
-            model_vocab_size: job.model.vocab_size,
-            run_dir: None,
-            init_from: None,
-        },
-    )
-    .unwrap();
+    let d = job_data(job);
     let layout = BatchLayout {
         global_batch_size: job.trainer.global_batch_size,
         micro_batch_size: job.trainer.micro_batch_size,

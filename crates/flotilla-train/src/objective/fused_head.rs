@@ -6,9 +6,9 @@
 //! gradients equal the whole logits' up to the order of the sums: the head's weight gradient
 //! is accumulated over the chunks in fp32.
 
-use tch::{Kind, Reduction, Tensor};
+use tch::{Kind, Tensor};
 
-use crate::data::IGNORE_INDEX;
+use super::next_token::rows_loss_sum;
 use crate::model::{vjp, ForwardCtx, Unit};
 
 /// The head's loss and gradients for one micro-batch.
@@ -24,7 +24,7 @@ pub struct FusedHeadLoss {
 
 /// Runs `head` (its `params` as the engine's leaves, those `trainable` marks requiring grad) over
 /// `input` (`[M, T, H]`) in chunks of `rows` tokens, each chunk's cross-entropy against
-/// `labels` (`[M, T]`, [`IGNORE_INDEX`] where there is no loss) summed in fp32 and
+/// `labels` (`[M, T]`, [`crate::data::IGNORE_INDEX`] where there is no loss) summed in fp32 and
 /// differentiated at once, scaled by `scale` (the step's normaliser and the loss scale).
 /// `input_grad`: whether the input's gradient is wanted (it is unless the head is the model's
 /// first unit).
@@ -69,16 +69,10 @@ pub fn fused_head_loss(
         };
         let logits = head.forward(params, &chunk.f_unsqueeze(0)?, ctx);
         let vocab = *logits.size().last().expect("logits [1, rows, V]");
-        let loss = logits
-            .f_to_kind(Kind::Float)?
-            .f_reshape([-1, vocab])?
-            .f_cross_entropy_loss::<&Tensor>(
-                &labels.f_narrow(0, start, len)?,
-                None,
-                Reduction::Sum,
-                IGNORE_INDEX,
-                0.0,
-            )?;
+        let loss = rows_loss_sum(
+            &logits.f_reshape([-1, vocab])?,
+            &labels.f_narrow(0, start, len)?,
+        )?;
         drop(logits);
         let mut wrt: Vec<&Tensor> = Vec::with_capacity(trained.len() + 1);
         if input_grad {

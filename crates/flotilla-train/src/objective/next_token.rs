@@ -14,16 +14,17 @@ use crate::data::{Batch, IGNORE_INDEX};
 /// mean loss.
 pub fn next_token_loss_sum(logits: &Tensor, batch: &Batch) -> Tensor {
     let v = *logits.size().last().expect("logits [M, T, V]");
+    rows_loss_sum(&logits.reshape([-1, v]), &batch.labels.reshape([-1]))
+        .expect("logits and labels of one batch")
+}
+
+/// The summed fp32 cross-entropy of logit rows `[N, V]` (any float dtype) against their
+/// targets `[N]`, [`IGNORE_INDEX`] rows left out: the one formula of the whole, chunked and
+/// fused paths.
+pub fn rows_loss_sum(logits: &Tensor, labels: &Tensor) -> Result<Tensor, tch::TchError> {
     logits
-        .to_kind(Kind::Float)
-        .reshape([-1, v])
-        .cross_entropy_loss::<&Tensor>(
-            &batch.labels.reshape([-1]),
-            None,
-            Reduction::Sum,
-            IGNORE_INDEX,
-            0.0,
-        )
+        .f_to_kind(Kind::Float)?
+        .f_cross_entropy_loss::<&Tensor>(labels, None, Reduction::Sum, IGNORE_INDEX, 0.0)
 }
 
 /// [`next_token_loss_sum`] without gradients, `rows` tokens at a time: only one chunk's fp32
@@ -44,16 +45,10 @@ pub fn next_token_loss_sum_chunked(
     let mut start = 0;
     while start < tokens {
         let len = rows.min(tokens - start);
-        let chunk = flat
-            .f_narrow(0, start, len)?
-            .f_to_kind(Kind::Float)?
-            .f_cross_entropy_loss::<&Tensor>(
-                &labels.f_narrow(0, start, len)?,
-                None,
-                Reduction::Sum,
-                IGNORE_INDEX,
-                0.0,
-            )?;
+        let chunk = rows_loss_sum(
+            &flat.f_narrow(0, start, len)?,
+            &labels.f_narrow(0, start, len)?,
+        )?;
         sum = sum.f_add(&chunk)?;
         start += len;
     }
