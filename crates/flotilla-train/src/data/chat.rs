@@ -702,7 +702,7 @@ impl Samples<'_> {
             }
             let taken: Vec<(usize, u32)> = (0..chunk.len())
                 .map(|k| {
-                    let times = part.takes.as_ref().map_or(1, |t| t[chunk.index(k)]);
+                    let times = part.times(chunk.index(k));
                     (k, times)
                 })
                 .filter(|&(_, times)| times > 0)

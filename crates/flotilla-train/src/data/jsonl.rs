@@ -145,7 +145,7 @@ pub fn read_records(
         for chunk in part.files.chunks() {
             let chunk = chunk?;
             for k in 0..chunk.len() {
-                let times = part.takes.as_ref().map_or(1, |t| t[chunk.index(k)]) as usize;
+                let times = part.times(chunk.index(k)) as usize;
                 if times == 0 {
                     continue;
                 }

@@ -297,7 +297,7 @@ impl PreferenceDataset {
                 let chunk = chunk?;
                 source.records += chunk.len();
                 for k in 0..chunk.len() {
-                    let times = part.takes.as_ref().map_or(1, |t| t[chunk.index(k)]) as usize;
+                    let times = part.times(chunk.index(k)) as usize;
                     if times == 0 {
                         continue;
                     }

@@ -20,6 +20,13 @@ pub struct SetPart {
     pub takes: Option<Vec<u32>>,
 }
 
+impl SetPart {
+    /// How many times this set takes the source's record `index` (0: not at all).
+    pub fn times(&self, index: usize) -> u32 {
+        self.takes.as_ref().map_or(1, |t| t[index])
+    }
+}
+
 /// The records a data set (chat or preference) is made of: the training set (a file, or a mixture of
 /// sources), or the held-out set.
 #[derive(Clone, Debug)]

@@ -8,7 +8,7 @@
 
 use tch::{Kind, Tensor};
 
-use super::next_token::rows_loss_sum;
+use super::next_token::{chunk_ranges, rows_loss_sum};
 use crate::model::{vjp, ForwardCtx, Unit};
 
 /// The head's loss and gradients for one micro-batch.
@@ -43,8 +43,6 @@ pub fn fused_head_loss(
     let hidden = *input.size().last().expect("the head's input is [M, T, H]");
     let flat = input.detach().f_reshape([-1, hidden])?;
     let labels = labels.f_reshape([-1])?;
-    let tokens = flat.size()[0];
-    let rows = (rows.max(1) as i64).min(tokens.max(1));
     let trained: Vec<&Tensor> = params
         .iter()
         .zip(trainable)
@@ -58,9 +56,7 @@ pub fn fused_head_loss(
     };
     let mut param_grads: Vec<Option<Tensor>> = trained.iter().map(|_| None).collect();
     let mut loss_sum = Tensor::f_zeros([], (Kind::Float, input.device()))?;
-    let mut start = 0;
-    while start < tokens {
-        let len = rows.min(tokens - start);
+    for (start, len) in chunk_ranges(flat.size()[0], rows) {
         let chunk = flat.f_narrow(0, start, len)?;
         let chunk = if input_grad {
             chunk.detach().set_requires_grad(true)
@@ -97,7 +93,6 @@ pub fn fused_head_loss(
             }
         }
         loss_sum = loss_sum.f_add(&loss.detach())?;
-        start += len;
     }
     let mut grads = Vec::with_capacity(param_grads.len() + 1);
     if let Some(g) = input_grads {

@@ -39,20 +39,24 @@ pub fn next_token_loss_sum_chunked(
     let v = *logits.size().last().expect("logits [M, T, V]");
     let flat = logits.f_reshape([-1, v])?;
     let labels = batch.labels.f_reshape([-1])?;
-    let tokens = flat.size()[0];
-    let rows = (rows.max(1) as i64).min(tokens.max(1));
     let mut sum = Tensor::f_zeros([], (Kind::Float, logits.device()))?;
-    let mut start = 0;
-    while start < tokens {
-        let len = rows.min(tokens - start);
+    for (start, len) in chunk_ranges(flat.size()[0], rows) {
         let chunk = rows_loss_sum(
             &flat.f_narrow(0, start, len)?,
             &labels.f_narrow(0, start, len)?,
         )?;
         sum = sum.f_add(&chunk)?;
-        start += len;
     }
     Ok(sum)
+}
+
+/// `(start, length)` of each chunk of at most `rows` (at least 1) of `tokens` rows, in order;
+/// the last may be shorter.
+pub fn chunk_ranges(tokens: i64, rows: usize) -> impl Iterator<Item = (i64, i64)> {
+    let rows = rows.max(1) as i64;
+    (0..tokens)
+        .step_by(rows as usize)
+        .map(move |start| (start, rows.min(tokens - start)))
 }
 
 #[cfg(test)]

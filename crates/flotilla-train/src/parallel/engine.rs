@@ -180,10 +180,17 @@ pub struct Engine<'m> {
 struct Saved {
     /// The unit's input: token ids for unit 0, else a leaf that requires grad.
     input: Tensor,
-    /// Leaf parameter handles and the output with its graph (absent when checkpointed).
-    graph: Option<(Vec<Tensor>, Tensor)>,
+    kept: Kept,
+}
+
+/// How a unit's backward gets its gradients.
+enum Kept {
+    /// Leaf parameter handles and the output with its graph.
+    Graph(Vec<Tensor>, Tensor),
+    /// Nothing: checkpointed, the unit is run again from its input.
+    Recompute,
     /// The head's gradients, already computed with the fused loss (in [`vjp`]'s order).
-    done: Option<Vec<Option<Tensor>>>,
+    Done(Vec<Option<Tensor>>),
 }
 
 /// The unit's parameters as the graph's leaves: a trainable one becomes a fresh leaf that
@@ -327,24 +334,22 @@ impl<'m> Engine<'m> {
                 fused_loss = Some(head.loss_sum);
                 saved.push(Saved {
                     input,
-                    graph: None,
-                    done: Some(head.grads),
+                    kept: Kept::Done(head.grads),
                 });
                 x = Tensor::new();
             } else if checkpoint(i) {
                 x = tch::no_grad(|| unit.forward(&params, &input, &ctx));
                 saved.push(Saved {
                     input,
-                    graph: None,
-                    done: None,
+                    kept: Kept::Recompute,
                 });
             } else {
                 let params = leaves(model, i, params);
                 x = unit.forward(&params, &input, &ctx);
+                let output = x.shallow_clone();
                 saved.push(Saved {
                     input,
-                    graph: Some((params, x.shallow_clone())),
-                    done: None,
+                    kept: Kept::Graph(params, output),
                 });
             }
             if i + 1 < n {
@@ -392,20 +397,20 @@ impl<'m> Engine<'m> {
         strategy.begin_backward();
         let mut grad_out: Option<Tensor> = None;
         for i in (0..n).rev() {
-            let Saved { input, graph, done } = saved.pop().expect("one saved entry per unit");
-            if let Some(head_grads) = done {
-                // The fused head: its gradients were computed with the loss.
-                let mut g = head_grads.into_iter();
-                grad_out = if i > 0 { g.next().flatten() } else { None };
-                self.finish_unit(strategy, i, g, grads, last)?;
-                continue;
-            }
-            let (params, output) = match graph {
-                Some(g) => {
-                    strategy.before_backward(model, i)?;
-                    g
+            let Saved { input, kept } = saved.pop().expect("one saved entry per unit");
+            let (params, output) = match kept {
+                Kept::Done(head_grads) => {
+                    // The fused head: its gradients were computed with the loss.
+                    let mut g = head_grads.into_iter();
+                    grad_out = if i > 0 { g.next().flatten() } else { None };
+                    self.finish_unit(strategy, i, g, grads, last)?;
+                    continue;
                 }
-                None => {
+                Kept::Graph(params, output) => {
+                    strategy.before_backward(model, i)?;
+                    (params, output)
+                }
+                Kept::Recompute => {
                     let params = leaves(model, i, strategy.params_for(model, i)?);
                     let out = units[i].forward(&params, &input, &ctx);
                     (params, out)
