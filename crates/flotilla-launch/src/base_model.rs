@@ -38,7 +38,7 @@ pub fn trained_job(job: &JobConfig) -> Result<Cow<'_, JobConfig>, String> {
         .lora()
         .and_then(|l| lora_moe_problem(&owned.model, l))
     {
-        return Err(problem);
+        return Err(format!("{}: {}", problem.0, problem.1));
     }
     Ok(Cow::Owned(owned))
 }
@@ -183,7 +183,7 @@ mod moe_tests {
     /// A LoRA job that targets a mixture of experts' MLP is refused before anything is made,
     /// naming the fix; one on its attention is priced as the base.
     #[test]
-    fn lora_on_a_mixtures_mlp_is_refused_before_the_queue() {
+    fn lora_on_a_mixtures_experts_as_peft_cannot_is_refused_before_the_queue() {
         let tmp = tempfile::tempdir().unwrap();
         std::fs::write(
             tmp.path().join("config.json"),
@@ -194,21 +194,29 @@ mod moe_tests {
         .unwrap();
         let mut job = memory::tests::job("");
         job.model.init_from = Some(tmp.path().display().to_string());
-        let lora = |targets: serde_json::Value| {
+        let lora = |targets: serde_json::Value| lora_with(targets, 0.0);
+        let lora_with = |targets: serde_json::Value, dropout: f64| {
             serde_json::from_value(serde_json::json!({
-                "method": "lora", "r": 4, "alpha": 8, "dropout": 0.0,
+                "method": "lora", "r": 4, "alpha": 8, "dropout": dropout,
                 "target_modules": targets, "use_rslora": false, "modules_to_save": [],
                 "init_from": null, "merge": false,
             }))
             .unwrap()
         };
-        job.peft = lora(serde_json::json!(["all-linear"]));
+        job.peft = lora(serde_json::json!(["q_proj", "w1"]));
         let err = trained_job(&job).unwrap_err();
         assert!(
-            err.contains("Mixtral's MLP")
-                && err.contains("peft.target_modules=[q_proj,k_proj,v_proj,o_proj]"),
+            err.contains("lists `w1` without `w3`") && err.contains("list both `w1` and `w3`"),
             "{err}"
         );
+        job.peft = lora_with(serde_json::json!(["all-linear"]), 0.05);
+        let err = trained_job(&job).unwrap_err();
+        assert!(
+            err.contains("peft.dropout is 0.05") && err.contains("set peft.dropout=0.0"),
+            "{err}"
+        );
+        job.peft = lora(serde_json::json!(["all-linear"]));
+        assert!(trained_job(&job).is_ok());
         job.peft = lora(serde_json::json!(["q_proj", "v_proj"]));
         let trained = trained_job(&job).unwrap();
         // 4 experts of [96, 64] x 3 and a router of [4, 64] in each of the 2 layers.

@@ -94,6 +94,8 @@ impl ModelConfig {
     pub fn linear_modules(&self) -> &'static [LoraModule] {
         match self.architecture() {
             ModelType::Phi3 => &LoraModule::FUSED_LINEAR,
+            ModelType::Mixtral => &LoraModule::MIXTRAL_LINEAR,
+            ModelType::Qwen3Moe => &LoraModule::QWEN_MOE_LINEAR,
             _ => &LoraModule::LINEAR,
         }
     }

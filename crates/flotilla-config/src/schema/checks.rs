@@ -338,12 +338,8 @@ impl Check<'_> {
                 "write peft.target_modules=all-linear alone".into(),
             );
         }
-        if let Some(problem) = super::moe::lora_moe_problem(m, l) {
-            self.invalid(
-                "peft.target_modules",
-                problem,
-                "set peft.target_modules=[q_proj,k_proj,v_proj,o_proj]".into(),
-            );
+        if let Some((problem, fix)) = super::moe::lora_moe_problem(m, l) {
+            self.invalid("peft.target_modules", problem, fix);
         }
         // A job from a base is checked against the base's layers, by `run` and the trainer.
         let linear = m.linear_modules();

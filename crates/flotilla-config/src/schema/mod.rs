@@ -61,10 +61,10 @@ pub use shard_size::{ShardSize, DEFAULT_MAX_SHARD_SIZE};
 pub use types::{
     ArithmeticData, AutoWrapPolicy, Backend, BackwardPrefetch, ChatData, ChatFormat, ComputeConfig,
     ConfigArg, DataConfig, DataKind, DataSource, DdpConfig, Device, DistConfig, DistMode, Dtype,
-    FsdpConfig, JobConfig, JsonlData, Launcher, LoraConfig, LoraModule, LrSchedule, ModelConfig,
-    Overflow, PackedAttention, PeftConfig, PeftMethod, Precision, Resume, RopeScaling, RopeType,
-    SaveDtype, SavedModule, ShardingStrategy, StateDictType, TaskConfig, TaskRanks, TextData,
-    TokenDtype, TokenizerSpec, TokensData, TrainOn, TrainerConfig,
+    ExpertTargets, FsdpConfig, JobConfig, JsonlData, Launcher, LoraConfig, LoraModule, LrSchedule,
+    ModelConfig, Overflow, PackedAttention, PeftConfig, PeftMethod, Precision, Resume, RopeScaling,
+    RopeType, SaveDtype, SavedModule, ShardingStrategy, StateDictType, TaskConfig, TaskRanks,
+    TextData, TokenDtype, TokenizerSpec, TokensData, TrainOn, TrainerConfig,
 };
 pub use types::{
     LayerType, ModelType, PreferenceData, ProcessGroup, RecordSelection, TruncationMode,

@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 
 use super::from_node::{field, Cx, Fail, FromNode, Parsed};
 use super::hf_config::HfLlamaConfig;
-use super::peft::LoraConfig;
+use super::peft::{LoraConfig, LoraModule};
 use super::types::{section, ModelConfig, ModelType};
 use crate::node::{Dict, Node, Value};
 
@@ -278,26 +278,46 @@ pub(super) fn moe_problems(c: &ModelConfig) -> Vec<(String, String)> {
     problems
 }
 
-/// Why LoRA `lora` cannot adapt mixture-of-experts `model` (`None` when it can, or when the
-/// model is dense): it targets the MLP. PEFT adapts a transformers 5 mixture's experts through
-/// their fused parameters (`target_parameters`), a layout flotilla does not write yet; its
-/// attention is adapted as for a dense model. The message names the fix.
-pub fn lora_moe_problem(model: &ModelConfig, lora: &LoraConfig) -> Option<String> {
+/// Why LoRA `lora` cannot adapt mixture-of-experts `model` as PEFT would (`None` when it can,
+/// or when the model is dense), as `(problem, fix)`. PEFT adapts a transformers 5 mixture's
+/// experts and router as parameters (`target_parameters`): the experts' gate and up
+/// projections are one fused parameter, adapted together or not at all, and a parameter's
+/// adapter takes no dropout.
+pub fn lora_moe_problem(model: &ModelConfig, lora: &LoraConfig) -> Option<(String, String)> {
     if !model.is_moe() {
         return None;
     }
-    let mlp: Vec<String> = lora
-        .targets(model)
-        .into_iter()
-        .filter(|t| t.in_mlp())
-        .map(|t| format!("`{t}`"))
-        .collect();
-    (!mlp.is_empty()).then(|| {
-        format!(
-            "peft.target_modules adapts {} of {}'s MLP; LoRA on a mixture of experts adapts \
-             its attention: set peft.target_modules=[q_proj,k_proj,v_proj,o_proj]",
-            mlp.join(", "),
-            model.architecture().display_name()
-        )
-    })
+    let listed = |m: LoraModule| lora.target_modules.contains(&m);
+    let pairs = [
+        (LoraModule::GateProj, LoraModule::UpProj),
+        (LoraModule::W1, LoraModule::W3),
+    ];
+    for (a, b) in pairs {
+        if listed(a) != listed(b) {
+            let (present, missing) = if listed(a) { (a, b) } else { (b, a) };
+            return Some((
+                format!(
+                    "peft.target_modules lists `{present}` without `{missing}`: {}'s experts \
+                     hold the two as one fused parameter (gate_up_proj), adapted as one",
+                    model.architecture().display_name()
+                ),
+                format!("list both `{a}` and `{b}`, or neither"),
+            ));
+        }
+    }
+    let experts = lora.expert_targets(model);
+    if experts.any() && lora.dropout > 0.0 {
+        return Some((
+            format!(
+                "peft.dropout is {}: PEFT adapts {}'s experts and router as parameters \
+                 (target_parameters), whose adapters take no dropout",
+                lora.dropout,
+                model.architecture().display_name()
+            ),
+            "set peft.dropout=0.0, or adapt the attention only: \
+             peft.target_modules=[q_proj,k_proj,v_proj,o_proj]"
+                .into(),
+        ));
+    }
+    None
 }

@@ -29,13 +29,20 @@ choice! {
         QkvProj = "qkv_proj",
         /// Phi-3's fused gate and up projection.
         GateUpProj = "gate_up_proj",
+        /// Mixtral's experts' gate projection (with `w3`, their fused `gate_up_proj`).
+        W1 = "w1",
+        /// Mixtral's experts' down projection.
+        W2 = "w2",
+        /// Mixtral's experts' up projection.
+        W3 = "w3",
+        /// A mixture's router (`mlp.gate`).
+        Router = "gate",
         AllLinear = "all-linear",
     }
 }
 
 impl LoraModule {
-    /// Whether the layer belongs to a block's MLP (a mixture of experts' sparse layers have no
-    /// dense one to adapt).
+    /// Whether the layer belongs to a block's MLP (a mixture's experts and router included).
     pub fn in_mlp(self) -> bool {
         matches!(
             self,
@@ -43,6 +50,10 @@ impl LoraModule {
                 | LoraModule::UpProj
                 | LoraModule::DownProj
                 | LoraModule::GateUpProj
+                | LoraModule::W1
+                | LoraModule::W2
+                | LoraModule::W3
+                | LoraModule::Router
         )
     }
 
@@ -55,6 +66,33 @@ impl LoraModule {
         LoraModule::GateProj,
         LoraModule::UpProj,
         LoraModule::DownProj,
+    ];
+
+    /// A Qwen3-MoE block's adaptable layers: the attention's, the experts' projections under
+    /// their transformers 4 names (PEFT maps them to the fused `gate_up_proj` and `down_proj`)
+    /// and the router.
+    pub const QWEN_MOE_LINEAR: [LoraModule; 8] = [
+        LoraModule::QProj,
+        LoraModule::KProj,
+        LoraModule::VProj,
+        LoraModule::OProj,
+        LoraModule::GateProj,
+        LoraModule::UpProj,
+        LoraModule::DownProj,
+        LoraModule::Router,
+    ];
+
+    /// A Mixtral block's adaptable layers, as [`LoraModule::QWEN_MOE_LINEAR`] with Mixtral's
+    /// expert names.
+    pub const MIXTRAL_LINEAR: [LoraModule; 8] = [
+        LoraModule::QProj,
+        LoraModule::KProj,
+        LoraModule::VProj,
+        LoraModule::OProj,
+        LoraModule::W1,
+        LoraModule::W3,
+        LoraModule::W2,
+        LoraModule::Router,
     ];
 
     /// A Phi-3 block's linear layers (q/k/v and gate/up fused), in Hugging Face order.
@@ -126,11 +164,68 @@ impl LoraConfig {
 
     /// The factor of `B·A`: `alpha / r`, or `alpha / sqrt(r)` with rsLoRA.
     pub fn scale(&self) -> f64 {
+        self.scale_of(self.r, self.alpha)
+    }
+
+    /// The factor of an update of rank `r` and `alpha` (a fused target's doubled pair).
+    pub fn scale_of(&self, r: usize, alpha: f64) -> f64 {
         if self.use_rslora {
-            self.alpha / (self.r as f64).sqrt()
+            alpha / (r as f64).sqrt()
         } else {
-            self.alpha / self.r as f64
+            alpha / r as f64
         }
+    }
+
+    /// What LoRA adapts in a mixture's sparse layers, as PEFT does on transformers 5, where the
+    /// experts are fused parameters (`target_parameters`): `gate_proj` and `up_proj` (`w1`,
+    /// `w3`) together adapt `gate_up_proj` at twice the rank and alpha, `down_proj` (`w2`)
+    /// adapts `down_proj`, `gate` the router; `all-linear` adapts all three. Nothing for a
+    /// dense model.
+    pub fn expert_targets(&self, model: &ModelConfig) -> ExpertTargets {
+        if !model.is_moe() {
+            return ExpertTargets::default();
+        }
+        let targets = self.targets(model);
+        let has = |m: &[LoraModule]| m.iter().any(|m| targets.contains(m));
+        ExpertTargets {
+            gate_up: has(&[
+                LoraModule::GateProj,
+                LoraModule::UpProj,
+                LoraModule::W1,
+                LoraModule::W3,
+            ]),
+            down: has(&[LoraModule::DownProj, LoraModule::W2]),
+            router: has(&[LoraModule::Router]),
+        }
+    }
+}
+
+/// The parameters LoRA adapts in each sparse layer of a mixture (PEFT's `target_parameters`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ExpertTargets {
+    /// The experts' fused `gate_up_proj` (`[experts, 2 moe_intermediate, hidden]`).
+    pub gate_up: bool,
+    /// The experts' `down_proj`.
+    pub down: bool,
+    /// The router, `mlp.gate.weight`.
+    pub router: bool,
+}
+
+impl ExpertTargets {
+    pub fn any(self) -> bool {
+        self.gate_up || self.down || self.router
+    }
+
+    /// PEFT's `target_parameters`, in the order it writes them.
+    pub fn parameter_names(self) -> Vec<&'static str> {
+        [
+            (self.down, "down_proj"),
+            (self.gate_up, "gate_up_proj"),
+            (self.router, "gate.weight"),
+        ]
+        .into_iter()
+        .filter_map(|(on, name)| on.then_some(name))
+        .collect()
     }
 }
 

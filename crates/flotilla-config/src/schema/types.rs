@@ -7,7 +7,7 @@ use super::from_node::{field, parse_choice, parse_tagged, Choice, Cx, Fail, From
 use super::messages::{quote_list, set_note};
 pub use super::moe::MoeConfig;
 pub use super::objective::ObjectiveConfig;
-pub use super::peft::{LoraConfig, LoraModule, PeftConfig, PeftMethod, SavedModule};
+pub use super::peft::{ExpertTargets, LoraConfig, LoraModule, PeftConfig, PeftMethod, SavedModule};
 pub use super::rope::{RopeScaling, RopeType};
 use super::shard_size::{ShardSize, DEFAULT_MAX_SHARD_SIZE};
 pub use super::tokenizer_spec::TokenizerSpec;

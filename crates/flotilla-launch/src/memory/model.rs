@@ -359,7 +359,9 @@ impl Units {
             };
         };
         // LoRA (`Llama::with_lora`): A [r, in] and B [out, r] per adapted layer of a block.
-        // A sparse layer has no dense MLP to adapt: only its attention's targets.
+        // A mixture's MLP modules are adapted in its sparse layers only, as PEFT adapts
+        // transformers 5's fused experts: gate_up A [2r·E, h], B [2·I, 2r·E]; down A [r·E, I],
+        // B [h, r·E]; the router A [r, h], B [E, r]. Its dense layers keep their MLP as it is.
         let r = lora.r as u64;
         let (mut adapter, mut attention_adapter, mut largest_factor) = (0, 0, 0);
         for t in lora.targets(m) {
@@ -371,17 +373,35 @@ impl Units {
                 LoraModule::OProj => (q, h),
                 LoraModule::GateProj | LoraModule::UpProj => (h, inter),
                 LoraModule::DownProj | LoraModule::AllLinear => (inter, h),
+                // A mixture's: counted below.
+                LoraModule::W1 | LoraModule::W2 | LoraModule::W3 | LoraModule::Router => continue,
             };
-            adapter += r * (inp + out);
             if !t.in_mlp() {
                 attention_adapter += r * (inp + out);
             }
-            largest_factor = largest_factor.max(r * inp.max(out));
+            if !m.is_moe() || !t.in_mlp() {
+                adapter += r * (inp + out);
+                largest_factor = largest_factor.max(r * inp.max(out));
+            }
+        }
+        let mut sparse_adapter = attention_adapter;
+        if let Some(moe) = &m.moe {
+            let on = lora.expert_targets(m);
+            let (e, ie) = (moe.num_experts as u64, m.expert_intermediate_size() as u64);
+            let mut factor = |on: bool, a: u64, b: u64| {
+                if on {
+                    sparse_adapter += a + b;
+                    largest_factor = largest_factor.max(a.max(b));
+                }
+            };
+            factor(on.gate_up, 2 * r * e * h, 2 * ie * 2 * r * e);
+            factor(on.down, r * e * ie, h * r * e);
+            factor(on.router, r * h, e * r);
         }
         let adapters: Vec<u64> = (0..layers)
             .map(|i| {
                 if m.layer_is_sparse(i) {
-                    attention_adapter
+                    sparse_adapter
                 } else {
                     adapter
                 }

@@ -554,7 +554,7 @@ fn with_adapter(
         return Ok((model, params));
     };
     let context = format!("applying the adapter {}", dir.display());
-    let lora = peft::adapter_settings(dir).map_err(GenerateError::model(&context))?;
+    let lora = peft::adapter_settings(dir, config).map_err(GenerateError::model(&context))?;
     let model = CausalLm::with_lora(config, Some(&lora))
         .map_err(|e| GenerateError::model(&context)(e.into()))?;
     let peft =

@@ -157,6 +157,44 @@ impl MoeNames {
     }
 }
 
+/// Where an expert adapter sits in PEFT's nesting of `ParamWrapper`s around a sparse layer's
+/// `mlp.experts` (transformers 5 fuses the experts into `gate_up_proj` and `down_proj`
+/// parameters; PEFT wraps the module once per adapted parameter): the outer wrapper's factors
+/// are `mlp.experts.lora_A.weight`, the inner's `mlp.experts.base_layer.lora_A.weight`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ExpertWrap {
+    Outer,
+    Inner,
+}
+
+/// A fused expert parameter LoRA adapts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ExpertProj {
+    /// `gate_up_proj`, `[experts, 2 moe_intermediate, hidden]`: the gate rows, then the up rows.
+    GateUp,
+    /// `down_proj`, `[experts, hidden, moe_intermediate]`.
+    Down,
+}
+
+impl ExpertWrap {
+    /// The wrapper of `proj` when a layer adapts `gate_up` and `down` as said: with both,
+    /// `gate_up_proj` is wrapped first (inner) and `down_proj` around it; alone, either is the
+    /// outer one.
+    pub fn of(proj: ExpertProj, gate_up: bool, down: bool) -> ExpertWrap {
+        match proj {
+            ExpertProj::GateUp if gate_up && down => ExpertWrap::Inner,
+            _ => ExpertWrap::Outer,
+        }
+    }
+
+    fn module(self) -> &'static str {
+        match self {
+            ExpertWrap::Outer => "mlp.experts",
+            ExpertWrap::Inner => "mlp.experts.base_layer",
+        }
+    }
+}
+
 /// A parameter of `LlamaForCausalLM`. Its Hugging Face name is the name everywhere in
 /// flotilla (parameter sets, FSDP groups, checkpoints), so this is the only mapping.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -181,6 +219,14 @@ pub enum ParamName {
     /// Expert `e`'s projection in layer `i`: `[moe_intermediate, hidden]` (gate, up) or
     /// `[hidden, moe_intermediate]` (down).
     Expert(usize, usize, ExpertWeight, MoeNames),
+    /// A LoRA factor of a sparse layer's fused expert parameter, under PEFT's name for it
+    /// (`model.layers.{i}.mlp.experts[.base_layer].lora_A.weight`, both families): `A` is
+    /// `[r·experts, in]` (expert-major rows), `B` `[out, r·experts]` (rank-major columns).
+    /// Which parameter the wrapper adapts is the layer's targets' ([`ExpertWrap::of`]).
+    ExpertLora(usize, ExpertWrap, LoraFactor),
+    /// A LoRA factor of a sparse layer's router, `model.layers.{i}.mlp.gate.lora_A.weight`
+    /// (`[r, hidden]`; `B` `[experts, r]`).
+    RouterLora(usize, LoraFactor),
 }
 
 /// The two factors of a LoRA update `B·A`.
@@ -218,7 +264,19 @@ impl ParamName {
                     n.expert(*w)
                 )
             }
+            ParamName::ExpertLora(i, wrap, f) => {
+                format!("model.layers.{i}.{}.{}.weight", wrap.module(), f.tag())
+            }
+            ParamName::RouterLora(i, f) => format!("model.layers.{i}.mlp.gate.{}.weight", f.tag()),
         }
+    }
+
+    /// Whether the parameter is a LoRA factor (of a linear layer, the experts or the router).
+    pub fn is_lora_factor(&self) -> bool {
+        matches!(
+            self,
+            ParamName::Lora(..) | ParamName::ExpertLora(..) | ParamName::RouterLora(..)
+        )
     }
 
     /// The parameter a Hugging Face weight name denotes, if any.
@@ -234,6 +292,20 @@ impl ParamName {
         let i = index.parse().ok()?;
         if let Some(p) = MoeNames::BOTH.iter().find_map(|n| n.parse(i, suffix)) {
             return Some(p);
+        }
+        for f in [LoraFactor::A, LoraFactor::B] {
+            let tail = format!(".{}.weight", f.tag());
+            let Some(module) = suffix.strip_suffix(&tail) else {
+                continue;
+            };
+            for wrap in [ExpertWrap::Outer, ExpertWrap::Inner] {
+                if module == wrap.module() {
+                    return Some(ParamName::ExpertLora(i, wrap, f));
+                }
+            }
+            if module == "mlp.gate" {
+                return Some(ParamName::RouterLora(i, f));
+            }
         }
         let of_module = |module: &str| LayerWeight::ALL.into_iter().find(|w| w.module() == module);
         for f in [LoraFactor::A, LoraFactor::B] {
@@ -264,6 +336,11 @@ mod tests {
             all.push(ParamName::Bias(7, w));
             all.push(ParamName::Lora(2, w, LoraFactor::A));
             all.push(ParamName::Lora(2, w, LoraFactor::B));
+        }
+        for f in [LoraFactor::A, LoraFactor::B] {
+            all.push(ParamName::ExpertLora(1, ExpertWrap::Outer, f));
+            all.push(ParamName::ExpertLora(1, ExpertWrap::Inner, f));
+            all.push(ParamName::RouterLora(1, f));
         }
         for p in all {
             assert_eq!(ParamName::parse(&p.hf_name()), Some(p), "{}", p.hf_name());

@@ -11,7 +11,7 @@ use tch::{Device, Kind, Tensor};
 
 use super::hf_shards::{PlannedTensor, ShardedWriter};
 use crate::error::TrainError;
-use crate::model::names::{LoraFactor, ParamName};
+use crate::model::names::{ExpertProj, ExpertWeight, ExpertWrap, LoraFactor, ParamName};
 use crate::model::{CausalLm, ModelError};
 use crate::state::param_source::TensorSource;
 use flotilla_config::schema::LoraConfig;
@@ -25,20 +25,103 @@ pub fn merge_lora(w: &Tensor, a: &Tensor, b: &Tensor, scale: f64) -> Result<Tens
     Ok(w.f_to_kind(Kind::Float)?.f_add(&(update * scale))?)
 }
 
-/// The names of the LoRA factors `(A, B)` that adapt base parameter `name` in `model`, when
-/// it is adapted.
-fn factors_of(model: &CausalLm, name: &str) -> Option<(String, String)> {
-    let Some(ParamName::Layer(i, layer)) = ParamName::parse(name) else {
-        return None;
+/// The LoRA factors that adapt one base parameter, and which part of their product is its
+/// update.
+struct Factors {
+    a: String,
+    b: String,
+    scale: f64,
+    /// A fused expert parameter's factors: expert `e` of `experts` (PEFT's layout: `A`'s rows
+    /// expert-major, `B`'s columns rank-major).
+    expert: Option<(i64, i64)>,
+    /// The rows of the update that are this parameter's (`gate_proj` and `up_proj` share the
+    /// fused `gate_up_proj`'s update).
+    rows: Option<(i64, i64)>,
+}
+
+impl Factors {
+    /// `w + scale · update`, in fp32.
+    fn merge(&self, w: &Tensor, a: &Tensor, b: &Tensor) -> Result<Tensor, TrainError> {
+        let (a, b) = match self.expert {
+            Some((e, experts)) => {
+                let r = a.size()[0] / experts;
+                let out = b.size()[0];
+                (
+                    a.f_narrow(0, e * r, r)?,
+                    b.f_reshape([out, r, experts])?.f_select(2, e)?,
+                )
+            }
+            None => (a.shallow_clone(), b.shallow_clone()),
+        };
+        let b = match self.rows {
+            Some((lo, n)) => b.f_narrow(0, lo, n)?,
+            None => b,
+        };
+        merge_lora(w, &a, &b, self.scale)
+    }
+}
+
+/// The LoRA factors that adapt base parameter `name` in `model` (built with `lora`), when it
+/// is adapted.
+fn factors_of(model: &CausalLm, lora: &LoraConfig, name: &str) -> Option<Factors> {
+    let config = model.config();
+    let plain = |a: ParamName, b: ParamName| Factors {
+        a: a.hf_name(),
+        b: b.hf_name(),
+        scale: lora.scale(),
+        expert: None,
+        rows: None,
     };
-    let factor = |f| ParamName::Lora(i, layer, f).hf_name();
-    let (a, b) = (factor(LoraFactor::A), factor(LoraFactor::B));
-    (model.param_spec(&a).is_some() && model.param_spec(&b).is_some()).then_some((a, b))
+    let found = match ParamName::parse(name)? {
+        ParamName::Layer(i, w) => plain(
+            ParamName::Lora(i, w, LoraFactor::A),
+            ParamName::Lora(i, w, LoraFactor::B),
+        ),
+        ParamName::Router(i, _) => plain(
+            ParamName::RouterLora(i, LoraFactor::A),
+            ParamName::RouterLora(i, LoraFactor::B),
+        ),
+        ParamName::Expert(i, e, w, _) => {
+            let on = lora.expert_targets(config);
+            let experts = config.moe.as_ref()?.num_experts as i64;
+            let inter = config.expert_intermediate_size() as i64;
+            let (proj, scale, rows) = match w {
+                ExpertWeight::Gate => (
+                    ExpertProj::GateUp,
+                    lora.scale_of(2 * lora.r, 2.0 * lora.alpha),
+                    Some((0, inter)),
+                ),
+                ExpertWeight::Up => (
+                    ExpertProj::GateUp,
+                    lora.scale_of(2 * lora.r, 2.0 * lora.alpha),
+                    Some((inter, inter)),
+                ),
+                ExpertWeight::Down => (ExpertProj::Down, lora.scale(), None),
+            };
+            let wrap = ExpertWrap::of(proj, on.gate_up, on.down);
+            let adapted = match proj {
+                ExpertProj::GateUp => on.gate_up,
+                ExpertProj::Down => on.down,
+            };
+            if !adapted {
+                return None;
+            }
+            Factors {
+                a: ParamName::ExpertLora(i, wrap, LoraFactor::A).hf_name(),
+                b: ParamName::ExpertLora(i, wrap, LoraFactor::B).hf_name(),
+                scale,
+                expert: Some((e as i64, experts)),
+                rows,
+            }
+        }
+        _ => return None,
+    };
+    (model.param_spec(&found.a).is_some() && model.param_spec(&found.b).is_some()).then_some(found)
 }
 
 /// Whether `name` is a base parameter (not a LoRA factor).
 fn is_base(name: &str) -> bool {
-    !matches!(ParamName::parse(name), Some(ParamName::Lora(..)))
+    !ParamName::parse(name).is_some_and(|p| p.is_lora_factor())
 }
 
 /// The base parameters with each adapted weight merged, the rest as they are; read from a LoRA
@@ -46,7 +129,7 @@ fn is_base(name: &str) -> bool {
 pub struct MergedWeights<'a> {
     source: &'a dyn TensorSource,
     model: &'a CausalLm,
-    scale: f64,
+    lora: LoraConfig,
 }
 
 impl<'a> MergedWeights<'a> {
@@ -55,7 +138,7 @@ impl<'a> MergedWeights<'a> {
         Self {
             source,
             model,
-            scale: lora.scale(),
+            lora: lora.clone(),
         }
     }
 
@@ -72,8 +155,8 @@ impl<'a> MergedWeights<'a> {
     /// The whole merged tensor of base parameter `name`, in fp32.
     pub fn merged(&self, name: &str) -> Result<Tensor, TrainError> {
         let w = self.whole(name)?;
-        match factors_of(self.model, name) {
-            Some((a, b)) => merge_lora(&w, &self.whole(&a)?, &self.whole(&b)?, self.scale),
+        match factors_of(self.model, &self.lora, name) {
+            Some(f) => f.merge(&w, &self.whole(&f.a)?, &self.whole(&f.b)?),
             None => Ok(w.f_to_kind(Kind::Float)?),
         }
     }
@@ -95,7 +178,7 @@ impl TensorSource for MergedWeights<'_> {
 /// unit, in the order the model declares them.
 pub struct MergedStream<'a> {
     model: &'a CausalLm,
-    scale: f64,
+    lora: LoraConfig,
     /// For each unit, its base parameters and every parameter merging them reads.
     units: Vec<(Vec<String>, Vec<String>)>,
     next_unit: usize,
@@ -122,8 +205,12 @@ impl<'a> MergedStream<'a> {
                 order.push((spec.name.clone(), kind, spec.shape.clone()));
                 base.push(spec.name.clone());
                 needs.push(spec.name.clone());
-                if let Some((a, b)) = factors_of(model, &spec.name) {
-                    needs.extend([a, b]);
+                if let Some(f) = factors_of(model, lora, &spec.name) {
+                    for n in [f.a, f.b] {
+                        if !needs.contains(&n) {
+                            needs.push(n);
+                        }
+                    }
                 }
             }
             units.push((base, needs));
@@ -131,7 +218,7 @@ impl<'a> MergedStream<'a> {
         let writer = ShardedWriter::create(dir, "model", order, max_shard_bytes)?;
         Ok(Self {
             model,
-            scale: lora.scale(),
+            lora: lora.clone(),
             units,
             next_unit: 0,
             arrived: HashMap::new(),
@@ -153,10 +240,8 @@ impl<'a> MergedStream<'a> {
             }
             for name in base {
                 let w = &self.arrived[name];
-                let merged = match factors_of(self.model, name) {
-                    Some((a, b)) => {
-                        merge_lora(w, &self.arrived[&a], &self.arrived[&b], self.scale)?
-                    }
+                let merged = match factors_of(self.model, &self.lora, name) {
+                    Some(f) => f.merge(w, &self.arrived[&f.a], &self.arrived[&f.b])?,
                     None => w.shallow_clone(),
                 };
                 self.writer.write(name, &merged)?;

@@ -20,7 +20,7 @@ use crate::model::SpecialIds;
 use crate::model::{CausalLm, ModelError};
 use crate::state::param_source::{FileSource, TensorSource};
 use flotilla_config::schema::DEFAULT_MAX_SHARD_SIZE;
-use flotilla_config::schema::{LoraConfig, ModelConfig};
+use flotilla_config::schema::{ExpertTargets, LoraConfig, LoraModule, ModelConfig};
 
 /// PEFT's adapter settings file.
 pub const ADAPTER_CONFIG: &str = "adapter_config.json";
@@ -79,9 +79,16 @@ impl PeftAdapter {
         }
         let (weights, source) = open_adapter_weights(dir)?;
         // The adapted layers are those the file has factors of (adapter_config.json may list
-        // them as names, full module paths or a pattern).
-        let theirs = adapted_modules(adapter_names(&source));
-        let ours = adapted_modules(model.param_specs().iter().map(|s| s.name.as_str()));
+        // them as names, full module paths or a pattern; its target_parameters say which
+        // fused expert parameter each expert wrapper adapts).
+        let config_of = model.config();
+        let theirs_experts = file_expert_targets(&config, adapter_names(&source));
+        let theirs = adapted_modules(adapter_names(&source), theirs_experts, config_of);
+        let ours = adapted_modules(
+            model.param_specs().iter().map(|s| s.name.as_str()),
+            lora.expert_targets(config_of),
+            config_of,
+        );
         if theirs != ours {
             return Err(bad_adapter(
                 &weights,
@@ -139,11 +146,17 @@ pub fn factor_names(model: &CausalLm) -> HashSet<String> {
 
 /// Whether parameter `name` is a LoRA factor.
 fn is_factor(name: &str) -> bool {
-    matches!(ParamName::parse(name), Some(ParamName::Lora(..)))
+    ParamName::parse(name).is_some_and(|p| p.is_lora_factor())
 }
 
-/// The PEFT module names (`q_proj`, ...) that the LoRA factors among `names` adapt, sorted.
-fn adapted_modules<'a>(names: impl Iterator<Item = &'a str>) -> Vec<&'static str> {
+/// The PEFT module names (`q_proj`, ...) that the LoRA factors among `names` adapt, sorted:
+/// a linear layer's by its name, a mixture's experts and router as `experts` says (under the
+/// names `model` lists them by: `gate_proj`/`up_proj`/`down_proj` or `w1`/`w3`/`w2`, `gate`).
+fn adapted_modules<'a>(
+    names: impl Iterator<Item = &'a str>,
+    experts: ExpertTargets,
+    model: &ModelConfig,
+) -> Vec<&'static str> {
     let mut found: Vec<&'static str> = names
         .filter_map(|n| match ParamName::parse(n) {
             Some(ParamName::Lora(_, w, _)) => crate::model::decoder::lora_module(w),
@@ -151,9 +164,51 @@ fn adapted_modules<'a>(names: impl Iterator<Item = &'a str>) -> Vec<&'static str
         })
         .map(|m| m.as_str())
         .collect();
+    let mixtral = model.linear_modules().contains(&LoraModule::W1);
+    let (gate_up, down): (&[LoraModule], LoraModule) = if mixtral {
+        (&[LoraModule::W1, LoraModule::W3], LoraModule::W2)
+    } else {
+        (
+            &[LoraModule::GateProj, LoraModule::UpProj],
+            LoraModule::DownProj,
+        )
+    };
+    if experts.gate_up {
+        found.extend(gate_up.iter().map(|m| m.as_str()));
+    }
+    if experts.down {
+        found.push(down.as_str());
+    }
+    if experts.router {
+        found.push(LoraModule::Router.as_str());
+    }
     found.sort_unstable();
     found.dedup();
     found
+}
+
+/// What an adapter file adapts in a mixture's sparse layers: the router where it has its
+/// factors, the fused expert parameters its `adapter_config.json`'s `target_parameters` names
+/// where it has expert factors.
+fn file_expert_targets<'a>(config: &Value, names: impl Iterator<Item = &'a str>) -> ExpertTargets {
+    let (mut experts, mut router) = (false, false);
+    for n in names {
+        match ParamName::parse(n) {
+            Some(ParamName::ExpertLora(..)) => experts = true,
+            Some(ParamName::RouterLora(..)) => router = true,
+            _ => {}
+        }
+    }
+    let listed = |p: &str| {
+        config["target_parameters"]
+            .as_array()
+            .is_some_and(|a| a.iter().filter_map(Value::as_str).any(|t| t.ends_with(p)))
+    };
+    ExpertTargets {
+        gate_up: experts && listed("gate_up_proj"),
+        down: experts && listed("down_proj"),
+        router,
+    }
 }
 
 /// `dir/adapter_config.json`, parsed, with its path.
@@ -182,13 +237,33 @@ fn adapter_names(source: &FileSource) -> impl Iterator<Item = &str> {
 /// `adapter_config.json` for `lora`, as PEFT writes it for a causal LM (`target_modules`
 /// expanded, `base_model_name_or_path` the base directory when there is one).
 pub fn adapter_config(lora: &LoraConfig, model: &ModelConfig, base: Option<&str>) -> Value {
-    let alpha = if lora.alpha.fract() == 0.0 {
-        json!(lora.alpha as i64)
-    } else {
-        json!(lora.alpha)
+    let number = |v: f64| {
+        if v.fract() == 0.0 {
+            json!(v as i64)
+        } else {
+            json!(v)
+        }
     };
+    let alpha = number(lora.alpha);
     let modules_to_save: Option<Vec<&str>> = (!lora.modules_to_save.is_empty())
         .then(|| lora.modules_to_save.iter().map(|m| m.as_str()).collect());
+    // A mixture's experts and router are PEFT's target_parameters (transformers 5 fuses the
+    // experts), the fused gate_up_proj at twice the rank and alpha; its MLP modules are not
+    // target_modules.
+    let experts = lora.expert_targets(model);
+    let target_modules: Vec<&str> = lora
+        .targets(model)
+        .iter()
+        .filter(|m| !(model.is_moe() && m.in_mlp()))
+        .map(|m| m.as_str())
+        .collect();
+    let target_parameters = experts.parameter_names();
+    let (mut rank_pattern, mut alpha_pattern) = (json!({}), json!({}));
+    if experts.gate_up {
+        let key = r".*\.gate_up_proj";
+        rank_pattern[key] = json!(2 * lora.r);
+        alpha_pattern[key] = number(2.0 * lora.alpha);
+    }
     json!({
         "peft_type": "LORA",
         "task_type": "CAUSAL_LM",
@@ -196,7 +271,8 @@ pub fn adapter_config(lora: &LoraConfig, model: &ModelConfig, base: Option<&str>
         "r": lora.r,
         "lora_alpha": alpha,
         "lora_dropout": lora.dropout,
-        "target_modules": lora.targets(model).iter().map(|m| m.as_str()).collect::<Vec<_>>(),
+        "target_modules": target_modules,
+        "target_parameters": (!target_parameters.is_empty()).then_some(target_parameters),
         "use_rslora": lora.use_rslora,
         "modules_to_save": modules_to_save,
         "bias": "none",
@@ -206,18 +282,19 @@ pub fn adapter_config(lora: &LoraConfig, model: &ModelConfig, base: Option<&str>
         "use_dora": false,
         "layers_to_transform": null,
         "layers_pattern": null,
-        "rank_pattern": {},
-        "alpha_pattern": {},
+        "rank_pattern": rank_pattern,
+        "alpha_pattern": alpha_pattern,
         "revision": null,
     })
 }
 
 /// The LoRA settings of a PEFT adapter directory: `r`, `lora_alpha`, `use_rslora` and
 /// `modules_to_save` from its `adapter_config.json`, the adapted layers from its tensors.
-pub fn adapter_settings(dir: &Path) -> Result<LoraConfig, TrainError> {
+pub fn adapter_settings(dir: &Path, model: &ModelConfig) -> Result<LoraConfig, TrainError> {
     let (config_path, config) = read_adapter_config(dir)?;
     let (_, source) = open_adapter_weights(dir)?;
-    let targets = adapted_modules(adapter_names(&source));
+    let experts = file_expert_targets(&config, adapter_names(&source));
+    let targets = adapted_modules(adapter_names(&source), experts, model);
     let saved: Vec<&str> = match &config["modules_to_save"] {
         Value::Array(a) => a.iter().filter_map(Value::as_str).collect(),
         _ => vec![],
@@ -244,8 +321,8 @@ pub fn adapter_settings(dir: &Path) -> Result<LoraConfig, TrainError> {
 /// the result to `out` as a Hugging Face directory (fp32, one parameter in memory at a time;
 /// `tokenizer.json` copied from the adapter or the base when there is one).
 pub fn merge_into_base(adapter: &Path, base: &Path, out: &Path) -> Result<(), TrainError> {
-    let lora = adapter_settings(adapter)?;
     let (base_model, hf) = HfWeights::open(base)?;
+    let lora = adapter_settings(adapter, base_model.config())?;
     let model = CausalLm::with_lora(base_model.config(), Some(&lora))?;
     let peft = PeftAdapter::open(adapter, &model, &lora)?;
     let source = crate::state::param_source::Overlay {

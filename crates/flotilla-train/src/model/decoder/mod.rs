@@ -18,11 +18,13 @@ use flotilla_config::schema::{
 use super::layers::attention::{causal_attention, AttentionOptions};
 use super::layers::linear::{linear, Projections};
 use super::layers::mlp::{geglu, swiglu};
-use super::layers::moe::SparseMlp;
+use super::layers::moe::{LoraPair, MoeAdapters, SparseMlp};
 use super::layers::norm::{gemma_rms_norm, rms_norm};
 use super::layers::rope::{apply_rotary, shape_tables};
 use super::layers::softcap::soft_cap;
-use super::names::{ExpertWeight, LayerWeight, LoraFactor, MoeNames, ParamName};
+use super::names::{
+    ExpertProj, ExpertWeight, ExpertWrap, LayerWeight, LoraFactor, MoeNames, ParamName,
+};
 use super::{FamilyUnits, ForwardCtx, Init, KvCache, ModelError, ParamSpec, Unit};
 
 /// How an RMSNorm applies its weight.
@@ -190,8 +192,8 @@ pub fn build(
             ));
         }
     }
-    if let Some(problem) = lora.and_then(|l| lora_moe_problem(c, l)) {
-        return Err(invalid("model_type", problem));
+    if let Some((problem, fix)) = lora.and_then(|l| lora_moe_problem(c, l)) {
+        return Err(invalid("peft.target_modules", format!("{problem}: {fix}")));
     }
     let (h, hd) = (c.hidden_size as i64, c.head_dim() as i64);
     let (q_out, kv_out) = (
@@ -209,7 +211,7 @@ pub fn build(
     let saved = |m: SavedModule| lora.is_none_or(|l| l.modules_to_save.contains(&m));
     let add = |specs: &mut Vec<ParamSpec>, p: ParamName, shape: Vec<i64>, init, unit| {
         let trainable = match p {
-            ParamName::Lora(..) => true,
+            p if p.is_lora_factor() => true,
             ParamName::Embed => saved(SavedModule::EmbedTokens),
             ParamName::LmHead => saved(SavedModule::LmHead),
             _ => lora.is_none(),
@@ -270,7 +272,7 @@ pub fn build(
             shapes.push(shape.clone());
             names.push(add(&mut specs, ParamName::Layer(i, w), shape, init, u));
         }
-        let moe = match (&c.moe, sparse) {
+        let mut moe = match (&c.moe, sparse) {
             (Some(m), true) => {
                 let e_inter = c.expert_intermediate_size() as i64;
                 let router = names.len();
@@ -291,6 +293,7 @@ pub fn build(
                 Some(SparseSlots {
                     router,
                     experts,
+                    adapters: ExpertAdapterSlots::default(),
                     mlp: SparseMlp {
                         num_experts: m.num_experts as i64,
                         top_k: m.num_experts_per_tok as i64,
@@ -327,7 +330,10 @@ pub fn build(
         if let Some(l) = lora {
             let r = l.r as i64;
             for (k, &w) in weights.iter().enumerate() {
-                if !lora_module(w).is_some_and(|m| targets.contains(&m)) {
+                // A mixture's dense layers keep their MLP: PEFT's targets name the experts
+                // there (transformers 5 fuses them), and none of the dense projections.
+                let dense_mlp_of_moe = c.is_moe() && lora_module(w).is_some_and(|m| m.in_mlp());
+                if dense_mlp_of_moe || !lora_module(w).is_some_and(|m| targets.contains(&m)) {
                     continue;
                 }
                 let (out, inp) = (shapes[k][0], shapes[k][1]);
@@ -339,6 +345,42 @@ pub fn build(
                 names.push(add(&mut specs, a_name, vec![r, inp], a, u));
                 let b_name = ParamName::Lora(i, w, LoraFactor::B);
                 names.push(add(&mut specs, b_name, vec![out, r], Init::Zeros, u));
+            }
+        }
+        if let (Some(l), Some(moe)) = (lora, moe.as_mut()) {
+            let on = l.expert_targets(c);
+            let (r, alpha) = (l.r as i64, l.alpha);
+            let (experts, e_inter) = (moe.mlp.num_experts, c.expert_intermediate_size() as i64);
+            let mut factors = |name: &dyn Fn(LoraFactor) -> ParamName, a: Vec<i64>, b: Vec<i64>| {
+                let slot = names.len();
+                let init = Init::Uniform {
+                    bound: 1.0 / (a[1] as f64).sqrt(),
+                };
+                names.push(add(&mut specs, name(LoraFactor::A), a, init, u));
+                names.push(add(&mut specs, name(LoraFactor::B), b, Init::Zeros, u));
+                slot
+            };
+            let wrap = |p| ExpertWrap::of(p, on.gate_up, on.down);
+            if on.gate_up {
+                // PEFT's fused gate and up: twice the rank and alpha.
+                let r2 = 2 * r;
+                let name = |f| ParamName::ExpertLora(i, wrap(ExpertProj::GateUp), f);
+                let slot = factors(
+                    &name,
+                    vec![r2 * experts, h],
+                    vec![2 * e_inter, r2 * experts],
+                );
+                moe.adapters.gate_up = Some((slot, l.scale_of(2 * l.r, 2.0 * alpha)));
+            }
+            if on.down {
+                let name = |f| ParamName::ExpertLora(i, wrap(ExpertProj::Down), f);
+                let slot = factors(&name, vec![r * experts, e_inter], vec![h, r * experts]);
+                moe.adapters.down = Some((slot, l.scale()));
+            }
+            if on.router {
+                let name = |f| ParamName::RouterLora(i, f);
+                let slot = factors(&name, vec![r, h], vec![experts, r]);
+                moe.adapters.router = Some((slot, l.scale()));
             }
         }
         units.push(Box::new(Block {
@@ -539,12 +581,40 @@ struct Block {
 }
 
 /// Where a sparse layer's router and experts sit in its block's parameters (the router, then
-/// each expert's gate, up and down projections), and how it routes.
+/// each expert's gate, up and down projections; LoRA's factors last), and how it routes.
 #[derive(Clone, Copy, Debug)]
 struct SparseSlots {
     router: usize,
     experts: usize,
+    adapters: ExpertAdapterSlots,
     mlp: SparseMlp,
+}
+
+/// Where a sparse layer's LoRA `A` factors sit (`B` follows each), with their scales.
+#[derive(Clone, Copy, Debug, Default)]
+struct ExpertAdapterSlots {
+    router: Option<(usize, f64)>,
+    gate_up: Option<(usize, f64)>,
+    down: Option<(usize, f64)>,
+}
+
+impl ExpertAdapterSlots {
+    /// The factors in `params` (none when the adapters are off).
+    fn of<'a>(&self, params: &'a [Tensor], ctx: &ForwardCtx) -> MoeAdapters<'a> {
+        let pair = |slot: Option<(usize, f64)>| {
+            slot.filter(|_| !ctx.adapters_off)
+                .map(|(a, scale)| LoraPair {
+                    a: &params[a],
+                    b: &params[a + 1],
+                    scale,
+                })
+        };
+        MoeAdapters {
+            router: pair(self.router),
+            gate_up: pair(self.gate_up),
+            down: pair(self.down),
+        }
+    }
 }
 
 impl Block {
@@ -698,9 +768,15 @@ impl Block {
                 .dropout_seed
                 .map(|s| s.wrapping_add((self.index as u64 + 1).wrapping_mul(0x9E37_79B9)));
             let log = ctx.router_log.as_ref().map(|l| (l, self.index));
-            return x + moe
-                .mlp
-                .forward(&h, &params[moe.router], experts, jitter_seed, log);
+            let adapters = moe.adapters.of(params, ctx);
+            return x + moe.mlp.forward(
+                &h,
+                &params[moe.router],
+                experts,
+                &adapters,
+                jitter_seed,
+                log,
+            );
         }
         let (gate, up) = if self.style.fused_projections {
             // Phi-3: the gate, then the up projection, along the fused output.

@@ -631,9 +631,12 @@ fn fp16_weights_keep_the_residual_stream_in_fp32() {
     assert!(block.abs().max().double_value(&[]) > 65504.0);
 }
 
-/// LoRA on a mixture of experts adapts its attention; targeting its MLP is refused with the fix.
+/// LoRA on a mixture of experts: attention as for a dense model; the experts and router as PEFT
+/// adapts transformers 5's fused parameters (shapes and names of its `ParamWrapper`s, the
+/// fused gate/up at twice the rank); a gate without its up projection, an MLP name of the other
+/// family and dropout on the experts are refused with the fix.
 #[test]
-fn lora_on_a_mixture_of_experts_adapts_attention_and_refuses_the_mlp() {
+fn lora_on_a_mixture_of_experts_adapts_experts_and_router_as_peft() {
     let moe: flotilla_config::schema::MoeConfig =
         serde_yaml::from_str("{num_experts: 4, num_experts_per_tok: 2}").unwrap();
     let c = ModelConfig {
@@ -641,27 +644,75 @@ fn lora_on_a_mixture_of_experts_adapts_attention_and_refuses_the_mlp() {
         moe: Some(moe),
         ..tiny(false, 2)
     };
-    let lora = |targets: &str| -> LoraConfig {
+    let lora = |targets: &str, dropout: f64| -> LoraConfig {
         serde_yaml::from_str(&format!(
-            "{{r: 2, alpha: 4, dropout: 0.0, target_modules: {targets}, use_rslora: false, \
+            "{{r: 2, alpha: 4, dropout: {dropout}, target_modules: {targets}, use_rslora: false, \
              modules_to_save: [], init_from: null, merge: false}}"
         ))
         .unwrap()
     };
-    let attention = CausalLm::with_lora(&c, Some(&lora("[q_proj, v_proj]"))).unwrap();
-    let adapters = attention
-        .param_specs()
-        .iter()
-        .filter(|s| s.trainable)
-        .count();
-    assert_eq!(adapters, 2 * 2 * c.num_hidden_layers);
-    for targets in ["[all-linear]", "[q_proj, up_proj]"] {
-        let err = CausalLm::with_lora(&c, Some(&lora(targets)))
+    let trainable = |targets: &str| -> Vec<(String, Vec<i64>)> {
+        CausalLm::with_lora(&c, Some(&lora(targets, 0.0)))
+            .unwrap()
+            .param_specs()
+            .iter()
+            .filter(|s| s.trainable && s.name.starts_with("model.layers.0."))
+            .map(|s| {
+                (
+                    s.name["model.layers.0.".len()..].to_string(),
+                    s.shape.clone(),
+                )
+            })
+            .collect()
+    };
+    let names = |v: &[(String, Vec<i64>)]| v.iter().map(|(n, _)| n.clone()).collect::<Vec<_>>();
+    assert_eq!(
+        names(&trainable("[q_proj, v_proj]")),
+        [
+            "self_attn.q_proj.lora_A.weight",
+            "self_attn.q_proj.lora_B.weight",
+            "self_attn.v_proj.lora_A.weight",
+            "self_attn.v_proj.lora_B.weight"
+        ]
+    );
+    let (h, inter, e, r) = (c.hidden_size as i64, c.intermediate_size as i64, 4i64, 2i64);
+    let all = trainable("[all-linear]");
+    let experts: Vec<&(String, Vec<i64>)> =
+        all.iter().filter(|(n, _)| n.starts_with("mlp.")).collect();
+    let want: Vec<(String, Vec<i64>)> = vec![
+        (
+            "mlp.experts.base_layer.lora_A.weight".into(),
+            vec![2 * r * e, h],
+        ),
+        (
+            "mlp.experts.base_layer.lora_B.weight".into(),
+            vec![2 * inter, 2 * r * e],
+        ),
+        ("mlp.experts.lora_A.weight".into(), vec![r * e, inter]),
+        ("mlp.experts.lora_B.weight".into(), vec![h, r * e]),
+        ("mlp.gate.lora_A.weight".into(), vec![r, h]),
+        ("mlp.gate.lora_B.weight".into(), vec![e, r]),
+    ];
+    assert_eq!(experts.into_iter().cloned().collect::<Vec<_>>(), want);
+    // down alone is the outer (only) wrapper.
+    assert_eq!(
+        trainable("[w2]"),
+        [
+            ("mlp.experts.lora_A.weight".to_string(), vec![r * e, inter]),
+            ("mlp.experts.lora_B.weight".to_string(), vec![h, r * e])
+        ]
+    );
+    for (targets, dropout, fix) in [
+        ("[q_proj, w1]", 0.0, "list both `w1` and `w3`"),
+        ("[w3]", 0.0, "list both `w1` and `w3`"),
+        ("[w1, w3]", 0.1, "set peft.dropout=0.0"),
+        ("[q_proj, up_proj]", 0.0, "`w1`, `w3`, `w2`, `gate`"),
+    ] {
+        let err = CausalLm::with_lora(&c, Some(&lora(targets, dropout)))
             .unwrap_err()
             .to_string();
-        assert!(
-            err.contains("peft.target_modules=[q_proj,k_proj,v_proj,o_proj]"),
-            "{targets}: {err}"
-        );
+        assert!(err.contains(fix), "{targets}: {err}");
     }
+    // Attention alone takes dropout as for a dense model.
+    assert!(CausalLm::with_lora(&c, Some(&lora("[q_proj]", 0.1))).is_ok());
 }

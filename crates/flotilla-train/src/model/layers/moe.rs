@@ -6,6 +6,10 @@
 //! permutation, so forward and backward are deterministic (every gather and scatter moves each
 //! row once; the sum over a token's k experts is a plain reduction).
 //!
+//! LoRA adapts the router and the experts as PEFT does on transformers 5's fused experts
+//! ([`MoeAdapters`]): each adapted parameter's `W + scale·B_e·A_e`, applied as the low-rank
+//! product beside the base projection.
+//!
 //! It also records what the auxiliary load-balancing loss needs of each layer
 //! ([`RouterStats`], kept in the forward's [`RouterLog`]); the loss itself, which couples every
 //! layer, is the engine's.
@@ -74,16 +78,57 @@ impl RouterLog {
     }
 }
 
+/// The LoRA factors of one adapted parameter and the scale of their product.
+#[derive(Clone, Copy, Debug)]
+pub struct LoraPair<'a> {
+    /// `[r·experts, in]`: expert `e`'s `A` is rows `e·r .. (e+1)·r` (the router: one expert).
+    pub a: &'a Tensor,
+    /// `[out, r·experts]`: expert `e`'s `B` is columns `e, e + experts, ...` (rank-major).
+    pub b: &'a Tensor,
+    pub scale: f64,
+}
+
+impl LoraPair<'_> {
+    /// Expert `e`'s `(A_e [r, in], B_e [out, r])` of `experts`.
+    fn of_expert(&self, e: i64, experts: i64) -> (Tensor, Tensor) {
+        let r = self.a.size()[0] / experts;
+        let out = self.b.size()[0];
+        let a = self.a.narrow(0, e * r, r);
+        let b = self.b.reshape([out, r, experts]).select(2, e);
+        (a, b)
+    }
+
+    /// `scale · (x @ A_eᵀ) @ B_eᵀ`.
+    fn update(&self, x: &Tensor, e: i64, experts: i64) -> Tensor {
+        let (a, b) = self.of_expert(e, experts);
+        linear(&linear(x, &a), &b) * self.scale
+    }
+}
+
+/// A sparse layer's LoRA adapters, each absent where the job does not adapt it.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct MoeAdapters<'a> {
+    /// The router (`mlp.gate.weight`).
+    pub router: Option<LoraPair<'a>>,
+    /// The experts' fused `gate_up_proj`: its update's first `moe_intermediate` rows add to the
+    /// gate projection, the rest to the up projection.
+    pub gate_up: Option<LoraPair<'a>>,
+    /// The experts' `down_proj`.
+    pub down: Option<LoraPair<'a>>,
+}
+
 impl SparseMlp {
     /// The layer's output for `x` (`[B, T, hidden]`), in `x`'s dtype. `router` is `[experts,
-    /// hidden]`; `experts` holds each expert's gate, up and down projections in turn.
-    /// `jitter_seed`: training (the noise is drawn from it), `None` in evaluation and
-    /// generation. With `log`, the layer's routing statistics are recorded as layer `layer`.
+    /// hidden]`; `experts` holds each expert's gate, up and down projections in turn;
+    /// `adapters` their LoRA factors. `jitter_seed`: training (the noise is drawn from it),
+    /// `None` in evaluation and generation. With `log`, the layer's routing statistics are
+    /// recorded as layer `layer`.
     pub fn forward(
         &self,
         x: &Tensor,
         router: &Tensor,
         experts: &[Tensor],
+        adapters: &MoeAdapters,
         jitter_seed: Option<u64>,
         log: Option<(&RouterLog, usize)>,
     ) -> Tensor {
@@ -100,7 +145,10 @@ impl SparseMlp {
             }
             None => flat,
         };
-        let logits = linear(&rows, router);
+        let mut logits = linear(&rows, router);
+        if let Some(lora) = &adapters.router {
+            logits = logits + lora.update(&rows, 0, 1);
+        }
         let probs = logits.softmax(-1, Kind::Float);
         let (mut scores, chosen) = probs.topk(self.top_k, -1, true, true);
         if let Some((log, layer)) = log {
@@ -112,7 +160,7 @@ impl SparseMlp {
         if self.scores_in_compute_dtype {
             scores = scores.to_kind(x.kind());
         }
-        let routed = self.run_experts(&rows, &chosen, experts);
+        let routed = self.run_experts(&rows, &chosen, experts, adapters);
         let n = rows.size()[0];
         // Each (token, slot) output weighted by its score, rounded to the activations' dtype,
         // then summed over the token's experts.
@@ -125,7 +173,13 @@ impl SparseMlp {
     /// The experts' outputs for every (token, slot) assignment, `[N * k, hidden]` in (token,
     /// slot) order: the assignments sorted by expert (stable), each expert's rows through its
     /// MLP at once, and the result put back in order.
-    fn run_experts(&self, rows: &Tensor, chosen: &Tensor, experts: &[Tensor]) -> Tensor {
+    fn run_experts(
+        &self,
+        rows: &Tensor,
+        chosen: &Tensor,
+        experts: &[Tensor],
+        adapters: &MoeAdapters,
+    ) -> Tensor {
         let (n, hidden) = (rows.size()[0], rows.size()[1]);
         let k = self.top_k;
         let flat = chosen.reshape([-1]);
@@ -150,8 +204,20 @@ impl SparseMlp {
             }
             let x = grouped.narrow(0, start, count);
             let w = &experts[3 * e..3 * e + 3];
-            let gated = swiglu(&linear(&x, &w[0]), &linear(&x, &w[1]));
-            outputs.push(linear(&gated, &w[2]));
+            let (e, n) = (e as i64, self.num_experts);
+            let (mut gate, mut up) = (linear(&x, &w[0]), linear(&x, &w[1]));
+            if let Some(lora) = &adapters.gate_up {
+                let update = lora.update(&x, e, n);
+                let inter = gate.size()[1];
+                gate = gate + update.narrow(1, 0, inter);
+                up = up + update.narrow(1, inter, inter);
+            }
+            let gated = swiglu(&gate, &up);
+            let mut out = linear(&gated, &w[2]);
+            if let Some(lora) = &adapters.down {
+                out = out + lora.update(&gated, e, n);
+            }
+            outputs.push(out);
             start += count;
         }
         let sorted = Tensor::cat(&outputs, 0);
@@ -244,7 +310,7 @@ mod tests {
         let (x, router, experts) = weights();
         for norm in [false, true] {
             let mlp = layer(0.0, norm);
-            let got = mlp.forward(&x, &router, &experts, None, None);
+            let got = mlp.forward(&x, &router, &experts, &MoeAdapters::default(), None, None);
             let rows = x.reshape([-1, 8]);
             let mut want = Vec::new();
             for t in 0..rows.size()[0] {
@@ -269,16 +335,112 @@ mod tests {
         }
     }
 
+    /// The adapters equal PEFT's merged parameters: `W + scale·delta` with PEFT's
+    /// `einsum("o r e, e r i -> e o i", B.reshape(out, r, E), A.reshape(E, r, in))` per fused
+    /// parameter (gate rows then up rows of `gate_up_proj`), and `W + scale·B@A` for the router.
+    #[test]
+    fn adapters_equal_pefts_merged_parameters() {
+        let (x, router, experts) = weights();
+        let (e, inter, hidden, r) = (5i64, 12i64, 8i64, 3i64);
+        let opts = (Kind::Float, Device::Cpu);
+        let gu = (
+            Tensor::randn([2 * r * e, hidden], opts) * 0.2,
+            Tensor::randn([2 * inter, 2 * r * e], opts) * 0.2,
+        );
+        let dn = (
+            Tensor::randn([r * e, inter], opts) * 0.2,
+            Tensor::randn([hidden, r * e], opts) * 0.2,
+        );
+        let rt = (
+            Tensor::randn([r, hidden], opts) * 0.2,
+            Tensor::randn([e, r], opts) * 0.2,
+        );
+        let adapters = MoeAdapters {
+            router: Some(LoraPair {
+                a: &rt.0,
+                b: &rt.1,
+                scale: 2.0,
+            }),
+            gate_up: Some(LoraPair {
+                a: &gu.0,
+                b: &gu.1,
+                scale: 0.5,
+            }),
+            down: Some(LoraPair {
+                a: &dn.0,
+                b: &dn.1,
+                scale: 1.5,
+            }),
+        };
+        let delta = |(a, b): &(Tensor, Tensor), rank: i64| {
+            let a = a.reshape([e, rank, -1]);
+            let b = b.reshape([b.size()[0], rank, e]);
+            Tensor::einsum("ore,eri->eoi", &[b, a], None::<&[i64]>)
+        };
+        let (d_gu, d_dn) = (delta(&gu, 2 * r) * 0.5, delta(&dn, r) * 1.5);
+        let merged: Vec<Tensor> = (0..e)
+            .flat_map(|k| {
+                let w = &experts[3 * k as usize..3 * k as usize + 3];
+                let g = d_gu.get(k);
+                [
+                    &w[0] + g.narrow(0, 0, inter),
+                    &w[1] + g.narrow(0, inter, inter),
+                    &w[2] + d_dn.get(k),
+                ]
+            })
+            .collect();
+        let merged_router = &router + rt.1.matmul(&rt.0) * 2.0;
+        for norm in [false, true] {
+            let mlp = layer(0.0, norm);
+            let ours = mlp.forward(&x, &router, &experts, &adapters, None, None);
+            let theirs = mlp.forward(
+                &x,
+                &merged_router,
+                &merged,
+                &MoeAdapters::default(),
+                None,
+                None,
+            );
+            let err = (&ours - &theirs).abs().max().double_value(&[]);
+            let scale = theirs.abs().max().double_value(&[]);
+            assert!(
+                err < 1e-5 * scale,
+                "norm_topk_prob {norm}: {err} of {scale}"
+            );
+            let plain = mlp.forward(&x, &router, &experts, &MoeAdapters::default(), None, None);
+            let moved = (&ours - &plain).abs().max().double_value(&[]);
+            assert!(
+                moved > 0.1 * scale,
+                "the adapters change the output: {moved}"
+            );
+        }
+    }
+
     /// Jitter applies in training only (a seed), the same for the same seed.
     #[test]
     fn router_jitter_only_in_training() {
         let (x, router, experts) = weights();
-        let plain = layer(0.0, true).forward(&x, &router, &experts, None, None);
+        let plain =
+            layer(0.0, true).forward(&x, &router, &experts, &MoeAdapters::default(), None, None);
         let jittery = layer(0.4, true);
-        let eval = jittery.forward(&x, &router, &experts, None, None);
+        let eval = jittery.forward(&x, &router, &experts, &MoeAdapters::default(), None, None);
         assert!(eval.equal(&plain));
-        let a = jittery.forward(&x, &router, &experts, Some(3), None);
-        let b = jittery.forward(&x, &router, &experts, Some(3), None);
+        let a = jittery.forward(
+            &x,
+            &router,
+            &experts,
+            &MoeAdapters::default(),
+            Some(3),
+            None,
+        );
+        let b = jittery.forward(
+            &x,
+            &router,
+            &experts,
+            &MoeAdapters::default(),
+            Some(3),
+            None,
+        );
         assert!(a.equal(&b));
         assert!(!a.equal(&plain));
     }
@@ -289,9 +451,23 @@ mod tests {
         let (x, router, experts) = weights();
         let log = RouterLog::default();
         let mlp = layer(0.0, true);
-        let _ = mlp.forward(&x, &router, &experts, None, Some((&log, 0)));
+        let _ = mlp.forward(
+            &x,
+            &router,
+            &experts,
+            &MoeAdapters::default(),
+            None,
+            Some((&log, 0)),
+        );
         let router2 = &router * 0.5;
-        let _ = mlp.forward(&x, &router2, &experts, None, Some((&log, 3)));
+        let _ = mlp.forward(
+            &x,
+            &router2,
+            &experts,
+            &MoeAdapters::default(),
+            None,
+            Some((&log, 3)),
+        );
         let (loss, grad) = log.with_all(|s| load_balancing(s, 5)).unwrap();
         // By hand: both layers' probabilities and top-2 choices over the 12 tokens.
         let rows = x.reshape([-1, 8]);
