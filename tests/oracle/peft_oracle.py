@@ -4,7 +4,8 @@ Modes (each prints one JSON value as the last line of stdout):
 
 - make OUT TARGETS SAVE R ALPHA RSLORA RANDOM_B [FAMILY]: a seeded tiny untied model of FAMILY
   (llama, the default; qwen3 with heads of their own size; phi3 shaped as Phi-4-mini, with
-  fused projections and rotary embeddings on three quarters of each head) saved
+  fused projections and rotary embeddings on three quarters of each head; mixtral and
+  qwen3_moe with four experts, two a token, qwen3_moe's first layer dense) saved
   with save_pretrained in OUT/base (norm weights away from one), and a LoRA adapter created by peft.get_peft_model
   (target_modules TARGETS, comma-separated or all-linear; modules_to_save SAVE, comma-separated
   or "-"; PEFT's default init, or with RANDOM_B=1 `init_lora_weights=False` so that B is not
@@ -29,7 +30,9 @@ import warnings
 
 import torch
 from safetensors.torch import load_file
-from transformers import AutoModelForCausalLM, LlamaConfig, Phi3Config, Qwen3Config
+from transformers import (
+    AutoModelForCausalLM, LlamaConfig, MixtralConfig, Phi3Config, Qwen3Config, Qwen3MoeConfig,
+)
 
 from peft import LoraConfig, PeftModel, get_peft_model
 
@@ -49,6 +52,12 @@ FAMILIES = {
     "qwen3": (Qwen3Config, {"head_dim": 24}),
     "phi3": (Phi3Config, {"pad_token_id": 0, "rope_parameters": {
         "rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.75}}),
+    # Mixtures of experts: PEFT adapts transformers 5's fused experts as parameters.
+    "mixtral": (MixtralConfig, {"num_local_experts": 4, "num_experts_per_tok": 2}),
+    # Layer 0 dense (PEFT leaves its MLP alone), experts of their own width.
+    "qwen3_moe": (Qwen3MoeConfig, {"head_dim": 24, "num_experts": 4, "num_experts_per_tok": 2,
+                                   "moe_intermediate_size": 40, "norm_topk_prob": True,
+                                   "mlp_only_layers": [0]}),
 }
 
 

@@ -536,6 +536,20 @@ fn lora_on_phi4_mini_trains_as_peft_and_loads_in_peft() {
     lora_on_family_trains_as_peft_and_loads_in_peft("phi3");
 }
 
+/// A mixture's experts and router as PEFT adapts transformers 5's fused parameters
+/// (`ParamWrapper`s: gate_up_proj at twice the rank, down_proj, the router), its attention as
+/// for a dense model; Qwen3-MoE's dense first layer keeps its MLP unadapted, as PEFT leaves it.
+/// The adapter is merged into `final/merged/` too, which transformers loads with equal logits.
+#[test]
+fn lora_on_mixtral_experts_trains_as_peft_and_loads_in_peft() {
+    lora_on_family_trains_as_peft_and_loads_in_peft("mixtral");
+}
+
+#[test]
+fn lora_on_qwen3_moe_experts_trains_as_peft_and_loads_in_peft() {
+    lora_on_family_trains_as_peft_and_loads_in_peft("qwen3_moe");
+}
+
 fn lora_on_family_trains_as_peft_and_loads_in_peft(family: &str) {
     if !peft_python() {
         return;
@@ -548,7 +562,8 @@ fn lora_on_family_trains_as_peft_and_loads_in_peft(family: &str) {
             .iter()
             .filter_map(|k| k.split('.').rev().nth(2))
             .collect();
-        let lora = lora_config("all-linear", "-", &dir.join("adapter"), false);
+        let moe = family.contains("mixtral") || family.contains("moe");
+        let lora = lora_config("all-linear", "-", &dir.join("adapter"), moe);
         // 10 steps, the schedule's horizon on both sides.
         let t = TrainerConfig {
             max_steps: 10,
@@ -575,6 +590,18 @@ fn lora_on_family_trains_as_peft_and_loads_in_peft(family: &str) {
         assert!(dl < 1e-4 && dn < 1e-4, "{family}");
         let want_modules: std::collections::BTreeSet<&str> = match family {
             "phi3" => ["qkv_proj", "o_proj", "gate_up_proj", "down_proj"].into(),
+            // The experts' two wrappers (`mlp.experts.base_layer`: gate_up_proj, inside
+            // `mlp.experts`: down_proj) and the router (`mlp.gate`).
+            "mixtral" | "qwen3_moe" => [
+                "q_proj",
+                "k_proj",
+                "v_proj",
+                "o_proj",
+                "base_layer",
+                "experts",
+                "gate",
+            ]
+            .into(),
             _ => [
                 "q_proj",
                 "k_proj",
@@ -605,5 +632,26 @@ fn lora_on_family_trains_as_peft_and_loads_in_peft(family: &str) {
         let err = tensor_err(&ours, &theirs);
         eprintln!("{family}: PeftModel vs flotilla logits: {err:e}");
         assert!(err < 1e-5, "{family}: {err}");
+        if moe {
+            let config: serde_json::Value = serde_json::from_str(
+                &std::fs::read_to_string(fin.join(peft::ADAPTER_CONFIG)).unwrap(),
+            )
+            .unwrap();
+            assert_eq!(
+                config["target_parameters"],
+                serde_json::json!(["down_proj", "gate_up_proj", "gate.weight"]),
+                "{family}"
+            );
+            assert_eq!(config["rank_pattern"][r".*\.gate_up_proj"], 8, "{family}");
+            assert_eq!(config["alpha_pattern"][r".*\.gate_up_proj"], 16, "{family}");
+            let (merged, warnings) = oracle_logits(&[
+                "hf_logits".as_ref(),
+                fin.join(MERGED_DIR).as_os_str(),
+                json.as_ref(),
+            ]);
+            let merr = tensor_err(&ours, &merged);
+            eprintln!("{family}: merged model in transformers vs flotilla logits: {merr:e}");
+            assert!(merr < 1e-5, "{family}: {merr}; warnings {warnings:?}");
+        }
     }
 }
