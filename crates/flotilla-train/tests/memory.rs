@@ -306,14 +306,7 @@ fn model_state_terms_equal_the_bytes_the_trainer_holds() {
         ],
     ]
     .concat();
-    let moe_lora = [
-        QWEN3_MOE,
-        &[
-            "peft=lora",
-            "peft.target_modules=[q_proj,k_proj,v_proj,o_proj]",
-        ],
-    ]
-    .concat();
+    let moe_lora = [QWEN3_MOE, &["peft=lora", "peft.target_modules=all-linear"]].concat();
     for (dist, ranks, extra) in [
         ("none", 1, &[][..]),
         ("ddp", 2, &[][..]),
@@ -388,6 +381,7 @@ fn model_state_terms_equal_the_bytes_the_trainer_holds() {
         // A mixture of experts: every expert of a block in its unit's groups.
         ("fsdp", 2, &moe_fsdp[..]),
         ("ddp", 2, &moe_lora[..]),
+        ("fsdp", 2, &moe_lora[..]),
     ] {
         for precision in ["32-true", "bf16-mixed", "bf16-true"] {
             let job = tiny(ranks, dist, precision, extra);
@@ -417,8 +411,9 @@ fn model_state_terms_equal_the_bytes_the_trainer_holds() {
             }
             let moe = extra.contains(&"+model.model_type=qwen3_moe");
             if moe {
-                // Every expert's parameters, the routers, and (LoRA) adapters on attention only
-                // in the sparse blocks: the planner's parameters are the model's.
+                // Every expert's parameters, the routers, and (LoRA, all-linear) adapters on the
+                // attention, the fused experts and the router of the sparse blocks, on the
+                // attention only of the dense one: the planner's parameters are the model's.
                 let lora = job.peft.lora();
                 let model = CausalLm::with_lora(&job.model, lora).unwrap();
                 let numel: usize = model.param_specs().iter().map(|s| s.numel()).sum();
@@ -442,7 +437,7 @@ fn model_state_terms_equal_the_bytes_the_trainer_holds() {
                 params: term(&job, TermKind::Params) as usize,
                 grads: term(&job, TermKind::Grads) as usize,
                 optimizer: term(&job, TermKind::Optimizer) as usize,
-                peak_gathered: fsdp.then(|| term(&job, TermKind::Gathered) as usize),
+                peak_gathered: step.peak_gathered().map(|b| b as usize),
                 startup: (startup.get(TermKind::Params)
                     + startup.get(TermKind::Optimizer)
                     + startup.get(TermKind::StartupParams)) as usize,

@@ -793,6 +793,19 @@ impl<'a> Step<'a> {
         }
     }
 
+    /// FSDP: the most bytes of gathered groups alive at once over the forward and backward
+    /// passes (the moments keep only the worst block's, which in a model of unequal blocks, a
+    /// mixture with dense layers, need not be the one that gathers most). `None` without FSDP.
+    pub fn peak_gathered(&self) -> Option<u64> {
+        match &self.weights {
+            Weights::Fsdp(f) => {
+                let (forward, backward) = f.gathered_timeline(self.n(), self.tied());
+                forward.into_iter().chain(backward).max()
+            }
+            Weights::Replicated { .. } => None,
+        }
+    }
+
     /// Activations held between a unit's forward and backward.
     fn kept(&self, u: usize) -> u64 {
         let a = &self.act;
