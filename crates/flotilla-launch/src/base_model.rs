@@ -194,7 +194,6 @@ mod moe_tests {
         .unwrap();
         let mut job = memory::tests::job("");
         job.model.init_from = Some(tmp.path().display().to_string());
-        let lora = |targets: serde_json::Value| lora_with(targets, 0.0);
         let lora_with = |targets: serde_json::Value, dropout: f64| {
             serde_json::from_value(serde_json::json!({
                 "method": "lora", "r": 4, "alpha": 8, "dropout": dropout,
@@ -203,6 +202,7 @@ mod moe_tests {
             }))
             .unwrap()
         };
+        let lora = |targets: serde_json::Value| lora_with(targets, 0.0);
         job.peft = lora(serde_json::json!(["q_proj", "w1"]));
         let err = trained_job(&job).unwrap_err();
         assert!(

@@ -24,8 +24,18 @@ struct BaseDims {
     vocab: i64,
     /// A block's linear layers (Phi-3's are fused).
     linear: &'static [LoraModule],
+    /// A mixture's experts: how many, their width, and which layers are sparse.
+    experts: Option<ExpertDims>,
     /// Where they were read (for messages).
     source: String,
+}
+
+/// The sizes of a mixture's sparse layers that shape PEFT's expert and router factors.
+#[derive(Debug, PartialEq)]
+struct ExpertDims {
+    count: i64,
+    intermediate: i64,
+    sparse: Vec<bool>,
 }
 
 impl BaseDims {
@@ -42,6 +52,13 @@ impl BaseDims {
             layers: m.num_hidden_layers,
             vocab: m.vocab_size as i64,
             linear: m.linear_modules(),
+            experts: m.moe.as_ref().map(|moe| ExpertDims {
+                count: moe.num_experts as i64,
+                intermediate: m.expert_intermediate_size() as i64,
+                sparse: (0..m.num_hidden_layers)
+                    .map(|i| m.layer_is_sparse(i))
+                    .collect(),
+            }),
             source: match &m.init_from {
                 Some(dir) => Path::new(dir).join("config.json").display().to_string(),
                 None => "the model config".into(),
@@ -136,11 +153,21 @@ fn check_adapter(dir: &Path, lora: &LoraConfig, base: &BaseDims) -> Result<(), S
     let weights = dir.join("adapter_model.safetensors");
     let r = lora.r as i64;
     let mut adapted = std::collections::BTreeSet::new();
+    let listed = |p: &str| {
+        config["target_parameters"]
+            .as_array()
+            .is_some_and(|a| a.iter().filter_map(|t| t.as_str()).any(|t| t.ends_with(p)))
+    };
+    let fused = FusedTargets {
+        gate_up: listed("gate_up_proj"),
+        down: listed("down_proj"),
+    };
     for (key, shape) in header_shapes(&weights)? {
         let name = key.strip_prefix(PEFT_PREFIX).unwrap_or(&key);
         let expected = match name {
             "lm_head.weight" | "model.embed_tokens.weight" => Some(vec![base.vocab, base.hidden]),
-            _ => lora_shape(name, r, base, &mut adapted),
+            _ => lora_shape(name, r, base, &mut adapted)
+                .or_else(|| expert_shape(name, r, base, fused, &mut adapted)),
         };
         let Some(expected) = expected else {
             return Err(format!(
@@ -211,6 +238,64 @@ fn lora_shape(
     })
 }
 
+/// The fused expert parameters an adapter's `adapter_config.json` lists as
+/// `target_parameters`: they say which of PEFT's nested wrappers adapts which.
+#[derive(Clone, Copy, Debug)]
+struct FusedTargets {
+    gate_up: bool,
+    down: bool,
+}
+
+/// The shape a mixture's expert or router factor (PEFT's `ParamWrapper`s on transformers 5's
+/// fused experts: `model.layers.{i}.mlp.experts[.base_layer].lora_{A|B}.weight`,
+/// `model.layers.{i}.mlp.gate.lora_{A|B}.weight`) has on `base`, noting the modules it adapts
+/// under the base's names; `None` for a name that is no such factor of the base.
+fn expert_shape(
+    name: &str,
+    r: i64,
+    base: &BaseDims,
+    fused: FusedTargets,
+    adapted: &mut std::collections::BTreeSet<String>,
+) -> Option<Vec<i64>> {
+    let experts = base.experts.as_ref()?;
+    let rest = name.strip_prefix("model.layers.")?;
+    let (layer, rest) = rest.split_once('.')?;
+    if !*experts.sparse.get(layer.parse::<usize>().ok()?)? {
+        return None;
+    }
+    let (module, factor) = rest
+        .strip_suffix(".lora_A.weight")
+        .map(|m| (m, 'A'))
+        .or_else(|| rest.strip_suffix(".lora_B.weight").map(|m| (m, 'B')))?;
+    let mixtral = base.linear.contains(&LoraModule::W1);
+    let (e, ie, h) = (experts.count, experts.intermediate, base.hidden);
+    // ([A], [B]) and the modules adapted.
+    let gate_up = || {
+        let names = if mixtral {
+            ["w1", "w3"]
+        } else {
+            ["gate_proj", "up_proj"]
+        };
+        (
+            (vec![2 * r * e, h], vec![2 * ie, 2 * r * e]),
+            names.to_vec(),
+        )
+    };
+    let down = || {
+        let name = if mixtral { "w2" } else { "down_proj" };
+        ((vec![r * e, ie], vec![h, r * e]), vec![name])
+    };
+    let ((a, b), names) = match module {
+        "mlp.gate" => ((vec![r, h], vec![e, r]), vec!["gate"]),
+        "mlp.experts.base_layer" if fused.gate_up && fused.down => gate_up(),
+        "mlp.experts" if fused.down => down(),
+        "mlp.experts" if fused.gate_up => gate_up(),
+        _ => return None,
+    };
+    adapted.extend(names.into_iter().map(String::from));
+    Some(if factor == 'A' { a } else { b })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -258,6 +343,7 @@ mod tests {
             layers: 2,
             vocab: 32,
             linear: &LoraModule::LINEAR,
+            experts: None,
             source: "the model config".into(),
         }
     }
@@ -324,6 +410,66 @@ mod tests {
             check_adapter(&tmp.path().join("missing"), &lora(4, "q_proj"), &base()).unwrap_err();
         assert!(
             err.contains("point it at a PEFT adapter directory"),
+            "{err}"
+        );
+    }
+
+    /// A mixture's adapter as PEFT writes it on transformers 5 (the fused experts'
+    /// `ParamWrapper`s, gate_up at twice the rank, the router) passes on a Mixtral base, and
+    /// the modules it adapts are named by Mixtral's names in the fix.
+    #[test]
+    fn a_mixtures_expert_adapter_is_checked_by_its_target_parameters() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("moe");
+        let mixtral = BaseDims {
+            linear: &LoraModule::MIXTRAL_LINEAR,
+            experts: Some(ExpertDims {
+                count: 4,
+                intermediate: 48,
+                sparse: vec![true, true],
+            }),
+            ..base()
+        };
+        let l0 = |m: &str| format!("model.layers.0.{m}");
+        let names = [
+            l0("self_attn.q_proj.lora_A.weight"),
+            l0("self_attn.q_proj.lora_B.weight"),
+            l0("mlp.experts.base_layer.lora_A.weight"),
+            l0("mlp.experts.base_layer.lora_B.weight"),
+            l0("mlp.experts.lora_A.weight"),
+            l0("mlp.experts.lora_B.weight"),
+            l0("mlp.gate.lora_A.weight"),
+            l0("mlp.gate.lora_B.weight"),
+        ];
+        let shapes = [
+            [4, 64],
+            [64, 4],
+            [32, 64],
+            [96, 32],
+            [16, 48],
+            [64, 16],
+            [4, 64],
+            [4, 4],
+        ];
+        let tensors: Vec<(&str, [i64; 2])> = names.iter().map(String::as_str).zip(shapes).collect();
+        adapter(&dir, 4, &tensors);
+        std::fs::write(
+            dir.join("adapter_config.json"),
+            r#"{"peft_type": "LORA", "r": 4, "base_model_name_or_path": "/bases/b",
+                "target_modules": ["q_proj"],
+                "target_parameters": ["down_proj", "gate_up_proj", "gate.weight"]}"#,
+        )
+        .unwrap();
+        check_adapter(&dir, &lora(4, "q_proj,w1,w3,w2,gate"), &mixtral).unwrap();
+        let err = check_adapter(&dir, &lora(4, "q_proj"), &mixtral).unwrap_err();
+        assert!(
+            err.contains("set peft.target_modules=[gate,q_proj,w1,w2,w3]"),
+            "{err}"
+        );
+        // The same tensors on a dense base are no factors of it.
+        let err = check_adapter(&dir, &lora(4, "q_proj"), &base()).unwrap_err();
+        assert!(
+            err.contains("mlp.experts.base_layer.lora_A.weight"),
             "{err}"
         );
     }

@@ -145,10 +145,12 @@ impl SparseMlp {
             }
             None => flat,
         };
-        let mut logits = linear(&rows, router);
-        if let Some(lora) = &adapters.router {
-            logits = logits + lora.update(&rows, 0, 1);
-        }
+        // Out of place: an in-place add would rewrite what autograd saved.
+        let plain = linear(&rows, router);
+        let logits = match &adapters.router {
+            Some(lora) => plain + lora.update(&rows, 0, 1),
+            None => plain,
+        };
         let probs = logits.softmax(-1, Kind::Float);
         let (mut scores, chosen) = probs.topk(self.top_k, -1, true, true);
         if let Some((log, layer)) = log {
@@ -205,19 +207,24 @@ impl SparseMlp {
             let x = grouped.narrow(0, start, count);
             let w = &experts[3 * e..3 * e + 3];
             let (e, n) = (e as i64, self.num_experts);
-            let (mut gate, mut up) = (linear(&x, &w[0]), linear(&x, &w[1]));
-            if let Some(lora) = &adapters.gate_up {
-                let update = lora.update(&x, e, n);
-                let inter = gate.size()[1];
-                gate = gate + update.narrow(1, 0, inter);
-                up = up + update.narrow(1, inter, inter);
-            }
+            let (gate, up) = (linear(&x, &w[0]), linear(&x, &w[1]));
+            let (gate, up) = match &adapters.gate_up {
+                Some(lora) => {
+                    let update = lora.update(&x, e, n);
+                    let inter = gate.size()[1];
+                    (
+                        gate + update.narrow(1, 0, inter),
+                        up + update.narrow(1, inter, inter),
+                    )
+                }
+                None => (gate, up),
+            };
             let gated = swiglu(&gate, &up);
-            let mut out = linear(&gated, &w[2]);
-            if let Some(lora) = &adapters.down {
-                out = out + lora.update(&gated, e, n);
-            }
-            outputs.push(out);
+            let out = linear(&gated, &w[2]);
+            outputs.push(match &adapters.down {
+                Some(lora) => out + lora.update(&gated, e, n),
+                None => out,
+            });
             start += count;
         }
         let sorted = Tensor::cat(&outputs, 0);
