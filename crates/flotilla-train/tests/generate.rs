@@ -155,7 +155,7 @@ fn every_family_has_a_greedy_test() {
     }
 }
 
-/// Greedy generation of `family` equals transformers' (text and chat prompts) and stops
+/// Greedy generation of `family` equals transformers' (text and chat prompts); Llama's stops
 /// after an end-of-sequence id of generation_config.json, else of config.json.
 fn greedy_equals_transformers_and_stops_at_eos(family: &str) {
     let Some(python) = oracle() else {
@@ -226,8 +226,12 @@ fn greedy_equals_transformers_and_stops_at_eos(family: &str) {
             "{family}: the post-processor's <s>"
         );
 
-        // The end-of-sequence stop: make a token greedy decoding emits (first at position k)
-        // an end-of-sequence id; generation must end right after it.
+        // The end-of-sequence stop (the same code for every family: checked on one): make a
+        // token greedy decoding emits (first at position k) an end-of-sequence id; generation
+        // must end right after it.
+        if family != "llama" {
+            return;
+        }
         let k = (3..out.len())
             .find(|&k| !out[..k].contains(&out[k]))
             .expect("a token new at some position");
