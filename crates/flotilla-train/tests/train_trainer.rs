@@ -28,7 +28,7 @@ use flotilla_comm::comm::{
 use flotilla_comm::cpu::{CpuComm, CpuOptions};
 use flotilla_comm::store::MemoryStore;
 use flotilla_config::schema::{
-    DataConfig, LayerType, ModelConfig, ModelType, MoeConfig, TrainerConfig,
+    DataConfig, LayerType, LoraConfig, ModelConfig, ModelType, MoeConfig, TrainerConfig,
 };
 use flotilla_train::data::{self, BatchLayout, DataLoader, DataOptions, Dataset};
 use flotilla_train::model::CausalLm;
@@ -400,11 +400,23 @@ fn trains_as_transformers_and_adamw_do(family: ModelType) {
 #[test]
 fn fsdp_two_ranks_train_gemma2_qwen3_and_mixtral_as_one_process() {
     // Mixtral with its load-balancing loss, and with activation checkpointing (its routing
-    // recomputed in backward).
-    for family in [ModelType::Gemma2, ModelType::Qwen3, ModelType::Mixtral] {
+    // recomputed in backward); then with LoRA on everything PEFT adapts in it (attention,
+    // the fused experts, the router, whose adapter the load-balancing loss trains too), the
+    // adapters sharded in their block's trained group and the base in its frozen one.
+    let lora: LoraConfig = serde_yaml::from_str(
+        "{r: 2, alpha: 4, dropout: 0.0, target_modules: [all-linear], use_rslora: false, \
+         modules_to_save: [], init_from: null, merge: false}",
+    )
+    .unwrap();
+    for (family, lora) in [
+        (ModelType::Gemma2, None),
+        (ModelType::Qwen3, None),
+        (ModelType::Mixtral, None),
+        (ModelType::Mixtral, Some(lora)),
+    ] {
         let checkpointing = family == ModelType::Mixtral;
         let config = family_config(family);
-        let model = CausalLm::new(&config).unwrap();
+        let model = CausalLm::with_lora(&config, lora.as_ref()).unwrap();
         let params = model.init_params(5, Device::Cpu, Kind::Float);
         let single = trainer_config("cosine");
         let mut one = Trainer::new(model, &params, &single, loader(&single), Device::Cpu).unwrap();
@@ -420,10 +432,11 @@ fn fsdp_two_ranks_train_gemma2_qwen3_and_mixtral_as_one_process() {
              reduce_dtype: null, state_dict_type: full}}}}"
         ));
         let t = sharded.clone();
+        let lora_of_ranks = lora.clone();
         let ranks: Vec<Vec<MetricsRow>> = threads::on_threads(2, move |comm| {
             tch::set_num_threads(1);
             let rank = comm.rank();
-            let model = CausalLm::new(&config).unwrap();
+            let model = CausalLm::with_lora(&config, lora_of_ranks.as_ref()).unwrap();
             let params = model.init_params(5, Device::Cpu, Kind::Float);
             let dist = DistContext {
                 comm,
@@ -441,10 +454,12 @@ fn fsdp_two_ranks_train_gemma2_qwen3_and_mixtral_as_one_process() {
             dn = dn.max(rel(r.grad_norm, w.grad_norm));
             assert_eq!(r.extra.len(), w.extra.len(), "{family}");
             assert_eq!(w.extra.is_empty(), family != ModelType::Mixtral, "{family}");
+            assert!(w.grad_norm > 0.0, "{family}");
             for ((name, a), (_, b)) in r.extra.iter().zip(&w.extra) {
                 assert!(rel(*a, *b) < 1e-5, "{family}: {name} {a} vs {b}");
             }
         }
+        let family = format!("{family}{}", if lora.is_some() { " LoRA" } else { "" });
         eprintln!("{family}: FSDP x2 vs one process: loss {dl:e}, grad_norm {dn:e}");
         assert_eq!(ranks[0].len(), 10);
         assert!(
