@@ -16,7 +16,7 @@ use crate::error::TrainError;
 use crate::host_memory::HostPhase;
 use crate::model::TokenInput;
 use crate::objective::next_token::next_token_loss_sum_chunked;
-use crate::objective::{Dpo, DpoSums, Objective};
+use crate::objective::{Dpo, DpoSums, Objective, AUX_LOSS_METRIC};
 use crate::parallel::tensor_comm::TensorCollectives;
 use crate::preempt;
 use crate::trainer::Trainer;
@@ -69,12 +69,21 @@ impl Trainer {
             .collect();
         let mut sum = 0.0;
         let (model, weights) = (&self.model, &mut self.weights);
-        weights.forward_eval(model, &inputs, &mut |i, logits| {
+        // A mixture with its load-balancing loss on: each micro-batch's (unscaled), as
+        // training's `aux_loss` column; eval_loss stays the cross-entropy, as `loss` does.
+        let aux = weights.forward_eval(model, &inputs, &mut |i, logits| {
             let batch = &batches.micro_batches[i];
             let rows = model.config().loss_chunk_rows(batch.labels.numel());
             sum += next_token_loss_sum_chunked(&logits, batch, rows)?.f_double_value(&[])?;
             Ok(())
         })?;
+        let aux_on = model
+            .config()
+            .moe
+            .as_ref()
+            .and_then(|m| m.aux_loss_coef())
+            .is_some();
+        let mut aux_sums = (aux.iter().sum::<f64>(), aux.len() as f64);
         drop(inputs);
         let mut correct_total = None;
         if let Some((task, max)) = eval.task {
@@ -126,19 +135,37 @@ impl Trainer {
         }
         if let Some(comm) = &comm {
             let (c, t) = correct_total.unwrap_or((0.0, 0.0));
-            let v = comm.all_reduce_host(&[sum as f32, c as f32, t as f32], ReduceOp::Sum)?;
+            let v = comm.all_reduce_host(
+                &[
+                    sum as f32,
+                    c as f32,
+                    t as f32,
+                    aux_sums.0 as f32,
+                    aux_sums.1 as f32,
+                ],
+                ReduceOp::Sum,
+            )?;
             sum = v[0] as f64;
             if correct_total.is_some() {
                 correct_total = Some((v[1] as f64, v[2] as f64));
             }
+            aux_sums = (v[3] as f64, v[4] as f64);
         }
         let loss = sum / (batches.global_loss_tokens.max(1) as f64);
         let acc = correct_total.map(|(c, t)| if t > 0.0 { c / t } else { 0.0 });
+        // The mean over the evaluation's micro-batches, as training averages its micro-batches'.
+        let extra = match aux_on {
+            true => vec![(
+                AUX_LOSS_METRIC.to_string(),
+                aux_sums.0 / aux_sums.1.max(1.0),
+            )],
+            false => vec![],
+        };
         Ok(EvalMetrics {
             loss,
             ppl: Some(loss.exp()),
             acc,
-            extra: vec![],
+            extra,
         })
     }
 

@@ -469,6 +469,59 @@ fn fsdp_two_ranks_train_gemma2_qwen3_and_mixtral_as_one_process() {
     }
 }
 
+/// A mixture with its load-balancing loss on reports it in evaluation too (`eval_aux_loss`,
+/// unscaled, the mean over the evaluation's micro-batches; eval_loss stays the cross-entropy,
+/// as training's `loss` does): on the micro-batches of training's first step, before any
+/// update, it equals that step's `aux_loss` (which equals transformers' within 1.3e-7 in
+/// `every_family_trains_as_transformers_and_adamw`). A dense model reports none.
+#[test]
+fn evaluation_reports_a_mixtures_load_balancing_loss_as_training_does() {
+    for family in [ModelType::Mixtral, ModelType::Qwen3] {
+        let config = family_config(family);
+        let t = trainer_config("cosine");
+        let unshuffled = || {
+            let layout = BatchLayout {
+                global_batch_size: t.global_batch_size,
+                micro_batch_size: t.micro_batch_size,
+                rank: 0,
+                world_size: 1,
+            };
+            DataLoader::new(dataset(), false, 0, layout, Device::Cpu).unwrap()
+        };
+        let model = CausalLm::new(&config).unwrap();
+        let params = model.init_params(5, Device::Cpu, Kind::Float);
+        let mut tr = Trainer::new(model, &params, &t, unshuffled(), Device::Cpu).unwrap();
+        let eval = flotilla_train::EvalSet {
+            dataset: dataset(),
+            num_batches: t.global_batch_size / t.micro_batch_size,
+            micro_batch_size: t.micro_batch_size,
+            task: None,
+        };
+        assert!(eval.num_batches > 1, "several micro-batches averaged");
+        let metrics = tr.evaluate(&eval).unwrap();
+        let first = tr.run(1, None).unwrap();
+        let trained_aux = first[0].extra.iter().find(|(n, _)| n == "aux_loss");
+        let eval_aux = metrics.extra.iter().find(|(n, _)| n == "aux_loss");
+        match (family, trained_aux, eval_aux) {
+            (ModelType::Mixtral, Some((_, a)), Some((_, e))) => {
+                let rel = (a - e).abs() / a.abs();
+                eprintln!("Mixtral: eval aux_loss {e} vs the first step's {a}: {rel:e}");
+                assert!(rel < 1e-6, "{e} vs {a}");
+                // eval_loss is the cross-entropy alone: the step's loss on the same batches.
+                let dl = (metrics.loss - first[0].loss).abs() / first[0].loss;
+                assert!(
+                    dl < 1e-6,
+                    "eval_loss {} vs loss {}",
+                    metrics.loss,
+                    first[0].loss
+                );
+            }
+            (ModelType::Qwen3, None, None) => {}
+            other => panic!("{other:?}"),
+        }
+    }
+}
+
 /// A communicator that counts the collectives of each kind it runs for another.
 struct Counting {
     inner: Box<dyn Communicator>,

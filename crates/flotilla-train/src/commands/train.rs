@@ -463,6 +463,9 @@ fn fit_and_record(
         let mut extra: Vec<String> = vec![];
         if trainer.logs_aux_loss() {
             extra.push(AUX_LOSS_METRIC.to_string());
+            if data.eval.is_some() {
+                extra.push(format!("eval_{AUX_LOSS_METRIC}"));
+            }
         }
         if trainer.objective().is_preference() {
             extra.extend(DPO_METRICS.iter().map(|m| m.to_string()));

@@ -212,11 +212,19 @@ impl CausalLm {
 
     /// [`CausalLm::forward`] of token ids with their position ids when rows are packed.
     pub fn forward_input(&self, params: &Params, input: &TokenInput) -> Result<Tensor, ModelError> {
-        let tokens = &input.ids;
-        let ctx = self.ctx_for_input(input);
-        let mut x = tokens.shallow_clone();
+        self.forward_with(params, input, &self.ctx_for_input(input))
+    }
+
+    /// [`CausalLm::forward_input`] in a context of the caller's (one that records routing).
+    pub fn forward_with(
+        &self,
+        params: &Params,
+        input: &TokenInput,
+        ctx: &ForwardCtx,
+    ) -> Result<Tensor, ModelError> {
+        let mut x = input.ids.shallow_clone();
         for (i, unit) in self.units.iter().enumerate() {
-            x = unit.forward(&self.unit_params(i, params)?, &x, &ctx);
+            x = unit.forward(&self.unit_params(i, params)?, &x, ctx);
         }
         Ok(x)
     }

@@ -15,7 +15,7 @@ use tch::{Kind, Tensor};
 use crate::data::{Batch, StepBatches};
 use crate::error::TrainError;
 use crate::model::layers::moe::{load_balancing, RouterLog};
-use crate::model::{vjp, CausalLm, Params, TokenInput};
+use crate::model::{vjp, CausalLm, ForwardCtx, Params, TokenInput};
 use crate::objective::fused_head::fused_head_loss;
 use crate::objective::{DpoSums, Objective};
 
@@ -559,14 +559,14 @@ pub fn forward_by_unit(
     params_for: &mut dyn FnMut(usize) -> Result<Vec<Tensor>, TrainError>,
     release: &mut dyn FnMut(usize) -> Result<(), TrainError>,
     on_logits: &mut dyn FnMut(usize, Tensor) -> Result<(), TrainError>,
-) -> Result<(), TrainError> {
+) -> Result<Vec<f64>, TrainError> {
     let _guard = tch::no_grad_guard();
     let units = model.units();
     let n = units.len();
     let ctxs: Vec<_> = inputs
         .iter()
         .map(|x| {
-            let mut ctx = model.ctx_for_input(x);
+            let mut ctx = eval_ctx(model, x);
             ctx.adapters_off = adapters_off;
             ctx
         })
@@ -586,5 +586,32 @@ pub fn forward_by_unit(
         drop(params);
         release(u)?;
     }
-    Ok(())
+    ctxs.iter()
+        .filter_map(|c| eval_aux_loss(model, c))
+        .collect()
+}
+
+/// The forward context of an evaluation input: a mixture whose load-balancing loss is on
+/// (`output_router_logits`) records its routing, as transformers computes `aux_loss` in
+/// evaluation too.
+pub fn eval_ctx(model: &CausalLm, input: &TokenInput) -> ForwardCtx {
+    let mut ctx = model.ctx_for_input(input);
+    if model
+        .config()
+        .moe
+        .as_ref()
+        .and_then(|m| m.aux_loss_coef())
+        .is_some()
+    {
+        ctx.router_log = Some(RouterLog::default());
+    }
+    ctx
+}
+
+/// The unscaled load-balancing loss of the forward `ctx` recorded ([`eval_ctx`]), if any.
+pub fn eval_aux_loss(model: &CausalLm, ctx: &ForwardCtx) -> Option<Result<f64, TrainError>> {
+    let log = ctx.router_log.as_ref()?;
+    let experts = model.config().moe.as_ref()?.num_experts as i64;
+    let (value, _) = log.with_all(|s| load_balancing(s, experts))?;
+    Some(value.f_double_value(&[]).map_err(TrainError::from))
 }

@@ -1029,7 +1029,7 @@ impl ParallelWeights for Fsdp {
         model: &CausalLm,
         inputs: &[TokenInput],
         on_logits: &mut dyn FnMut(usize, Tensor) -> Result<(), TrainError>,
-    ) -> Result<(), TrainError> {
+    ) -> Result<Vec<f64>, TrainError> {
         self.walk(model, inputs, false, on_logits)
     }
 
@@ -1060,7 +1060,7 @@ impl ParallelWeights for Fsdp {
         inputs: &[TokenInput],
         on_logits: &mut dyn FnMut(usize, Tensor) -> Result<(), TrainError>,
     ) -> Result<(), TrainError> {
-        self.walk(model, inputs, true, on_logits)
+        self.walk(model, inputs, true, on_logits).map(|_| ())
     }
 }
 
@@ -1074,7 +1074,7 @@ impl Fsdp {
         inputs: &[TokenInput],
         reference: bool,
         on_logits: &mut dyn FnMut(usize, Tensor) -> Result<(), TrainError>,
-    ) -> Result<(), TrainError> {
+    ) -> Result<Vec<f64>, TrainError> {
         let this = self;
         let kind = this.options.param_kind;
         let shard_of = |g: usize| -> &Tensor {

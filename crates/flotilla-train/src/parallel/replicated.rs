@@ -19,7 +19,7 @@ use crate::error::TrainError;
 use crate::model::{CausalLm, Params, TokenInput};
 use crate::optim::loss_scale::unscale;
 use crate::optim::{clip_grad_norm, AdamW, AdamWConfig};
-use crate::parallel::engine::{forward_by_unit, Engine, Strategy};
+use crate::parallel::engine::{eval_aux_loss, eval_ctx, forward_by_unit, Engine, Strategy};
 use crate::parallel::tensor_comm::TensorCollectives;
 use crate::parallel::weights::{
     nbytes, FullStateVisitor, HeldTensors, MemoryReport, OptimizerSource, ParallelWeights,
@@ -297,6 +297,7 @@ impl ParallelWeights for Replicated {
             adapters_off,
             on_logits,
         )
+        .map(|_| ())
     }
 
     fn forward_eval(
@@ -304,17 +305,22 @@ impl ParallelWeights for Replicated {
         model: &CausalLm,
         inputs: &[TokenInput],
         on_logits: &mut dyn FnMut(usize, Tensor) -> Result<(), TrainError>,
-    ) -> Result<(), TrainError> {
+    ) -> Result<Vec<f64>, TrainError> {
         let _guard = tch::no_grad_guard();
         match self.compute_kind {
             // In the compute dtype, as training's forward (HF Trainer and Lightning evaluate
             // under autocast too): each unit's weights cast as it runs.
             Some(kind) => forward_cast(model, inputs, &self.params, Some(kind), false, on_logits),
             None => {
+                let mut aux = vec![];
                 for (i, x) in inputs.iter().enumerate() {
-                    on_logits(i, model.forward_input(&self.params, x)?)?;
+                    let ctx = eval_ctx(model, x);
+                    on_logits(i, model.forward_with(&self.params, x, &ctx)?)?;
+                    if let Some(v) = eval_aux_loss(model, &ctx) {
+                        aux.push(v?);
+                    }
                 }
-                Ok(())
+                Ok(aux)
             }
         }
     }
@@ -329,7 +335,7 @@ fn forward_cast(
     kind: Option<Kind>,
     adapters_off: bool,
     on_logits: &mut dyn FnMut(usize, Tensor) -> Result<(), TrainError>,
-) -> Result<(), TrainError> {
+) -> Result<Vec<f64>, TrainError> {
     let mut params_for = |u: usize| -> Result<Vec<Tensor>, TrainError> {
         let unit = model.unit_params(u, params)?;
         match kind {
