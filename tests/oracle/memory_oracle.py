@@ -16,7 +16,9 @@ of BATCH x SEQ tokens:
   `Gemma2DecoderLayer`, ...; sdpa attention, eager where the family soft-caps its scores as
   flotilla does; rotary tables for positions 0..SEQ-1 as flotilla computes them once per
   micro-batch), the storages saved between its forward and backward plus its input (which
-  flotilla's engine keeps as the unit's input);
+  flotilla's engine keeps as the unit's input). A mixture's sparse MLP is flotilla's dispatch
+  written with the same ops (`SparseMlp` below: transformers' own experts save other tensors),
+  over the layer's router and expert weights;
 - checkpointed: the same block under torch.utils.checkpoint (non-reentrant): what stays
   between forward and backward;
 - head: the family's final RMSNorm and the LM head (logits soft-capped where the family caps
@@ -62,6 +64,50 @@ class Saved:
         return sum(storages.values())
 
 
+class SparseMlp(torch.nn.Module):
+    """flotilla's sparse MLP (crates/flotilla-train/src/model/layers/moe.rs) op for op, over a
+    transformers 5 sparse block's router and fused experts: the router's fp32 softmax and
+    top-k, the (token, slot) assignments sorted by expert (stable), each expert's SwiGLU on
+    its rows, the rows put back and weighted by their scores."""
+
+    def __init__(self, block, config):
+        super().__init__()
+        self.router = block.gate.weight
+        self.gate_up = block.experts.gate_up_proj
+        self.down = block.experts.down_proj
+        self.k = config.num_experts_per_tok
+        self.norm = getattr(config, "norm_topk_prob", True) or config.model_type == "mixtral"
+        self.scores_in_dtype = config.model_type == "qwen3_moe"
+
+    def forward(self, x):
+        b, t, h = x.shape
+        rows = x.reshape(-1, h)
+        n, k, experts = rows.shape[0], self.k, self.router.shape[0]
+        probs = torch.nn.functional.linear(rows, self.router).softmax(-1, dtype=torch.float32)
+        scores, chosen = probs.topk(k, -1)
+        if self.norm:
+            scores = scores / scores.sum(-1, keepdim=True)
+        if self.scores_in_dtype:
+            scores = scores.to(x.dtype)
+        flat = chosen.reshape(-1)
+        order = flat.argsort(stable=True)
+        grouped = rows[:, None].expand(n, k, h).reshape(n * k, h).index_select(0, order)
+        outputs, start = [], 0
+        inter = self.down.shape[2]
+        for e, count in enumerate(flat.bincount(minlength=experts).tolist()):
+            if count == 0:
+                continue
+            rows_e = grouped.narrow(0, start, count)
+            gate = torch.nn.functional.linear(rows_e, self.gate_up[e, :inter])
+            up = torch.nn.functional.linear(rows_e, self.gate_up[e, inter:])
+            out = torch.nn.functional.linear(torch.nn.functional.silu(gate) * up, self.down[e])
+            outputs.append(out)
+            start += count
+        routed = torch.cat(outputs).index_select(0, order.argsort())
+        weighted = (routed.view(n, k, h) * scores.unsqueeze(-1)).to(x.dtype).sum(1)
+        return weighted.view(b, t, h)
+
+
 def family(config):
     """The modeling module of `config`'s family and its class-name prefix (`Gemma2`)."""
     prefix = config["architectures"][0].removesuffix("ForCausalLM")
@@ -85,6 +131,8 @@ def measure(b, t, dtype, model, packed=False, chunk=None):
     h, vocab = config.hidden_size, config.vocab_size
     modeling, prefix = family(model)
     layer = getattr(modeling, f"{prefix}DecoderLayer")(config, 0).to(dtype)
+    if hasattr(layer.mlp, "experts"):
+        layer.mlp = SparseMlp(layer.mlp, config)
     rotary = getattr(modeling, f"{prefix}RotaryEmbedding")(config)
     positions = torch.arange(t)[None]
     mask = None

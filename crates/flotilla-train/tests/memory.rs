@@ -111,6 +111,16 @@ const GEMMA2: &[&str] = &[
 ];
 
 /// Qwen3-MoE: 4 experts of width 48, 2 a token, its second block dense (mlp_only_layers).
+const MIXTRAL: &[&str] = &[
+    "+model.model_type=mixtral",
+    "+model.moe={num_experts:4,num_experts_per_tok:2}",
+];
+
+const QWEN3_MOE_SPARSE: &[&str] = &[
+    "+model.model_type=qwen3_moe",
+    "+model.moe={num_experts:8,num_experts_per_tok:3,moe_intermediate_size:40,norm_topk_prob:true}",
+];
+
 const QWEN3_MOE: &[&str] = &[
     "+model.model_type=qwen3_moe",
     "+model.moe={num_experts:4,num_experts_per_tok:2,moe_intermediate_size:48,mlp_only_layers:[1]}",
@@ -698,7 +708,17 @@ fn activation_terms_match_the_tensors_pytorch_saves_for_backward() {
             if model == "tiny" {
                 // The other families' blocks: q/k norms, fused projections, a sliding window,
                 // Gemma's four norms, GeGLU, eager soft-capped attention and soft-capped logits.
-                for family in [QWEN3, PHI3, MISTRAL_WINDOW, GEMMA2] {
+                // A mixture's sparse block: the router's softmax and top-k, the grouped rows,
+                // each expert's SwiGLU, the scatter back (every layer sparse: with dense layers
+                // the planner prices every block as the larger kind).
+                for family in [
+                    QWEN3,
+                    PHI3,
+                    MISTRAL_WINDOW,
+                    GEMMA2,
+                    QWEN3_MOE_SPARSE,
+                    MIXTRAL,
+                ] {
                     let mut other = refs.clone();
                     other.extend(family);
                     cases.push((job(&other), dtype));

@@ -45,8 +45,9 @@ pub struct Activations {
 /// (`flotilla-train`'s `layers/moe.rs`) saves the router's fp32 softmax; the top-k's indices
 /// and scores (and the renormalisation's); the sort's and its inverse's indices; each (token,
 /// slot) row's copy of the input, the expert's SwiGLU of its width and the expert's output,
-/// which the score's product keeps (an estimate from the ops' saved tensors, not yet checked
-/// against PyTorch's).
+/// which the score's product keeps (checked against the tensors PyTorch saves for the same ops,
+/// `tests/oracle/memory_oracle.py`). A model with dense and sparse layers prices every block as
+/// the larger of the two: an upper bound.
 fn mlp_per_token(m: &flotilla_config::schema::ModelConfig, a: u64) -> (u64, u64) {
     let (h, inter) = (m.hidden_size as u64, m.intermediate_size as u64);
     let dense = (4 * inter * a, 3 * inter);
