@@ -653,6 +653,21 @@ fn lora_on_family_trains_as_peft_and_loads_in_peft(family: &str) {
             let merr = tensor_err(&ours, &merged);
             eprintln!("{family}: merged model in transformers vs flotilla logits: {merr:e}");
             assert!(merr < 1e-5, "{family}: {merr}; warnings {warnings:?}");
+            // `flotilla consolidate final --base base` reads the adapter's settings from its
+            // files (the experts' wrappers by target_parameters) and merges the same tensors.
+            let after = dir.join("merged_after");
+            peft::merge_into_base(&fin, &dir.join("base"), &after).unwrap();
+            let read = |d: &Path| -> Vec<(String, Tensor)> {
+                let mut v = Tensor::read_safetensors(d.join("model.safetensors")).unwrap();
+                v.sort_by(|a, b| a.0.cmp(&b.0));
+                v
+            };
+            let (a, b) = (read(&after), read(&fin.join(MERGED_DIR)));
+            assert_eq!(a.len(), b.len(), "{family}");
+            for ((na, ta), (nb, tb)) in a.iter().zip(&b) {
+                assert_eq!(na, nb, "{family}");
+                assert!(ta.equal(tb), "{family}: {na} differs between the two merges");
+            }
         }
     }
 }
