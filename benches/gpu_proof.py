@@ -418,6 +418,7 @@ def correctness(p):
                     f"{mode.group(1) if mode else '?'}")
 
     lora_step(p, preset, init, tokens, stream, seq, gbs, mbs, steps, dev, flotilla)
+    packed_attention_check(p, cuda, findings)
     generate_check(p, cuda, findings)
     oom_check(p, cuda, findings)
     p.say("", "Findings:", "") if findings else None
@@ -455,6 +456,31 @@ def lora_step(p, preset, init, tokens, stream, seq, gbs, mbs, steps, dev, flotil
             f"{fmt(d)}; losses {[round(r[0], 5) for r in rows]} vs "
             f"{[round(r[0], 5) for r in pt_rows]}; adapter keys "
             f"{'equal' if same_keys else 'differ: ' + str(sorted(set(fl_w) ^ set(pt_w))[:4])}")
+
+
+def packed_attention_check(p, cuda, findings):
+    """Packed rows on a GPU in half precision take flash attention by the sequences' bounds
+    (a CUDA-only kernel): `flotilla bench attention` compares it with the masked path on the
+    same bf16 inputs (outputs and input gradients), with and without a sliding window."""
+    if not cuda:
+        findings.append("packed attention by sequence bounds: a CUDA kernel, checked on a GPU")
+        return
+    for window in ([], ["--window", "1024"]):
+        rc, out = p.run([os.path.join(p.args.flotilla_dir, "flotilla"), "bench", "attention",
+                         "--device", p.args.device, "--repeat", "3"] + window, tail=3)
+        line = [ln for ln in out.splitlines() if ln.startswith("{")]
+        what = "packed attention by bounds = masked" + (" (window 1024)" if window else "")
+        if rc != 0 or not line:
+            p.check(what, False, "flotilla bench attention failed: " +
+                    (out.strip().splitlines() or ["no output"])[-1][:300])
+            continue
+        c = json.loads(line[-1])
+        p.check(what, c["output"] < 2e-2 and c["gradients"] < 3e-2,
+                f"bf16, 2 x 4096 tokens in {c['sequences']} sequences (longest "
+                f"{c['max_len']}), 32 heads over 8: output {c['output']:.2e}, gradients "
+                f"{c['gradients']:.2e} (tol 2e-2, 3e-2); forward+backward "
+                f"{c['time_flash'] * 1e3:.2f} ms by bounds, {c['time_masked'] * 1e3:.2f} ms "
+                "masked")
 
 
 def generate_check(p, cuda, findings):

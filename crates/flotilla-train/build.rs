@@ -3,7 +3,8 @@
 //! in-process) find them without `LD_LIBRARY_PATH`, and compiles the small C++ shim
 //! (`csrc/storage.cpp`, freeing and re-allocating a tensor's storage in place for FSDP;
 //! `csrc/vjp.cpp`, a seeded backward; `csrc/optim.cpp`, the fused AdamW and foreach-norm kernels;
-//! `csrc/precision.cpp`, the TF32 switches) against the same libtorch headers.
+//! `csrc/precision.cpp`, the TF32 switches; `csrc/attention.cpp`, flash attention over packed
+//! rows by sequence bounds) against the same libtorch headers.
 
 use std::path::PathBuf;
 
@@ -14,6 +15,7 @@ fn main() {
     println!("cargo:rerun-if-changed=csrc/vjp.cpp");
     println!("cargo:rerun-if-changed=csrc/optim.cpp");
     println!("cargo:rerun-if-changed=csrc/precision.cpp");
+    println!("cargo:rerun-if-changed=csrc/attention.cpp");
     let Some(libtorch) = std::env::var_os("LIBTORCH") else {
         panic!("LIBTORCH is not set; run scripts/setup.sh (it links .venv/libtorch, which .cargo/config.toml names)");
     };
@@ -25,6 +27,7 @@ fn main() {
         .file("csrc/vjp.cpp")
         .file("csrc/optim.cpp")
         .file("csrc/precision.cpp")
+        .file("csrc/attention.cpp")
         .include(libtorch.join("include"))
         .include(libtorch.join("include/torch/csrc/api/include"))
         .flag("-std=c++17")

@@ -10,8 +10,8 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use flotilla_config::{ComposeOptions, Composer};
-use flotilla_train::commands::comm_bench;
 use flotilla_train::commands::task_error::TaskError;
+use flotilla_train::commands::{attention_bench, comm_bench};
 
 /// Data preparation (tokenizing with offsets, rendering chat templates) allocates and frees
 /// many small strings and vectors on every core; mimalloc does this much faster than glibc's
@@ -139,6 +139,9 @@ const GENERATE_EXAMPLES: &str = "Examples:
 enum BenchCommand {
     /// Collective bandwidth between local ranks (nccl-tests' algbw/busbw definitions).
     Comm(comm_bench::CommBenchArgs),
+    /// Packed attention by sequence bounds (flash, variable lengths) against the masked path
+    /// on a GPU: differences of outputs and gradients, and times.
+    Attention(attention_bench::AttentionBenchArgs),
 }
 
 fn main() -> ExitCode {
@@ -167,6 +170,9 @@ fn main() -> ExitCode {
         Command::Bench {
             what: BenchCommand::Comm(args),
         } => comm_bench::run(&args).map_err(TaskError::from),
+        Command::Bench {
+            what: BenchCommand::Attention(args),
+        } => attention_bench::run(&args).map_err(TaskError::from),
     };
     exit_with(result)
 }

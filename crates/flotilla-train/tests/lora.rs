@@ -666,7 +666,10 @@ fn lora_on_family_trains_as_peft_and_loads_in_peft(family: &str) {
             assert_eq!(a.len(), b.len(), "{family}");
             for ((na, ta), (nb, tb)) in a.iter().zip(&b) {
                 assert_eq!(na, nb, "{family}");
-                assert!(ta.equal(tb), "{family}: {na} differs between the two merges");
+                assert!(
+                    ta.equal(tb),
+                    "{family}: {na} differs between the two merges"
+                );
             }
         }
     }

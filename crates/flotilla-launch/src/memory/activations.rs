@@ -20,8 +20,9 @@ pub struct Activations {
     /// The rotary tables shared by every block (fp32 `cos`/`sin`; a table per row when rows
     /// are packed).
     pub rotary: u64,
-    /// Packed rows ([`isolates_packed_sequences`](flotilla_config::schema::DataConfig::isolates_packed_sequences)): their int64 position ids and
-    /// boolean attention mask `[M, 1, T, T]`, held for the micro-batch.
+    /// Packed rows ([`isolates_packed_sequences`](flotilla_config::schema::DataConfig::isolates_packed_sequences)):
+    /// their int64 position ids and boolean attention mask `[M, 1, T, T]` (on a GPU in half
+    /// precision, the sequences' int32 bounds instead), held for the micro-batch.
     pub packing: u64,
     /// The logits (of one chunk of tokens when the loss is fused with the head).
     pub logits: u64,
@@ -106,7 +107,13 @@ impl Activations {
         let eager = m.attn_logit_softcapping.is_some();
         let windowed =
             (0..m.num_hidden_layers).any(|i| m.layer_window(i).is_some_and(|w| t > w as u64));
-        let repeated = (packed || windowed || eager) && nkv != nh;
+        // Packed rows on a GPU in half precision take flash attention by the sequences' bounds
+        // (`layers/varlen.rs`), windowed layers included: no mask, no bias, the KV heads as they
+        // are (the same tensors SDPA's causal fast path saves).
+        let varlen =
+            packed && job.runs_on_gpu() && a == 2 && !eager && hd.is_multiple_of(8) && hd <= 256;
+        let masked = (packed || windowed) && !varlen;
+        let repeated = (masked || eager) && nkv != nh;
         let k_saved = if repeated { q } else { kv };
         let v_saved = match (repeated, m.architecture() == ModelType::Phi3) {
             (true, _) => q,
@@ -144,7 +151,7 @@ impl Activations {
         let mask_rows = if packed { micro } else { 1 };
         let mask_bias = if eager {
             mask_rows * t * t
-        } else if packed || windowed {
+        } else if masked {
             mask_rows * t * t * a
         } else {
             0
@@ -186,7 +193,12 @@ impl Activations {
             tokens: n * 8,
             head: n * h * residual + head_rows * norm + capped_logits,
             rotary: 2 * tables * t * rotary_dim * 4,
-            packing: if packed { n * 8 + micro * t * t } else { 0 },
+            // The position ids, and the boolean mask or (flash by bounds) the int32 bounds.
+            packing: match (packed, varlen) {
+                (false, _) => 0,
+                (true, false) => n * 8 + micro * t * t,
+                (true, true) => n * 8 + (n + 1) * 4,
+            },
             logits: head_rows * vocab * a,
             loss: rows * vocab * 4 + rows * 8,
             loss_backward: 2 * rows * vocab * 4 + head_grads,

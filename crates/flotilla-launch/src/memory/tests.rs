@@ -211,7 +211,7 @@ fn activations_per_block_and_loss_by_hand() {
 
 #[test]
 fn packed_rows_hold_their_tables_their_mask_and_a_bias_per_block() {
-    let chat = |packing: bool, attention: &str, precision: &str| {
+    let chat_on = |packing: bool, attention: &str, precision: &str, device: &str| {
         let data = format!(
             "data: {{kind: chat, path: chats.jsonl, eval_path: null, tokenizer: tok,
   chat_template: null, format: messages, messages_key: messages, system: null,
@@ -220,9 +220,12 @@ fn packed_rows_hold_their_tables_their_mask_and_a_bias_per_block() {
         );
         Step::new(&job_from(
             &format!("{BASE}{data}"),
-            &format!("trainer: {{precision: {precision}}}"),
+            &format!("trainer: {{precision: {precision}, device: {device}}}"),
         ))
         .act
+    };
+    let chat = |packing: bool, attention: &str, precision: &str| {
+        chat_on(packing, attention, precision, "cpu")
     };
     let (m, t, n) = (4, 32, 4 * 32);
     let plain = chat(false, "conversation", "32-true");
@@ -254,6 +257,15 @@ fn packed_rows_hold_their_tables_their_mask_and_a_bias_per_block() {
     );
     // The peak holds them: the loss moment keeps every block's bias and the shared terms.
     assert!(packed.shared() > plain.shared());
+    // On a GPU in bf16, flash attention by the sequences' bounds: no mask, no bias, the KV
+    // heads as they are; the bounds (int32) beside the position ids.
+    let plain = chat_on(false, "conversation", "bf16-mixed", "cuda");
+    let packed = chat_on(true, "conversation", "bf16-mixed", "cuda");
+    assert_eq!(packed.packing, n * 8 + (n + 1) * 4);
+    assert_eq!(
+        packed.block_saved,
+        plain.block_saved + (m - 1) * table_casts
+    );
 }
 
 #[test]

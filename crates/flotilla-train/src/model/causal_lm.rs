@@ -9,7 +9,7 @@ use tch::{Device, Kind, Reduction, Tensor};
 
 use flotilla_config::schema::{LoraConfig, ModelConfig, ModelType};
 
-use super::layers::mask::packed_attention_mask;
+use super::layers::mask::PackedRows;
 use super::layers::rope::{inv_freq, rotary_tables, Rope};
 use super::{
     gemma, is_float_kind, llama, mixtral, phi3, qwen3, qwen3_moe, FamilyUnits, ForwardCtx, KvCache,
@@ -179,7 +179,7 @@ impl CausalLm {
         ForwardCtx {
             cos,
             sin,
-            attention_mask: None,
+            packed: None,
             dropout_seed: None,
             local_rope: self
                 .local_inv_freq
@@ -198,7 +198,7 @@ impl CausalLm {
             None => self.ctx(input.ids.size()[1], input.ids.device()),
             Some(positions) => {
                 let mut ctx = self.ctx_for_positions(positions);
-                ctx.attention_mask = Some(packed_attention_mask(positions));
+                ctx.packed = Some(PackedRows::new(positions));
                 ctx
             }
         }

@@ -229,9 +229,9 @@ pub struct ForwardCtx {
     /// `[T, head_dim]` (positions shared by the batch) or `[B, T, head_dim]`.
     pub cos: Tensor,
     pub sin: Tensor,
-    /// `[B, 1, T, T]`, true where a query (row) may attend to a key (column): causal within
-    /// each packed sequence. `None`: causal over the whole row.
-    pub attention_mask: Option<Tensor>,
+    /// Packed rows: each sequence attends to itself alone (their mask, and on CUDA their
+    /// bounds). `None`: causal over the whole row.
+    pub packed: Option<layers::mask::PackedRows>,
     /// Training with dropout: the seed of this micro-batch's masks. `None`: no dropout
     /// (evaluation, generation).
     pub dropout_seed: Option<u64>,
@@ -245,8 +245,8 @@ pub struct ForwardCtx {
     /// record nothing (no auxiliary loss, evaluation, generation).
     pub router_log: Option<layers::moe::RouterLog>,
     /// The attention masks of windowed and soft-capped layers, built by the first layer that
-    /// needs each and shared by the others (for [`ForwardCtx::attention_mask`] as it is when
-    /// they are built: set that first).
+    /// needs each and shared by the others (for [`ForwardCtx::packed`] as it is when they are
+    /// built: set that first).
     pub masks: layers::attention::MaskCache,
 }
 

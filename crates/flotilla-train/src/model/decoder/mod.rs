@@ -741,7 +741,7 @@ impl Block {
             q,
             k,
             v,
-            ctx.attention_mask.as_ref(),
+            ctx.packed.as_ref(),
             &ctx.masks,
             self.num_heads,
             self.num_kv_heads,

@@ -9,7 +9,9 @@ use std::sync::Mutex;
 
 use tch::{Kind, Tensor};
 
+use super::mask::PackedRows;
 use super::softcap::soft_cap;
+use super::varlen::{flash_varlen, flash_varlen_applies};
 
 /// The boolean masks of one forward's layers, built once and shared: every layer with the same
 /// window over the same positions (and the same packed rows) reads the same mask, where each
@@ -23,15 +25,15 @@ pub struct MaskCache {
 type MaskKey = (i64, i64, Option<i64>);
 
 impl MaskCache {
-    /// The mask of `t_q` queries over `t_k` keys within `window`, and'ed with `packed`, from the
-    /// cache or built now.
+    /// The mask of `t_q` queries over `t_k` keys within `window`, and'ed with `packed`'s, from
+    /// the cache or built now.
     fn get(
         &self,
         q: &Tensor,
         t_q: i64,
         t_k: i64,
         window: Option<i64>,
-        packed: Option<&Tensor>,
+        packed: Option<&PackedRows>,
     ) -> Tensor {
         let mut masks = self.masks.lock().expect("mask cache lock");
         masks
@@ -39,7 +41,7 @@ impl MaskCache {
             .or_insert_with(|| {
                 let mask = visible_keys(q, t_q, t_k, window);
                 match packed {
-                    Some(p) => mask.logical_and(p),
+                    Some(p) => mask.logical_and(&p.mask()),
                     None => mask,
                 }
             })
@@ -62,16 +64,18 @@ pub struct AttentionOptions {
 
 /// Causal attention of queries `q` `[B, num_heads, T_q, head_dim]` to keys `k` and values `v`
 /// `[B, num_kv_heads, T_k, head_dim]`, where the queries are the last `T_q` of the `T_k` key
-/// positions (all of them in a training forward, the new ones after a cache's); `packed_mask`
-/// (`[B, 1, T, T]`, only when `T_q == T_k`) keeps each sequence of a packed row to itself.
-/// Returns `[B, num_heads, T_q, head_dim]`. The masks a window or soft-capping needs come from
-/// `masks`, the forward's cache (`packed_mask` must be the same for every call with one cache).
+/// positions (all of them in a training forward, the new ones after a cache's); `packed` (only
+/// when `T_q == T_k`) keeps each sequence of a packed row to itself: on CUDA in half
+/// precision by flash attention over the sequences' bounds (no mask), elsewhere by their
+/// `[B, 1, T, T]` mask. Returns `[B, num_heads, T_q, head_dim]`. The masks a window or
+/// soft-capping needs come from `masks`, the forward's cache (`packed` must be the same for
+/// every call with one cache).
 #[allow(clippy::too_many_arguments)]
 pub fn causal_attention(
     q: &Tensor,
     k: &Tensor,
     v: &Tensor,
-    packed_mask: Option<&Tensor>,
+    packed: Option<&PackedRows>,
     masks: &MaskCache,
     num_heads: i64,
     num_kv_heads: i64,
@@ -95,17 +99,25 @@ pub fn causal_attention(
             (k.shallow_clone(), v.shallow_clone())
         }
     };
+    if let (Some(bounds), None, true) = (
+        packed.and_then(PackedRows::bounds),
+        options.softcap,
+        t_q == t_k && flash_varlen_applies(q),
+    ) {
+        let scale = options.scale.unwrap_or(1.0 / (q.size()[3] as f64).sqrt());
+        return flash_varlen(q, k, v, bounds, scale, window);
+    }
     if options.softcap.is_none() && window.is_none() {
         let scale = options.scale;
         if t_q == t_k {
-            return match packed_mask {
-                Some(mask) => {
+            return match packed {
+                Some(rows) => {
                     let (k, v) = repeated();
                     Tensor::scaled_dot_product_attention(
                         q,
                         &k,
                         &v,
-                        Some(mask),
+                        Some(&rows.mask()),
                         0.0,
                         false,
                         scale,
@@ -131,7 +143,7 @@ pub fn causal_attention(
             gqa,
         );
     }
-    let mask = masks.get(q, t_q, t_k, window, packed_mask);
+    let mask = masks.get(q, t_q, t_k, window, packed);
     let (k, v) = repeated();
     match options.softcap {
         None => Tensor::scaled_dot_product_attention(

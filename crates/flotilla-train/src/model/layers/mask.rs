@@ -1,7 +1,51 @@
 //! The attention mask of packed rows: several sequences laid end to end in one row, each
-//! attending only to itself.
+//! attending only to itself; and what a forward keeps of its packed rows ([`PackedRows`]: the
+//! mask, built when a layer first needs it, and on CUDA the sequences' bounds that flash
+//! attention takes instead).
+
+use std::sync::Mutex;
 
 use tch::{Kind, Tensor};
+
+use super::varlen::SequenceBounds;
+
+/// A packed batch's rows as a forward sees them: the `[B, 1, T, T]` mask keeping each sequence
+/// to itself, built on first use (a forward that runs flash attention by sequence bounds in
+/// every layer never builds it), and on CUDA the sequences' bounds.
+#[derive(Debug)]
+pub struct PackedRows {
+    positions: Tensor,
+    mask: Mutex<Option<Tensor>>,
+    bounds: Option<SequenceBounds>,
+}
+
+impl PackedRows {
+    /// The rows of position ids `positions` (`[B, T]`).
+    pub fn new(positions: &Tensor) -> Self {
+        PackedRows {
+            positions: positions.shallow_clone(),
+            mask: Mutex::new(None),
+            bounds: positions
+                .device()
+                .is_cuda()
+                .then(|| SequenceBounds::of(positions)),
+        }
+    }
+
+    /// The mask ([`packed_attention_mask`]).
+    pub fn mask(&self) -> Tensor {
+        self.mask
+            .lock()
+            .expect("packed mask lock")
+            .get_or_insert_with(|| packed_attention_mask(&self.positions))
+            .shallow_clone()
+    }
+
+    /// The sequences' bounds (CUDA only).
+    pub fn bounds(&self) -> Option<&SequenceBounds> {
+        self.bounds.as_ref()
+    }
+}
 
 /// The attention mask of packed rows, `[B, 1, T, T]` from position ids `[B, T]`: a position
 /// that does not follow its predecessor by one starts a new sequence (as transformers'

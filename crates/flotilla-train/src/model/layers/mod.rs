@@ -2,7 +2,8 @@
 //! its own, no knowledge of units or parallelism): [`norm`] (RMSNorm), [`rope`] (rotary
 //! embeddings), [`mask`] (packed rows' attention mask), [`attention`] (causal scaled
 //! dot-product attention with grouped-query heads), [`linear`] (projections with biases and
-//! LoRA adapters), [`mlp`] (the gated MLP), [`moe`] (a mixture of experts' sparse MLP), [`softcap`] (Gemma's soft-capping). The decoder
+//! LoRA adapters), [`mlp`] (the gated MLP), [`moe`] (a mixture of experts' sparse MLP), [`softcap`] (Gemma's soft-capping), [`varlen`]
+//! (packed rows by their sequences' bounds: flash attention's variable lengths on CUDA). The decoder
 //! (`model/decoder/`) puts them together as a family's style says. Numerics follow transformers': each function's docs name its original.
 
 pub mod attention;
@@ -13,3 +14,4 @@ pub mod moe;
 pub mod norm;
 pub mod rope;
 pub mod softcap;
+pub mod varlen;
