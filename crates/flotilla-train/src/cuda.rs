@@ -111,6 +111,13 @@ pub fn allow_tf32() -> bool {
     unsafe { flotilla_allow_tf32_cublas() }
 }
 
+/// Waits for `device`'s queued work (nothing to wait for on a CPU), as timing a GPU needs.
+pub fn synchronize(device: Device) {
+    if let Device::Cuda(i) = device {
+        tch::Cuda::synchronize(i as i64);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -338,18 +338,24 @@ fn final_adapter_loads_in_peft_and_merged_model_in_transformers_with_equal_logit
 
     // Merging after the fact (`flotilla consolidate final --base base --out ...`) gives the
     // same model as final/merged/.
+    merging_after_the_fact_gives_final_merged(dir, &fin, "llama");
+}
+
+/// `flotilla consolidate FINAL --base dir/base` (the adapter's settings read from its files)
+/// writes the tensors `FINAL/merged/` holds.
+fn merging_after_the_fact_gives_final_merged(dir: &Path, fin: &Path, what: &str) {
     let after = dir.join("merged_after");
-    peft::merge_into_base(&fin, &dir.join("base"), &after).unwrap();
+    peft::merge_into_base(fin, &dir.join("base"), &after).unwrap();
     let read = |d: &Path| -> Vec<(String, Tensor)> {
         let mut v = Tensor::read_safetensors(d.join("model.safetensors")).unwrap();
         v.sort_by(|a, b| a.0.cmp(&b.0));
         v
     };
     let (a, b) = (read(&after), read(&fin.join(MERGED_DIR)));
-    assert_eq!(a.len(), b.len());
+    assert_eq!(a.len(), b.len(), "{what}");
     for ((na, ta), (nb, tb)) in a.iter().zip(&b) {
-        assert_eq!(na, nb);
-        assert!(ta.equal(tb), "{na} differs between the two merges");
+        assert_eq!(na, nb, "{what}");
+        assert!(ta.equal(tb), "{what}: {na} differs between the two merges");
     }
 }
 
@@ -655,22 +661,7 @@ fn lora_on_family_trains_as_peft_and_loads_in_peft(family: &str) {
             assert!(merr < 1e-5, "{family}: {merr}; warnings {warnings:?}");
             // `flotilla consolidate final --base base` reads the adapter's settings from its
             // files (the experts' wrappers by target_parameters) and merges the same tensors.
-            let after = dir.join("merged_after");
-            peft::merge_into_base(&fin, &dir.join("base"), &after).unwrap();
-            let read = |d: &Path| -> Vec<(String, Tensor)> {
-                let mut v = Tensor::read_safetensors(d.join("model.safetensors")).unwrap();
-                v.sort_by(|a, b| a.0.cmp(&b.0));
-                v
-            };
-            let (a, b) = (read(&after), read(&fin.join(MERGED_DIR)));
-            assert_eq!(a.len(), b.len(), "{family}");
-            for ((na, ta), (nb, tb)) in a.iter().zip(&b) {
-                assert_eq!(na, nb, "{family}");
-                assert!(
-                    ta.equal(tb),
-                    "{family}: {na} differs between the two merges"
-                );
-            }
+            merging_after_the_fact_gives_final_merged(dir, &fin, family);
         }
     }
 }

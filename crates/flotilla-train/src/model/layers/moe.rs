@@ -427,28 +427,14 @@ mod tests {
     #[test]
     fn router_jitter_only_in_training() {
         let (x, router, experts) = weights();
-        let plain =
-            layer(0.0, true).forward(&x, &router, &experts, &MoeAdapters::default(), None, None);
+        let run = |mlp: &SparseMlp, seed: Option<u64>| {
+            mlp.forward(&x, &router, &experts, &MoeAdapters::default(), seed, None)
+        };
+        let plain = run(&layer(0.0, true), None);
         let jittery = layer(0.4, true);
-        let eval = jittery.forward(&x, &router, &experts, &MoeAdapters::default(), None, None);
-        assert!(eval.equal(&plain));
-        let a = jittery.forward(
-            &x,
-            &router,
-            &experts,
-            &MoeAdapters::default(),
-            Some(3),
-            None,
-        );
-        let b = jittery.forward(
-            &x,
-            &router,
-            &experts,
-            &MoeAdapters::default(),
-            Some(3),
-            None,
-        );
-        assert!(a.equal(&b));
+        assert!(run(&jittery, None).equal(&plain));
+        let a = run(&jittery, Some(3));
+        assert!(a.equal(&run(&jittery, Some(3))));
         assert!(!a.equal(&plain));
     }
 

@@ -188,11 +188,7 @@ pub fn compare_with_masked(
             false,
         )
     };
-    let sync = || {
-        if let Device::Cuda(i) = device {
-            tch::Cuda::synchronize(i as i64);
-        }
-    };
+    let sync = || crate::cuda::synchronize(device);
     let run = |f: &dyn Fn() -> Tensor| -> (Tensor, Vec<Tensor>, f64) {
         let mut best = f64::INFINITY;
         let mut last = None;
