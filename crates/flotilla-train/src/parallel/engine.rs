@@ -491,12 +491,10 @@ impl<'m> Engine<'m> {
             .map(|(n, _)| n);
         for (name, pg) in trained_names.zip(g) {
             let Some(pg) = pg else { continue };
-            // Gradients accumulate in fp32 whatever the compute dtype.
-            let pg = if pg.kind() == Kind::Float {
-                pg
-            } else {
-                pg.f_to_kind(Kind::Float)?
-            };
+            // Gradients accumulate in fp32 whatever the compute dtype. Adding into an fp32
+            // accumulator and copying into a strategy's fp32 storage (DDP's buckets) convert
+            // as they go, with the values an fp32 copy first would give: one pass over the
+            // gradient, no fp32 temporary.
             match grads.get(name) {
                 Some(acc) => {
                     let _ = acc.shallow_clone().f_add_(&pg)?;
@@ -506,7 +504,8 @@ impl<'m> Engine<'m> {
                         storage.shallow_clone().f_copy_(&pg)?;
                         grads.insert(name.clone(), storage);
                     }
-                    None => grads.insert(name.clone(), pg),
+                    None if pg.kind() == Kind::Float => grads.insert(name.clone(), pg),
+                    None => grads.insert(name.clone(), pg.f_to_kind(Kind::Float)?),
                 },
             }
         }
