@@ -249,6 +249,12 @@ fn label(job: &JobConfig, step: &Step<'_>, t: TermKind) -> String {
             None if job.peft.lora().is_some() => "gradients (fp32, adapters only)".into(),
             None => "gradients (fp32 accumulators)".into(),
         },
+        TermKind::GradAccumulators if job.model.tie_word_embeddings && fsdp.is_some() => {
+            format!("{param} gradients of the unit in backward (the tied embedding's fp32)")
+        }
+        TermKind::GradAccumulators if fsdp.is_some() => {
+            format!("{param} gradients of the unit in backward")
+        }
         TermKind::GradAccumulators => "fp32 gradients of the unit in backward".into(),
         TermKind::Optimizer if job.peft.lora().is_some() => {
             format!("AdamW moments ({master}, adapters only{shard_note})")

@@ -981,7 +981,13 @@ impl<'a> Step<'a> {
                     let mut mo = base(Phase::Backward);
                     mo.add(TermKind::Gathered, bwd_gathered[u]);
                     mo.add(TermKind::Grads, accumulated);
-                    mo.add(TermKind::GradAccumulators, (trained(u) + tied_embed) * 4);
+                    // A block's gradients as computed, in the param dtype (FSDP takes them
+                    // over as they are); the tied embedding's, summed over its two readers,
+                    // in fp32.
+                    mo.add(
+                        TermKind::GradAccumulators,
+                        trained(u) * f.p + tied_embed * 4,
+                    );
                     mo.add(TermKind::UnshardedGrads, unsharded_at(u));
                     mo.add(TermKind::Activations, kept_upto(u) + act.shared());
                     mo.add(TermKind::Recompute, recompute);
@@ -1006,7 +1012,8 @@ impl<'a> Step<'a> {
                 if !f.offload {
                     mo.add(TermKind::Grads, shards * m);
                 }
-                mo.add(TermKind::GradAccumulators, trained(0) * 4);
+                let embed_bytes = if self.tied() { 4 } else { f.p };
+                mo.add(TermKind::GradAccumulators, trained(0) * embed_bytes);
                 mo.add(TermKind::UnshardedGrads, unsharded_at(0));
                 out.push(mo);
                 let mut mo = base(Phase::OptimizerStep);

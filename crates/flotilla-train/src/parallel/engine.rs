@@ -494,7 +494,12 @@ impl<'m> Engine<'m> {
             // Gradients accumulate in fp32 whatever the compute dtype. Adding into an fp32
             // accumulator and copying into a strategy's fp32 storage (DDP's buckets) convert
             // as they go, with the values an fp32 copy first would give: one pass over the
-            // gradient, no fp32 temporary.
+            // gradient, no fp32 temporary. A strategy that takes each micro-batch's gradients
+            // over (FSDP, which copies them into its flat group in the reduce dtype) gets a
+            // parameter's gradient as computed when nothing else adds to it (one reader).
+            let handed_over = strategy.takes_gradients()
+                && strategy.reduces_every_micro_batch()
+                && model.param_spec(name).is_some_and(|s| s.readers.len() == 1);
             match grads.get(name) {
                 Some(acc) => {
                     let _ = acc.shallow_clone().f_add_(&pg)?;
@@ -504,7 +509,9 @@ impl<'m> Engine<'m> {
                         storage.shallow_clone().f_copy_(&pg)?;
                         grads.insert(name.clone(), storage);
                     }
-                    None if pg.kind() == Kind::Float => grads.insert(name.clone(), pg),
+                    None if pg.kind() == Kind::Float || handed_over => {
+                        grads.insert(name.clone(), pg)
+                    }
                     None => grads.insert(name.clone(), pg.f_to_kind(Kind::Float)?),
                 },
             }
