@@ -18,6 +18,7 @@ mod advice;
 mod gpu;
 mod model;
 pub mod render;
+mod units;
 
 #[cfg(test)]
 pub(crate) mod tests;
