@@ -99,13 +99,11 @@ pub fn causal_attention(
             (k.shallow_clone(), v.shallow_clone())
         }
     };
-    if let (Some(bounds), None, true) = (
-        packed.and_then(PackedRows::bounds),
-        options.softcap,
-        t_q == t_k && flash_varlen_applies(q),
-    ) {
+    if let Some(rows) =
+        packed.filter(|_| t_q == t_k && options.softcap.is_none() && flash_varlen_applies(q))
+    {
         let scale = options.scale.unwrap_or(1.0 / (q.size()[3] as f64).sqrt());
-        return flash_varlen(q, k, v, bounds, scale, window);
+        return flash_varlen(q, k, v, &rows.bounds(), scale, window);
     }
     if options.softcap.is_none() && window.is_none() {
         let scale = options.scale;

@@ -10,13 +10,14 @@ use tch::{Kind, Tensor};
 use super::varlen::SequenceBounds;
 
 /// A packed batch's rows as a forward sees them: the `[B, 1, T, T]` mask keeping each sequence
-/// to itself, built on first use (a forward that runs flash attention by sequence bounds in
-/// every layer never builds it), and on CUDA the sequences' bounds.
+/// to itself and the sequences' bounds, each built when a layer first needs it (a forward
+/// that runs flash attention by sequence bounds in every layer never builds the mask; one
+/// that runs the masked path never reads the positions to the host for the bounds).
 #[derive(Debug)]
 pub struct PackedRows {
     positions: Tensor,
     mask: Mutex<Option<Tensor>>,
-    bounds: Option<SequenceBounds>,
+    bounds: Mutex<Option<SequenceBounds>>,
 }
 
 impl PackedRows {
@@ -25,10 +26,7 @@ impl PackedRows {
         PackedRows {
             positions: positions.shallow_clone(),
             mask: Mutex::new(None),
-            bounds: positions
-                .device()
-                .is_cuda()
-                .then(|| SequenceBounds::of(positions)),
+            bounds: Mutex::new(None),
         }
     }
 
@@ -41,9 +39,13 @@ impl PackedRows {
             .shallow_clone()
     }
 
-    /// The sequences' bounds (CUDA only).
-    pub fn bounds(&self) -> Option<&SequenceBounds> {
-        self.bounds.as_ref()
+    /// The sequences' bounds ([`SequenceBounds::of`]).
+    pub fn bounds(&self) -> SequenceBounds {
+        self.bounds
+            .lock()
+            .expect("packed bounds lock")
+            .get_or_insert_with(|| SequenceBounds::of(&self.positions))
+            .shallow_clone()
     }
 }
 

@@ -38,6 +38,16 @@ impl SequenceBounds {
     }
 }
 
+impl SequenceBounds {
+    /// The same bounds, sharing their tensor.
+    pub fn shallow_clone(&self) -> Self {
+        SequenceBounds {
+            cumulative: self.cumulative.shallow_clone(),
+            max_len: self.max_len,
+        }
+    }
+}
+
 /// The start of every sequence of `rows` rows of `t` position ids each, then the end.
 fn bounds(positions: &[i64], rows: usize, t: usize) -> Vec<i32> {
     let mut starts = vec![];
