@@ -8,7 +8,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use flotilla_config::schema::{JobConfig, LoraConfig, LoraModule};
+use flotilla_config::schema::{ExpertTargets, JobConfig, LoraConfig, LoraModule};
 
 /// PEFT's prefix before a parameter's Hugging Face name in an adapter file.
 const PEFT_PREFIX: &str = "base_model.model.";
@@ -36,6 +36,8 @@ struct ExpertDims {
     count: i64,
     intermediate: i64,
     sparse: Vec<bool>,
+    /// The family's names of the fused experts' targets (`ModelConfig::expert_lora_modules`).
+    modules: ([LoraModule; 2], LoraModule),
 }
 
 impl BaseDims {
@@ -58,6 +60,7 @@ impl BaseDims {
                 sparse: (0..m.num_hidden_layers)
                     .map(|i| m.layer_is_sparse(i))
                     .collect(),
+                modules: m.expert_lora_modules(),
             }),
             source: match &m.init_from {
                 Some(dir) => Path::new(dir).join("config.json").display().to_string(),
@@ -153,21 +156,19 @@ fn check_adapter(dir: &Path, lora: &LoraConfig, base: &BaseDims) -> Result<(), S
     let weights = dir.join("adapter_model.safetensors");
     let r = lora.r as i64;
     let mut adapted = std::collections::BTreeSet::new();
-    let listed = |p: &str| {
+    let fused = ExpertTargets::fused_in(
         config["target_parameters"]
             .as_array()
-            .is_some_and(|a| a.iter().filter_map(|t| t.as_str()).any(|t| t.ends_with(p)))
-    };
-    let fused = FusedTargets {
-        gate_up: listed("gate_up_proj"),
-        down: listed("down_proj"),
-    };
+            .into_iter()
+            .flatten()
+            .filter_map(|t| t.as_str()),
+    );
     for (key, shape) in header_shapes(&weights)? {
         let name = key.strip_prefix(PEFT_PREFIX).unwrap_or(&key);
         let expected = match name {
             "lm_head.weight" | "model.embed_tokens.weight" => Some(vec![base.vocab, base.hidden]),
             _ => lora_shape(name, r, base, &mut adapted)
-                .or_else(|| expert_shape(name, r, base, fused, &mut adapted)),
+                .or_else(|| expert_shape(name, lora, base, fused, &mut adapted)),
         };
         let Some(expected) = expected else {
             return Err(format!(
@@ -238,23 +239,15 @@ fn lora_shape(
     })
 }
 
-/// The fused expert parameters an adapter's `adapter_config.json` lists as
-/// `target_parameters`: they say which of PEFT's nested wrappers adapts which.
-#[derive(Clone, Copy, Debug)]
-struct FusedTargets {
-    gate_up: bool,
-    down: bool,
-}
-
 /// The shape a mixture's expert or router factor (PEFT's `ParamWrapper`s on transformers 5's
 /// fused experts: `model.layers.{i}.mlp.experts[.base_layer].lora_{A|B}.weight`,
 /// `model.layers.{i}.mlp.gate.lora_{A|B}.weight`) has on `base`, noting the modules it adapts
 /// under the base's names; `None` for a name that is no such factor of the base.
 fn expert_shape(
     name: &str,
-    r: i64,
+    lora: &LoraConfig,
     base: &BaseDims,
-    fused: FusedTargets,
+    fused: ExpertTargets,
     adapted: &mut std::collections::BTreeSet<String>,
 ) -> Option<Vec<i64>> {
     let experts = base.experts.as_ref()?;
@@ -267,32 +260,20 @@ fn expert_shape(
         .strip_suffix(".lora_A.weight")
         .map(|m| (m, 'A'))
         .or_else(|| rest.strip_suffix(".lora_B.weight").map(|m| (m, 'B')))?;
-    let mixtral = base.linear.contains(&LoraModule::W1);
     let (e, ie, h) = (experts.count, experts.intermediate, base.hidden);
+    let (r, r2) = (lora.r as i64, lora.gate_up_rank() as i64);
+    let ([gate, up], down_name) = experts.modules;
     // ([A], [B]) and the modules adapted.
-    let gate_up = || {
-        let names = if mixtral {
-            ["w1", "w3"]
-        } else {
-            ["gate_proj", "up_proj"]
-        };
-        (
-            (vec![2 * r * e, h], vec![2 * ie, 2 * r * e]),
-            names.to_vec(),
-        )
-    };
-    let down = || {
-        let name = if mixtral { "w2" } else { "down_proj" };
-        ((vec![r * e, ie], vec![h, r * e]), vec![name])
-    };
+    let gate_up = || ((vec![r2 * e, h], vec![2 * ie, r2 * e]), vec![gate, up]);
+    let down = || ((vec![r * e, ie], vec![h, r * e]), vec![down_name]);
     let ((a, b), names) = match module {
-        "mlp.gate" => ((vec![r, h], vec![e, r]), vec!["gate"]),
+        "mlp.gate" => ((vec![r, h], vec![e, r]), vec![LoraModule::Router]),
         "mlp.experts.base_layer" if fused.gate_up && fused.down => gate_up(),
         "mlp.experts" if fused.down => down(),
         "mlp.experts" if fused.gate_up => gate_up(),
         _ => return None,
     };
-    adapted.extend(names.into_iter().map(String::from));
+    adapted.extend(names.into_iter().map(|m| m.as_str().to_string()));
     Some(if factor == 'A' { a } else { b })
 }
 
@@ -427,6 +408,7 @@ mod tests {
                 count: 4,
                 intermediate: 48,
                 sparse: vec![true, true],
+                modules: ([LoraModule::W1, LoraModule::W3], LoraModule::W2),
             }),
             ..base()
         };

@@ -77,12 +77,7 @@ impl Trainer {
             sum += next_token_loss_sum_chunked(&logits, batch, rows)?.f_double_value(&[])?;
             Ok(())
         })?;
-        let aux_on = model
-            .config()
-            .moe
-            .as_ref()
-            .and_then(|m| m.aux_loss_coef())
-            .is_some();
+        let aux_on = model.config().aux_loss_coef().is_some();
         let mut aux_sums = (aux.iter().sum::<f64>(), aux.len() as f64);
         drop(inputs);
         let mut correct_total = None;

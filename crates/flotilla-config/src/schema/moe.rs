@@ -170,6 +170,25 @@ impl ModelConfig {
     pub fn is_moe(&self) -> bool {
         self.moe.is_some()
     }
+
+    /// The load-balancing loss's weight when a mixture computes it (`output_router_logits`),
+    /// else `None` (also for a dense model).
+    pub fn aux_loss_coef(&self) -> Option<f64> {
+        self.moe.as_ref().and_then(MoeConfig::aux_loss_coef)
+    }
+
+    /// The LoRA target names of a mixture's fused experts in this family: the pair that
+    /// adapts `gate_up_proj` (Mixtral's `w1`, `w3`; Qwen3-MoE's `gate_proj`, `up_proj`) and the
+    /// one that adapts `down_proj` (`w2`; `down_proj`).
+    pub fn expert_lora_modules(&self) -> ([LoraModule; 2], LoraModule) {
+        match self.architecture() {
+            ModelType::Mixtral => ([LoraModule::W1, LoraModule::W3], LoraModule::W2),
+            _ => (
+                [LoraModule::GateProj, LoraModule::UpProj],
+                LoraModule::DownProj,
+            ),
+        }
+    }
 }
 
 /// Why a `config.json`'s experts cannot be read: the field and the reason.

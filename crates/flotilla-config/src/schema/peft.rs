@@ -167,8 +167,24 @@ impl LoraConfig {
         self.scale_of(self.r, self.alpha)
     }
 
-    /// The factor of an update of rank `r` and `alpha` (a fused target's doubled pair).
-    pub fn scale_of(&self, r: usize, alpha: f64) -> f64 {
+    /// PEFT's rank of a mixture's fused `gate_up_proj` adapter: twice `r` (its `rank_pattern`),
+    /// so that the gate and the up projections each keep `r`.
+    pub fn gate_up_rank(&self) -> usize {
+        2 * self.r
+    }
+
+    /// ... and its alpha, twice `alpha` (its `alpha_pattern`).
+    pub fn gate_up_alpha(&self) -> f64 {
+        2.0 * self.alpha
+    }
+
+    /// The factor of the fused `gate_up_proj` adapter's `B·A`.
+    pub fn gate_up_scale(&self) -> f64 {
+        self.scale_of(self.gate_up_rank(), self.gate_up_alpha())
+    }
+
+    /// The factor of an update of rank `r` and `alpha`.
+    fn scale_of(&self, r: usize, alpha: f64) -> f64 {
         if self.use_rslora {
             alpha / (r as f64).sqrt()
         } else {
@@ -212,6 +228,18 @@ pub struct ExpertTargets {
 }
 
 impl ExpertTargets {
+    /// The fused expert parameters an adapter's `target_parameters` name (`down_proj`,
+    /// `gate_up_proj`, or longer paths ending so); the router is PEFT's `gate.weight`, told
+    /// apart by its own factors' names rather than here.
+    pub fn fused_in<'a>(target_parameters: impl IntoIterator<Item = &'a str>) -> Self {
+        let mut found = ExpertTargets::default();
+        for t in target_parameters {
+            found.gate_up |= t.ends_with("gate_up_proj");
+            found.down |= t.ends_with("down_proj");
+        }
+        found
+    }
+
     pub fn any(self) -> bool {
         self.gate_up || self.down || self.router
     }

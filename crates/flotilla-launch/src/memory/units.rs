@@ -100,7 +100,8 @@ impl Units {
                     largest_factor = largest_factor.max(a.max(b));
                 }
             };
-            factor(on.gate_up, 2 * r * e * h, 2 * ie * 2 * r * e);
+            let r2 = lora.gate_up_rank() as u64;
+            factor(on.gate_up, r2 * e * h, 2 * ie * r2 * e);
             factor(on.down, r * e * ie, h * r * e);
             factor(on.router, r * h, e * r);
         }

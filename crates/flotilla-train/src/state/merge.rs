@@ -86,14 +86,10 @@ fn factors_of(model: &CausalLm, lora: &LoraConfig, name: &str) -> Option<Factors
             let experts = config.moe.as_ref()?.num_experts as i64;
             let inter = config.expert_intermediate_size() as i64;
             let (proj, scale, rows) = match w {
-                ExpertWeight::Gate => (
-                    ExpertProj::GateUp,
-                    lora.scale_of(2 * lora.r, 2.0 * lora.alpha),
-                    Some((0, inter)),
-                ),
+                ExpertWeight::Gate => (ExpertProj::GateUp, lora.gate_up_scale(), Some((0, inter))),
                 ExpertWeight::Up => (
                     ExpertProj::GateUp,
-                    lora.scale_of(2 * lora.r, 2.0 * lora.alpha),
+                    lora.gate_up_scale(),
                     Some((inter, inter)),
                 ),
                 ExpertWeight::Down => (ExpertProj::Down, lora.scale(), None),

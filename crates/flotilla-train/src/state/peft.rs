@@ -164,15 +164,7 @@ fn adapted_modules<'a>(
         })
         .map(|m| m.as_str())
         .collect();
-    let mixtral = model.linear_modules().contains(&LoraModule::W1);
-    let (gate_up, down): (&[LoraModule], LoraModule) = if mixtral {
-        (&[LoraModule::W1, LoraModule::W3], LoraModule::W2)
-    } else {
-        (
-            &[LoraModule::GateProj, LoraModule::UpProj],
-            LoraModule::DownProj,
-        )
-    };
+    let (gate_up, down) = model.expert_lora_modules();
     if experts.gate_up {
         found.extend(gate_up.iter().map(|m| m.as_str()));
     }
@@ -199,16 +191,11 @@ fn file_expert_targets<'a>(config: &Value, names: impl Iterator<Item = &'a str>)
             _ => {}
         }
     }
-    let listed = |p: &str| {
-        config["target_parameters"]
-            .as_array()
-            .is_some_and(|a| a.iter().filter_map(Value::as_str).any(|t| t.ends_with(p)))
+    let fused = match (experts, config["target_parameters"].as_array()) {
+        (true, Some(listed)) => ExpertTargets::fused_in(listed.iter().filter_map(Value::as_str)),
+        _ => ExpertTargets::default(),
     };
-    ExpertTargets {
-        gate_up: experts && listed("gate_up_proj"),
-        down: experts && listed("down_proj"),
-        router,
-    }
+    ExpertTargets { router, ..fused }
 }
 
 /// `dir/adapter_config.json`, parsed, with its path.
@@ -261,8 +248,8 @@ pub fn adapter_config(lora: &LoraConfig, model: &ModelConfig, base: Option<&str>
     let (mut rank_pattern, mut alpha_pattern) = (json!({}), json!({}));
     if experts.gate_up {
         let key = r".*\.gate_up_proj";
-        rank_pattern[key] = json!(2 * lora.r);
-        alpha_pattern[key] = number(2.0 * lora.alpha);
+        rank_pattern[key] = json!(lora.gate_up_rank());
+        alpha_pattern[key] = number(lora.gate_up_alpha());
     }
     json!({
         "peft_type": "LORA",

@@ -349,7 +349,7 @@ pub fn build(
         }
         if let (Some(l), Some(moe)) = (lora, moe.as_mut()) {
             let on = l.expert_targets(c);
-            let (r, alpha) = (l.r as i64, l.alpha);
+            let r = l.r as i64;
             let (experts, e_inter) = (moe.mlp.num_experts, c.expert_intermediate_size() as i64);
             let mut factors = |name: &dyn Fn(LoraFactor) -> ParamName, a: Vec<i64>, b: Vec<i64>| {
                 let slot = names.len();
@@ -363,14 +363,14 @@ pub fn build(
             let wrap = |p| ExpertWrap::of(p, on.gate_up, on.down);
             if on.gate_up {
                 // PEFT's fused gate and up: twice the rank and alpha.
-                let r2 = 2 * r;
+                let r2 = l.gate_up_rank() as i64;
                 let name = |f| ParamName::ExpertLora(i, wrap(ExpertProj::GateUp), f);
                 let slot = factors(
                     &name,
                     vec![r2 * experts, h],
                     vec![2 * e_inter, r2 * experts],
                 );
-                moe.adapters.gate_up = Some((slot, l.scale_of(2 * l.r, 2.0 * alpha)));
+                moe.adapters.gate_up = Some((slot, l.gate_up_scale()));
             }
             if on.down {
                 let name = |f| ParamName::ExpertLora(i, wrap(ExpertProj::Down), f);
