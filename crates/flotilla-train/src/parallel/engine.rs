@@ -497,9 +497,6 @@ impl<'m> Engine<'m> {
             // gradient, no fp32 temporary. A strategy that takes each micro-batch's gradients
             // over (FSDP, which copies them into its flat group in the reduce dtype) gets a
             // parameter's gradient as computed when nothing else adds to it (one reader).
-            let handed_over = strategy.takes_gradients()
-                && strategy.reduces_every_micro_batch()
-                && model.param_spec(name).is_some_and(|s| s.readers.len() == 1);
             match grads.get(name) {
                 Some(acc) => {
                     let _ = acc.shallow_clone().f_add_(&pg)?;
@@ -509,10 +506,17 @@ impl<'m> Engine<'m> {
                         storage.shallow_clone().f_copy_(&pg)?;
                         grads.insert(name.clone(), storage);
                     }
-                    None if pg.kind() == Kind::Float || handed_over => {
+                    None => {
+                        let handed_over = strategy.takes_gradients()
+                            && strategy.reduces_every_micro_batch()
+                            && model.param_spec(name).is_some_and(|s| s.readers.len() == 1);
+                        let pg = if pg.kind() == Kind::Float || handed_over {
+                            pg
+                        } else {
+                            pg.f_to_kind(Kind::Float)?
+                        };
                         grads.insert(name.clone(), pg)
                     }
-                    None => grads.insert(name.clone(), pg.f_to_kind(Kind::Float)?),
                 },
             }
         }
@@ -602,13 +606,7 @@ pub fn forward_by_unit(
 /// evaluation too.
 pub fn eval_ctx(model: &CausalLm, input: &TokenInput) -> ForwardCtx {
     let mut ctx = model.ctx_for_input(input);
-    if model
-        .config()
-        .moe
-        .as_ref()
-        .and_then(|m| m.aux_loss_coef())
-        .is_some()
-    {
+    if model.config().aux_loss_coef().is_some() {
         ctx.router_log = Some(RouterLog::default());
     }
     ctx
