@@ -36,8 +36,7 @@ fn fixture() -> Option<&'static Path> {
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         let made: Value = common::run_oracle(
-            Command::new(common::venv_python())
-                .arg(common::oracle_file("dpo_oracle.py"))
+            common::python(common::oracle_file("dpo_oracle.py"))
                 .args(["make", dir.to_str().unwrap()]),
         );
         assert_eq!(made["pairs"], 12);
@@ -243,20 +242,17 @@ fn dpo_equals_trl_for_every_loss_type_format_and_lora() {
         ),
     ];
     let runs: Vec<Value> = cases.iter().map(|(r, _)| r.clone()).collect();
-    let trl: Vec<Vec<HashMap<String, f64>>> = common::run_oracle(
-        Command::new(common::venv_python())
-            .arg(common::oracle_file("dpo_oracle.py"))
-            .args([
-                "train",
-                dir.to_str().unwrap(),
-                dir.join("pairs.jsonl").to_str().unwrap(),
-                &STEPS.to_string(),
-                "4",
-                "0.01",
-                "64",
-                &Value::from(runs).to_string(),
-            ]),
-    );
+    let trl: Vec<Vec<HashMap<String, f64>>> =
+        common::run_oracle(common::python(common::oracle_file("dpo_oracle.py")).args([
+            "train",
+            dir.to_str().unwrap(),
+            dir.join("pairs.jsonl").to_str().unwrap(),
+            &STEPS.to_string(),
+            "4",
+            "0.01",
+            "64",
+            &Value::from(runs).to_string(),
+        ]));
     for (k, ((case, extra), theirs)) in cases.iter().zip(&trl).enumerate() {
         let ours = run(dir, &format!("trl-{k}"), extra);
         assert_rows_equal(&case.to_string(), &ours, theirs, 1e-4);

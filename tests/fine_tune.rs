@@ -9,28 +9,23 @@
 
 mod common;
 
-use std::path::Path;
 use std::process::Command;
 
 use serde_json::Value;
 
 /// `final_dir_oracle.py ARGS`'s answer.
-fn oracle(python: &Path, args: &[&str]) -> Value {
-    common::run_oracle(
-        Command::new(python)
-            .arg(common::oracle_file("final_dir_oracle.py"))
-            .args(args),
-    )
+fn oracle(args: &[&str]) -> Value {
+    common::run_oracle(common::python(common::oracle_file("final_dir_oracle.py")).args(args))
 }
 
 #[test]
 fn fine_tuning_a_bf16_base_writes_a_final_dir_transformers_generates_from() {
-    let Some(python) = common::oracle_python() else {
+    let Some(_) = common::oracle_python() else {
         return common::skip_or_fail("fine_tune: no transformers; run scripts/setup.sh");
     };
     let tmp = tempfile::tempdir().unwrap();
     let base = tmp.path().join("base");
-    let made = oracle(&python, &["base", base.to_str().unwrap()]);
+    let made = oracle(&["base", base.to_str().unwrap()]);
     assert!(made["shards"].as_u64().unwrap() > 1, "the base is sharded");
     // One record, learnt by heart: "t5 t6 t7" is answered "t9 t10 t11", then the end of text.
     let data = tmp.path().join("train.jsonl");
@@ -75,7 +70,7 @@ fn fine_tuning_a_bf16_base_writes_a_final_dir_transformers_generates_from() {
             "{name} is the base's"
         );
     }
-    let loaded = oracle(&python, &["load", fin.to_str().unwrap(), "t5 t6 t7"]);
+    let loaded = oracle(&["load", fin.to_str().unwrap(), "t5 t6 t7"]);
     assert_eq!(loaded["dtypes"], serde_json::json!(["torch.bfloat16"]));
     assert_eq!(loaded["generation_eos"], serde_json::json!([2, 7]));
     assert_eq!(loaded["config_eos"], 2);

@@ -11,7 +11,7 @@ use std::process::{Command, Output};
 mod chromium;
 mod common;
 use chromium::{chromium, headless};
-use common::{flotilla_in, ok, venv_python};
+use common::{flotilla_in, ok};
 
 fn flotilla(args: &[&str]) -> Output {
     flotilla_in(Path::new(env!("CARGO_MANIFEST_DIR")), args)
@@ -901,11 +901,9 @@ fn a_real_sweep_is_reported_and_tensorboard_reads_its_events() {
         bests.push(best.1);
 
         // TensorBoard sees every value of metrics.csv at its step (as float32), and the hparams.
-        let read = Command::new(venv_python())
-            .arg(common::oracle_file("tensorboard_events.py"))
+        let read = common::python(common::oracle_file("tensorboard_events.py"))
             .arg(sweep.join(format!("{i}/tb")))
-            .output()
-            .expect("run the tensorboard oracle (scripts/setup.sh installs it)");
+            .output();
         let events: serde_json::Value = serde_json::from_str(&ok(read)).unwrap();
         for name in [
             "loss",

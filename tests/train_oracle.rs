@@ -40,8 +40,7 @@ fn oracle(dir: &Path) -> Vec<[f64; 3]> {
         CLIP.to_string(),
     ];
     common::run_oracle(
-        Command::new(common::venv_python())
-            .arg(format!("{root}/tests/oracle/train_oracle.py"))
+        common::python(format!("{root}/tests/oracle/train_oracle.py"))
             .arg("tokens")
             .arg(dir)
             .args(args),

@@ -302,7 +302,7 @@ fn write_conf(root: &Path, config: &str) -> PathBuf {
 
 /// The losses and final weights of the DDP example trained in one process on the whole of
 /// every global batch, which is what 2 DDP ranks averaging their gradients compute; by `lr,steps`.
-fn oracle_losses(bin: &Path, example: &Path, runs: &[(f64, u64)]) -> Value {
+fn oracle_losses(example: &Path, runs: &[(f64, u64)]) -> Value {
     let script = r#"
 import json, sys
 import torch, torch.nn.functional as F
@@ -327,9 +327,8 @@ print(json.dumps(out))
 "#;
     let runs: Vec<Value> = runs.iter().map(|(lr, s)| json!([lr, s])).collect();
     common::run_oracle(
-        Command::new(bin.join("python"))
+        common::python("-c")
             .env("PYTHONDONTWRITEBYTECODE", "1")
-            .arg("-c")
             .arg(script)
             .arg(example)
             .arg(serde_json::to_string(&runs).unwrap()),
@@ -379,7 +378,7 @@ fn ddp_example_sweeps_and_every_rank_sees_its_job() {
         combos,
         BTreeSet::from([("0.1", 3), ("0.1", 5), ("0.2", 3), ("0.2", 5)])
     );
-    let oracle = oracle_losses(&bin, &ex, &expected);
+    let oracle = oracle_losses(&ex, &expected);
 
     let mut last_loss = std::collections::BTreeMap::new();
     for (job, &(lr, steps)) in jobs.iter().zip(&expected) {

@@ -17,6 +17,11 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
+use std::sync::Mutex;
+
+#[path = "python.rs"]
+mod python;
+pub use python::{python, Python};
 
 /// The environment variable that turns every skip for a missing oracle into a failure.
 pub const REQUIRE_ORACLES: &str = "FLOTILLA_REQUIRE_ORACLES";
@@ -86,22 +91,18 @@ pub fn skip_or_fail(reason: &str) {
     eprintln!("SKIPPED: {reason}");
 }
 
-/// Runs a Python oracle (`.venv/bin/python` with transformers quiet and offline), asserts that
-/// it succeeded, and parses the JSON of its last line of output.
-pub fn run_oracle<T: serde::de::DeserializeOwned>(cmd: &mut Command) -> T {
-    let out = cmd
-        .env("TRANSFORMERS_VERBOSITY", "error")
-        .env("HF_HUB_OFFLINE", "1")
-        .output()
-        .unwrap_or_else(|e| panic!("cannot start {cmd:?}: {e}"));
+/// Runs a Python oracle on a warm interpreter (transformers quiet and offline), asserts that it
+/// succeeded, and parses the JSON of its last line of output.
+pub fn run_oracle<T: serde::de::DeserializeOwned>(call: Python) -> T {
+    let out = call.output();
     assert!(
         out.status.success(),
-        "{cmd:?} failed:\n{}",
+        "{call:?} failed:\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
     let stdout = String::from_utf8_lossy(&out.stdout);
     let last = stdout.lines().last().unwrap_or_default();
-    serde_json::from_str(last).unwrap_or_else(|e| panic!("{cmd:?}: last line {last:?}: {e}"))
+    serde_json::from_str(last).unwrap_or_else(|e| panic!("{call:?}: last line {last:?}: {e}"))
 }
 
 /// The project venv's python (`FLOTILLA_VENV`, else the repository's `.venv`).
@@ -112,12 +113,20 @@ pub fn venv_python() -> PathBuf {
     venv.join("bin").join("python")
 }
 
-/// Whether the venv python can run `import <modules>`.
+/// Whether the venv python can run `import <modules>` (asked once per process and list).
 pub fn venv_imports(modules: &str) -> bool {
-    Command::new(venv_python())
-        .args(["-c", &format!("import {modules}")])
-        .output()
-        .is_ok_and(|o| o.status.success())
+    static ASKED: Mutex<BTreeMap<String, bool>> = Mutex::new(BTreeMap::new());
+    if let Some(&known) = ASKED.lock().unwrap().get(modules) {
+        return known;
+    }
+    let imports = venv_python().is_file()
+        && Python::default()
+            .args(["-c", &format!("import {modules}")])
+            .output()
+            .status
+            .success();
+    ASKED.lock().unwrap().insert(modules.to_string(), imports);
+    imports
 }
 
 /// The venv python, if transformers and safetensors import there.
@@ -129,11 +138,9 @@ pub fn oracle_python() -> Option<PathBuf> {
 /// Llama in `base/` with a ChatML tokenizer, 2000 conversations in `chats.jsonl`), with its
 /// first 40 conversations also in `eval.jsonl` as held-out data.
 pub fn make_chat_example(dir: &Path) {
-    let made = Command::new(venv_python())
-        .arg(repo_root().join("examples/chat/make_example.py"))
+    let made = python(repo_root().join("examples/chat/make_example.py"))
         .arg(dir)
-        .output()
-        .unwrap();
+        .output();
     assert!(
         made.status.success(),
         "{}",

@@ -32,14 +32,11 @@ fn fixtures() -> PathBuf {
 fn tokenizers() -> Option<&'static Path> {
     static DIR: std::sync::OnceLock<Option<tempfile::TempDir>> = std::sync::OnceLock::new();
     DIR.get_or_init(|| {
-        let python = common::oracle_python()?;
+        common::oracle_python()?;
         let dir = tempfile::tempdir().unwrap();
-        let out = Command::new(python)
-            .arg(common::oracle_file("make_chat_tokenizers.py"))
+        let out = common::python(common::oracle_file("make_chat_tokenizers.py"))
             .arg(dir.path())
-            .env("HF_HUB_OFFLINE", "1")
-            .output()
-            .unwrap();
+            .output();
         assert!(
             out.status.success(),
             "make_chat_tokenizers.py failed:\n{}",
@@ -94,20 +91,11 @@ fn oracle(tokenizer: &Path, data: &Path, args: &[&str]) -> Vec<Value> {
 /// The oracle's lines for `data` with each of `tokenizers` (one Python start-up for all): with
 /// several, each line names its tokenizer directory.
 fn oracle_lines(tokenizers: &[&Path], data: &Path, args: &[&str]) -> Vec<Value> {
-    let python = common::venv_python();
-    let mut cmd = Command::new(python);
-    cmd.arg(common::oracle_file("chat_oracle.py"));
+    let mut call = common::python(common::oracle_file("chat_oracle.py"));
     for tokenizer in tokenizers {
-        cmd.arg("--tokenizer").arg(tokenizer);
+        call = call.arg("--tokenizer").arg(tokenizer);
     }
-    let out = cmd
-        .arg("--data")
-        .arg(data)
-        .args(args)
-        .env("HF_HUB_OFFLINE", "1")
-        .env("TRANSFORMERS_VERBOSITY", "error")
-        .output()
-        .unwrap();
+    let out = call.arg("--data").arg(data).args(args).output();
     assert!(
         out.status.success(),
         "chat_oracle.py failed:\n{}",

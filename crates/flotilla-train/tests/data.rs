@@ -8,7 +8,6 @@ mod common;
 
 use std::collections::HashSet;
 use std::path::Path;
-use std::process::Command;
 use std::sync::Arc;
 
 use flotilla_config::schema::{DataConfig, TokenDtype};
@@ -817,7 +816,7 @@ fn tokenizers_agree_with_the_python_library() {
     .unwrap();
 
     let script = common::oracle_file("tokenizers_oracle.py");
-    let out = Command::new(&python).arg(script).arg(d).output().unwrap();
+    let out = common::python(script).arg(d).output();
     assert!(
         out.status.success(),
         "tokenizers_oracle.py failed:\n{}",

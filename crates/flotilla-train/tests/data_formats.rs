@@ -29,9 +29,7 @@ fn fixtures() -> Option<&'static (tempfile::TempDir, Value)> {
         }
         let dir = tempfile::tempdir().unwrap();
         let expected: Value = common::run_oracle(
-            Command::new(common::venv_python())
-                .arg(common::oracle_file("data_formats_oracle.py"))
-                .arg(dir.path()),
+            common::python(common::oracle_file("data_formats_oracle.py")).arg(dir.path()),
         );
         Some((dir, expected))
     })

@@ -23,7 +23,6 @@ mod compose;
 mod threads;
 
 use std::path::Path;
-use std::process::Command;
 use std::sync::Arc;
 
 use flotilla_comm::comm::Communicator;
@@ -41,12 +40,8 @@ use serde_json::Value;
 use tch::{Device, Kind};
 
 /// `final_dir_oracle.py ARGS`'s answer.
-fn oracle(python: &Path, args: &[&str]) -> Value {
-    common::run_oracle(
-        Command::new(python)
-            .arg(common::oracle_file("final_dir_oracle.py"))
-            .args(args),
-    )
+fn oracle(args: &[&str]) -> Value {
+    common::run_oracle(common::python(common::oracle_file("final_dir_oracle.py")).args(args))
 }
 
 /// A trainer fine-tuning `base` for 3 steps on arithmetic data (ids below the base's 64).
@@ -90,14 +85,14 @@ fn files(dir: &Path) -> Vec<String> {
 
 #[test]
 fn final_dir_is_what_save_pretrained_writes() {
-    let Some(python) = common::oracle_python() else {
+    let Some(_) = common::oracle_python() else {
         return common::skip_or_fail(
             "final_dir_is_what_save_pretrained_writes: no transformers; run scripts/setup.sh",
         );
     };
     let tmp = tempfile::tempdir().unwrap();
     let base = tmp.path().join("base");
-    let made = oracle(&python, &["base", base.to_str().unwrap()]);
+    let made = oracle(&["base", base.to_str().unwrap()]);
     assert!(made["shards"].as_u64().unwrap() > 1, "the base is sharded");
     let trainer = fine_tuned(&base);
     let tokenizer = Tokenizer::from_file(base.join("tokenizer.json"), "data.tokenizer").unwrap();
@@ -136,7 +131,7 @@ fn final_dir_is_what_save_pretrained_writes() {
         "config.json is the base's, dtype included"
     );
 
-    let loaded = oracle(&python, &["load", fin.to_str().unwrap()]);
+    let loaded = oracle(&["load", fin.to_str().unwrap()]);
     assert_eq!(loaded["dtypes"], serde_json::json!(["torch.bfloat16"]));
     assert_eq!(loaded["generation_eos"], serde_json::json!([2, 7]));
     assert_eq!(loaded["config_eos"], 2);
@@ -158,7 +153,7 @@ fn final_dir_is_what_save_pretrained_writes() {
         compared += 1;
     }
     assert_eq!(compared, loaded["sums"].as_object().unwrap().len());
-    let base_sums = oracle(&python, &["load", base.to_str().unwrap()]);
+    let base_sums = oracle(&["load", base.to_str().unwrap()]);
     assert_ne!(
         base_sums["sums"], loaded["sums"],
         "training changed the weights"
@@ -181,7 +176,7 @@ fn final_dir_is_what_save_pretrained_writes() {
             .any(|f| f.starts_with("model-") || f.ends_with(".index.json")),
         "{written:?}"
     );
-    let again = oracle(&python, &["load", fin.to_str().unwrap()]);
+    let again = oracle(&["load", fin.to_str().unwrap()]);
     assert_eq!(again["sums"], loaded["sums"]);
 }
 

@@ -53,12 +53,8 @@ fn skip(test: &str) {
 }
 
 /// Runs generate_oracle.py with `args` and parses its last line.
-fn run_oracle(python: &Path, args: &[&str]) -> Value {
-    common::run_oracle(
-        Command::new(python)
-            .arg(common::oracle_file("generate_oracle.py"))
-            .args(args),
-    )
+fn run_oracle(args: &[&str]) -> Value {
+    common::run_oracle(common::python(common::oracle_file("generate_oracle.py")).args(args))
 }
 
 fn generate(args: &[&str]) -> Output {
@@ -158,7 +154,7 @@ fn every_family_has_a_greedy_test() {
 /// Greedy generation of `family` equals transformers' (text and chat prompts); Llama's stops
 /// after an end-of-sequence id of generation_config.json, else of config.json.
 fn greedy_equals_transformers_and_stops_at_eos(family: &str) {
-    let Some(python) = oracle() else {
+    let Some(_python) = oracle() else {
         return skip("greedy_equals_transformers_and_stops_at_eos");
     };
     let generic_tokenizer = FAMILIES
@@ -176,7 +172,7 @@ fn greedy_equals_transformers_and_stops_at_eos(family: &str) {
     let n = "24";
     {
         let dir = tmp.path().join(family);
-        run_oracle(&python, &["make", dir.to_str().unwrap(), family]);
+        run_oracle(&["make", dir.to_str().unwrap(), family]);
         let text = generate_json(&dir, &["--prompt", "Hello world", "--max-new-tokens", n]);
         let chat = generate_json(
             &dir,
@@ -191,16 +187,13 @@ fn greedy_equals_transformers_and_stops_at_eos(family: &str) {
             true => json!([{"text": "Hello world"}, {"messages": messages}]),
             false => json!([{"ids": text["prompt_ids"]}, {"ids": chat["prompt_ids"]}]),
         };
-        let theirs = run_oracle(
-            &python,
-            &[
-                "generate",
-                dir.to_str().unwrap(),
-                "-",
-                &prompts.to_string(),
-                n,
-            ],
-        );
+        let theirs = run_oracle(&[
+            "generate",
+            dir.to_str().unwrap(),
+            "-",
+            &prompts.to_string(),
+            n,
+        ]);
         for (what, ours, theirs) in [("text", &text, &theirs[0]), ("chat", &chat, &theirs[1])] {
             assert_eq!(
                 ids(&ours["prompt_ids"]),
@@ -266,7 +259,7 @@ fn greedy_equals_transformers_and_stops_at_eos(family: &str) {
 
 #[test]
 fn adapter_equals_transformers_and_peft() {
-    let Some(python) = oracle() else {
+    let Some(_python) = oracle() else {
         return skip("adapter_equals_transformers_and_peft");
     };
     if !common::venv_imports("peft") {
@@ -278,26 +271,17 @@ fn adapter_equals_transformers_and_peft() {
     let tmp = tempfile::tempdir().unwrap();
     let base = tmp.path().join("base");
     let adapter = tmp.path().join("adapter");
-    run_oracle(&python, &["make", base.to_str().unwrap(), "llama"]);
-    run_oracle(
-        &python,
-        &["adapter", base.to_str().unwrap(), adapter.to_str().unwrap()],
-    );
+    run_oracle(&["make", base.to_str().unwrap(), "llama"]);
+    run_oracle(&["adapter", base.to_str().unwrap(), adapter.to_str().unwrap()]);
     let prompts = json!([{"text": "Hello world"}]).to_string();
-    let theirs = run_oracle(
-        &python,
-        &[
-            "generate",
-            base.to_str().unwrap(),
-            adapter.to_str().unwrap(),
-            &prompts,
-            "16",
-        ],
-    );
-    let theirs_base = run_oracle(
-        &python,
-        &["generate", base.to_str().unwrap(), "-", &prompts, "16"],
-    );
+    let theirs = run_oracle(&[
+        "generate",
+        base.to_str().unwrap(),
+        adapter.to_str().unwrap(),
+        &prompts,
+        "16",
+    ]);
+    let theirs_base = run_oracle(&["generate", base.to_str().unwrap(), "-", &prompts, "16"]);
     let ours = generate_json(
         &base,
         &[
@@ -331,7 +315,7 @@ fn adapter_equals_transformers_and_peft() {
 
 #[test]
 fn prompt_ids_equal_transformers_tokenizer_call() {
-    let Some(python) = oracle() else {
+    let Some(_python) = oracle() else {
         return skip("prompt_ids_equal_transformers_tokenizer_call");
     };
     let tmp = tempfile::tempdir().unwrap();
@@ -341,11 +325,12 @@ fn prompt_ids_equal_transformers_tokenizer_call() {
     // add_eos_token, which transformers 5 ignores beside a tokenizer.json; none: nothing.
     for (variant, first) in [("bos", Some(1)), ("flag", None), ("none", None)] {
         let dir = tmp.path().join(variant);
-        run_oracle(&python, &["tokenizer", dir.to_str().unwrap(), variant]);
-        let theirs: Vec<Vec<i64>> = serde_json::from_value(run_oracle(
-            &python,
-            &["tokenize", dir.to_str().unwrap(), &texts_json],
-        ))
+        run_oracle(&["tokenizer", dir.to_str().unwrap(), variant]);
+        let theirs: Vec<Vec<i64>> = serde_json::from_value(run_oracle(&[
+            "tokenize",
+            dir.to_str().unwrap(),
+            &texts_json,
+        ]))
         .unwrap();
         let tok = Tokenizer::from_file(dir.join("tokenizer.json"), "--tokenizer").unwrap();
         for (text, want) in texts.iter().zip(&theirs) {

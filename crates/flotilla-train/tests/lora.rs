@@ -68,8 +68,7 @@ fn make_family_fixture(
     family: &str,
 ) -> Vec<String> {
     common::run_oracle(
-        Command::new(common::venv_python())
-            .arg(common::oracle_file("peft_oracle.py"))
+        common::python(common::oracle_file("peft_oracle.py"))
             .arg("make")
             .arg(dir)
             .args([
@@ -154,8 +153,7 @@ fn peft_rows_for(dir: &Path, t: &TrainerConfig, out: &Path, steps: u64) -> Vec<[
     let batches = dir.join("batches.safetensors");
     replay::write_step_batches(&mut l, steps, &batches);
     common::run_oracle(
-        Command::new(common::venv_python())
-            .arg(common::oracle_file("peft_oracle.py"))
+        common::python(common::oracle_file("peft_oracle.py"))
             .arg("train")
             .arg(dir.join("base"))
             .arg(dir.join("adapter"))
@@ -244,11 +242,8 @@ fn oracle_logits(args: &[&std::ffi::OsStr]) -> (Tensor, Vec<String>) {
         logits: Vec<Vec<Vec<f32>>>,
         warnings: Vec<String>,
     }
-    let out: Out = common::run_oracle(
-        Command::new(common::venv_python())
-            .arg(common::oracle_file("peft_oracle.py"))
-            .args(args),
-    );
+    let out: Out =
+        common::run_oracle(common::python(common::oracle_file("peft_oracle.py")).args(args));
     let flat: Vec<f32> = out.logits.iter().flatten().flatten().copied().collect();
     let (b, t) = (out.logits.len() as i64, out.logits[0].len() as i64);
     (Tensor::from_slice(&flat).reshape([b, t, -1]), out.warnings)

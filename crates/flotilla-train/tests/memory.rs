@@ -662,7 +662,7 @@ struct Saved {
 /// What PyTorch saves for each `(job, dtype)`, in one run of the oracle; `None` without
 /// transformers in the venv.
 fn oracle(cases: &[(JobConfig, &str)]) -> Option<Vec<Saved>> {
-    let python = common::oracle_python()?;
+    common::oracle_python()?;
     let cases: Vec<serde_json::Value> = cases
         .iter()
         .map(|(job, dtype)| {
@@ -683,9 +683,7 @@ fn oracle(cases: &[(JobConfig, &str)]) -> Option<Vec<Saved>> {
         .collect();
     let script = common::oracle_file("memory_oracle.py");
     Some(common::run_oracle(
-        Command::new(python)
-            .arg(script)
-            .arg(serde_json::Value::from(cases).to_string()),
+        common::python(script).arg(serde_json::Value::from(cases).to_string()),
     ))
 }
 

@@ -55,7 +55,7 @@ fn max_rel_err(ours: &Tensor, theirs: &Tensor) -> f64 {
 
 #[test]
 fn transformers_oracle_both_directions() {
-    let Some(python) = common::oracle_python() else {
+    let Some(_) = common::oracle_python() else {
         return common::skip_or_fail(&format!(
             "transformers_oracle_both_directions: `import transformers, safetensors` fails in \
              {}; run scripts/setup.sh",
@@ -64,12 +64,10 @@ fn transformers_oracle_both_directions() {
     };
     let tmp = tempfile::tempdir().unwrap();
     let start = Instant::now();
-    let out = Command::new(&python)
-        .arg(oracle_script())
+    let out = common::python(oracle_script())
         .arg("make")
         .arg(tmp.path())
-        .output()
-        .unwrap();
+        .output();
     assert!(
         out.status.success(),
         "make_hf_fixtures.py make failed:\n{}",
@@ -221,12 +219,10 @@ fn transformers_oracle_both_directions() {
 
     let checks_file = tmp.path().join("checks.json");
     std::fs::write(&checks_file, serde_json::to_string(&checks).unwrap()).unwrap();
-    let out = Command::new(&python)
-        .arg(oracle_script())
+    let out = common::python(oracle_script())
         .arg("check")
         .arg(&checks_file)
-        .output()
-        .unwrap();
+        .output();
     let stdout = String::from_utf8_lossy(&out.stdout);
     for line in stdout.lines() {
         let r: serde_json::Value = serde_json::from_str(line).unwrap();
@@ -385,14 +381,12 @@ fn loader_errors_name_the_culprit() {
     assert!(err.contains("no model.safetensors"), "{err}");
 }
 
-/// Makes the fixtures into `dir` with `python` and returns the manifest.
-fn make_fixtures(python: &Path, dir: &Path) -> Vec<serde_json::Value> {
-    let out = Command::new(python)
-        .arg(oracle_script())
+/// Makes the fixtures into `dir` and returns the manifest.
+fn make_fixtures(dir: &Path) -> Vec<serde_json::Value> {
+    let out = common::python(oracle_script())
         .arg("make")
         .arg(dir)
-        .output()
-        .unwrap();
+        .output();
     assert!(
         out.status.success(),
         "make_hf_fixtures.py make failed:\n{}",
@@ -444,7 +438,7 @@ fn train(base: &Path, run: &Path, overrides: &[&str]) -> std::process::Output {
 
 #[test]
 fn every_family_trains_and_final_loads_as_the_same_class() {
-    let Some(python) = common::oracle_python() else {
+    let Some(_) = common::oracle_python() else {
         return common::skip_or_fail(&format!(
             "every_family_trains_and_final_loads_as_the_same_class: `import \
              transformers, safetensors` fails in {}; run scripts/setup.sh",
@@ -452,7 +446,7 @@ fn every_family_trains_and_final_loads_as_the_same_class() {
         ));
     };
     let tmp = tempfile::tempdir().unwrap();
-    let manifest = make_fixtures(&python, tmp.path());
+    let manifest = make_fixtures(tmp.path());
     let mut checks = Vec::new();
     for name in [
         "mistral_window",
@@ -518,12 +512,10 @@ fn every_family_trains_and_final_loads_as_the_same_class() {
     }
     let checks_file = tmp.path().join("final_checks.json");
     std::fs::write(&checks_file, serde_json::to_string(&checks).unwrap()).unwrap();
-    let out = Command::new(&python)
-        .arg(oracle_script())
+    let out = common::python(oracle_script())
         .arg("check")
         .arg(&checks_file)
-        .output()
-        .unwrap();
+        .output();
     let stdout = String::from_utf8_lossy(&out.stdout);
     let mut seen = 0;
     for line in stdout.lines() {

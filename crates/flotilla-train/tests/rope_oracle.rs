@@ -20,7 +20,6 @@ mod common;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use flotilla_config::schema::hf_config::HfLlamaConfig;
 use flotilla_config::schema::ModelConfig;
@@ -237,7 +236,7 @@ fn cases() -> Vec<(&'static str, &'static str, Value, Vec<Value>)> {
 
 #[test]
 fn tables_equal_transformers() {
-    let Some(python) = python_or_skip("tables_equal_transformers") else {
+    let Some(_) = python_or_skip("tables_equal_transformers") else {
         return;
     };
     let tmp = tempfile::tempdir().unwrap();
@@ -251,8 +250,7 @@ fn tables_equal_transformers() {
         .collect();
     std::fs::write(&file, serde_json::to_string(&listed).unwrap()).unwrap();
     let results: Vec<Value> = common::run_oracle(
-        Command::new(&python)
-            .arg(common::oracle_file("rope_oracle.py"))
+        common::python(common::oracle_file("rope_oracle.py"))
             .arg("tables")
             .arg(&file),
     );
@@ -336,18 +334,14 @@ const TOL: f64 = 1e-5;
 
 #[test]
 fn models_equal_transformers() {
-    let Some(python) = python_or_skip("models_equal_transformers") else {
+    let Some(_) = python_or_skip("models_equal_transformers") else {
         return;
     };
     let tmp = tempfile::tempdir().unwrap();
-    let out = Command::new(&python)
-        .arg(common::oracle_file("rope_oracle.py"))
+    let out = common::python(common::oracle_file("rope_oracle.py"))
         .arg("model")
         .arg(tmp.path())
-        .env("TRANSFORMERS_VERBOSITY", "error")
-        .env("HF_HUB_OFFLINE", "1")
-        .output()
-        .unwrap();
+        .output();
     assert!(
         out.status.success(),
         "rope_oracle.py model failed:\n{}",

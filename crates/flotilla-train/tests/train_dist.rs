@@ -759,7 +759,7 @@ fn consolidated_sharded_checkpoint_equals_the_full_weights_and_loads_in_transfor
         "consolidated step-30 weights differ from the run's final/"
     );
 
-    let Some(python) = common::oracle_python() else {
+    let Some(_) = common::oracle_python() else {
         panic!(
             "`import transformers, safetensors` fails in {}; run scripts/setup.sh \
              (the transformers check of the consolidated directory cannot run)",
@@ -770,13 +770,11 @@ fn consolidated_sharded_checkpoint_equals_the_full_weights_and_loads_in_transfor
         .map(|b| (0..20).map(|i| (i * 7 + b * 3 + 1) % 32).collect())
         .collect();
     let logits_file = root().join("consolidated_logits.safetensors");
-    let o = Command::new(&python)
-        .arg(common::oracle_file("load_consolidated.py"))
+    let o = common::python(common::oracle_file("load_consolidated.py"))
         .arg(&out)
         .arg(serde_json::to_string(&tokens).unwrap())
         .arg(&logits_file)
-        .output()
-        .unwrap();
+        .output();
     assert!(
         o.status.success(),
         "transformers could not load {}:\n{}",
@@ -1295,8 +1293,7 @@ fn lora_ddp_and_fsdp_match_one_process_and_resume_exactly() {
     }
     let fixture = root().join("lora_fixture");
     let keys: Vec<String> = common::run_oracle(
-        Command::new(common::venv_python())
-            .arg(common::oracle_file("peft_oracle.py"))
+        common::python(common::oracle_file("peft_oracle.py"))
             .arg("make")
             .arg(&fixture)
             .args(["q_proj,v_proj", "-", "4", "8", "0", "0"]),

@@ -4,9 +4,6 @@
 #[path = "../../../tests/common/mod.rs"]
 mod common;
 
-use std::path::PathBuf;
-use std::process::Command;
-
 use flotilla_train::model::Params;
 use flotilla_train::{clip_grad_norm, AdamW, AdamWConfig};
 use tch::{Device, Kind, Tensor};
@@ -21,10 +18,6 @@ const CFG: AdamWConfig = AdamWConfig {
     weight_decay: 0.1,
 };
 const CLIP: f64 = 1.0;
-
-fn python() -> PathBuf {
-    common::venv_python()
-}
 
 fn inputs() -> (Params, Vec<Params>) {
     // libtorch's generator is global to the process and the tests run on threads: the seed
@@ -104,15 +97,13 @@ fn adamw_against_torch(fused: bool) -> Params {
     assert_eq!(opt.steps(), LRS.len() as u64);
 
     let lrs: Vec<String> = LRS.iter().map(|x| format!("{x:e}")).collect();
-    let out = Command::new(python())
-        .arg(common::oracle_file("adamw_oracle.py"))
+    let out = common::python(common::oracle_file("adamw_oracle.py"))
         .arg(&src)
         .arg(&dst)
         .arg(lrs.join(","))
         .args(["0.9", "0.95", "1e-8", "0.1", &CLIP.to_string()])
         .arg(if fused { "fused" } else { "single" })
-        .output()
-        .unwrap();
+        .output();
     assert!(
         out.status.success(),
         "{}",

@@ -18,7 +18,6 @@ mod replay;
 mod threads;
 
 use std::path::Path;
-use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -92,8 +91,7 @@ fn run_oracle(dir: &Path, t: &TrainerConfig, schedule: &str) -> Vec<Vec<f64>> {
     let batches = dir.join("batches.safetensors");
     replay::write_step_batches(&mut l, STEPS, &batches);
     common::run_oracle(
-        Command::new(common::venv_python())
-            .arg(common::oracle_file("train_oracle.py"))
+        common::python(common::oracle_file("train_oracle.py"))
             .arg(dir.join("init"))
             .arg(&batches)
             .arg(STEPS.to_string())
