@@ -8,7 +8,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use tch::Tensor;
+use tch::{Kind, Tensor};
 
 use crate::checkpoint::{self, TrainerState};
 use crate::data::{eval_batches, greedy_generate_in_step, ArithmeticTask, Batch, Dataset};
@@ -17,6 +17,7 @@ use crate::host_memory::HostPhase;
 use crate::model::TokenInput;
 use crate::objective::next_token::next_token_loss_sum_chunked;
 use crate::objective::{Dpo, DpoSums, Objective, AUX_LOSS_METRIC};
+use crate::parallel::readings::read_together;
 use crate::parallel::tensor_comm::TensorCollectives;
 use crate::preempt;
 use crate::trainer::Trainer;
@@ -185,15 +186,25 @@ impl Trainer {
             .iter()
             .map(Batch::model_input)
             .collect();
-        let mut loss_sum = 0.0;
-        let mut sums = DpoSums::default();
+        // The loss and sums of every micro-batch, on the device, read once.
+        let mut totals: Option<Tensor> = None;
         let (model, weights) = (&self.model, &mut self.weights);
         weights.forward_eval(model, &inputs, &mut |i, logits| {
             let (loss, s) = dpo.loss_sum(&logits, &batches.micro_batches[i])?;
-            loss_sum += loss.f_double_value(&[])?;
-            sums.add(&s);
+            let these = Tensor::f_cat(&[loss.f_to_kind(Kind::Double)?.f_reshape([1])?, s], 0)?;
+            totals = Some(match totals.take() {
+                Some(t) => t.f_add(&these)?,
+                None => these,
+            });
             Ok(())
         })?;
+        let (mut loss_sum, mut sums) = match &totals {
+            Some(t) => {
+                let v = read_together(&[t])?;
+                (v[0], DpoSums::from_slice(&v[1..]))
+            }
+            None => (0.0, DpoSums::default()),
+        };
         if let Some(comm) = self.comm() {
             let mut values = vec![loss_sum as f32];
             values.extend(sums.to_vec().iter().map(|&x| x as f32));

@@ -21,6 +21,7 @@ use crate::optim::loss_scale::LossScaler;
 use crate::optim::schedule::Schedule;
 use crate::parallel::engine::{Engine, EngineOptions};
 use crate::parallel::parallelize::{parallelize, DistContext, Parallelized};
+use crate::parallel::readings::read_together;
 use crate::parallel::tensor_comm::TensorCollectives;
 use crate::parallel::weights::{MemoryReport, ParallelWeights};
 use crate::state::param_source::TensorSource;
@@ -304,7 +305,7 @@ impl Trainer {
         let weights = &mut self.weights;
         let local_loss = weights.forward_backward(&engine, &batches)?;
         let sums = engine.take_sums();
-        let aux_loss = engine.take_aux_loss()?;
+        let aux_loss = engine.take_aux_loss();
         let found_inf = match self.scaler {
             Some(_) => weights.unscale_grads(inv_scale)?,
             None => false,
@@ -316,6 +317,14 @@ impl Trainer {
             weights.optimizer_step(lr)?;
         }
         weights.end_step()?;
+        // The step's one read: its figures stayed on the device until the update was queued.
+        let mut figures = vec![&local_loss, &grad_norm];
+        figures.extend(aux_loss.as_ref());
+        figures.extend(sums.as_ref());
+        let read = read_together(&figures)?;
+        let (local_loss, grad_norm) = (read[0], read[1]);
+        let aux_loss = aux_loss.map(|_| read[2]);
+        let sums = sums.map(|_| DpoSums::from_slice(&read[2 + usize::from(aux_loss.is_some())..]));
         if let Some(s) = &mut self.scaler {
             s.update(found_inf);
         }

@@ -166,9 +166,9 @@ fn run_rank(job: &JobConfig, comm: Option<Arc<dyn Communicator>>) -> Held {
     for _ in 0..2 {
         let batches = loader.next_step().unwrap();
         let engine = Engine::new(&llama, options);
-        weights.forward_backward(&engine, &batches).unwrap();
+        let _loss = weights.forward_backward(&engine, &batches).unwrap();
         held.grads = distinct_storage_bytes(&weights.held_tensors().grads);
-        weights.clip_grad_norm(1.0).unwrap();
+        let _norm = weights.clip_grad_norm(1.0).unwrap();
         weights.optimizer_step(1e-3).unwrap();
         let h = weights.held_tensors();
         held.params = distinct_storage_bytes(&h.params);
@@ -252,7 +252,8 @@ fn ddp_step_grads(bucket_cap_mb: &str) -> Vec<(Vec<Tensor>, usize, usize)> {
             parallelize::parallelize(&llama, &params, &job.trainer, Device::Cpu, Some(&dist))
                 .unwrap();
         let batches = loader(&job, rank, 2).next_step().unwrap();
-        p.weights
+        let _loss = p
+            .weights
             .forward_backward(&Engine::new(&llama, p.engine), &batches)
             .unwrap();
         let grads = p.weights.held_tensors().grads;
@@ -555,7 +556,7 @@ fn compute_copies_are_the_bf16_tensors_the_units_receive() {
     };
     // Without checkpointing every unit's copy lives until its backward: all are alive at once,
     // so distinct storages are distinct allocations.
-    engine
+    let _loss = engine
         .forward_backward(
             &mut probe,
             &batches.micro_batches,

@@ -87,7 +87,7 @@ fn adamw_against_torch(fused: bool) -> Params {
     let mut opt = AdamW::new(CFG);
     let mut norms = Vec::new();
     for (k, g) in grads.iter().enumerate() {
-        norms.push(clip_grad_norm(g, CLIP).unwrap());
+        norms.push(clip_grad_norm(g, CLIP).unwrap().double_value(&[]));
         if fused {
             opt.step(&params, g, LRS[k]).unwrap();
         } else {

@@ -153,12 +153,14 @@ fn length_averaged(
 impl Dpo {
     /// The summed loss of the pairs of `batch` (chosen rows first, [`Batch::pairs`]) given the
     /// policy's logits `[2M, T, V]` and the reference's log-probabilities in
-    /// [`Batch::reference_logps`], and the pairs' [`DpoSums`].
+    /// [`Batch::reference_logps`], and the pairs' [`DpoSums`] as a float64 tensor in
+    /// [`DpoSums::to_vec`]'s order, on the device (not read: the trainer reads it with the
+    /// step's other figures, [`crate::parallel::readings`]).
     pub fn loss_sum(
         &self,
         logits: &Tensor,
         batch: &Batch,
-    ) -> Result<(Tensor, DpoSums), tch::TchError> {
+    ) -> Result<(Tensor, Tensor), tch::TchError> {
         let m = batch.samples();
         let reference = batch
             .reference_logps
@@ -193,17 +195,18 @@ impl Dpo {
             }
         };
         let loss = per_pair.sum(Kind::Float);
-        let sums = tch::no_grad(|| -> Result<DpoSums, tch::TchError> {
+        let sums = tch::no_grad(|| -> Result<Tensor, tch::TchError> {
             let chosen_rewards = chosen_ratio.detach() * beta;
             let rejected_rewards = rejected_ratio.detach() * beta;
             let counted = batch.labels.ne(IGNORE_INDEX).to_kind(Kind::Float);
             let mean_logits = logits.detach().mean_dim(-1, false, Kind::Float) * &counted;
             let per_row_logits = mean_logits.sum_dim_intlist(-1, false, Kind::Float);
             let per_row_tokens = counted.sum_dim_intlist(-1, false, Kind::Float);
-            // Every sum on the device, read to the host in one transfer.
+            // Every sum on the device; the pairs first.
             let sum = |t: &Tensor| t.sum(Kind::Double);
-            let sums = Tensor::stack(
+            Tensor::f_stack(
                 &[
+                    Tensor::f_full([], m as f64, (Kind::Double, logits.device()))?,
                     sum(&chosen_rewards),
                     sum(&rejected_rewards),
                     sum(&chosen_rewards.gt_tensor(&rejected_rewards)),
@@ -215,10 +218,7 @@ impl Dpo {
                     sum(&per_row_tokens.narrow(0, m, m)),
                 ],
                 0,
-            );
-            let mut values = vec![m as f64];
-            values.extend(Vec::<f64>::try_from(sums.f_to_device(tch::Device::Cpu)?)?);
-            Ok(DpoSums::from_slice(&values))
+            )
         })?;
         Ok((loss, sums))
     }
@@ -273,6 +273,8 @@ mod tests {
             .loss_sum(&logits, &pair_batch(&labels, same))
             .unwrap();
         assert!((loss.double_value(&[]) / 2.0 - 2f64.ln()).abs() < 1e-6);
+        let sums = DpoSums::from_slice(&Vec::<f64>::try_from(&sums).unwrap());
+        assert_eq!(sums.pairs, 2.0);
         assert_eq!(sums.chosen_rewards, 0.0);
         assert_eq!(sums.accurate, 0.0);
         assert!((sums.chosen_logps - 3.0 * half).abs() < 1e-5);
@@ -310,6 +312,7 @@ mod tests {
                 (loss.double_value(&[]) - want).abs() < 1e-5,
                 "{loss_type:?} {eps}"
             );
+            let sums = DpoSums::from_slice(&Vec::<f64>::try_from(&sums).unwrap());
             assert!((sums.rejected_rewards - 0.1 * 3.0).abs() < 1e-5);
             assert_eq!(sums.accurate, 0.0);
         }

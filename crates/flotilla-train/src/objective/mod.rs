@@ -41,12 +41,12 @@ impl Objective {
     }
 
     /// The micro-batch's summed loss (the engine divides it by the step's normaliser) and,
-    /// for DPO, its pairs' sums.
+    /// for DPO, its pairs' sums ([`DpoSums::to_vec`]'s order, on the device, not read).
     pub fn loss_sum(
         &self,
         logits: &Tensor,
         batch: &Batch,
-    ) -> Result<(Tensor, Option<DpoSums>), tch::TchError> {
+    ) -> Result<(Tensor, Option<Tensor>), tch::TchError> {
         match self {
             Objective::NextToken => Ok((next_token_loss_sum(logits, batch), None)),
             Objective::Dpo(d) => {

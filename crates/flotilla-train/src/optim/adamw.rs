@@ -312,9 +312,9 @@ impl AdamW {
 }
 
 /// The global L2 norm of `grads` (as `torch.nn.utils.clip_grad_norm_`: the norm of the
-/// per-tensor norms, in fp32), returned before clipping. With `max_norm > 0`, every gradient is
-/// scaled in place by `min(1, max_norm / (norm + 1e-6))`.
-pub fn clip_grad_norm(grads: &Params, max_norm: f64) -> Result<f64, TrainError> {
+/// per-tensor norms, in fp32), returned before clipping as a scalar on the device (not read).
+/// With `max_norm > 0`, every gradient is scaled in place by `min(1, max_norm / (norm + 1e-6))`.
+pub fn clip_grad_norm(grads: &Params, max_norm: f64) -> Result<Tensor, TrainError> {
     tch::no_grad(|| {
         let fp32: Vec<Tensor> = grads
             .iter()
@@ -322,12 +322,11 @@ pub fn clip_grad_norm(grads: &Params, max_norm: f64) -> Result<f64, TrainError> 
             .collect::<Result<_, _>>()?;
         let norms = foreach_norm(&fp32)?;
         if norms.is_empty() {
-            return Ok(0.0);
+            return Ok(Tensor::f_zeros([], (Kind::Float, tch::Device::Cpu))?);
         }
         let total = Tensor::f_stack(&norms, 0)?.f_norm()?;
-        let norm = total.f_double_value(&[])?;
         scale_to_max_norm(&total, max_norm, grads.iter().map(|(_, g)| g))?;
-        Ok(norm)
+        Ok(total)
     })
 }
 

@@ -108,8 +108,9 @@ pub(crate) fn fused_adamw(
             })
             .collect::<Result<_, tch::TchError>>()?;
         let (p, m, v) = (pick(params), pick(exp_avgs), pick(exp_avg_sqs));
-        // torch keeps each parameter's step as a float32 scalar on its device.
-        let step = Tensor::from(h.step as f32).f_to_device(device)?;
+        // torch keeps each parameter's step as a float32 scalar on its device; it is filled
+        // there (no copy from the host, which would wait for the device's queue on a GPU).
+        let step = Tensor::f_full([], h.step as f64, (Kind::Float, device))?;
         let steps: Vec<Tensor> = members.iter().map(|_| step.shallow_clone()).collect();
         let (hp, hg, hm, hv, hs) = (
             handles(&p),

@@ -17,7 +17,7 @@ use crate::error::TrainError;
 use crate::model::layers::moe::{load_balancing, RouterLog};
 use crate::model::{vjp, CausalLm, ForwardCtx, Params, TokenInput};
 use crate::objective::fused_head::fused_head_loss;
-use crate::objective::{DpoSums, Objective};
+use crate::objective::Objective;
 
 /// How the engine gets parameters and hands over gradients.
 pub trait Strategy {
@@ -170,7 +170,7 @@ pub struct Engine<'m> {
     pub model: &'m CausalLm,
     pub options: EngineOptions,
     /// A preference objective's sums over the micro-batches run so far.
-    sums: RefCell<Option<DpoSums>>,
+    sums: RefCell<Option<Tensor>>,
     /// The load-balancing loss of the micro-batches run so far, each times its share (on the
     /// device, read once by [`Engine::take_aux_loss`]).
     aux_loss: RefCell<Option<Tensor>>,
@@ -222,12 +222,9 @@ impl<'m> Engine<'m> {
 
     /// The load-balancing loss of the micro-batches run so far, each weighted by its share of
     /// the step (this rank's part of the step's mean), which it leaves at zero; `None` without
-    /// one.
-    pub fn take_aux_loss(&self) -> Result<Option<f64>, TrainError> {
-        match self.aux_loss.borrow_mut().take() {
-            Some(sum) => Ok(Some(sum.f_double_value(&[])?)),
-            None => Ok(None),
-        }
+    /// one. A scalar on the device, not read.
+    pub fn take_aux_loss(&self) -> Option<Tensor> {
+        self.aux_loss.borrow_mut().take()
     }
 
     /// What a step's summed loss is divided by under this engine's objective.
@@ -239,12 +236,13 @@ impl<'m> Engine<'m> {
 
     /// A preference objective's sums over the micro-batches run so far (this rank's), which
     /// it leaves at zero.
-    pub fn take_sums(&self) -> Option<DpoSums> {
+    pub fn take_sums(&self) -> Option<Tensor> {
         self.sums.borrow_mut().take()
     }
 
     /// Forward and backward over the micro-batches of one optimizer step. Returns the step's
-    /// loss (the sum over micro-batches of `loss_sum / global_loss_tokens`) and the gradients
+    /// loss (the sum over micro-batches of `loss_sum / global_loss_tokens`, a float64 scalar on
+    /// the device, not read: see [`super::readings`]) and the gradients
     /// of every parameter that has one, by name (`global_loss_tokens`: the step's normaliser,
     /// [`Engine::normaliser`]). The strategy's
     /// [`Strategy::gradients_ready`] fires during the last micro-batch's backward.
@@ -253,10 +251,10 @@ impl<'m> Engine<'m> {
         strategy: &mut dyn Strategy,
         batches: &[Batch],
         global_loss_tokens: u64,
-    ) -> Result<(f64, Params), TrainError> {
+    ) -> Result<(Tensor, Params), TrainError> {
         let mut grads = Params::new();
         // Each micro-batch's loss stays on the device (in f64, as it was summed on the host);
-        // the step reads their sum once, after the last backward.
+        // the trainer reads their sum once, after the optimizer update.
         let mut loss: Option<Tensor> = None;
         for (k, batch) in batches.iter().enumerate() {
             let last = k + 1 == batches.len();
@@ -272,8 +270,8 @@ impl<'m> Engine<'m> {
             });
         }
         let loss = match loss {
-            Some(sum) => sum.f_double_value(&[])?,
-            None => 0.0,
+            Some(sum) => sum,
+            None => Tensor::f_zeros([], (tch::Kind::Double, tch::Device::Cpu))?,
         };
         Ok((loss, grads))
     }
@@ -361,10 +359,11 @@ impl<'m> Engine<'m> {
             None => self.options.objective.loss_sum(&x, batch)?,
         };
         if let Some(sums) = sums {
-            self.sums
-                .borrow_mut()
-                .get_or_insert_with(DpoSums::default)
-                .add(&sums);
+            let mut total = self.sums.borrow_mut();
+            *total = Some(match total.take() {
+                Some(t) => t.f_add(&sums)?,
+                None => sums,
+            });
         }
         let loss = loss / global_loss_tokens as f64;
         let loss_value = loss.detach().f_to_kind(Kind::Double)?;

@@ -786,7 +786,7 @@ impl ParallelWeights for Fsdp {
         &mut self,
         engine: &Engine<'_>,
         batches: &StepBatches,
-    ) -> Result<f64, TrainError> {
+    ) -> Result<Tensor, TrainError> {
         let (loss, _) =
             engine.forward_backward(self, &batches.micro_batches, engine.normaliser(batches))?;
         Ok(loss)
@@ -806,8 +806,8 @@ impl ParallelWeights for Fsdp {
     }
 
     /// The global L2 norm of the gradient shards (before clipping; collective on the shard
-    /// group), then clipping to `max_norm` when it is positive, as `clip_grad_norm_`.
-    fn clip_grad_norm(&mut self, max_norm: f64) -> Result<f64, TrainError> {
+    /// group; not read), then clipping to `max_norm` when it is positive, as `clip_grad_norm_`.
+    fn clip_grad_norm(&mut self, max_norm: f64) -> Result<Tensor, TrainError> {
         tch::no_grad(|| {
             // As `clip_grad_norm_` does per tensor: the norm of each parameter's piece of the
             // local shard, then the squared norm of those norms, summed over the shard group.
@@ -832,13 +832,12 @@ impl ParallelWeights for Fsdp {
                 comm.all_reduce_tensor(&sq, ReduceOp::Sum)?.wait()?;
             }
             let total = sq.f_sqrt()?;
-            let norm = total.f_double_value(&[0])?;
             scale_to_max_norm(
                 &total,
                 max_norm,
                 self.groups.iter().filter_map(|g| g.grad.as_ref()),
             )?;
-            Ok(norm)
+            Ok(total)
         })
     }
 

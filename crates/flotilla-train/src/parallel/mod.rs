@@ -1,7 +1,8 @@
 //! Parallelism over the unit engine, applied in one place: the [`engine`] (forward and backward
 //! unit by unit, with the [`Strategy`] hooks), the weights of a rank behind one trait
 //! ([`weights`]: [`replicated`] for one process and DDP, [`fsdp`] sharded over the flat groups
-//! of [`layout`]), collectives over tensors ([`tensor_comm`]), freeing storage in place
+//! of [`layout`]), collectives over tensors ([`tensor_comm`]), a step's scalars read once
+//! ([`readings`]), freeing storage in place
 //! ([`storage_shim`]), and [`parallelize`](mod@parallelize), which turns a job's `trainer.dist`
 //! into one of them. The model knows nothing of this module.
 
@@ -9,6 +10,7 @@ pub mod engine;
 pub mod fsdp;
 pub mod layout;
 pub mod parallelize;
+pub mod readings;
 pub mod replicated;
 pub mod storage_shim;
 pub mod tensor_comm;

@@ -96,7 +96,7 @@ impl ParallelWeights for Replicated {
         &mut self,
         engine: &Engine<'_>,
         batches: &StepBatches,
-    ) -> Result<f64, TrainError> {
+    ) -> Result<Tensor, TrainError> {
         let (loss, grads) = engine.forward_backward(
             &mut self.strategy(),
             &batches.micro_batches,
@@ -111,7 +111,7 @@ impl ParallelWeights for Replicated {
         unscale(self.grads.iter().map(|(_, g)| g), inv_scale)
     }
 
-    fn clip_grad_norm(&mut self, max_norm: f64) -> Result<f64, TrainError> {
+    fn clip_grad_norm(&mut self, max_norm: f64) -> Result<Tensor, TrainError> {
         clip_grad_norm(&self.grads, max_norm)
     }
 

@@ -121,21 +121,21 @@ pub struct ShardState {
 /// "collective" must be made by every rank in the same order.
 pub trait ParallelWeights {
     /// Forward and backward of one step's micro-batches through `engine` (collective: the
-    /// gradient reduction); returns this rank's loss. The reduced gradients stay with the
-    /// weights for the rest of the step.
+    /// gradient reduction); returns this rank's loss, a scalar on the device (not read). The
+    /// reduced gradients stay with the weights for the rest of the step.
     fn forward_backward(
         &mut self,
         engine: &Engine<'_>,
         batches: &StepBatches,
-    ) -> Result<f64, TrainError>;
+    ) -> Result<Tensor, TrainError>;
 
     /// Multiplies this step's gradients by `inv_scale` in place; returns whether any gradient
     /// element is inf or NaN on any rank (the same answer on every rank; may be collective).
     fn unscale_grads(&mut self, inv_scale: f64) -> Result<bool, TrainError>;
 
-    /// The global L2 norm of this step's gradients before clipping, after clipping them to
-    /// `max_norm` when it is positive (may be collective).
-    fn clip_grad_norm(&mut self, max_norm: f64) -> Result<f64, TrainError>;
+    /// The global L2 norm of this step's gradients before clipping (a scalar on the device,
+    /// not read), after clipping them to `max_norm` when it is positive (may be collective).
+    fn clip_grad_norm(&mut self, max_norm: f64) -> Result<Tensor, TrainError>;
 
     /// One AdamW step at learning rate `lr` with this step's gradients.
     fn optimizer_step(&mut self, lr: f64) -> Result<(), TrainError>;
