@@ -134,10 +134,10 @@ fn transformers_oracle_both_directions() {
             ));
         }
         // The same batch as packed rows: position ids restarting at each sequence.
-        let packed_input = TokenInput {
-            ids: tokens.shallow_clone(),
-            positions: Some(reference["positions"].shallow_clone()),
-        };
+        let packed_input = TokenInput::packed(
+            tokens.shallow_clone(),
+            reference["positions"].shallow_clone(),
+        );
         let packed = model.forward_input(&params, &packed_input).unwrap();
         let packed_err = max_rel_err(&packed, &reference["packed_logits"]);
         let unpacked_err = max_rel_err(&logits, &reference["packed_logits"]);

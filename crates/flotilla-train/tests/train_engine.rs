@@ -29,6 +29,7 @@ fn batch(rows: i64, t: i64, seed: i64) -> Batch {
         input_ids,
         labels,
         positions: None,
+        layout: None,
         num_loss_tokens: n,
         pairs: false,
         reference_logps: None,
@@ -171,6 +172,7 @@ fn accumulation_over_two_micro_batches_equals_one_batch() {
             Batch {
                 input_ids: whole.input_ids.narrow(0, r.start, r.end - r.start),
                 positions: None,
+                layout: None,
                 num_loss_tokens: labels.ne(IGNORE_INDEX).sum(Kind::Int64).int64_value(&[]) as u64,
                 labels,
                 pairs: false,

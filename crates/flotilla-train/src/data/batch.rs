@@ -1,16 +1,18 @@
-//! Batches and the per-step loader: [`Batch`] (an `[M, T]` pair of `i64` tensors on a device),
+//! Batches and the per-step loader: [`Batch`] (an `[M, T]` pair of `i64` tensors on a device,
+//! made by one copy from the host: pinned and asynchronous to a GPU),
 //! [`DataLoader`] (the global batch of each optimizer step, this rank's micro-batches of it, and
 //! the global count of labelled tokens), and [`eval_batches`]. The split follows the order
 //! contract in the [module docs](super).
 
 use std::sync::Arc;
 
-use tch::{Device, Tensor};
+use tch::{Device, Kind, Tensor};
 
 use super::dataset::{Dataset, Sample};
 use super::error::{DataError, Result};
 use super::sampler::{eval_rows, micro_batch_rows, rank_rows, Sampler, SamplerState};
-use crate::model::TokenInput;
+use crate::model::layers::varlen::{host_bounds, SequenceBounds};
+use crate::model::{PackedLayout, TokenInput};
 
 /// One micro-batch.
 #[derive(Debug)]
@@ -23,6 +25,9 @@ pub struct Batch {
     /// `[M, T]` int64 position ids when a row packs several sequences that must not see each
     /// other (see [`Sample::positions`]); rows that do not are `0..T`. `None` when no row does.
     pub positions: Option<Tensor>,
+    /// What collating learnt of `positions` on the host (their largest, the sequences'
+    /// bounds), for the forward ([`TokenInput::layout`]).
+    pub layout: Option<PackedLayout>,
     /// Labels other than [`IGNORE_INDEX`](super::IGNORE_INDEX) in this micro-batch.
     pub num_loss_tokens: u64,
     /// Preference pairs: the `M` pairs' chosen sequences are rows `0..M`, their rejected ones
@@ -86,15 +91,43 @@ impl Batch {
             }
             count += s.num_loss_tokens() as u64;
         }
-        let to = |v: &[i64]| -> Result<Tensor> {
-            Ok(Tensor::f_from_slice(v)?
-                .f_reshape([m, t])?
-                .f_to_device(device)?)
+        // Everything the micro-batch needs on the device, in one host buffer and one copy:
+        // ids, labels and, for packed rows, positions and the sequences' bounds.
+        let n = (m * t) as usize;
+        let mut host = inputs;
+        host.extend_from_slice(&labels);
+        let layout = packed.then(|| {
+            let (starts, max_len) = host_bounds(&positions, m as usize, t as usize);
+            let max_position = positions.iter().copied().max().unwrap_or(0);
+            host.extend_from_slice(&positions);
+            host.extend(starts.iter().map(|&s| s as i64));
+            (starts.len(), max_len, max_position)
+        });
+        let flat = to_device_in_one_copy(&host, device)?;
+        let rows = |k: usize| -> Result<Tensor> {
+            Ok(flat.f_narrow(0, (k * n) as i64, n as i64)?.f_view([m, t])?)
+        };
+        let (positions, layout) = match layout {
+            None => (None, None),
+            Some((bounds, max_len, max_position)) => {
+                let cumulative = flat
+                    .f_narrow(0, (3 * n) as i64, bounds as i64)?
+                    .f_to_kind(Kind::Int)?;
+                let layout = PackedLayout {
+                    max_position,
+                    bounds: SequenceBounds {
+                        cumulative,
+                        max_len,
+                    },
+                };
+                (Some(rows(2)?), Some(layout))
+            }
         };
         Ok(Batch {
-            input_ids: to(&inputs)?,
-            labels: to(&labels)?,
-            positions: if packed { Some(to(&positions)?) } else { None },
+            input_ids: rows(0)?,
+            labels: rows(1)?,
+            positions,
+            layout,
             num_loss_tokens: count,
             pairs: false,
             reference_logps: None,
@@ -106,6 +139,7 @@ impl Batch {
         TokenInput {
             ids: self.input_ids.shallow_clone(),
             positions: self.positions.as_ref().map(Tensor::shallow_clone),
+            layout: self.layout.as_ref().map(PackedLayout::shallow_clone),
         }
     }
 
@@ -122,6 +156,20 @@ impl Batch {
             self.rows()
         }
     }
+}
+
+/// `values` on `device` by one copy: to a GPU from pinned memory and without waiting (a copy
+/// from pageable memory would wait for everything queued on the device first).
+fn to_device_in_one_copy(values: &[i64], device: Device) -> Result<Tensor> {
+    let host = Tensor::f_from_slice(values)?;
+    Ok(match device {
+        Device::Cpu => host,
+        Device::Cuda(_) => {
+            host.f_pin_memory(device)?
+                .f_to_device_(device, Kind::Int64, true, false)?
+        }
+        other => host.f_to_device(other)?,
+    })
 }
 
 /// The data of one optimizer step on one rank.
@@ -269,4 +317,66 @@ pub fn eval_batches(
         global_samples: total as u64,
         indices,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample(ids: &[i64], positions: Option<&[i64]>) -> Sample {
+        Sample {
+            input_ids: ids.to_vec(),
+            labels: ids.iter().map(|i| i + 100).collect(),
+            positions: positions.map(<[i64]>::to_vec),
+            rejected: None,
+        }
+    }
+
+    #[test]
+    fn one_copy_holds_ids_labels_and_what_the_host_knows_of_packed_rows() {
+        let samples = [
+            sample(&[1, 2, 3, 4, 5, 6], Some(&[0, 1, 2, 0, 1, 2])),
+            sample(&[7, 8, 9, 10, 11, 12], None),
+            sample(&[13, 14, 15, 16, 17, 18], Some(&[0, 1, 0, 1, 2, 3])),
+        ];
+        let b = Batch::collate(&samples, Device::Cpu).unwrap();
+        let ids: Vec<i64> = (1..=18).collect();
+        assert_eq!(
+            Vec::<i64>::try_from(b.input_ids.reshape([-1])).unwrap(),
+            ids
+        );
+        let labels: Vec<i64> = ids.iter().map(|i| i + 100).collect();
+        assert_eq!(
+            Vec::<i64>::try_from(b.labels.reshape([-1])).unwrap(),
+            labels
+        );
+        assert_eq!(b.input_ids.size(), [3, 6]);
+        let positions = b.positions.as_ref().unwrap();
+        let want = [0, 1, 2, 0, 1, 2, 0, 1, 2, 3, 4, 5, 0, 1, 0, 1, 2, 3];
+        assert_eq!(Vec::<i64>::try_from(positions.reshape([-1])).unwrap(), want);
+        // The host's layout is what a forward would otherwise read back from the device.
+        let layout = b.layout.as_ref().unwrap();
+        let read = SequenceBounds::of(positions);
+        assert_eq!(layout.max_position, positions.max().int64_value(&[]));
+        assert_eq!(layout.max_position, 5);
+        assert_eq!(layout.bounds.max_len, read.max_len);
+        assert_eq!(layout.bounds.cumulative.kind(), Kind::Int);
+        assert_eq!(
+            Vec::<i32>::try_from(&layout.bounds.cumulative).unwrap(),
+            Vec::<i32>::try_from(&read.cumulative).unwrap()
+        );
+        assert_eq!(
+            Vec::<i32>::try_from(&layout.bounds.cumulative).unwrap(),
+            [0, 3, 6, 12, 14, 18]
+        );
+        assert_eq!(b.num_loss_tokens, 18);
+
+        // Rows of one sequence each: no positions, no layout.
+        let plain = Batch::collate(&samples[1..2], Device::Cpu).unwrap();
+        assert!(plain.positions.is_none() && plain.layout.is_none());
+        assert_eq!(
+            Vec::<i64>::try_from(plain.labels.reshape([-1])).unwrap(),
+            [107, 108, 109, 110, 111, 112]
+        );
+    }
 }

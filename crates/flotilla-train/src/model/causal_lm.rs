@@ -5,12 +5,14 @@
 //! (`llama.rs`, `qwen3.rs`, `gemma.rs`, `phi3.rs`, `mixtral.rs`, `qwen3_moe.rs`, over `decoder/`); this file is the same for every
 //! family.
 
+use std::sync::Mutex;
+
 use tch::{Device, Kind, Reduction, Tensor};
 
 use flotilla_config::schema::{LoraConfig, ModelConfig, ModelType};
 
 use super::layers::mask::PackedRows;
-use super::layers::rope::{inv_freq, rotary_tables, Rope};
+use super::layers::rope::Rope;
 use super::{
     gemma, is_float_kind, llama, mixtral, phi3, qwen3, qwen3_moe, FamilyUnits, ForwardCtx, KvCache,
     ModelError, ParamSpec, Params, TokenInput, Unit,
@@ -24,11 +26,32 @@ pub struct CausalLm {
     units: Vec<Box<dyn Unit>>,
     /// For each unit, whether each parameter it reads is trained ([`CausalLm::trainable_mask`]).
     unit_trainable: Vec<Vec<bool>>,
-    /// The rotary embeddings (every layer's but for `local_inv_freq`'s).
+    /// The rotary embeddings (every layer's but for `local_rope`'s).
     rope: Rope,
-    /// The local layers' inverse frequencies (Gemma 3's sliding layers), when they have their
-    /// own theta.
-    local_inv_freq: Option<Vec<f32>>,
+    /// The local layers' rotary embeddings (Gemma 3's sliding layers), when they have their own
+    /// theta.
+    local_rope: Option<Rope>,
+    /// The tables of the last unpacked forward's length and device: every micro-batch of a run
+    /// has the same, and they need no work at all.
+    unpacked_tables: Mutex<Option<(Device, i64, RopeTables)>>,
+}
+
+/// A forward's rotary tables: every layer's, and the local layers' when they have their own.
+struct RopeTables {
+    cos: Tensor,
+    sin: Tensor,
+    local: Option<(Tensor, Tensor)>,
+}
+
+impl RopeTables {
+    fn shallow_clone(&self) -> Self {
+        let pair = |(c, s): &(Tensor, Tensor)| (c.shallow_clone(), s.shallow_clone());
+        RopeTables {
+            cos: self.cos.shallow_clone(),
+            sin: self.sin.shallow_clone(),
+            local: self.local.as_ref().map(pair),
+        }
+    }
 }
 
 impl std::fmt::Debug for CausalLm {
@@ -64,13 +87,9 @@ impl CausalLm {
             ModelType::Qwen3Moe => qwen3_moe::build(config, lora)?,
         };
         // Gemma 3's sliding layers: plain rotary embeddings of their own theta.
-        let local_inv_freq = config.rope_local_base_freq.map(|theta| {
-            inv_freq(&ModelConfig {
-                rope_theta: theta,
-                rope_scaling: None,
-                ..config.clone()
-            })
-        });
+        let local_rope = config
+            .rope_local_base_freq
+            .map(|theta| Rope::with_theta(config, theta, None));
         let unit_trainable = units
             .iter()
             .map(|u| {
@@ -86,7 +105,8 @@ impl CausalLm {
             units,
             unit_trainable,
             rope: Rope::new(config),
-            local_inv_freq,
+            local_rope,
+            unpacked_tables: Mutex::new(None),
         })
     }
 
@@ -167,24 +187,51 @@ impl CausalLm {
             .collect()
     }
 
-    /// The forward context for positions `0 .. seq_len` on `device`.
+    /// The forward context for positions `0 .. seq_len` on `device` (its tables made once per
+    /// length and device).
     pub fn ctx(&self, seq_len: i64, device: Device) -> ForwardCtx {
-        self.ctx_for_positions(&Tensor::arange(seq_len, (Kind::Int64, device)))
+        let mut cached = self
+            .unpacked_tables
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        let tables = match &*cached {
+            Some((d, t, tables)) if *d == device && *t == seq_len => tables.shallow_clone(),
+            _ => {
+                let positions = Tensor::arange(seq_len, (Kind::Int64, device));
+                let tables = self.tables(&positions, Some(seq_len - 1));
+                *cached = Some((device, seq_len, tables.shallow_clone()));
+                tables
+            }
+        };
+        Self::ctx_with(tables)
     }
 
     /// The forward context for explicit position ids, `[T]` or `[B, T]` (transformers'
-    /// `position_ids`).
-    pub fn ctx_for_positions(&self, positions: &Tensor) -> ForwardCtx {
-        let (cos, sin) = self.rope.tables(positions);
-        ForwardCtx {
+    /// `position_ids`); `max_position`: their largest when the caller knows it (else rotary
+    /// embeddings whose frequencies follow the length read it from the device).
+    pub fn ctx_for_positions(&self, positions: &Tensor, max_position: Option<i64>) -> ForwardCtx {
+        Self::ctx_with(self.tables(positions, max_position))
+    }
+
+    fn tables(&self, positions: &Tensor, max_position: Option<i64>) -> RopeTables {
+        let (cos, sin) = self.rope.tables(positions, max_position);
+        RopeTables {
             cos,
             sin,
+            local: self
+                .local_rope
+                .as_ref()
+                .map(|r| r.tables(positions, max_position)),
+        }
+    }
+
+    fn ctx_with(tables: RopeTables) -> ForwardCtx {
+        ForwardCtx {
+            cos: tables.cos,
+            sin: tables.sin,
             packed: None,
             dropout_seed: None,
-            local_rope: self
-                .local_inv_freq
-                .as_ref()
-                .map(|f| rotary_tables(f, positions)),
+            local_rope: tables.local,
             adapters_off: false,
             router_log: None,
             masks: Default::default(),
@@ -197,8 +244,10 @@ impl CausalLm {
         match &input.positions {
             None => self.ctx(input.ids.size()[1], input.ids.device()),
             Some(positions) => {
-                let mut ctx = self.ctx_for_positions(positions);
-                ctx.packed = Some(PackedRows::new(positions));
+                let layout = input.layout.as_ref();
+                let mut ctx = self.ctx_for_positions(positions, layout.map(|l| l.max_position));
+                let bounds = layout.map(|l| l.bounds.shallow_clone());
+                ctx.packed = Some(PackedRows::new(positions, bounds));
                 ctx
             }
         }
@@ -250,7 +299,7 @@ impl CausalLm {
             });
         }
         let positions = Tensor::arange_start(start, start + t, (Kind::Int64, tokens.device()));
-        let ctx = self.ctx_for_positions(&positions);
+        let ctx = self.ctx_for_positions(&positions, Some(start + t - 1));
         let mut x = tokens.shallow_clone();
         let head = self.units.len() - 1;
         for (i, unit) in self.units.iter().enumerate() {

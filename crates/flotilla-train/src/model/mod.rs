@@ -57,6 +57,7 @@ pub use hf_config::{
 pub use init::Init;
 pub use kv_cache::KvCache;
 pub use layers::mask::packed_attention_mask;
+pub use layers::varlen::PackedLayout;
 pub use names::{LayerWeight, ParamName};
 
 /// Errors of model construction, loading and saving. Each names its culprit: the file, the
@@ -195,11 +196,14 @@ impl ParamSpec {
 /// not see each other, their position ids `[B, T]`. A position that does not follow its
 /// predecessor by one starts a new sequence, which attends only to itself and sees its own
 /// positions (transformers' rule for packed `position_ids`). Without position ids every row
-/// is one sequence at positions `0..T`.
+/// is one sequence at positions `0..T`. `layout`: what the host knew of the position ids when
+/// it built them (their largest, the sequences' bounds), so that a forward need not read them
+/// back from the device; `None` makes a forward find them from the positions.
 #[derive(Debug)]
 pub struct TokenInput {
     pub ids: Tensor,
     pub positions: Option<Tensor>,
+    pub layout: Option<PackedLayout>,
 }
 
 impl TokenInput {
@@ -208,6 +212,16 @@ impl TokenInput {
         TokenInput {
             ids,
             positions: None,
+            layout: None,
+        }
+    }
+
+    /// Rows packing several sequences each, by their position ids `[B, T]`.
+    pub fn packed(ids: Tensor, positions: Tensor) -> Self {
+        TokenInput {
+            ids,
+            positions: Some(positions),
+            layout: None,
         }
     }
 
@@ -216,6 +230,7 @@ impl TokenInput {
         TokenInput {
             ids: self.ids.shallow_clone(),
             positions: self.positions.as_ref().map(Tensor::shallow_clone),
+            layout: self.layout.as_ref().map(PackedLayout::shallow_clone),
         }
     }
 }

@@ -235,6 +235,7 @@ mod tests {
             input_ids: Tensor::zeros([4, 3], (Kind::Int64, Device::Cpu)),
             labels: Tensor::from_slice(&flat).reshape([4, 3]),
             positions: None,
+            layout: None,
             num_loss_tokens: flat.iter().filter(|&&l| l != IGNORE_INDEX).count() as u64,
             pairs: true,
             reference_logps: Some(Tensor::from_slice(&reference)),

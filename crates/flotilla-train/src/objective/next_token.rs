@@ -72,6 +72,7 @@ mod tests {
         let batch = Batch {
             input_ids: Tensor::zeros([3, 7], (Kind::Int64, tch::Device::Cpu)),
             positions: None,
+            layout: None,
             num_loss_tokens: 15,
             labels,
             pairs: false,

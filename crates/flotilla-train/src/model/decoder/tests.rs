@@ -55,10 +55,10 @@ fn a_packed_sequence_sees_only_itself() {
     let ids = Tensor::randint(48, [2, 12], (Kind::Int64, Device::Cpu));
     // Row 0 packs sequences of 5 and 7 tokens; row 1 is one sequence.
     let positions: Vec<i64> = (0..5).chain(0..7).chain(0..12).collect();
-    let input = TokenInput {
-        ids: ids.shallow_clone(),
-        positions: Some(Tensor::from_slice(&positions).reshape([2, 12])),
-    };
+    let input = TokenInput::packed(
+        ids.shallow_clone(),
+        Tensor::from_slice(&positions).reshape([2, 12]),
+    );
     let packed = model.forward_input(&params, &input).unwrap();
     let alone = |row: i64, start: i64, len: i64| {
         let x = ids.narrow(0, row, 1).narrow(1, start, len);

@@ -21,12 +21,13 @@ pub struct PackedRows {
 }
 
 impl PackedRows {
-    /// The rows of position ids `positions` (`[B, T]`).
-    pub fn new(positions: &Tensor) -> Self {
+    /// The rows of position ids `positions` (`[B, T]`), with their sequences' bounds when the
+    /// host already knows them.
+    pub fn new(positions: &Tensor, bounds: Option<SequenceBounds>) -> Self {
         PackedRows {
             positions: positions.shallow_clone(),
             mask: Mutex::new(None),
-            bounds: Mutex::new(None),
+            bounds: Mutex::new(bounds),
         }
     }
 

@@ -4,7 +4,7 @@
 //! computed with the same fp32 tensor operations, and the attention scaling `yarn` and
 //! `longrope` apply to cos and sin; the choice of frequencies for a batch's sequence length
 //! (`dynamic`, `longrope`: transformers' `dynamic_rope_update`); the cos/sin tables of a batch's
-//! positions (in fp32, [`Rope::tables`]); and their application to queries and keys in the
+//! positions (in fp32, [`Rope::tables`], from frequencies copied to each device once); and their application to queries and keys in the
 //! rotate-half convention, to the first `rotary_dim` features of each head only when
 //! `partial_rotary_factor` is below 1 ([`apply_rotary`], Phi-3's `apply_rotary_pos_emb`). Which
 //! keys each type reads, and the checks of a config, are `flotilla_config::schema`'s
@@ -33,6 +33,7 @@
 //!   shorter forward between them, where transformers reuses the earlier forward's frequencies.
 
 use std::borrow::Cow;
+use std::sync::Mutex;
 
 use tch::{Device, Kind, Tensor};
 
@@ -76,6 +77,42 @@ pub struct Rope {
     inv_freq: Vec<f32>,
     attention_scaling: f64,
     update: Update,
+    /// `inv_freq` and longrope's long frequencies on each device a forward ran on.
+    on_devices: OnDevices,
+}
+
+/// Which frequencies a forward of a given length takes ([`Rope::inv_freq_for`]).
+enum Frequencies {
+    /// `inv_freq`.
+    Base,
+    /// longrope's long factors'.
+    Long,
+    /// dynamic's, grown for the length.
+    Grown(Vec<f32>),
+}
+
+/// Host frequencies' copies on devices, made on first use: a copy from pageable host memory
+/// waits for everything queued on a GPU, so a forward must not make one. A clone starts empty.
+#[derive(Debug, Default)]
+struct OnDevices(Mutex<Vec<(Device, bool, Tensor)>>);
+
+impl Clone for OnDevices {
+    fn clone(&self) -> Self {
+        Self::default()
+    }
+}
+
+impl OnDevices {
+    /// `host` (the base frequencies, or with `long` the long ones) on `device`.
+    fn get(&self, host: &[f32], long: bool, device: Device) -> Tensor {
+        let mut copies = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((_, _, t)) = copies.iter().find(|(d, l, _)| *d == device && *l == long) {
+            return t.shallow_clone();
+        }
+        let t = Tensor::from_slice(host).to_device(device);
+        copies.push((device, long, t.shallow_clone()));
+        t
+    }
 }
 
 impl Rope {
@@ -137,6 +174,7 @@ impl Rope {
             inv_freq: to_vec(&inv),
             attention_scaling,
             update,
+            on_devices: OnDevices::default(),
         }
     }
 
@@ -156,6 +194,17 @@ impl Rope {
     /// `longrope` takes its long factors beyond `original_max_position_embeddings` (see the
     /// module docs for how this follows transformers' `dynamic_rope_update`).
     pub fn inv_freq_for(&self, seq_len: i64) -> Cow<'_, [f32]> {
+        match self.frequencies(seq_len) {
+            Frequencies::Base => Cow::Borrowed(&self.inv_freq),
+            Frequencies::Long => match &self.update {
+                Update::Longrope { long_inv_freq, .. } => Cow::Borrowed(long_inv_freq),
+                _ => unreachable!("long frequencies are longrope's"),
+            },
+            Frequencies::Grown(f) => Cow::Owned(f),
+        }
+    }
+
+    fn frequencies(&self, seq_len: i64) -> Frequencies {
         match &self.update {
             Update::Dynamic {
                 theta,
@@ -164,7 +213,7 @@ impl Rope {
                 max_position_embeddings,
             } if seq_len > *max_position_embeddings => {
                 let _guard = tch::no_grad_guard();
-                Cow::Owned(to_vec(&dynamic_grown(
+                Frequencies::Grown(to_vec(&dynamic_grown(
                     *theta,
                     *dim,
                     *factor,
@@ -173,23 +222,36 @@ impl Rope {
                 )))
             }
             Update::Longrope {
-                long_inv_freq,
                 original_max_position_embeddings,
-            } if seq_len > *original_max_position_embeddings => Cow::Borrowed(long_inv_freq),
-            _ => Cow::Borrowed(&self.inv_freq),
+                ..
+            } if seq_len > *original_max_position_embeddings => Frequencies::Long,
+            _ => Frequencies::Base,
         }
     }
 
     /// The tables `(cos, sin)` of `positions` (`[T]` or `[B, T]`), `[..., T, 2 * inv_freq.len()]`
     /// in fp32, as transformers' rotary-embedding `forward` computes them: the frequencies of
     /// the forward's length ([`Rope::inv_freq_for`] of `max(positions) + 1`), then cos and sin
-    /// times the attention scaling.
-    pub fn tables(&self, positions: &Tensor) -> (Tensor, Tensor) {
+    /// times the attention scaling. `max_position`: the largest position when the caller knows
+    /// it; otherwise frequencies that follow the length read it from `positions` (a host read).
+    pub fn tables(&self, positions: &Tensor, max_position: Option<i64>) -> (Tensor, Tensor) {
         let _guard = tch::no_grad_guard();
-        let inv = match self.update {
-            Update::Fixed => Cow::Borrowed(self.inv_freq.as_slice()),
-            _ if positions.numel() == 0 => Cow::Borrowed(self.inv_freq.as_slice()),
-            _ => self.inv_freq_for(positions.max().int64_value(&[]) + 1),
+        let device = positions.device();
+        let frequencies = match self.update {
+            Update::Fixed => Frequencies::Base,
+            _ if positions.numel() == 0 => Frequencies::Base,
+            _ => self
+                .frequencies(max_position.unwrap_or_else(|| positions.max().int64_value(&[])) + 1),
+        };
+        let inv = match frequencies {
+            Frequencies::Base => self.on_devices.get(&self.inv_freq, false, device),
+            Frequencies::Long => match &self.update {
+                Update::Longrope { long_inv_freq, .. } => {
+                    self.on_devices.get(long_inv_freq, true, device)
+                }
+                _ => unreachable!("long frequencies are longrope's"),
+            },
+            Frequencies::Grown(f) => Tensor::from_slice(&f).to_device(device),
         };
         let (cos, sin) = rotary_tables(&inv, positions);
         if self.attention_scaling == 1.0 {
@@ -332,12 +394,12 @@ fn llama3(s: &RopeScaling, theta: f64, dim: i64, factor: f64, original: i64) -> 
 }
 
 /// The rotary tables `(cos, sin)` of `positions` (`[T]` or `[B, T]`) for the inverse
-/// frequencies `inv_freq`, `[..., T, 2 * inv_freq.len()]` in fp32, as transformers'
-/// rotary-embedding `forward` computes them before the attention scaling.
-pub fn rotary_tables(inv_freq: &[f32], positions: &Tensor) -> (Tensor, Tensor) {
-    let inv = Tensor::from_slice(inv_freq).to_device(positions.device());
+/// frequencies `inv_freq` (fp32, on the positions' device), `[..., T, 2 * inv_freq.len()]` in
+/// fp32, as transformers' rotary-embedding `forward` computes them before the attention
+/// scaling.
+pub fn rotary_tables(inv_freq: &Tensor, positions: &Tensor) -> (Tensor, Tensor) {
     // freqs = positions[..., None].float() * inv_freq; emb = cat(freqs, freqs)
-    let freqs = positions.to_kind(Kind::Float).unsqueeze(-1) * inv;
+    let freqs = positions.to_kind(Kind::Float).unsqueeze(-1) * inv_freq;
     let emb = Tensor::cat(&[&freqs, &freqs], -1);
     (emb.cos(), emb.sin())
 }
@@ -412,7 +474,7 @@ mod tests {
         let c = config(None, Some(0.5));
         let rope = Rope::new(&c);
         assert_eq!(rope.inv_freq().len(), 4);
-        let (cos, sin) = rope.tables(&Tensor::arange(5, (Kind::Int64, Device::Cpu)));
+        let (cos, sin) = rope.tables(&Tensor::arange(5, (Kind::Int64, Device::Cpu)), None);
         assert_eq!(cos.size(), [5, 8]);
         let (cos, sin) = shape_tables(&cos, &sin, Kind::Float);
         let x = Tensor::randn([2, 3, 5, 16], (Kind::Float, Device::Cpu));
@@ -456,11 +518,26 @@ mod tests {
         // max_position_embeddings / original = 4: sqrt(1 + ln 4 / ln 16) = sqrt(1.5).
         assert!((rope.attention_scaling() - 1.5f64.sqrt()).abs() < 1e-12);
         // The whole table takes the frequencies of its longest sequence.
-        let (cos, _) = rope.tables(&Tensor::arange(20, (Kind::Int64, Device::Cpu)));
-        let (within, _) = rope.tables(&Tensor::arange(16, (Kind::Int64, Device::Cpu)));
-        let (plain_cos, _) = plain.tables(&Tensor::arange(20, (Kind::Int64, Device::Cpu)));
+        let (cos, _) = rope.tables(&Tensor::arange(20, (Kind::Int64, Device::Cpu)), None);
+        let (within, _) = rope.tables(&Tensor::arange(16, (Kind::Int64, Device::Cpu)), None);
+        let (plain_cos, _) = plain.tables(&Tensor::arange(20, (Kind::Int64, Device::Cpu)), None);
         assert!(max_diff(&within, &(plain_cos.narrow(0, 0, 16) * 1.5f64.sqrt())) < 1e-6);
         assert!(max_diff(&cos.narrow(0, 0, 16), &within) > 1e-2);
+        // A largest position the caller knows picks the same frequencies as reading it, on
+        // either side of the original context (the device copies are reused, not changed).
+        let packed = Tensor::from_slice(&[0i64, 1, 2, 0, 1, 2, 3, 4]).reshape([2, 4]);
+        for (positions, max) in [
+            (Tensor::arange(20, (Kind::Int64, Device::Cpu)), 19),
+            (packed, 4),
+        ] {
+            for _ in 0..2 {
+                let (known, _) = rope.tables(&positions, Some(max));
+                let (read, _) = rope.tables(&positions, None);
+                assert_eq!(max_diff(&known, &read), 0.0);
+            }
+        }
+        let (again, _) = rope.tables(&Tensor::arange(16, (Kind::Int64, Device::Cpu)), Some(15));
+        assert_eq!(max_diff(&again, &within), 0.0);
     }
 
     #[test]
@@ -496,7 +573,7 @@ mod tests {
         let rope = Rope::new(&config(Some(scaling.clone()), None));
         let want = 0.1 * 4.0f64.ln() + 1.0;
         assert_eq!(rope.attention_scaling(), want);
-        let (cos, sin) = rope.tables(&Tensor::from_slice(&[0i64]));
+        let (cos, sin) = rope.tables(&Tensor::from_slice(&[0i64]), None);
         assert!(
             max_diff(
                 &cos,

@@ -25,17 +25,44 @@ impl SequenceBounds {
         let (b, t) = (positions.size()[0], positions.size()[1]);
         let host = Vec::<i64>::try_from(positions.to_device(Device::Cpu).reshape([-1]))
             .expect("int64 position ids");
-        let starts = bounds(&host, b as usize, t as usize);
-        let max_len = starts
-            .windows(2)
-            .map(|w| (w[1] - w[0]) as i64)
-            .max()
-            .unwrap_or(0);
+        let (starts, max_len) = host_bounds(&host, b as usize, t as usize);
         SequenceBounds {
             cumulative: Tensor::from_slice(&starts).to_device(positions.device()),
             max_len,
         }
     }
+}
+
+/// What the host knew of packed rows' position ids when it built them: their largest and the
+/// sequences' bounds (already on the positions' device). A forward takes these instead of
+/// reading the positions back from the device.
+#[derive(Debug)]
+pub struct PackedLayout {
+    pub max_position: i64,
+    pub bounds: SequenceBounds,
+}
+
+impl PackedLayout {
+    /// The same layout, sharing its tensor.
+    pub fn shallow_clone(&self) -> Self {
+        PackedLayout {
+            max_position: self.max_position,
+            bounds: self.bounds.shallow_clone(),
+        }
+    }
+}
+
+/// The bounds of the sequences of `rows` rows of `t` host position ids each, as
+/// [`SequenceBounds::of`] finds them: the start of every sequence then the end, and the longest
+/// sequence's length.
+pub fn host_bounds(positions: &[i64], rows: usize, t: usize) -> (Vec<i32>, i64) {
+    let starts = bounds(positions, rows, t);
+    let max_len = starts
+        .windows(2)
+        .map(|w| (w[1] - w[0]) as i64)
+        .max()
+        .unwrap_or(0);
+    (starts, max_len)
 }
 
 impl SequenceBounds {
