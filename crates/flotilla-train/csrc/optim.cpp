@@ -23,19 +23,27 @@ std::vector<at::Tensor> list(void* const* tensors, int n) {
 extern "C" {
 
 // at::_fused_adamw_ over n parameters, updated in place with their moments; `steps` are the
-// step counts after increment (float scalars on the parameters' device). 0: done; 1: an
-// exception (see flotilla_optim_error).
+// step counts after increment (float scalars on the parameters' device). `found_inf` (null,
+// or a float tensor of one element on their device): when it holds 1 the kernel changes
+// nothing (a skipped fp16 step, decided on the device). 0: done; 1: an exception (see
+// flotilla_optim_error).
 int flotilla_fused_adamw(void* const* params, void* const* grads, void* const* exp_avgs,
                          void* const* exp_avg_sqs, void* const* steps, int n, double lr,
-                         double beta1, double beta2, double weight_decay, double eps) {
+                         double beta1, double beta2, double weight_decay, double eps,
+                         const void* found_inf) {
   try {
     auto p = list(params, n);
     auto g = list(grads, n);
     auto m = list(exp_avgs, n);
     auto v = list(exp_avg_sqs, n);
     auto s = list(steps, n);
+    std::optional<at::Tensor> found;
+    if (found_inf != nullptr) {
+      found = *static_cast<const at::Tensor*>(found_inf);
+    }
     at::_fused_adamw_(p, g, m, v, /*max_exp_avg_sqs=*/{}, s, lr, beta1, beta2, weight_decay,
-                      eps, /*amsgrad=*/false, /*maximize=*/false);
+                      eps, /*amsgrad=*/false, /*maximize=*/false, /*grad_scale=*/std::nullopt,
+                      found);
     return 0;
   } catch (const std::exception& e) {
     last_error = e.what();

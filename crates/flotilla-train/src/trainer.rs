@@ -306,27 +306,35 @@ impl Trainer {
         let local_loss = weights.forward_backward(&engine, &batches)?;
         let sums = engine.take_sums();
         let aux_loss = engine.take_aux_loss();
+        // fp16: the update skips by the found-inf flag on the device, read below.
         let found_inf = match self.scaler {
-            Some(_) => weights.unscale_grads(inv_scale)?,
-            None => false,
+            Some(_) => Some(weights.unscale_grads(inv_scale)?),
+            None => None,
         };
         let grad_norm = weights.clip_grad_norm(self.grad_clip)?;
-        if found_inf {
-            weights.discard_grads();
-        } else {
-            weights.optimizer_step(lr)?;
-        }
+        weights.optimizer_step(lr, found_inf.as_ref())?;
         weights.end_step()?;
         // The step's one read: its figures stayed on the device until the update was queued.
         let mut figures = vec![&local_loss, &grad_norm];
+        figures.extend(found_inf.as_ref());
         figures.extend(aux_loss.as_ref());
         figures.extend(sums.as_ref());
         let read = read_together(&figures)?;
         let (local_loss, grad_norm) = (read[0], read[1]);
-        let aux_loss = aux_loss.map(|_| read[2]);
-        let sums = sums.map(|_| DpoSums::from_slice(&read[2 + usize::from(aux_loss.is_some())..]));
+        let mut at = 2;
+        let mut next = |present: bool| {
+            let value = present.then(|| read[at]);
+            at += usize::from(present);
+            value
+        };
+        let skipped = next(found_inf.is_some()).is_some_and(|flag| flag != 0.0);
+        let aux_loss = next(aux_loss.is_some());
+        let sums = sums.map(|_| DpoSums::from_slice(&read[at..]));
         if let Some(s) = &mut self.scaler {
-            s.update(found_inf);
+            if skipped {
+                weights.forget_step();
+            }
+            s.update(skipped);
         }
         let local_tokens: i64 = batches
             .micro_batches

@@ -169,7 +169,7 @@ fn run_rank(job: &JobConfig, comm: Option<Arc<dyn Communicator>>) -> Held {
         let _loss = weights.forward_backward(&engine, &batches).unwrap();
         held.grads = distinct_storage_bytes(&weights.held_tensors().grads);
         let _norm = weights.clip_grad_norm(1.0).unwrap();
-        weights.optimizer_step(1e-3).unwrap();
+        weights.optimizer_step(1e-3, None).unwrap();
         let h = weights.held_tensors();
         held.params = distinct_storage_bytes(&h.params);
         held.optimizer = distinct_storage_bytes(&h.optimizer);

@@ -505,6 +505,39 @@ fn fsdp_full_shard_two_and_three_ranks_match_one_process() {
     assert_matches_baseline(full_shard_3(), 0);
 }
 
+/// fp16 under FULL_SHARD: the found-inf flag is all-reduced on the device and the fused update
+/// skips by it; 2 ranks train as one process does at the same precision (within fp16's
+/// rounding of the reduction order).
+#[test]
+fn fsdp_fp16_two_ranks_match_one_process_at_fp16() {
+    let fp16 = ["trainer.precision=16-mixed", "trainer.max_steps=10"];
+    let one = train(
+        "fp16_one_process",
+        Shape::single_node(1),
+        2,
+        "single process",
+        &[&["trainer/dist=none"][..], &fp16].concat(),
+    );
+    let two = train(
+        "fp16_fsdp_2",
+        Shape::single_node(2),
+        2,
+        "FSDP FULL_SHARD, 2 ranks",
+        &[&["trainer/dist=fsdp"][..], &fp16].concat(),
+    );
+    assert_eq!(one.rows.len(), 10);
+    assert_eq!(two.rows.len(), 10);
+    for (a, b) in one.rows.iter().zip(&two.rows) {
+        assert!(a.loss.is_finite() && a.grad_norm.is_finite(), "{a:?}");
+        assert!(
+            rel(a.loss, b.loss) < 1e-2 && rel(a.grad_norm, b.grad_norm) < 2e-2,
+            "step {}: one process {a:?}, FSDP {b:?}",
+            a.step
+        );
+    }
+    assert!(one.rows[9].loss < one.rows[0].loss, "{:?}", one.rows);
+}
+
 #[test]
 fn fsdp_shard_grad_op_two_and_three_ranks_match_one_process() {
     for w in [2, 3] {

@@ -94,10 +94,21 @@ pub(crate) fn adamw_update(
 }
 
 /// Decoupled weight decay of the elements of `p` where `mask` is set: `p *= factor` there
-/// (`factor` = 1 − lr·wd), in place.
-pub(crate) fn decay_where(p: &mut Tensor, factor: f64, mask: &Tensor) -> Result<(), TrainError> {
+/// (`factor` = 1 − lr·wd), in place; nowhere when `found_inf` (fp16's flag on the device)
+/// holds 1, as the fused update it precedes then changes nothing either.
+pub(crate) fn decay_where(
+    p: &mut Tensor,
+    factor: f64,
+    mask: &Tensor,
+    found_inf: Option<&Tensor>,
+) -> Result<(), TrainError> {
     let one = Tensor::f_ones([1], (p.kind(), p.device()))?;
-    let factor = one.f_mul_scalar(factor)?.f_where_self(mask, &one)?;
+    let mut factor = one.f_mul_scalar(factor)?;
+    if let Some(found) = found_inf {
+        let clean = found.f_to_device(p.device())?.f_eq(0.0)?;
+        factor = factor.f_where_self(&clean, &one)?;
+    }
+    let factor = factor.f_where_self(mask, &one)?;
     let _ = p.f_mul_(&factor)?;
     Ok(())
 }
@@ -146,6 +157,19 @@ impl AdamW {
     /// `p *= 1 − lr·wd` (if `p.dim() ≥ 2`); `m = lerp(m, g, 1−β1)`; `v = β2·v + (1−β2)·g²`;
     /// `p −= lr/(1−β1^t) · m / (sqrt(v)/sqrt(1−β2^t) + eps)`.
     pub fn step(&mut self, params: &Params, grads: &Params, lr: f64) -> Result<(), TrainError> {
+        self.step_unless(params, grads, lr, None)
+    }
+
+    /// [`AdamW::step`] that changes nothing where `found_inf` (fp16's flag on the device) holds
+    /// 1, decided by the fused kernel without reading the flag; the step count advances either
+    /// way, and [`AdamW::forget_step`] takes it back once the flag is read set.
+    pub fn step_unless(
+        &mut self,
+        params: &Params,
+        grads: &Params,
+        lr: f64,
+        found_inf: Option<&Tensor>,
+    ) -> Result<(), TrainError> {
         self.check_shapes(params, grads)?;
         self.step += 1;
         let [beta1, beta2] = self.config.betas;
@@ -177,10 +201,15 @@ impl AdamW {
                     },
                     eps: self.config.eps,
                 };
-                fused_adamw(p, g, m, v, &h)?;
+                fused_adamw(p, g, m, v, &h, found_inf)?;
             }
             Ok(())
         })
+    }
+
+    /// Takes back the count of the last step, which its found-inf flag skipped.
+    pub fn forget_step(&mut self) {
+        self.step = self.step.saturating_sub(1);
     }
 
     /// A parameter's moments, created (zeros) on first use.
@@ -350,4 +379,75 @@ pub(crate) fn scale_to_max_norm<'a>(
         }
         Ok(())
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tch::{Device, Kind};
+
+    fn named(tensors: &[(&str, &Tensor)]) -> Params {
+        let mut p = Params::new();
+        for (name, t) in tensors {
+            p.insert(name.to_string(), t.copy());
+        }
+        p
+    }
+
+    /// fp16's found-inf flag decides on the device: set, the fused update and the decay
+    /// change nothing (and the count is taken back); clear, the update is the plain one.
+    #[test]
+    fn a_set_found_inf_flag_skips_the_update_without_a_read() {
+        tch::manual_seed(3);
+        let rand = |s: &[i64]| Tensor::randn(s, (Kind::Float, Device::Cpu));
+        let (w, b) = (rand(&[4, 3]), rand(&[3]));
+        let (gw, gb) = (rand(&[4, 3]), rand(&[3]));
+        let grads = named(&[("w", &gw), ("b", &gb)]);
+        let config = AdamWConfig {
+            betas: [0.9, 0.95],
+            eps: 1e-8,
+            weight_decay: 0.1,
+        };
+        let flag = |v: f64| Tensor::full([1], v, (Kind::Float, Device::Cpu));
+
+        let skipped = named(&[("w", &w), ("b", &b)]);
+        let mut opt = AdamW::new(config);
+        opt.step_unless(&skipped, &grads, 1e-2, Some(&flag(1.0)))
+            .unwrap();
+        assert!(skipped.get("w").unwrap().equal(&w) && skipped.get("b").unwrap().equal(&b));
+        assert_eq!(opt.steps(), 1);
+        opt.forget_step();
+        assert_eq!(opt.steps(), 0);
+        for state in opt.state().values() {
+            assert_eq!(state.exp_avg.abs().sum(Kind::Float).double_value(&[]), 0.0);
+            assert_eq!(
+                state.exp_avg_sq.abs().sum(Kind::Float).double_value(&[]),
+                0.0
+            );
+        }
+        // The next, clean step equals a first plain step.
+        opt.step_unless(&skipped, &grads, 1e-2, Some(&flag(0.0)))
+            .unwrap();
+        let plain = named(&[("w", &w), ("b", &b)]);
+        AdamW::new(config).step(&plain, &grads, 1e-2).unwrap();
+        for name in ["w", "b"] {
+            let (got, want) = (skipped.get(name).unwrap(), plain.get(name).unwrap());
+            assert!(got.equal(want), "{name}");
+            assert!(
+                !got.equal(if name == "w" { &w } else { &b }),
+                "{name} moved"
+            );
+        }
+
+        // The element-wise decay FSDP applies before its fused update follows the flag too.
+        let mask = Tensor::from_slice(&[true, false, true]);
+        for (found, want) in [(1.0, [2.0, 2.0, 2.0]), (0.0, [1.8, 2.0, 1.8])] {
+            let mut p = Tensor::full([3], 2.0, (Kind::Float, Device::Cpu));
+            decay_where(&mut p, 0.9, &mask, Some(&flag(found))).unwrap();
+            let got = Vec::<f32>::try_from(&p).unwrap();
+            for (g, w) in got.iter().zip(want) {
+                assert!((*g as f64 - w).abs() < 1e-6, "found {found}: {got:?}");
+            }
+        }
+    }
 }

@@ -2,8 +2,8 @@
 //! not bind them): the fused AdamW update (`fused_adamw`, torch's `AdamW(fused=True)`: one
 //! kernel over a list of parameters instead of about ten per parameter) and the L2 norms of a
 //! list of tensors (`foreach_norm`, `clip_grad_norm_(foreach=True)`'s) and fp16's unscale with
-//! its inf/NaN check (`unscale_and_check`, `GradScaler.unscale_`'s: one kernel and one flag per
-//! device, one read of it).
+//! its inf/NaN check (`unscale_and_flag`, `GradScaler.unscale_`'s: one kernel and one flag per
+//! device, left on the device for the fused update to skip by).
 
 use std::ffi::{c_char, c_int, c_void, CStr};
 
@@ -24,6 +24,7 @@ extern "C" {
         beta2: f64,
         weight_decay: f64,
         eps: f64,
+        found_inf: *const c_void,
     ) -> c_int;
     fn flotilla_foreach_norm(
         tensors: *const *mut c_void,
@@ -82,13 +83,16 @@ pub(crate) struct FusedAdamW {
 /// One AdamW update of every `params[i]` (in place, with its moments `exp_avgs[i]`,
 /// `exp_avg_sqs[i]`) from `grads[i]`, by libtorch's fused kernel. The tensors are grouped by
 /// device and dtype as `torch.optim.AdamW(fused=True)` groups them; a gradient in another dtype
-/// than its parameter is cast to it first. Call under `no_grad`.
+/// than its parameter is cast to it first. `found_inf` (fp16's flag from
+/// [`unscale_and_flag`]): where it holds 1 the kernel changes nothing, decided on the device.
+/// Call under `no_grad`.
 pub(crate) fn fused_adamw(
     params: &[Tensor],
     grads: &[Tensor],
     exp_avgs: &[Tensor],
     exp_avg_sqs: &[Tensor],
     h: &FusedAdamW,
+    found_inf: Option<&Tensor>,
 ) -> Result<(), TrainError> {
     let n = params.len();
     assert!(grads.len() == n && exp_avgs.len() == n && exp_avg_sqs.len() == n);
@@ -112,6 +116,9 @@ pub(crate) fn fused_adamw(
         // there (no copy from the host, which would wait for the device's queue on a GPU).
         let step = Tensor::f_full([], h.step as f64, (Kind::Float, device))?;
         let steps: Vec<Tensor> = members.iter().map(|_| step.shallow_clone()).collect();
+        let found = found_inf
+            .map(|f| f.f_to_device(device)?.f_to_kind(Kind::Float))
+            .transpose()?;
         let (hp, hg, hm, hv, hs) = (
             handles(&p),
             handles(&grads),
@@ -133,6 +140,9 @@ pub(crate) fn fused_adamw(
                 h.beta2,
                 h.weight_decay,
                 h.eps,
+                found
+                    .as_ref()
+                    .map_or(std::ptr::null(), |f| f.as_ptr() as *const c_void),
             )
         };
         if code != 0 {
@@ -164,8 +174,9 @@ pub(crate) fn foreach_norm(tensors: &[Tensor]) -> Result<Vec<Tensor>, TrainError
 }
 
 /// Multiplies every gradient by `inv_scale` in place (one multi-tensor kernel per device) and
-/// returns whether any held an inf or a NaN: one flag per device, read once.
-pub(crate) fn unscale_and_check(grads: &[Tensor], inv_scale: f64) -> Result<bool, TrainError> {
+/// returns whether any held an inf or a NaN as a flag on the device (a float tensor of one
+/// element: 1 or 0; on the first gradient's device), not read.
+pub(crate) fn unscale_and_flag(grads: &[Tensor], inv_scale: f64) -> Result<Tensor, TrainError> {
     let devices = grouped(grads, Tensor::device);
     let mut flags = Vec::with_capacity(devices.len());
     for (device, members) in devices {
@@ -185,7 +196,15 @@ pub(crate) fn unscale_and_check(grads: &[Tensor], inv_scale: f64) -> Result<bool
         if code != 0 {
             return Err(shim_error("unscaling the gradients"));
         }
-        flags.push(found.f_to_device(Device::Cpu)?);
+        flags.push(found);
     }
-    Ok(flags.iter().map(|f| f.double_value(&[0])).any(|v| v != 0.0))
+    let Some(first) = flags.first() else {
+        return Ok(Tensor::f_zeros([1], (Kind::Float, Device::Cpu))?);
+    };
+    let device = first.device();
+    let on_one: Vec<Tensor> = flags
+        .iter()
+        .map(|f| f.f_to_device(device))
+        .collect::<Result<_, _>>()?;
+    Ok(Tensor::f_stack(&on_one, 0)?.f_amax([0], false)?)
 }

@@ -1,6 +1,6 @@
 //! fp16 dynamic loss scaling: the [`LossScaler`] state (scale and growth tracker, kept in
 //! checkpoints) with its update rule, and `unscale`, which divides a step's gradients by the
-//! scale in place and reports inf/NaN. The training loop owns when these run; the weights
+//! scale in place and flags inf/NaN on the device. The training loop owns when these run; the weights
 //! (`parallel::replicated`, `parallel::fsdp`) unscale their own gradients, by the multi-tensor
 //! kernel of `fused`.
 
@@ -50,14 +50,16 @@ impl Default for LossScaler {
     }
 }
 
-/// Multiplies gradients by `inv_scale` in place; returns whether any is inf or NaN (one
-/// multi-tensor kernel and one flag per device, as `GradScaler.unscale_`).
+/// Multiplies gradients by `inv_scale` in place; returns whether any is inf or NaN as a flag
+/// on the device, not read (one multi-tensor kernel and one flag per device, as
+/// `GradScaler.unscale_`): the fused update skips by it, and the trainer reads it with the
+/// step's other figures.
 pub(crate) fn unscale<'a>(
     grads: impl Iterator<Item = &'a Tensor>,
     inv_scale: f64,
-) -> Result<bool, TrainError> {
+) -> Result<Tensor, TrainError> {
     let grads: Vec<Tensor> = grads.map(Tensor::shallow_clone).collect();
-    tch::no_grad(|| super::fused::unscale_and_check(&grads, inv_scale))
+    tch::no_grad(|| super::fused::unscale_and_flag(&grads, inv_scale))
 }
 
 #[cfg(test)]
@@ -76,14 +78,16 @@ mod tests {
                 .map(|s| (Tensor::randn(*s, (Kind::Float, Device::Cpu)) * 100.0).to_kind(kind))
                 .collect();
             let want: Vec<Tensor> = grads.iter().map(|g| g * (1.0 / 1024.0)).collect();
-            assert!(!unscale(grads.iter(), 1.0 / 1024.0).unwrap(), "{kind:?}");
+            let flag = unscale(grads.iter(), 1.0 / 1024.0).unwrap();
+            assert_eq!(flag.double_value(&[0]), 0.0, "{kind:?}");
             for (g, w) in grads.iter().zip(&want) {
                 assert!(g.equal(w), "{kind:?}");
             }
             for bad in [f64::INFINITY, f64::NAN] {
                 let g: Vec<Tensor> = grads.iter().map(Tensor::copy).collect();
                 let _ = g[1].get(0).get(0).fill_(bad);
-                assert!(unscale(g.iter(), 0.5).unwrap(), "{kind:?} {bad}");
+                let flag = unscale(g.iter(), 0.5).unwrap();
+                assert_eq!(flag.double_value(&[0]), 1.0, "{kind:?} {bad}");
             }
         }
     }

@@ -793,14 +793,15 @@ impl ParallelWeights for Fsdp {
     }
 
     /// Unscales the local gradient shards, then (distributed) takes the maximum of the
-    /// found-inf flags over every rank, so that all ranks skip the same steps.
-    fn unscale_grads(&mut self, inv_scale: f64) -> Result<bool, TrainError> {
-        let mut found_inf = unscale(
+    /// found-inf flags over every rank on the device, so that all ranks skip the same steps.
+    fn unscale_grads(&mut self, inv_scale: f64) -> Result<Tensor, TrainError> {
+        let found_inf = unscale(
             self.groups.iter().filter_map(|g| g.grad.as_ref()),
             inv_scale,
-        )?;
+        )?
+        .f_to_device(self.device)?;
         if let Some(world) = &self.world_comm {
-            found_inf = world.all_reduce_host(&[found_inf as i64], ReduceOp::Max)?[0] != 0;
+            world.all_reduce_tensor(&found_inf, ReduceOp::Max)?.wait()?;
         }
         Ok(found_inf)
     }
@@ -844,7 +845,7 @@ impl ParallelWeights for Fsdp {
     /// One AdamW step over the local shards (the formulas of [`crate::optim::AdamW::step`],
     /// element-wise): weight decay where the element belongs to a 2+-dimensional parameter,
     /// then libtorch's fused AdamW over every shard at once.
-    fn optimizer_step(&mut self, lr: f64) -> Result<(), TrainError> {
+    fn optimizer_step(&mut self, lr: f64, found_inf: Option<&Tensor>) -> Result<(), TrainError> {
         self.opt_step += 1;
         let [beta1, beta2] = self.adam.betas;
         let wd = self.adam.weight_decay;
@@ -853,7 +854,7 @@ impl ParallelWeights for Fsdp {
             for g in &mut self.groups {
                 let Some(grad) = g.grad.take() else { continue };
                 if wd != 0.0 {
-                    decay_where(&mut g.shard, 1.0 - lr * wd, &g.decay)?;
+                    decay_where(&mut g.shard, 1.0 - lr * wd, &g.decay, found_inf)?;
                 }
                 p.push(g.shard.shallow_clone());
                 gr.push(grad);
@@ -868,15 +869,12 @@ impl ParallelWeights for Fsdp {
                 weight_decay: 0.0,
                 eps: self.adam.eps,
             };
-            fused_adamw(&p, &gr, &m, &v, &h)
+            fused_adamw(&p, &gr, &m, &v, &h, found_inf)
         })
     }
 
-    /// Drops this step's gradient shards (a skipped step).
-    fn discard_grads(&mut self) {
-        for g in &mut self.groups {
-            g.grad = None;
-        }
+    fn forget_step(&mut self) {
+        self.opt_step = self.opt_step.saturating_sub(1);
     }
 
     /// Frees every gathered group (end of step).

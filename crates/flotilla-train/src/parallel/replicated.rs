@@ -107,7 +107,7 @@ impl ParallelWeights for Replicated {
     }
 
     /// DDP gradients are identical on every rank here, so is the flag: no communication.
-    fn unscale_grads(&mut self, inv_scale: f64) -> Result<bool, TrainError> {
+    fn unscale_grads(&mut self, inv_scale: f64) -> Result<Tensor, TrainError> {
         unscale(self.grads.iter().map(|(_, g)| g), inv_scale)
     }
 
@@ -115,12 +115,13 @@ impl ParallelWeights for Replicated {
         clip_grad_norm(&self.grads, max_norm)
     }
 
-    fn optimizer_step(&mut self, lr: f64) -> Result<(), TrainError> {
-        self.optimizer.step(&self.params, &self.grads, lr)
+    fn optimizer_step(&mut self, lr: f64, found_inf: Option<&Tensor>) -> Result<(), TrainError> {
+        self.optimizer
+            .step_unless(&self.params, &self.grads, lr, found_inf)
     }
 
-    fn discard_grads(&mut self) {
-        self.release_grads();
+    fn forget_step(&mut self) {
+        self.optimizer.forget_step();
     }
 
     fn end_step(&mut self) -> Result<(), TrainError> {

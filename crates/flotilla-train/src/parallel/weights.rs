@@ -116,9 +116,9 @@ pub struct ShardState {
 /// The parameters of one rank, with their optimizer, however they are distributed. One
 /// optimizer step calls, in order: [`forward_backward`](Self::forward_backward),
 /// [`unscale_grads`](Self::unscale_grads) (fp16 loss scaling only),
-/// [`clip_grad_norm`](Self::clip_grad_norm), [`optimizer_step`](Self::optimizer_step) or
-/// [`discard_grads`](Self::discard_grads), then [`end_step`](Self::end_step). Calls that say
-/// "collective" must be made by every rank in the same order.
+/// [`clip_grad_norm`](Self::clip_grad_norm), [`optimizer_step`](Self::optimizer_step), then
+/// [`end_step`](Self::end_step); and [`forget_step`](Self::forget_step) once fp16's flag is read
+/// set. Calls that say "collective" must be made by every rank in the same order.
 pub trait ParallelWeights {
     /// Forward and backward of one step's micro-batches through `engine` (collective: the
     /// gradient reduction); returns this rank's loss, a scalar on the device (not read). The
@@ -130,18 +130,21 @@ pub trait ParallelWeights {
     ) -> Result<Tensor, TrainError>;
 
     /// Multiplies this step's gradients by `inv_scale` in place; returns whether any gradient
-    /// element is inf or NaN on any rank (the same answer on every rank; may be collective).
-    fn unscale_grads(&mut self, inv_scale: f64) -> Result<bool, TrainError>;
+    /// element is inf or NaN on any rank as a flag on the device (1 or 0, the same on every
+    /// rank; may be collective), not read.
+    fn unscale_grads(&mut self, inv_scale: f64) -> Result<Tensor, TrainError>;
 
     /// The global L2 norm of this step's gradients before clipping (a scalar on the device,
     /// not read), after clipping them to `max_norm` when it is positive (may be collective).
     fn clip_grad_norm(&mut self, max_norm: f64) -> Result<Tensor, TrainError>;
 
-    /// One AdamW step at learning rate `lr` with this step's gradients.
-    fn optimizer_step(&mut self, lr: f64) -> Result<(), TrainError>;
+    /// One AdamW step at learning rate `lr` with this step's gradients; where `found_inf` (the
+    /// flag of [`unscale_grads`](Self::unscale_grads)) holds 1 it changes nothing, decided on
+    /// the device.
+    fn optimizer_step(&mut self, lr: f64, found_inf: Option<&Tensor>) -> Result<(), TrainError>;
 
-    /// Drops this step's gradients without updating (a skipped step).
-    fn discard_grads(&mut self);
+    /// Takes back the optimizer's count of the last step, which its found-inf flag skipped.
+    fn forget_step(&mut self);
 
     /// Releases what the step held (gathered parameters, gradients).
     fn end_step(&mut self) -> Result<(), TrainError>;
