@@ -31,10 +31,7 @@ fn fixture() -> Option<&'static Path> {
         if !common::venv_imports("trl, peft, transformers") {
             return None;
         }
-        let dir =
-            Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("dpo-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = common::scratch_dir("dpo_fixture");
         let made: Value = common::run_oracle(
             common::python(common::oracle_file("dpo_oracle.py"))
                 .args(["make", dir.to_str().unwrap()]),

@@ -52,6 +52,18 @@ pub fn oracle_file(name: &str) -> PathBuf {
     repo_root().join("tests/oracle").join(name)
 }
 
+/// `name`, a fixed directory under this build's `target/tmp`, empty: for fixtures a test binary
+/// makes once and keeps in a static, which is never dropped (a `TempDir` there would never be
+/// removed); the next run of the binary empties it.
+pub fn scratch_dir(name: &str) -> PathBuf {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(name);
+    if dir.exists() {
+        std::fs::remove_dir_all(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+    }
+    std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+    dir
+}
+
 /// Owned overrides.
 pub fn ov(list: &[&str]) -> Vec<String> {
     list.iter().map(|s| s.to_string()).collect()

@@ -30,12 +30,12 @@ fn fixtures() -> PathBuf {
 
 /// The tiny tokenizer directories, made once per test binary.
 fn tokenizers() -> Option<&'static Path> {
-    static DIR: std::sync::OnceLock<Option<tempfile::TempDir>> = std::sync::OnceLock::new();
+    static DIR: std::sync::OnceLock<Option<PathBuf>> = std::sync::OnceLock::new();
     DIR.get_or_init(|| {
         common::oracle_python()?;
-        let dir = tempfile::tempdir().unwrap();
+        let dir = common::scratch_dir("chat_tokenizers");
         let out = common::python(common::oracle_file("make_chat_tokenizers.py"))
-            .arg(dir.path())
+            .arg(&dir)
             .output();
         assert!(
             out.status.success(),
@@ -44,8 +44,7 @@ fn tokenizers() -> Option<&'static Path> {
         );
         Some(dir)
     })
-    .as_ref()
-    .map(|d| d.path())
+    .as_deref()
 }
 
 fn require_tokenizers(test: &str) -> Option<&'static Path> {

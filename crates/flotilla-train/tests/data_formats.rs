@@ -20,16 +20,15 @@ use flotilla_train::data::{self, DataOptions, Dataset};
 use serde_json::Value;
 
 /// The oracle's directory and its JSON, made once per test binary.
-fn fixtures() -> Option<&'static (tempfile::TempDir, Value)> {
-    static DIR: std::sync::OnceLock<Option<(tempfile::TempDir, Value)>> =
-        std::sync::OnceLock::new();
+fn fixtures() -> Option<&'static (PathBuf, Value)> {
+    static DIR: std::sync::OnceLock<Option<(PathBuf, Value)>> = std::sync::OnceLock::new();
     DIR.get_or_init(|| {
         if !common::venv_imports("transformers, pyarrow, datasets") {
             return None;
         }
-        let dir = tempfile::tempdir().unwrap();
+        let dir = common::scratch_dir("data_formats_fixtures");
         let expected: Value = common::run_oracle(
-            common::python(common::oracle_file("data_formats_oracle.py")).arg(dir.path()),
+            common::python(common::oracle_file("data_formats_oracle.py")).arg(&dir),
         );
         Some((dir, expected))
     })
@@ -44,7 +43,7 @@ fn require_fixtures(test: &str) -> Option<(&'static Path, &'static Value)> {
             common::venv_python().display()
         ));
     }
-    f.map(|(d, v)| (d.path(), v))
+    f.map(|(d, v)| (d.as_path(), v))
 }
 
 /// `flotilla-train data show --format json` of chat data with the fixtures' tokenizer.
