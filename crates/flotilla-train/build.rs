@@ -4,7 +4,8 @@
 //! (`csrc/storage.cpp`, freeing and re-allocating a tensor's storage in place for FSDP;
 //! `csrc/vjp.cpp`, a seeded backward; `csrc/optim.cpp`, the fused AdamW and foreach-norm kernels;
 //! `csrc/precision.cpp`, the TF32 switches; `csrc/attention.cpp`, flash attention over packed
-//! rows by sequence bounds) against the same libtorch headers.
+//! rows by sequence bounds; `csrc/pinned.cpp`, host tensors in pinned memory) against the same
+//! libtorch headers.
 
 use std::path::PathBuf;
 
@@ -16,6 +17,7 @@ fn main() {
     println!("cargo:rerun-if-changed=csrc/optim.cpp");
     println!("cargo:rerun-if-changed=csrc/precision.cpp");
     println!("cargo:rerun-if-changed=csrc/attention.cpp");
+    println!("cargo:rerun-if-changed=csrc/pinned.cpp");
     let Some(libtorch) = std::env::var_os("LIBTORCH") else {
         panic!("LIBTORCH is not set; run scripts/setup.sh (it links .venv/libtorch, which .cargo/config.toml names)");
     };
@@ -28,6 +30,7 @@ fn main() {
         .file("csrc/optim.cpp")
         .file("csrc/precision.cpp")
         .file("csrc/attention.cpp")
+        .file("csrc/pinned.cpp")
         .include(libtorch.join("include"))
         .include(libtorch.join("include/torch/csrc/api/include"))
         .flag("-std=c++17")

@@ -5,6 +5,8 @@
 #include <ATen/ATen.h>
 #include <ATen/ops/_flash_attention_forward.h>
 
+#include <c10/util/Exception.h>
+
 #include <exception>
 #include <optional>
 #include <string>
@@ -39,6 +41,9 @@ int flotilla_flash_varlen(const void* q, const void* k, const void* v, const voi
                                                /*return_debug_mask=*/false, scale, left, right);
     *out = new at::Tensor(std::get<0>(result));
     return 0;
+  } catch (const c10::Error& e) {
+    last_error = e.what_without_backtrace();
+    return 1;
   } catch (const std::exception& e) {
     last_error = e.what();
     return 1;

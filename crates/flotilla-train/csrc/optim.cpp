@@ -3,6 +3,8 @@
 // clip_grad_norm_ with foreach) and fp16's unscale with its inf/NaN check (GradScaler's). One kernel launch per list instead of ~10 per parameter.
 #include <ATen/ATen.h>
 
+#include <c10/util/Exception.h>
+
 #include <exception>
 #include <string>
 #include <vector>
@@ -45,6 +47,9 @@ int flotilla_fused_adamw(void* const* params, void* const* grads, void* const* e
                       eps, /*amsgrad=*/false, /*maximize=*/false, /*grad_scale=*/std::nullopt,
                       found);
     return 0;
+  } catch (const c10::Error& e) {
+    last_error = e.what_without_backtrace();
+    return 1;
   } catch (const std::exception& e) {
     last_error = e.what();
     return 1;
@@ -60,6 +65,9 @@ int flotilla_foreach_norm(void* const* tensors, int n, void** outputs) {
       outputs[i] = new at::Tensor(norms[i]);
     }
     return 0;
+  } catch (const c10::Error& e) {
+    last_error = e.what_without_backtrace();
+    return 1;
   } catch (const std::exception& e) {
     last_error = e.what();
     return 1;
@@ -76,6 +84,9 @@ int flotilla_unscale(void* const* grads, int n, void* found_inf, const void* inv
     const auto& inv = *static_cast<const at::Tensor*>(inv_scale);
     at::_amp_foreach_non_finite_check_and_unscale_(g, found, inv);
     return 0;
+  } catch (const c10::Error& e) {
+    last_error = e.what_without_backtrace();
+    return 1;
   } catch (const std::exception& e) {
     last_error = e.what();
     return 1;

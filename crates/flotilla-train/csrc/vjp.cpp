@@ -6,6 +6,8 @@
 #include <torch/csrc/autograd/variable.h>
 
 #include <cstring>
+#include <c10/util/Exception.h>
+
 #include <exception>
 #include <vector>
 
@@ -40,6 +42,9 @@ int flotilla_vjp(const void* output, const void* grad_output, const void* const*
       outputs[i] = new at::Tensor(grads[i]);
     }
     return 0;
+  } catch (const c10::Error& e) {
+    last_error = e.what_without_backtrace();
+    return 1;
   } catch (const std::exception& e) {
     last_error = e.what();
     return 1;

@@ -5,12 +5,13 @@
 //! `generate` and `bench comm` all choose their device with [`device_count`] and
 //! [`auto_device`], so `auto` means the same thing everywhere. [`bind`] makes a rank's device
 //! the current one explicitly, before anything allocates on it; [`set_allow_tf32`] sets
-//! libtorch's TF32 switches (`trainer.allow_tf32`).
+//! libtorch's TF32 switches (`trainer.allow_tf32`); [`pinned`] puts a host tensor in
+//! page-locked memory, from which a copy to a GPU need not wait.
 
 use std::path::Path;
 use std::sync::{Arc, OnceLock};
 
-use tch::Device;
+use tch::{Device, Tensor};
 
 /// Loads `libtorch_cuda.so` (global symbols) from the directory where `libtorch_cpu.so` is
 /// mapped, once per process, so that tch can see CUDA. Returns whether it is loaded.
@@ -94,6 +95,8 @@ pub fn bind(device: Device) -> Result<(), String> {
 
 extern "C" {
     fn flotilla_set_allow_tf32(allow: bool);
+    fn flotilla_pin_memory(tensor: *const std::ffi::c_void) -> *mut std::ffi::c_void;
+    fn flotilla_pinned_error() -> *const std::ffi::c_char;
     fn flotilla_allow_tf32_cublas() -> bool;
 }
 
@@ -115,6 +118,25 @@ pub fn allow_tf32() -> bool {
 pub fn synchronize(device: Device) {
     if let Device::Cuda(i) = device {
         tch::Cuda::synchronize(i as i64);
+    }
+}
+
+/// `t` (a host tensor) copied into page-locked memory (`Tensor::pin_memory()`, through
+/// `csrc/pinned.cpp`): a copy from there to a GPU with `non_blocking` runs without the host
+/// waiting for the device. Needs a CUDA runtime.
+pub fn pinned(t: &Tensor) -> Result<Tensor, tch::TchError> {
+    // SAFETY: `t` is a live tch handle (an at::Tensor*); the shim returns a new at::Tensor* we
+    // take ownership of, or null with a thread-local message.
+    unsafe {
+        let p = flotilla_pin_memory(t.as_ptr() as *const std::ffi::c_void);
+        if p.is_null() {
+            let msg = std::ffi::CStr::from_ptr(flotilla_pinned_error());
+            return Err(tch::TchError::Torch(format!(
+                "pinning a host tensor: {}",
+                msg.to_string_lossy()
+            )));
+        }
+        Ok(Tensor::from_ptr(p as *mut torch_sys::C_tensor))
     }
 }
 
@@ -144,5 +166,22 @@ mod tests {
         assert_eq!(auto_device() == Device::Cpu, n == 0);
         assert_eq!(n, tch::Cuda::device_count().max(0) as usize);
         bind(Device::Cpu).unwrap();
+    }
+
+    #[test]
+    fn pinned_copies_the_values_or_says_why_not() {
+        let t = Tensor::from_slice(&[1i64, 2, 3]);
+        match pinned(&t) {
+            Ok(p) => {
+                assert!(device_count() > 0, "pinned memory without a GPU");
+                assert_eq!(Vec::<i64>::try_from(&p).unwrap(), [1, 2, 3]);
+            }
+            Err(e) => {
+                assert_eq!(device_count(), 0, "{e}");
+                let e = e.to_string();
+                assert!(e.contains("pinning a host tensor: "), "{e}");
+                assert!(!e.contains("frame #"), "a message, not a backtrace: {e}");
+            }
+        }
     }
 }

@@ -165,8 +165,7 @@ fn to_device_in_one_copy(values: &[i64], device: Device) -> Result<Tensor> {
     Ok(match device {
         Device::Cpu => host,
         Device::Cuda(_) => {
-            host.f_pin_memory(device)?
-                .f_to_device_(device, Kind::Int64, true, false)?
+            crate::cuda::pinned(&host)?.f_to_device_(device, Kind::Int64, true, false)?
         }
         other => host.f_to_device(other)?,
     })
