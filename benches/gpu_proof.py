@@ -19,7 +19,9 @@ Subcommands (each under ~9 minutes on an H200):
   `trainer/dist=ddp` and `trainer/dist=fsdp` with every sharding strategy at world size 1 with
   `trainer.dist.process_group=always` (a process group of one: every collective runs through
   NCCL on the GPU) against `trainer/dist=none`; one LoRA step (`peft=lora` from a PEFT-made adapter with a
-  non-zero B) against PEFT; `flotilla generate` greedy ids on --device against the CPU and
+  non-zero B) against PEFT; the host's waits for the GPU per training step (at most one, its
+  figures read together: `FLOTILLA_CUDA_SYNC_DEBUG=warn`, runs of 2 and 6 steps at bf16-mixed and
+  16-mixed); `flotilla generate` greedy ids on --device against the CPU and
   against transformers' `generate` on --device (a tiny model trained briefly on the built-in
   arithmetic data); and a job far too large for the GPU (llama-1b, micro batch 64 x 2048,
   bf16-mixed, `compute.check_memory=false`) run to its out-of-memory failure, with `plan --memory`'s
@@ -36,7 +38,7 @@ Subcommands (each under ~9 minutes on an H200):
   with --device cpu).
 
 With `--device cpu --tiny` every subcommand runs on a CPU with tiny sizes; the parts that need
-CUDA (16-mixed, the out-of-memory job, NCCL, GPU memory) are skipped with the reason recorded.
+CUDA (16-mixed, the host-sync count, the out-of-memory job, NCCL, GPU memory) are skipped with the reason recorded.
 A failed comparison prints FAIL with its numbers; the script exits 1 after writing everything.
 
 Running it on a GPU machine with torch 2.11.0 but no Rust toolchain. On the build machine, from
@@ -418,6 +420,7 @@ def correctness(p):
                     f"{mode.group(1) if mode else '?'}")
 
     lora_step(p, preset, init, tokens, stream, seq, gbs, mbs, steps, dev, flotilla)
+    host_syncs_check(p, cuda, findings, preset, tokens, seq, gbs, mbs, base)
     packed_attention_check(p, cuda, findings)
     generate_check(p, cuda, findings)
     oom_check(p, cuda, findings)
@@ -456,6 +459,44 @@ def lora_step(p, preset, init, tokens, stream, seq, gbs, mbs, steps, dev, flotil
             f"{fmt(d)}; losses {[round(r[0], 5) for r in rows]} vs "
             f"{[round(r[0], 5) for r in pt_rows]}; adapter keys "
             f"{'equal' if same_keys else 'differ: ' + str(sorted(set(fl_w) ^ set(pt_w))[:4])}")
+
+
+SYNC_WARNING = "called a synchronizing CUDA operation"
+
+
+def host_syncs_check(p, cuda, findings, preset, tokens, seq, gbs, mbs, base):
+    """A training step makes the host wait for the GPU once (its figures, read together after
+    the update is queued): with FLOTILLA_CUDA_SYNC_DEBUG=warn libtorch warns at every such
+    wait, and two runs that differ by 4 steps (bf16-mixed, and 16-mixed, whose found-inf flag
+    is read with the rest) must differ by at most 4 warnings. Start-up and the end (final/)
+    are the same in both and cancel."""
+    if not cuda:
+        findings.append("host syncs per step: libtorch's CUDA sync debug mode, checked on a GPU")
+        return
+    env = dict(p.env, FLOTILLA_CUDA_SYNC_DEBUG="warn")
+
+    def warnings(name, precision, steps):
+        run_dir = os.path.join(p.tmp, name)
+        rc, out = p.run(flotilla_cmd(p, run_dir, preset, tokens, seq, steps, gbs, mbs, "cuda",
+                                     precision, base + [f"trainer.max_steps={steps}"]),
+                        env=env, tail=4)
+        # The rank's stdout and stderr as the launcher keeps them (rank 0's is also echoed to
+        # the console: counted once, from its file when there is one).
+        logs = [open(f, errors="replace").read()
+                for f in glob.glob(os.path.join(run_dir, "**", "rank_*.log"), recursive=True)]
+        return rc, sum(text.count(SYNC_WARNING) for text in (logs or [out]))
+
+    for precision in ("bf16-mixed", "16-mixed"):
+        (rc1, short), (rc2, long) = (warnings(f"syncs-{precision}-{n}", precision, n)
+                                     for n in (2, 6))
+        what = f"host waits per training step ({precision})"
+        if rc1 != 0 or rc2 != 0:
+            p.check(what, False, f"flotilla train failed (exit {rc1}, {rc2})")
+            continue
+        per_step = (long - short) / 4
+        p.check(what, per_step <= 1.0,
+                f"{short} sync warnings in 2 steps, {long} in 6: {per_step:.2f} per step "
+                "(at most 1: the step's figures)")
 
 
 def packed_attention_check(p, cuda, findings):

@@ -6,7 +6,9 @@
 //! [`auto_device`], so `auto` means the same thing everywhere. [`bind`] makes a rank's device
 //! the current one explicitly, before anything allocates on it; [`set_allow_tf32`] sets
 //! libtorch's TF32 switches (`trainer.allow_tf32`); [`pinned`] puts a host tensor in
-//! page-locked memory, from which a copy to a GPU need not wait.
+//! page-locked memory, from which a copy to a GPU need not wait; [`set_sync_debug`] makes
+//! libtorch warn about (or refuse) every CUDA operation that makes the host wait for the
+//! device, as `torch.cuda.set_sync_debug_mode` does.
 
 use std::path::Path;
 use std::sync::{Arc, OnceLock};
@@ -140,6 +142,73 @@ pub fn pinned(t: &Tensor) -> Result<Tensor, tch::TchError> {
     }
 }
 
+/// What libtorch does when a CUDA operation makes the host wait for the device (a copy to the
+/// host, a synchronize): `torch.cuda.set_sync_debug_mode`'s modes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SyncDebug {
+    Off = 0,
+    /// A warning on stderr for each.
+    Warn = 1,
+    /// An error.
+    Error = 2,
+}
+
+/// The environment variable that sets a training rank's [`SyncDebug`] on a GPU.
+pub const SYNC_DEBUG_ENV: &str = "FLOTILLA_CUDA_SYNC_DEBUG";
+
+impl SyncDebug {
+    /// `off`, `warn` or `error` ([`SYNC_DEBUG_ENV`]'s values).
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "off" => Some(Self::Off),
+            "warn" => Some(Self::Warn),
+            "error" => Some(Self::Error),
+            _ => None,
+        }
+    }
+}
+
+/// libtorch keeps the mode in the static of an inline function (`c10::cuda::warning_state()`),
+/// which a caller without CUDA headers cannot reach; that static is one exported object of
+/// `libc10_cuda.so`, shared by every library of the process, whose only member is the mode
+/// (an `int` enum).
+const SYNC_DEBUG_STATE: &[u8] = b"_ZZN3c104cuda13warning_stateEvE14warning_state_\0";
+
+fn sync_debug_state() -> Result<*mut i32, String> {
+    if !load_torch_cuda() {
+        return Err("libtorch's CUDA library is not loaded (a CPU-only libtorch?)".into());
+    }
+    // SAFETY: looking up a data symbol of the loaded libraries; the pointer is only used as the
+    // address of that object, which lives as long as the process.
+    unsafe {
+        let this = libloading::os::unix::Library::this();
+        let symbol = this
+            .get::<*mut i32>(SYNC_DEBUG_STATE)
+            .map_err(|e| format!("libtorch's CUDA sync debug state: {e}"))?;
+        Ok(*symbol)
+    }
+}
+
+/// Sets libtorch's CUDA sync debug mode for the process (`torch.cuda.set_sync_debug_mode`).
+pub fn set_sync_debug(mode: SyncDebug) -> Result<(), String> {
+    let state = sync_debug_state()?;
+    // SAFETY: the address of libtorch's `WarningState`, whose one member is this mode.
+    unsafe { state.write_volatile(mode as i32) };
+    Ok(())
+}
+
+/// libtorch's CUDA sync debug mode now.
+pub fn sync_debug() -> Result<SyncDebug, String> {
+    let state = sync_debug_state()?;
+    // SAFETY: as in `set_sync_debug`.
+    match unsafe { state.read_volatile() } {
+        0 => Ok(SyncDebug::Off),
+        1 => Ok(SyncDebug::Warn),
+        2 => Ok(SyncDebug::Error),
+        other => Err(format!("libtorch's CUDA sync debug mode reads {other}")),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -183,5 +252,22 @@ mod tests {
                 assert!(!e.contains("frame #"), "a message, not a backtrace: {e}");
             }
         }
+    }
+
+    #[test]
+    fn sync_debug_mode_is_libtorchs_own() {
+        match sync_debug() {
+            // A CUDA libtorch (with or without a GPU): the mode is its static, off at start.
+            Ok(mode) => {
+                assert_eq!(mode, SyncDebug::Off);
+                set_sync_debug(SyncDebug::Warn).unwrap();
+                assert_eq!(sync_debug().unwrap(), SyncDebug::Warn);
+                set_sync_debug(SyncDebug::Off).unwrap();
+                assert_eq!(sync_debug().unwrap(), SyncDebug::Off);
+            }
+            Err(e) => assert!(!load_torch_cuda(), "{e}"),
+        }
+        assert_eq!(SyncDebug::parse("warn"), Some(SyncDebug::Warn));
+        assert_eq!(SyncDebug::parse("loud"), None);
     }
 }

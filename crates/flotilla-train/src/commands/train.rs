@@ -14,6 +14,7 @@ use tch::Device;
 
 use crate::checkpoint::{save_adapter, save_final, FinalOptions};
 use crate::commands::task_error::TaskError;
+use crate::cuda::{SyncDebug, SYNC_DEBUG_ENV};
 use crate::data::{self, BatchLayout, DataLoader, DataOptions};
 use crate::error::TrainError;
 use crate::fit::{fit, resume, EvalSet, FitOptions};
@@ -145,6 +146,21 @@ pub fn run_job(
     crate::error::torch_guard::guarded(|| run_job_unguarded(job, run_dir, rank, on_row))
 }
 
+/// `FLOTILLA_CUDA_SYNC_DEBUG` (`off`, `warn`, `error`): libtorch's CUDA sync debug mode for
+/// this rank (`torch.cuda.set_sync_debug_mode`): `warn` prints a warning for every operation
+/// that makes the host wait for the GPU, which is how one step's single read is checked.
+fn sync_debug_from_env() -> Result<(), TrainError> {
+    let Ok(value) = std::env::var(SYNC_DEBUG_ENV) else {
+        return Ok(());
+    };
+    let mode = SyncDebug::parse(&value).ok_or_else(|| {
+        TrainError::Device(format!(
+            "{SYNC_DEBUG_ENV}={value:?}: expected off, warn or error"
+        ))
+    })?;
+    crate::cuda::set_sync_debug(mode).map_err(TrainError::Device)
+}
+
 fn run_job_unguarded(
     job: &JobConfig,
     run_dir: &Path,
@@ -156,9 +172,10 @@ fn run_job_unguarded(
     let device = train_device(job.trainer.device, rank)?;
     // The rank's GPU is the current device before anything (NCCL, the allocator, the FSDP
     // storage shim) allocates on one.
-    crate::cuda::bind(device).map_err(TrainError::BadState)?;
+    crate::cuda::bind(device).map_err(TrainError::Device)?;
     if device.is_cuda() {
         crate::cuda::set_allow_tf32(job.trainer.allow_tf32.unwrap_or(false));
+        sync_debug_from_env()?;
     }
     // `trainer.precision: auto` for the device this rank got: bf16-mixed on a GPU.
     let resolved;

@@ -36,6 +36,9 @@ pub enum TrainError {
         #[source]
         source: std::io::Error,
     },
+    /// The rank's device cannot be set up as asked (binding it, a CUDA debug setting).
+    #[error("device: {0}")]
+    Device(String),
     /// A configuration this trainer cannot run yet.
     #[error("unsupported: {0}")]
     Unsupported(String),
