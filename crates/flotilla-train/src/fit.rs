@@ -68,16 +68,26 @@ impl Trainer {
             .iter()
             .map(Batch::model_input)
             .collect();
-        let mut sum = 0.0;
+        // Each micro-batch's summed loss, added on the device in f64 and read once.
+        let mut sum: Option<Tensor> = None;
         let (model, weights) = (&self.model, &mut self.weights);
         // A mixture with its load-balancing loss on: each micro-batch's (unscaled), as
         // training's `aux_loss` column; eval_loss stays the cross-entropy, as `loss` does.
         let aux = weights.forward_eval(model, &inputs, &mut |i, logits| {
             let batch = &batches.micro_batches[i];
             let rows = model.config().loss_chunk_rows(batch.labels.numel());
-            sum += next_token_loss_sum_chunked(&logits, batch, rows)?.f_double_value(&[])?;
+            let loss =
+                next_token_loss_sum_chunked(&logits, batch, rows)?.f_to_kind(Kind::Double)?;
+            sum = Some(match sum.take() {
+                Some(s) => s.f_add(&loss)?,
+                None => loss,
+            });
             Ok(())
         })?;
+        let mut sum = match &sum {
+            Some(t) => read_together(&[t])?[0],
+            None => 0.0,
+        };
         let aux_on = model.config().aux_loss_coef().is_some();
         let mut aux_sums = (aux.iter().sum::<f64>(), aux.len() as f64);
         drop(inputs);
