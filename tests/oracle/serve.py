@@ -12,8 +12,8 @@ environment and working directory changed for the call) and answers one JSON lin
 protocol channel: {"code": EXIT_STATUS, "stdout": "...", "stderr": "..."}.
 
 Between calls it puts back what a script may change for the next one: the environment, the
-working directory, `sys.argv`, `sys.path`, the modules imported from outside the
-interpreter's own trees, torch's default dtype, thread count, deterministic
+working directory, `sys.argv`, `sys.path`, the warning filters, the modules imported from
+outside the interpreter's own trees, torch's default dtype, thread count, deterministic
 mode, grad mode and its default generator's seed (the seed a fresh interpreter starts with),
 so that a call sees what a fresh `python` would. It exits at the end of its input.
 """
@@ -25,6 +25,7 @@ import os
 import runpy
 import sys
 import traceback
+import warnings
 
 # The protocol channel is a copy of the original stdout; file descriptor 1 then points at
 # stderr, so that output written below Python (a C library, a child process) cannot corrupt it.
@@ -120,7 +121,7 @@ def main():
     for line in requests:
         request = json.loads(line)
         environ, cwd, path = dict(os.environ), os.getcwd(), list(sys.path)
-        modules = set(sys.modules)
+        modules, filters = set(sys.modules), list(warnings.filters)
         stdin = sys.stdin
         try:
             os.environ.update(request.get("env") or {})
@@ -135,6 +136,7 @@ def main():
             os.environ.clear()
             os.environ.update(environ)
             sys.path[:] = path
+            warnings.filters[:] = filters
             forget_modules_of_the_call(modules)
             restore_torch(state, seed)
             gc.collect()
