@@ -17,7 +17,7 @@ use crate::host_memory::HostPhase;
 use crate::model::TokenInput;
 use crate::objective::next_token::next_token_loss_sum_chunked;
 use crate::objective::{Dpo, DpoSums, Objective, AUX_LOSS_METRIC};
-use crate::parallel::readings::read_together;
+use crate::parallel::readings::{add_into, read_together};
 use crate::parallel::tensor_comm::TensorCollectives;
 use crate::preempt;
 use crate::trainer::Trainer;
@@ -78,10 +78,7 @@ impl Trainer {
             let rows = model.config().loss_chunk_rows(batch.labels.numel());
             let loss =
                 next_token_loss_sum_chunked(&logits, batch, rows)?.f_to_kind(Kind::Double)?;
-            sum = Some(match sum.take() {
-                Some(s) => s.f_add(&loss)?,
-                None => loss,
-            });
+            add_into(&mut sum, loss)?;
             Ok(())
         })?;
         let mut sum = match &sum {
@@ -202,10 +199,7 @@ impl Trainer {
         weights.forward_eval(model, &inputs, &mut |i, logits| {
             let (loss, s) = dpo.loss_sum(&logits, &batches.micro_batches[i])?;
             let these = Tensor::f_cat(&[loss.f_to_kind(Kind::Double)?.f_reshape([1])?, s], 0)?;
-            totals = Some(match totals.take() {
-                Some(t) => t.f_add(&these)?,
-                None => these,
-            });
+            add_into(&mut totals, these)?;
             Ok(())
         })?;
         let (mut loss_sum, mut sums) = match &totals {

@@ -319,17 +319,12 @@ impl Trainer {
         figures.extend(found_inf.as_ref());
         figures.extend(aux_loss.as_ref());
         figures.extend(sums.as_ref());
-        let read = read_together(&figures)?;
-        let (local_loss, grad_norm) = (read[0], read[1]);
-        let mut at = 2;
-        let mut next = |present: bool| {
-            let value = present.then(|| read[at]);
-            at += usize::from(present);
-            value
-        };
-        let skipped = next(found_inf.is_some()).is_some_and(|flag| flag != 0.0);
-        let aux_loss = next(aux_loss.is_some());
-        let sums = sums.map(|_| DpoSums::from_slice(&read[at..]));
+        let mut read = read_together(&figures)?.into_iter();
+        let mut next = || read.next().expect("a value for every figure");
+        let (local_loss, grad_norm) = (next(), next());
+        let skipped = found_inf.is_some() && next() != 0.0;
+        let aux_loss = aux_loss.map(|_| next());
+        let sums = sums.map(|_| DpoSums::from_slice(&read.collect::<Vec<_>>()));
         if let Some(s) = &mut self.scaler {
             if skipped {
                 weights.forget_step();

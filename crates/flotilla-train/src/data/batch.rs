@@ -96,13 +96,14 @@ impl Batch {
         let n = (m * t) as usize;
         let mut host = inputs;
         host.extend_from_slice(&labels);
-        let layout = packed.then(|| {
+        let mut layout = None;
+        if packed {
             let (starts, max_len) = host_bounds(&positions, m as usize, t as usize);
             let max_position = positions.iter().copied().max().unwrap_or(0);
             host.extend_from_slice(&positions);
             host.extend(starts.iter().map(|&s| s as i64));
-            (starts.len(), max_len, max_position)
-        });
+            layout = Some((starts.len(), max_len, max_position));
+        }
         let flat = to_device_in_one_copy(&host, device)?;
         let rows = |k: usize| -> Result<Tensor> {
             Ok(flat.f_narrow(0, (k * n) as i64, n as i64)?.f_view([m, t])?)

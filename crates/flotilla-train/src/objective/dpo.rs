@@ -100,16 +100,6 @@ impl DpoSums {
         }
     }
 
-    pub fn add(&mut self, o: &DpoSums) {
-        let sum: Vec<f64> = self
-            .to_vec()
-            .iter()
-            .zip(o.to_vec())
-            .map(|(a, b)| a + b)
-            .collect();
-        *self = Self::from_slice(&sum);
-    }
-
     /// The means, named as [`DPO_METRICS`] names them.
     pub fn metrics(&self) -> Vec<(&'static str, f64)> {
         let per_pair = |x: f64| {

@@ -1,8 +1,8 @@
 //! fp16 dynamic loss scaling: the [`LossScaler`] state (scale and growth tracker, kept in
 //! checkpoints) with its update rule, and `unscale`, which divides a step's gradients by the
-//! scale in place and flags inf/NaN on the device. The training loop owns when these run; the weights
-//! (`parallel::replicated`, `parallel::fsdp`) unscale their own gradients, by the multi-tensor
-//! kernel of `fused`.
+//! scale in place and flags inf/NaN on the device. The training loop owns when these run; the
+//! weights (`parallel::replicated`, `parallel::fsdp`) unscale their own gradients, by the
+//! multi-tensor kernel of `fused`.
 
 use serde::{Deserialize, Serialize};
 use tch::Tensor;

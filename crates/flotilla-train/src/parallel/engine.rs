@@ -18,6 +18,7 @@ use crate::model::layers::moe::{load_balancing, RouterLog};
 use crate::model::{vjp, CausalLm, ForwardCtx, Params, TokenInput};
 use crate::objective::fused_head::fused_head_loss;
 use crate::objective::Objective;
+use crate::parallel::readings::add_into;
 
 /// How the engine gets parameters and hands over gradients.
 pub trait Strategy {
@@ -264,10 +265,7 @@ impl<'m> Engine<'m> {
                 .map(|s| s.wrapping_mul(0x100_0000_01B3).wrapping_add(k as u64));
             let micro =
                 self.micro_step(strategy, batch, global_loss_tokens, &mut grads, last, seed)?;
-            loss = Some(match loss {
-                Some(sum) => sum.f_add(&micro)?,
-                None => micro,
-            });
+            add_into(&mut loss, micro)?;
         }
         let loss = match loss {
             Some(sum) => sum,
@@ -359,11 +357,7 @@ impl<'m> Engine<'m> {
             None => self.options.objective.loss_sum(&x, batch)?,
         };
         if let Some(sums) = sums {
-            let mut total = self.sums.borrow_mut();
-            *total = Some(match total.take() {
-                Some(t) => t.f_add(&sums)?,
-                None => sums,
-            });
+            add_into(&mut self.sums.borrow_mut(), sums)?;
         }
         let loss = loss / global_loss_tokens as f64;
         let loss_value = loss.detach().f_to_kind(Kind::Double)?;
@@ -373,11 +367,7 @@ impl<'m> Engine<'m> {
             (Some(a), Some(log)) => match log.with_all(|s| load_balancing(s, a.num_experts)) {
                 Some((value, grad)) => {
                     let share = value.f_to_kind(Kind::Double)?.f_mul_scalar(a.share)?;
-                    let mut acc = self.aux_loss.borrow_mut();
-                    *acc = Some(match acc.take() {
-                        Some(sum) => sum.f_add(&share)?,
-                        None => share,
-                    });
+                    add_into(&mut self.aux_loss.borrow_mut(), share)?;
                     log_expert_counts(log);
                     Some(grad * (a.coef * a.share * self.options.loss_scale))
                 }

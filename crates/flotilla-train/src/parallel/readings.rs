@@ -1,11 +1,21 @@
 //! A step's figures read to the host together: the loss, the load-balancing loss, a preference
 //! objective's sums and the gradient norm stay device tensors while the step is queued
 //! (forward, backward, clipping, the optimizer update) and cross to the host in one copy after
-//! it, so the host never waits on the device between them.
+//! it, so the host never waits on the device between them. [`add_into`] keeps such a running
+//! total on the device.
 
 use tch::{Device, Kind, Tensor};
 
 use crate::error::TrainError;
+
+/// `value` added to the running `total` on the device (the first value starts it).
+pub fn add_into(total: &mut Option<Tensor>, value: Tensor) -> Result<(), tch::TchError> {
+    *total = Some(match total.take() {
+        Some(sum) => sum.f_add(&value)?,
+        None => value,
+    });
+    Ok(())
+}
 
 /// The elements of `tensors` (any dtype and shape, on one device), flattened in order, read to
 /// the host in one copy.
@@ -41,5 +51,14 @@ mod tests {
             vec![1.5, -2.25, 4.0, 3.0]
         );
         assert!(read_together(&[]).unwrap().is_empty());
+    }
+
+    #[test]
+    fn adds_into_a_running_total() {
+        let mut total = None;
+        for x in [1.5, 2.25, -0.5] {
+            add_into(&mut total, Tensor::from_slice(&[x, 2.0 * x])).unwrap();
+        }
+        assert_eq!(read_together(&[&total.unwrap()]).unwrap(), vec![3.25, 6.5]);
     }
 }

@@ -4,8 +4,8 @@
 //! computed with the same fp32 tensor operations, and the attention scaling `yarn` and
 //! `longrope` apply to cos and sin; the choice of frequencies for a batch's sequence length
 //! (`dynamic`, `longrope`: transformers' `dynamic_rope_update`); the cos/sin tables of a batch's
-//! positions (in fp32, [`Rope::tables`], from frequencies copied to each device once); and their application to queries and keys in the
-//! rotate-half convention, to the first `rotary_dim` features of each head only when
+//! positions (in fp32, [`Rope::tables`], from frequencies copied to each device once); and their
+//! application to queries and keys in the rotate-half convention, to the first `rotary_dim` features of each head only when
 //! `partial_rotary_factor` is below 1 ([`apply_rotary`], Phi-3's `apply_rotary_pos_emb`). Which
 //! keys each type reads, and the checks of a config, are `flotilla_config::schema`'s
 //! ([`ModelConfig::rope_problems`]); [`validate`] gives them as a [`ModelError`].
@@ -82,11 +82,11 @@ pub struct Rope {
 }
 
 /// Which frequencies a forward of a given length takes ([`Rope::inv_freq_for`]).
-enum Frequencies {
+enum Frequencies<'a> {
     /// `inv_freq`.
     Base,
     /// longrope's long factors'.
-    Long,
+    Long(&'a [f32]),
     /// dynamic's, grown for the length.
     Grown(Vec<f32>),
 }
@@ -196,15 +196,12 @@ impl Rope {
     pub fn inv_freq_for(&self, seq_len: i64) -> Cow<'_, [f32]> {
         match self.frequencies(seq_len) {
             Frequencies::Base => Cow::Borrowed(&self.inv_freq),
-            Frequencies::Long => match &self.update {
-                Update::Longrope { long_inv_freq, .. } => Cow::Borrowed(long_inv_freq),
-                _ => unreachable!("long frequencies are longrope's"),
-            },
+            Frequencies::Long(long) => Cow::Borrowed(long),
             Frequencies::Grown(f) => Cow::Owned(f),
         }
     }
 
-    fn frequencies(&self, seq_len: i64) -> Frequencies {
+    fn frequencies(&self, seq_len: i64) -> Frequencies<'_> {
         match &self.update {
             Update::Dynamic {
                 theta,
@@ -222,9 +219,9 @@ impl Rope {
                 )))
             }
             Update::Longrope {
+                long_inv_freq,
                 original_max_position_embeddings,
-                ..
-            } if seq_len > *original_max_position_embeddings => Frequencies::Long,
+            } if seq_len > *original_max_position_embeddings => Frequencies::Long(long_inv_freq),
             _ => Frequencies::Base,
         }
     }
@@ -245,12 +242,7 @@ impl Rope {
         };
         let inv = match frequencies {
             Frequencies::Base => self.on_devices.get(&self.inv_freq, false, device),
-            Frequencies::Long => match &self.update {
-                Update::Longrope { long_inv_freq, .. } => {
-                    self.on_devices.get(long_inv_freq, true, device)
-                }
-                _ => unreachable!("long frequencies are longrope's"),
-            },
+            Frequencies::Long(long) => self.on_devices.get(long, true, device),
             Frequencies::Grown(f) => Tensor::from_slice(&f).to_device(device),
         };
         let (cos, sin) = rotary_tables(&inv, positions);

@@ -31,6 +31,14 @@ impl SequenceBounds {
             max_len,
         }
     }
+
+    /// The same bounds, sharing their tensor.
+    pub fn shallow_clone(&self) -> Self {
+        SequenceBounds {
+            cumulative: self.cumulative.shallow_clone(),
+            max_len: self.max_len,
+        }
+    }
 }
 
 /// What the host knew of packed rows' position ids when it built them: their largest and the
@@ -56,27 +64,6 @@ impl PackedLayout {
 /// [`SequenceBounds::of`] finds them: the start of every sequence then the end, and the longest
 /// sequence's length.
 pub fn host_bounds(positions: &[i64], rows: usize, t: usize) -> (Vec<i32>, i64) {
-    let starts = bounds(positions, rows, t);
-    let max_len = starts
-        .windows(2)
-        .map(|w| (w[1] - w[0]) as i64)
-        .max()
-        .unwrap_or(0);
-    (starts, max_len)
-}
-
-impl SequenceBounds {
-    /// The same bounds, sharing their tensor.
-    pub fn shallow_clone(&self) -> Self {
-        SequenceBounds {
-            cumulative: self.cumulative.shallow_clone(),
-            max_len: self.max_len,
-        }
-    }
-}
-
-/// The start of every sequence of `rows` rows of `t` position ids each, then the end.
-fn bounds(positions: &[i64], rows: usize, t: usize) -> Vec<i32> {
     let mut starts = vec![];
     for r in 0..rows {
         for j in 0..t {
@@ -87,7 +74,12 @@ fn bounds(positions: &[i64], rows: usize, t: usize) -> Vec<i32> {
         }
     }
     starts.push((rows * t) as i32);
-    starts
+    let max_len = starts
+        .windows(2)
+        .map(|w| (w[1] - w[0]) as i64)
+        .max()
+        .unwrap_or(0);
+    (starts, max_len)
 }
 
 /// Whether flash attention's variable-length kernel takes these queries: CUDA, half or bf16,
