@@ -106,13 +106,7 @@ pub fn skip_or_fail(reason: &str) {
 /// Runs a Python oracle on a warm interpreter (transformers quiet and offline), asserts that it
 /// succeeded, and parses the JSON of its last line of output.
 pub fn run_oracle<T: serde::de::DeserializeOwned>(call: Python) -> T {
-    let out = call.output();
-    assert!(
-        out.status.success(),
-        "{call:?} failed:\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stdout = call.run();
     let last = stdout.lines().last().unwrap_or_default();
     serde_json::from_str(last).unwrap_or_else(|e| panic!("{call:?}: last line {last:?}: {e}"))
 }
@@ -150,14 +144,9 @@ pub fn oracle_python() -> Option<PathBuf> {
 /// Llama in `base/` with a ChatML tokenizer, 2000 conversations in `chats.jsonl`), with its
 /// first 40 conversations also in `eval.jsonl` as held-out data.
 pub fn make_chat_example(dir: &Path) {
-    let made = python(repo_root().join("examples/chat/make_example.py"))
+    python(repo_root().join("examples/chat/make_example.py"))
         .arg(dir)
-        .output();
-    assert!(
-        made.status.success(),
-        "{}",
-        String::from_utf8_lossy(&made.stderr)
-    );
+        .run();
     let chats = std::fs::read_to_string(dir.join("chats.jsonl")).unwrap();
     let held_out: String = chats.lines().take(40).map(|l| format!("{l}\n")).collect();
     std::fs::write(dir.join("eval.jsonl"), held_out).unwrap();

@@ -67,6 +67,18 @@ impl Python {
         self
     }
 
+    /// Runs the call, asserts that it succeeded (naming the call and its stderr otherwise) and
+    /// returns its stdout.
+    pub fn run(&self) -> String {
+        let out = self.output();
+        assert!(
+            out.status.success(),
+            "{self:?} failed:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
     /// Runs the call on a warm server and returns what `Command::output` would: the exit
     /// status, stdout and stderr. A server that dies during a call answers with its
     /// interpreter's fate in stderr and is not reused.

@@ -34,14 +34,9 @@ fn tokenizers() -> Option<&'static Path> {
     DIR.get_or_init(|| {
         common::oracle_python()?;
         let dir = common::scratch_dir("chat_tokenizers");
-        let out = common::python(common::oracle_file("make_chat_tokenizers.py"))
+        common::python(common::oracle_file("make_chat_tokenizers.py"))
             .arg(&dir)
-            .output();
-        assert!(
-            out.status.success(),
-            "make_chat_tokenizers.py failed:\n{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+            .run();
         Some(dir)
     })
     .as_deref()
@@ -94,13 +89,10 @@ fn oracle_lines(tokenizers: &[&Path], data: &Path, args: &[&str]) -> Vec<Value> 
     for tokenizer in tokenizers {
         call = call.arg("--tokenizer").arg(tokenizer);
     }
-    let out = call.arg("--data").arg(data).args(args).output();
-    assert!(
-        out.status.success(),
-        "chat_oracle.py failed:\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout)
+    call.arg("--data")
+        .arg(data)
+        .args(args)
+        .run()
         .lines()
         .map(|l| serde_json::from_str(l).unwrap())
         .collect()

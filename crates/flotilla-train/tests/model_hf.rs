@@ -64,15 +64,10 @@ fn transformers_oracle_both_directions() {
     };
     let tmp = tempfile::tempdir().unwrap();
     let start = Instant::now();
-    let out = common::python(oracle_script())
+    common::python(oracle_script())
         .arg("make")
         .arg(tmp.path())
-        .output();
-    assert!(
-        out.status.success(),
-        "make_hf_fixtures.py make failed:\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+        .run();
     eprintln!("fixtures made in {:.1} s", start.elapsed().as_secs_f64());
 
     let manifest: Vec<serde_json::Value> =
@@ -383,15 +378,7 @@ fn loader_errors_name_the_culprit() {
 
 /// Makes the fixtures into `dir` and returns the manifest.
 fn make_fixtures(dir: &Path) -> Vec<serde_json::Value> {
-    let out = common::python(oracle_script())
-        .arg("make")
-        .arg(dir)
-        .output();
-    assert!(
-        out.status.success(),
-        "make_hf_fixtures.py make failed:\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    common::python(oracle_script()).arg("make").arg(dir).run();
     serde_json::from_str(&std::fs::read_to_string(dir.join("manifest.json")).unwrap()).unwrap()
 }
 
