@@ -62,7 +62,7 @@ impl CheckpointFiles {
     pub fn open(dir: &Path, model: &CausalLm) -> Result<Self, TrainError> {
         let meta_path = dir.join(SHARDED_META_FILE);
         if !meta_path.is_file() {
-            let files = FileSource::open(&[dir.join(MODEL_FILE)], "")?;
+            let files = FileSource::open(&[dir.join(MODEL_FILE)], "")?.with_parts_of(model);
             files.check_all(model)?;
             let optimizer = SafetensorsFile::open(dir.join(OPTIMIZER_FILE))?;
             let step = optimizer.read("step")?.f_int64_value(&[])? as u64;

@@ -8,7 +8,7 @@ use tch::Tensor;
 
 use crate::error::TrainError;
 use crate::parallel::weights::{ParallelWeights, StatePart};
-use crate::state::hf_shards::ShardedWriter;
+use crate::state::hf_shards::{hub_planned, ShardedWriter};
 use crate::state::peft::PEFT_PREFIX;
 
 /// The files of a full checkpoint's state.
@@ -56,6 +56,8 @@ pub fn write_state_file(
         _ => "",
     };
     let optimizer = file == StateFile::Optimizer;
+    // A model file is a Hugging Face weights file: stacked experts are written per expert.
+    let hub_layout = matches!(file, StateFile::Model(_));
     let mut failure: Option<TrainError> = None;
     let mut writer = None;
     if is_root {
@@ -65,11 +67,12 @@ pub fn write_state_file(
         }
         for &part in parts {
             for (name, shape, k) in weights.full_layout(part) {
-                order.push((
-                    format!("{prefix}{name}{}", part.suffix()),
-                    kind.unwrap_or(k),
-                    shape,
-                ));
+                let kind = kind.unwrap_or(k);
+                if hub_layout {
+                    order.extend(hub_planned(&name, kind, &shape));
+                } else {
+                    order.push((format!("{prefix}{name}{}", part.suffix()), kind, shape));
+                }
             }
         }
         match ShardedWriter::create(dir, file.stem(), order, max_shard_bytes) {
@@ -87,6 +90,7 @@ pub fn write_state_file(
     }
     let mut write = |part: StatePart, name: &str, t: &Tensor| -> Result<(), TrainError> {
         match writer.as_mut() {
+            Some(w) if hub_layout => Ok(w.write_param(name, t)?),
             Some(w) => Ok(w.write(&format!("{prefix}{name}{}", part.suffix()), t)?),
             None => Ok(()),
         }

@@ -4,7 +4,8 @@
 //! `w3` the up, `w2` the down projection), each token through its `num_experts_per_tok` best
 //! with their softmax scores renormalised, as transformers' `modeling_mixtral.py`
 //! (`router_jitter_noise` on the router's input in training). The routing is
-//! `layers/moe.rs`'s; the weights keep the Hub's per-expert names.
+//! `layers/moe.rs`'s; the experts are stacked in memory and keep the Hub's per-expert
+//! names in weights files.
 
 use flotilla_config::schema::{LoraConfig, ModelConfig};
 

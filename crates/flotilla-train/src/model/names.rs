@@ -1,9 +1,12 @@
 //! The one mapping between the architecture's parameters and transformers' weight names:
 //! [`ParamName`] (a parameter of any family's `*ForCausalLM`: they share their names, each
 //! family with its own subset of a block's weights), [`LayerWeight`] (a weight of one
-//! decoder layer) and a sparse layer's router and experts ([`MoeNames`], [`ExpertWeight`]), with their Hugging Face names and the parsing of those names. The decoder
-//! (`decoder/`) builds its parameter table from them and the Hugging Face format (`state/`)
-//! reads and writes files under them; this module depends on neither.
+//! decoder layer) and a sparse layer's router and stacked experts ([`MoeNames`],
+//! [`ExpertProj`]), with their Hugging Face names and the parsing of those names; and a
+//! parameter's tensors in a Hugging Face weights file ([`ParamName::file_tensors`]: itself, or
+//! a stacked expert parameter's per-expert tensors, as `save_pretrained` writes them). The
+//! decoder (`decoder/`) builds its parameter table from them and the Hugging Face format
+//! (`state/`) reads and writes files under them; this module depends on neither.
 
 /// The weights of one decoder layer, in the order a block unit takes them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -96,7 +99,10 @@ impl LayerWeight {
 }
 
 /// How a family names its sparse MLP's weights in the Hub's files (per expert, as
-/// `save_pretrained` writes them whatever layout transformers keeps in memory).
+/// `save_pretrained` writes them whatever layout transformers keeps in memory). In memory the
+/// experts are stacked, as transformers 5 keeps them: `{block}.experts.gate_up_proj`
+/// (`[experts, 2 moe_intermediate, hidden]`, each expert's gate rows then its up rows) and
+/// `{block}.experts.down_proj` (`[experts, hidden, moe_intermediate]`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum MoeNames {
     /// `block_sparse_moe.gate`, `block_sparse_moe.experts.{e}.w1` (gate), `w3` (up), `w2` (down).
@@ -105,7 +111,7 @@ pub enum MoeNames {
     Qwen,
 }
 
-/// One projection of an expert's SwiGLU MLP.
+/// One projection of an expert's SwiGLU MLP, as a Hub file names it per expert.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum ExpertWeight {
     Gate,
@@ -114,8 +120,30 @@ pub enum ExpertWeight {
 }
 
 impl ExpertWeight {
-    /// The three, in the order a sparse block takes each expert's weights.
     pub const ALL: [ExpertWeight; 3] = [ExpertWeight::Gate, ExpertWeight::Up, ExpertWeight::Down];
+
+    /// The stacked parameter that holds this projection of every expert.
+    pub fn stacked(self) -> ExpertProj {
+        match self {
+            ExpertWeight::Gate | ExpertWeight::Up => ExpertProj::GateUp,
+            ExpertWeight::Down => ExpertProj::Down,
+        }
+    }
+}
+
+/// One tensor of a Hugging Face weights file that holds (part of) a parameter: its name, its
+/// shape, and where its elements start in the parameter's flattened elements.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FileTensor {
+    pub name: String,
+    pub shape: Vec<i64>,
+    pub offset: i64,
+}
+
+impl FileTensor {
+    pub fn numel(&self) -> i64 {
+        self.shape.iter().product()
+    }
 }
 
 impl MoeNames {
@@ -141,19 +169,40 @@ impl MoeNames {
         }
     }
 
-    /// The router or expert weight named by `suffix` (what follows `model.layers.{i}.`).
+    /// The router or a stacked expert parameter named by `suffix` (what follows
+    /// `model.layers.{i}.`).
     fn parse(self, i: usize, suffix: &str) -> Option<ParamName> {
         let rest = suffix.strip_prefix(self.block())?.strip_prefix('.')?;
         if rest == "gate.weight" {
             return Some(ParamName::Router(i, self));
         }
-        let (e, module) = rest.strip_prefix("experts.")?.split_once('.')?;
-        let e = e.parse().ok()?;
-        let module = module.strip_suffix(".weight")?;
-        ExpertWeight::ALL
+        let stacked = rest.strip_prefix("experts.")?;
+        [ExpertProj::GateUp, ExpertProj::Down]
             .into_iter()
-            .find(|w| self.expert(*w) == module)
-            .map(|w| ParamName::Expert(i, e, w, self))
+            .find(|p| p.param() == stacked)
+            .map(|p| ParamName::Experts(i, p, self))
+    }
+
+    /// Expert `e`'s projection `w` in layer `i`, as a Hub file names it.
+    fn expert_file_name(self, i: usize, e: i64, w: ExpertWeight) -> String {
+        format!(
+            "model.layers.{i}.{}.experts.{e}.{}.weight",
+            self.block(),
+            self.expert(w)
+        )
+    }
+
+    /// `(layer, expert, projection)` of a Hub file's per-expert tensor name.
+    fn parse_expert_file_name(self, name: &str) -> Option<(usize, i64, ExpertWeight)> {
+        let rest = name.strip_prefix("model.layers.")?;
+        let (i, rest) = rest.split_once('.')?;
+        let rest = rest.strip_prefix(self.block())?.strip_prefix(".experts.")?;
+        let (e, module) = rest.split_once('.')?;
+        let module = module.strip_suffix(".weight")?;
+        let w = ExpertWeight::ALL
+            .into_iter()
+            .find(|w| self.expert(*w) == module)?;
+        Some((i.parse().ok()?, e.parse().ok()?, w))
     }
 }
 
@@ -167,13 +216,31 @@ pub enum ExpertWrap {
     Inner,
 }
 
-/// A fused expert parameter LoRA adapts.
+/// A sparse layer's stacked expert parameter (which LoRA also adapts as one).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum ExpertProj {
     /// `gate_up_proj`, `[experts, 2 moe_intermediate, hidden]`: the gate rows, then the up rows.
     GateUp,
     /// `down_proj`, `[experts, hidden, moe_intermediate]`.
     Down,
+}
+
+impl ExpertProj {
+    /// The parameter's name under the block's `experts.`.
+    fn param(self) -> &'static str {
+        match self {
+            ExpertProj::GateUp => "gate_up_proj",
+            ExpertProj::Down => "down_proj",
+        }
+    }
+
+    /// The per-expert projections it stacks, in the order of each expert's rows.
+    fn parts(self) -> &'static [ExpertWeight] {
+        match self {
+            ExpertProj::GateUp => &[ExpertWeight::Gate, ExpertWeight::Up],
+            ExpertProj::Down => &[ExpertWeight::Down],
+        }
+    }
 }
 
 impl ExpertWrap {
@@ -196,7 +263,10 @@ impl ExpertWrap {
 }
 
 /// A parameter of `LlamaForCausalLM`. Its Hugging Face name is the name everywhere in
-/// flotilla (parameter sets, FSDP groups, checkpoints), so this is the only mapping.
+/// flotilla (parameter sets, FSDP groups, optimizer state), so this is the only mapping. The
+/// one parameter a Hub file does not hold whole is a stacked expert parameter, named as
+/// transformers 5 names its fused experts (under the family's block: Mixtral's
+/// `block_sparse_moe`) and held per expert in weights files ([`ParamName::file_tensors`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum ParamName {
     /// `model.embed_tokens.weight`, `[vocab, hidden]`.
@@ -216,9 +286,11 @@ pub enum ParamName {
     /// A sparse layer's router, `[experts, hidden]`: `model.layers.{i}.mlp.gate.weight`
     /// (`block_sparse_moe.gate` for Mixtral).
     Router(usize, MoeNames),
-    /// Expert `e`'s projection in layer `i`: `[moe_intermediate, hidden]` (gate, up) or
-    /// `[hidden, moe_intermediate]` (down).
-    Expert(usize, usize, ExpertWeight, MoeNames),
+    /// Layer `i`'s experts' projections, stacked: `model.layers.{i}.mlp.experts.gate_up_proj`
+    /// (`[experts, 2 moe_intermediate, hidden]`) or `…experts.down_proj` (`[experts, hidden,
+    /// moe_intermediate]`), under `block_sparse_moe` for Mixtral. A Hub file holds them per
+    /// expert ([`ParamName::file_tensors`]).
+    Experts(usize, ExpertProj, MoeNames),
     /// A LoRA factor of a sparse layer's fused expert parameter, under PEFT's name for it
     /// (`model.layers.{i}.mlp.experts[.base_layer].lora_A.weight`, both families): `A` is
     /// `[r·experts, in]` (expert-major rows), `B` `[out, r·experts]` (rank-major columns).
@@ -257,18 +329,55 @@ impl ParamName {
                 format!("model.layers.{i}.{}.{}.weight", w.module(), f.tag())
             }
             ParamName::Router(i, n) => format!("model.layers.{i}.{}.gate.weight", n.block()),
-            ParamName::Expert(i, e, w, n) => {
-                format!(
-                    "model.layers.{i}.{}.experts.{e}.{}.weight",
-                    n.block(),
-                    n.expert(*w)
-                )
+            ParamName::Experts(i, p, n) => {
+                format!("model.layers.{i}.{}.experts.{}", n.block(), p.param())
             }
             ParamName::ExpertLora(i, wrap, f) => {
                 format!("model.layers.{i}.{}.{}.weight", wrap.module(), f.tag())
             }
             ParamName::RouterLora(i, f) => format!("model.layers.{i}.mlp.gate.{}.weight", f.tag()),
         }
+    }
+
+    /// The tensors that hold this parameter (of shape `shape`) in a Hugging Face weights file,
+    /// in the order of its flattened elements: the parameter itself, or a stacked expert
+    /// parameter's per-expert tensors (expert by expert; `gate_up_proj`'s gate, then up).
+    pub fn file_tensors(&self, shape: &[i64]) -> Vec<FileTensor> {
+        match self {
+            ParamName::Experts(i, proj, names) if shape.len() == 3 => {
+                let parts = proj.parts();
+                let rows = shape[1] / parts.len() as i64;
+                let part_shape = vec![rows, shape[2]];
+                let numel = rows * shape[2];
+                let mut offset = 0;
+                let mut out = Vec::with_capacity(shape[0] as usize * parts.len());
+                for e in 0..shape[0] {
+                    for &w in parts {
+                        out.push(FileTensor {
+                            name: names.expert_file_name(*i, e, w),
+                            shape: part_shape.clone(),
+                            offset,
+                        });
+                        offset += numel;
+                    }
+                }
+                out
+            }
+            _ => vec![FileTensor {
+                name: self.hf_name(),
+                shape: shape.to_vec(),
+                offset: 0,
+            }],
+        }
+    }
+
+    /// The stacked expert parameter a Hub file's per-expert tensor `name` belongs to, with the
+    /// expert's index.
+    pub fn of_expert_file_tensor(name: &str) -> Option<(ParamName, i64)> {
+        MoeNames::BOTH.iter().find_map(|n| {
+            let (i, e, w) = n.parse_expert_file_name(name)?;
+            Some((ParamName::Experts(i, w.stacked(), *n), e))
+        })
     }
 
     /// Whether the parameter is a LoRA factor (of a linear layer, the experts or the router).
@@ -324,6 +433,19 @@ impl ParamName {
     }
 }
 
+/// The tensors that hold parameter `name` (of shape `shape`) in a Hugging Face weights file
+/// ([`ParamName::file_tensors`]; a name flotilla does not know is itself).
+pub fn file_tensors_of(name: &str, shape: &[i64]) -> Vec<FileTensor> {
+    match ParamName::parse(name) {
+        Some(p) => p.file_tensors(shape),
+        None => vec![FileTensor {
+            name: name.to_string(),
+            shape: shape.to_vec(),
+            offset: 0,
+        }],
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -364,23 +486,80 @@ mod tests {
         );
         assert_eq!(ParamName::parse("model.layers.0.mlp.up.bias"), None);
         for n in MoeNames::BOTH {
-            let mut moe = vec![ParamName::Router(4, n)];
-            moe.extend(ExpertWeight::ALL.map(|w| ParamName::Expert(4, 11, w, n)));
-            for p in moe {
+            for p in [
+                ParamName::Router(4, n),
+                ParamName::Experts(4, ExpertProj::GateUp, n),
+                ParamName::Experts(4, ExpertProj::Down, n),
+            ] {
                 assert_eq!(ParamName::parse(&p.hf_name()), Some(p), "{}", p.hf_name());
             }
         }
         assert_eq!(
-            ParamName::Expert(1, 7, ExpertWeight::Up, MoeNames::Mixtral).hf_name(),
-            "model.layers.1.block_sparse_moe.experts.7.w3.weight"
+            ParamName::Experts(1, ExpertProj::GateUp, MoeNames::Mixtral).hf_name(),
+            "model.layers.1.block_sparse_moe.experts.gate_up_proj"
         );
         assert_eq!(
             ParamName::Router(0, MoeNames::Qwen).hf_name(),
             "model.layers.0.mlp.gate.weight"
         );
         assert_eq!(
-            ParamName::Expert(2, 0, ExpertWeight::Down, MoeNames::Qwen).hf_name(),
-            "model.layers.2.mlp.experts.0.down_proj.weight"
+            ParamName::Experts(2, ExpertProj::Down, MoeNames::Qwen).hf_name(),
+            "model.layers.2.mlp.experts.down_proj"
+        );
+    }
+
+    /// A stacked expert parameter is its experts' tensors in a Hub file, expert by expert (gate
+    /// then up in `gate_up_proj`), each named back to the parameter; anything else is itself.
+    #[test]
+    fn stacked_experts_are_per_expert_tensors_in_a_file() {
+        let p = ParamName::Experts(1, ExpertProj::GateUp, MoeNames::Mixtral);
+        let got: Vec<(String, Vec<i64>, i64)> = p
+            .file_tensors(&[2, 6, 4])
+            .into_iter()
+            .map(|t| (t.name, t.shape, t.offset))
+            .collect();
+        let name =
+            |e: i64, w: &str| format!("model.layers.1.block_sparse_moe.experts.{e}.{w}.weight");
+        assert_eq!(
+            got,
+            vec![
+                (name(0, "w1"), vec![3, 4], 0),
+                (name(0, "w3"), vec![3, 4], 12),
+                (name(1, "w1"), vec![3, 4], 24),
+                (name(1, "w3"), vec![3, 4], 36),
+            ]
+        );
+        let down = ParamName::Experts(0, ExpertProj::Down, MoeNames::Qwen);
+        let files = down.file_tensors(&[3, 4, 5]);
+        assert_eq!(files.len(), 3);
+        assert_eq!(
+            files[2].name,
+            "model.layers.0.mlp.experts.2.down_proj.weight"
+        );
+        assert_eq!((files[2].shape.clone(), files[2].offset), (vec![4, 5], 40));
+        for t in p.file_tensors(&[2, 6, 4]).iter().chain(&files) {
+            let (of, _) = ParamName::of_expert_file_tensor(&t.name).unwrap();
+            assert_eq!(
+                of.hf_name(),
+                if t.name.contains("down") {
+                    down.hf_name()
+                } else {
+                    p.hf_name()
+                }
+            );
+        }
+        assert_eq!(
+            ParamName::of_expert_file_tensor("model.layers.0.mlp.experts.2.w1.weight"),
+            None
+        );
+        let embed = ParamName::Embed.file_tensors(&[10, 4]);
+        assert_eq!(
+            embed,
+            vec![FileTensor {
+                name: "model.embed_tokens.weight".into(),
+                shape: vec![10, 4],
+                offset: 0
+            }]
         );
     }
 }

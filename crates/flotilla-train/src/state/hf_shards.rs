@@ -18,6 +18,14 @@ use crate::safetensors_io::{SafetensorsError, SafetensorsWriter};
 /// One tensor of a plan: its name, the dtype it is written in and its shape.
 pub type PlannedTensor = (String, Kind, Vec<i64>);
 
+/// Parameter `name` (of `shape`, written in `kind`) as a Hugging Face weights file's tensors.
+pub fn hub_planned(name: &str, kind: Kind, shape: &[i64]) -> Vec<PlannedTensor> {
+    crate::model::names::file_tensors_of(name, shape)
+        .into_iter()
+        .map(|t| (t.name, kind, t.shape))
+        .collect()
+}
+
 /// The files a plan writes: each file's name and the indices of its tensors (in order).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ShardPlan {
@@ -189,6 +197,25 @@ impl ShardedWriter {
             });
         };
         self.writers[k].write(name, tensor)
+    }
+
+    /// Writes parameter `name`'s whole tensor as a Hugging Face weights file holds it: itself,
+    /// or a stacked expert parameter's per-expert tensors
+    /// ([`file_tensors_of`](crate::model::names::file_tensors_of); the plan lists them so,
+    /// [`hub_planned`]).
+    pub fn write_param(&mut self, name: &str, tensor: &Tensor) -> Result<(), SafetensorsError> {
+        let parts = crate::model::names::file_tensors_of(name, &tensor.size());
+        if parts.len() == 1 && parts[0].name == name {
+            return self.write(name, tensor);
+        }
+        let flat = tensor.reshape([-1]);
+        for part in parts {
+            let t = flat
+                .narrow(0, part.offset, part.numel())
+                .view(part.shape.as_slice());
+            self.write(&part.name, &t)?;
+        }
+        Ok(())
     }
 
     /// Finishes every file (each renamed into place once whole) and writes the index when

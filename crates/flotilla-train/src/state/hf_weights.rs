@@ -9,10 +9,11 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 use tch::{Device, Kind, Tensor};
 
-use super::hf_shards::ShardedWriter;
+use super::hf_shards::{hub_planned, ShardedWriter};
 use super::param_source::{FileSource, TensorSource};
 use crate::error::TrainError;
 use crate::model::hf_config::{io_err, kind_name, read_hf_config, weight_kind, HfConfigError};
+use crate::model::names::file_tensors_of;
 use crate::model::{finish_hf_dir, read_model_config, write_generation_config, SpecialIds};
 use crate::model::{CausalLm, ModelError, Params};
 
@@ -73,10 +74,13 @@ impl HfWeights {
         let config = read_model_config(dir)?;
         let model = CausalLm::new(&config)?;
         let declared_kind = weight_kind(&read_hf_config(dir)?);
-        let source = FileSource::open(&weight_files(dir)?, "")?;
+        let source = FileSource::open(&weight_files(dir)?, "")?.with_parts_of(&model);
         for file in source.files() {
             for name in file.tensors().keys() {
-                if name.ends_with("rotary_emb.inv_freq") || model.param_spec(name).is_some() {
+                if name.ends_with("rotary_emb.inv_freq")
+                    || model.param_spec(name).is_some()
+                    || source.is_part(name)
+                {
                     continue; // an old buffer recomputed from the config, or a weight
                 }
                 if name == "lm_head.weight" && config.tie_word_embeddings {
@@ -105,11 +109,7 @@ impl HfWeights {
 
     /// Elements `lo..hi` of parameter `name`, flattened (CPU, the file's dtype).
     pub fn read_range(&self, name: &str, lo: i64, hi: i64) -> Result<Tensor, ModelError> {
-        let file = self
-            .source
-            .find(name)
-            .ok_or_else(|| ModelError::MissingParam { name: name.into() })?;
-        Ok(file.read_range(name, lo, hi)?)
+        self.source.read_param(name, lo, hi)
     }
 }
 
@@ -187,13 +187,16 @@ pub fn save_hf_dir(
     let order = model
         .param_specs()
         .iter()
-        .map(|s| (s.name.clone(), kind, s.shape.clone()))
+        .flat_map(|s| hub_planned(&s.name, kind, &s.shape))
         .collect();
     let max = opts.max_shard_bytes.unwrap_or(u64::MAX);
     let mut writer = ShardedWriter::create(dir, "model", order, max)?;
     for s in model.param_specs() {
-        let t = source.read_range(&s.name, 0, s.numel() as i64)?;
-        writer.write(&s.name, &t)?;
+        // A parameter a file holds in parts (stacked experts) is read a part at a time.
+        for part in file_tensors_of(&s.name, &s.shape) {
+            let t = source.read_range(&s.name, part.offset, part.offset + part.numel())?;
+            writer.write(&part.name, &t)?;
+        }
     }
     writer.finish()?;
     finish_hf_dir(dir, model, kind, opts.base, &opts.special)?;
@@ -218,4 +221,86 @@ pub fn save_hf(
             message: other.to_string(),
         },
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::safetensors_io::SafetensorsFile;
+    use flotilla_config::schema::ModelConfig;
+
+    fn tiny_mixtral() -> ModelConfig {
+        serde_yaml::from_str(
+            "{name: t, vocab_size: 40, hidden_size: 16, intermediate_size: 24, \
+             num_hidden_layers: 2, num_attention_heads: 2, num_key_value_heads: 1, \
+             max_position_embeddings: 32, rms_norm_eps: 1.0e-5, rope_theta: 10000.0, \
+             rope_scaling: null, tie_word_embeddings: false, initializer_range: 0.02, \
+             init_from: null, model_type: mixtral, \
+             moe: {num_experts: 3, num_experts_per_tok: 2}}",
+        )
+        .unwrap()
+    }
+
+    /// A mixture's stacked experts are written per expert under the Hub's names (no stacked
+    /// tensor in the file), read back whole and by any range across the experts' tensors, and a
+    /// file without one expert's tensor is refused naming it.
+    #[test]
+    fn stacked_experts_are_per_expert_tensors_in_the_files() {
+        let model = CausalLm::new(&tiny_mixtral()).unwrap();
+        let params = model.init_params(5, Device::Cpu, Kind::Float);
+        let dir = tempfile::tempdir().unwrap();
+        save_hf(dir.path(), &model, &params, Kind::Float).unwrap();
+
+        let file = SafetensorsFile::open(dir.path().join(WEIGHTS_FILE)).unwrap();
+        let names: Vec<&String> = file.tensors().keys().collect();
+        assert!(names.iter().all(|n| !n.ends_with("_proj")), "{names:?}");
+        let gate_up = params
+            .get("model.layers.1.block_sparse_moe.experts.gate_up_proj")
+            .unwrap();
+        let down = params
+            .get("model.layers.1.block_sparse_moe.experts.down_proj")
+            .unwrap();
+        assert_eq!(gate_up.size(), [3, 48, 16]);
+        let up2 = file
+            .read("model.layers.1.block_sparse_moe.experts.2.w3.weight")
+            .unwrap();
+        assert_eq!(up2.size(), [24, 16]);
+        assert!(up2.equal(&gate_up.get(2).narrow(0, 24, 24)));
+        let down0 = file
+            .read("model.layers.1.block_sparse_moe.experts.0.w2.weight")
+            .unwrap();
+        assert!(down0.equal(&down.get(0)));
+
+        let (_, weights) = HfWeights::open(dir.path()).unwrap();
+        let flat = gate_up.reshape([-1]);
+        for (lo, hi) in [(0, 1), (24 * 16 - 5, 3 * 24 * 16 + 7), (100, 48 * 16 * 3)] {
+            let got = weights
+                .read_range(
+                    "model.layers.1.block_sparse_moe.experts.gate_up_proj",
+                    lo,
+                    hi,
+                )
+                .unwrap();
+            assert!(got.equal(&flat.narrow(0, lo, hi - lo)), "{lo}..{hi}");
+        }
+        let (_, loaded) = load_hf(dir.path(), Device::Cpu, None).unwrap();
+        for (name, t) in params.iter() {
+            assert!(loaded.get(name).unwrap().equal(t), "{name}");
+        }
+
+        let gone = "model.layers.0.block_sparse_moe.experts.1.w2.weight";
+        let kept: Vec<(String, Tensor)> = Tensor::read_safetensors(dir.path().join(WEIGHTS_FILE))
+            .unwrap()
+            .into_iter()
+            .filter(|(n, _)| n != gone)
+            .collect();
+        Tensor::write_safetensors(&kept, dir.path().join(WEIGHTS_FILE)).unwrap();
+        let err = HfWeights::open(dir.path())
+            .err()
+            .expect("a missing expert is refused");
+        assert!(
+            matches!(&err, ModelError::MissingTensor { name, .. } if name == gone),
+            "{err}"
+        );
+    }
 }

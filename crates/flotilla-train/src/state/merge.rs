@@ -9,9 +9,9 @@ use std::path::Path;
 
 use tch::{Device, Kind, Tensor};
 
-use super::hf_shards::{PlannedTensor, ShardedWriter};
+use super::hf_shards::{hub_planned, PlannedTensor, ShardedWriter};
 use crate::error::TrainError;
-use crate::model::names::{ExpertProj, ExpertWeight, ExpertWrap, LoraFactor, ParamName};
+use crate::model::names::{ExpertProj, ExpertWrap, LoraFactor, ParamName};
 use crate::model::{CausalLm, ModelError};
 use crate::state::param_source::TensorSource;
 use flotilla_config::schema::LoraConfig;
@@ -25,39 +25,32 @@ pub fn merge_lora(w: &Tensor, a: &Tensor, b: &Tensor, scale: f64) -> Result<Tens
     Ok(w.f_to_kind(Kind::Float)?.f_add(&(update * scale))?)
 }
 
-/// The LoRA factors that adapt one base parameter, and which part of their product is its
-/// update.
+/// The LoRA factors that adapt one base parameter.
 struct Factors {
     a: String,
     b: String,
     scale: f64,
-    /// A fused expert parameter's factors: expert `e` of `experts` (PEFT's layout: `A`'s rows
+    /// A stacked expert parameter's factors, over this many experts (PEFT's layout: `A`'s rows
     /// expert-major, `B`'s columns rank-major).
-    expert: Option<(i64, i64)>,
-    /// The rows of the update that are this parameter's (`gate_proj` and `up_proj` share the
-    /// fused `gate_up_proj`'s update).
-    rows: Option<(i64, i64)>,
+    experts: Option<i64>,
 }
 
 impl Factors {
     /// `w + scale · update`, in fp32.
     fn merge(&self, w: &Tensor, a: &Tensor, b: &Tensor) -> Result<Tensor, TrainError> {
-        let (a, b) = match self.expert {
-            Some((e, experts)) => {
-                let r = a.size()[0] / experts;
-                let out = b.size()[0];
-                (
-                    a.f_narrow(0, e * r, r)?,
-                    b.f_reshape([out, r, experts])?.f_select(2, e)?,
-                )
-            }
-            None => (a.shallow_clone(), b.shallow_clone()),
+        let Some(experts) = self.experts else {
+            return merge_lora(w, a, b, self.scale);
         };
-        let b = match self.rows {
-            Some((lo, n)) => b.f_narrow(0, lo, n)?,
-            None => b,
-        };
-        merge_lora(w, &a, &b, self.scale)
+        // PEFT's `einsum("o r e, e r i -> e o i")`: expert e's `B_e @ A_e`.
+        let _guard = tch::no_grad_guard();
+        let r = a.size()[0] / experts;
+        let a = a.f_to_kind(Kind::Float)?.f_reshape([experts, r, -1])?;
+        let b = b
+            .f_to_kind(Kind::Float)?
+            .f_reshape([b.size()[0], r, experts])?
+            .f_permute([2, 0, 1])?;
+        let update = b.f_matmul(&a)?;
+        Ok(w.f_to_kind(Kind::Float)?.f_add(&(update * self.scale))?)
     }
 }
 
@@ -69,8 +62,7 @@ fn factors_of(model: &CausalLm, lora: &LoraConfig, name: &str) -> Option<Factors
         a: a.hf_name(),
         b: b.hf_name(),
         scale: lora.scale(),
-        expert: None,
-        rows: None,
+        experts: None,
     };
     let found = match ParamName::parse(name)? {
         ParamName::Layer(i, w) => plain(
@@ -81,33 +73,21 @@ fn factors_of(model: &CausalLm, lora: &LoraConfig, name: &str) -> Option<Factors
             ParamName::RouterLora(i, LoraFactor::A),
             ParamName::RouterLora(i, LoraFactor::B),
         ),
-        ParamName::Expert(i, e, w, _) => {
+        ParamName::Experts(i, proj, _) => {
             let on = lora.expert_targets(config);
-            let experts = config.moe.as_ref()?.num_experts as i64;
-            let inter = config.expert_intermediate_size() as i64;
-            let (proj, scale, rows) = match w {
-                ExpertWeight::Gate => (ExpertProj::GateUp, lora.gate_up_scale(), Some((0, inter))),
-                ExpertWeight::Up => (
-                    ExpertProj::GateUp,
-                    lora.gate_up_scale(),
-                    Some((inter, inter)),
-                ),
-                ExpertWeight::Down => (ExpertProj::Down, lora.scale(), None),
-            };
-            let wrap = ExpertWrap::of(proj, on.gate_up, on.down);
-            let adapted = match proj {
-                ExpertProj::GateUp => on.gate_up,
-                ExpertProj::Down => on.down,
+            let (adapted, scale) = match proj {
+                ExpertProj::GateUp => (on.gate_up, lora.gate_up_scale()),
+                ExpertProj::Down => (on.down, lora.scale()),
             };
             if !adapted {
                 return None;
             }
+            let wrap = ExpertWrap::of(proj, on.gate_up, on.down);
             Factors {
                 a: ParamName::ExpertLora(i, wrap, LoraFactor::A).hf_name(),
                 b: ParamName::ExpertLora(i, wrap, LoraFactor::B).hf_name(),
                 scale,
-                expert: Some((e as i64, experts)),
-                rows,
+                experts: Some(config.moe.as_ref()?.num_experts as i64),
             }
         }
         _ => return None,
@@ -198,7 +178,7 @@ impl<'a> MergedStream<'a> {
         for u in 0..model.units().len() {
             let (mut base, mut needs) = (vec![], vec![]);
             for spec in model.owned_params(u).filter(|s| is_base(&s.name)) {
-                order.push((spec.name.clone(), kind, spec.shape.clone()));
+                order.extend(hub_planned(&spec.name, kind, &spec.shape));
                 base.push(spec.name.clone());
                 needs.push(spec.name.clone());
                 if let Some(f) = factors_of(model, lora, &spec.name) {
@@ -240,7 +220,7 @@ impl<'a> MergedStream<'a> {
                     Some(f) => f.merge(w, &self.arrived[&f.a], &self.arrived[&f.b])?,
                     None => w.shallow_clone(),
                 };
-                self.writer.write(name, &merged)?;
+                self.writer.write_param(name, &merged)?;
             }
             for n in needs {
                 self.arrived.remove(n);

@@ -14,6 +14,7 @@ use std::path::PathBuf;
 use tch::{Device, Kind, Tensor};
 
 use crate::error::TrainError;
+use crate::model::names::{file_tensors_of, FileTensor};
 use crate::model::{is_float_kind, CausalLm, Init, ModelError, Params};
 use crate::safetensors_io::{SafetensorsError, SafetensorsFile};
 
@@ -89,6 +90,9 @@ pub struct FileSource {
     by_name: HashMap<String, usize>,
     prefix: String,
     suffix: String,
+    /// The parameters a Hugging Face weights file holds in parts (stacked experts, per expert),
+    /// read from those parts where the files do not hold them whole.
+    parts: HashMap<String, Vec<FileTensor>>,
 }
 
 impl FileSource {
@@ -117,6 +121,59 @@ impl FileSource {
             by_name,
             prefix: prefix.to_string(),
             suffix: suffix.to_string(),
+            parts: HashMap::new(),
+        })
+    }
+
+    /// Reads `model`'s parameters that a Hugging Face weights file holds in parts (a stacked
+    /// expert parameter as its experts' tensors, [`file_tensors_of`]) from those parts when
+    /// the files do not hold them whole.
+    pub fn with_parts_of(mut self, model: &CausalLm) -> Self {
+        for s in model.param_specs() {
+            let parts = file_tensors_of(&s.name, &s.shape);
+            if parts.len() > 1 || parts[0].name != s.name {
+                self.parts.insert(s.name.clone(), parts);
+            }
+        }
+        self
+    }
+
+    /// Whether `key` is a part of a parameter ([`FileSource::with_parts_of`]).
+    pub fn is_part(&self, key: &str) -> bool {
+        self.parts
+            .values()
+            .any(|parts| parts.iter().any(|p| self.key(&p.name) == key))
+    }
+
+    /// Elements `lo..hi` of parameter `name`'s flattened tensor: from its tensor, or from the
+    /// parts that hold it.
+    pub fn read_param(&self, name: &str, lo: i64, hi: i64) -> Result<Tensor, ModelError> {
+        let key = self.key(name);
+        if let Some(file) = self.find(&key) {
+            return Ok(file.read_range(&key, lo, hi)?);
+        }
+        let parts = self
+            .parts
+            .get(name)
+            .ok_or_else(|| ModelError::MissingParam { name: key.clone() })?;
+        let mut pieces = vec![];
+        for part in parts {
+            let (start, end) = (part.offset, part.offset + part.numel());
+            let (a, b) = (lo.max(start), hi.min(end));
+            if a >= b {
+                continue;
+            }
+            let key = self.key(&part.name);
+            let file = self
+                .find(&key)
+                .ok_or_else(|| ModelError::MissingParam { name: key.clone() })?;
+            pieces.push(file.read_range(&key, a - start, b - start)?);
+        }
+        Ok(match pieces.len() {
+            1 => pieces.pop().expect("one piece"),
+            _ => Tensor::f_cat(&pieces, 0).map_err(|e| ModelError::MissingParam {
+                name: format!("{key}: {e}"),
+            })?,
         })
     }
 
@@ -156,33 +213,47 @@ impl FileSource {
     ) -> Result<(), ModelError> {
         for s in specs {
             let key = self.key(&s.name);
-            let Some(file) = self.find(&key) else {
-                return Err(ModelError::MissingTensor {
-                    name: key,
-                    files: self
-                        .files
-                        .iter()
-                        .map(|f| f.path().display().to_string())
-                        .collect::<Vec<_>>()
-                        .join(", "),
-                });
-            };
-            let info = file.info(&key).expect("indexed");
-            if info.shape != s.shape {
-                return Err(ModelError::ShapeMismatch {
-                    name: key,
-                    expected: s.shape.clone(),
-                    found: info.shape.clone(),
-                    file: Some(file.path().to_path_buf()),
-                });
+            if self.find(&key).is_none() {
+                if let Some(parts) = self.parts.get(&s.name) {
+                    for part in parts {
+                        self.check_tensor(self.key(&part.name), &part.shape)?;
+                    }
+                    continue;
+                }
             }
-            if !is_float_kind(info.kind) {
-                return Err(ModelError::UnsupportedDtype {
-                    name: key,
-                    dtype: format!("{:?}", info.kind),
-                    file: Some(file.path().to_path_buf()),
-                });
-            }
+            self.check_tensor(key, &s.shape)?;
+        }
+        Ok(())
+    }
+
+    /// Checks that tensor `key` is there with `shape` and a floating dtype.
+    fn check_tensor(&self, key: String, shape: &[i64]) -> Result<(), ModelError> {
+        let Some(file) = self.find(&key) else {
+            return Err(ModelError::MissingTensor {
+                name: key,
+                files: self
+                    .files
+                    .iter()
+                    .map(|f| f.path().display().to_string())
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            });
+        };
+        let info = file.info(&key).expect("indexed");
+        if info.shape != shape {
+            return Err(ModelError::ShapeMismatch {
+                name: key,
+                expected: shape.to_vec(),
+                found: info.shape.clone(),
+                file: Some(file.path().to_path_buf()),
+            });
+        }
+        if !is_float_kind(info.kind) {
+            return Err(ModelError::UnsupportedDtype {
+                name: key,
+                dtype: format!("{:?}", info.kind),
+                file: Some(file.path().to_path_buf()),
+            });
         }
         Ok(())
     }
@@ -194,11 +265,7 @@ impl TensorSource for FileSource {
     }
 
     fn read_range(&self, name: &str, lo: i64, hi: i64) -> Result<Tensor, TrainError> {
-        let key = self.key(name);
-        let file = self
-            .find(&key)
-            .ok_or_else(|| ModelError::MissingParam { name: key.clone() })?;
-        Ok(file.read_range(&key, lo, hi)?)
+        Ok(self.read_param(name, lo, hi)?)
     }
 }
 

@@ -18,13 +18,11 @@ use flotilla_config::schema::{
 use super::layers::attention::{causal_attention, AttentionOptions};
 use super::layers::linear::{linear, Projections};
 use super::layers::mlp::{geglu, swiglu};
-use super::layers::moe::{LoraPair, MoeAdapters, SparseMlp};
+use super::layers::moe::{LoraPair, MoeAdapters, SparseMlp, StackedExperts};
 use super::layers::norm::{gemma_rms_norm, rms_norm};
 use super::layers::rope::{apply_rotary, shape_tables};
 use super::layers::softcap::soft_cap;
-use super::names::{
-    ExpertProj, ExpertWeight, ExpertWrap, LayerWeight, LoraFactor, MoeNames, ParamName,
-};
+use super::names::{ExpertProj, ExpertWrap, LayerWeight, LoraFactor, MoeNames, ParamName};
 use super::{FamilyUnits, ForwardCtx, Init, KvCache, ModelError, ParamSpec, Unit};
 
 /// How an RMSNorm applies its weight.
@@ -280,15 +278,13 @@ pub fn build(
                 let router_name = ParamName::Router(i, moe_names);
                 names.push(add(&mut specs, router_name, router_shape, normal, u));
                 let experts = names.len();
-                for e in 0..m.num_experts {
-                    for w in ExpertWeight::ALL {
-                        let shape = match w {
-                            ExpertWeight::Gate | ExpertWeight::Up => vec![e_inter, h],
-                            ExpertWeight::Down => vec![h, e_inter],
-                        };
-                        let name = ParamName::Expert(i, e, w, moe_names);
-                        names.push(add(&mut specs, name, shape, normal, u));
-                    }
+                let e = m.num_experts as i64;
+                for (proj, shape) in [
+                    (ExpertProj::GateUp, vec![e, 2 * e_inter, h]),
+                    (ExpertProj::Down, vec![e, h, e_inter]),
+                ] {
+                    let name = ParamName::Experts(i, proj, moe_names);
+                    names.push(add(&mut specs, name, shape, normal, u));
                 }
                 Some(SparseSlots {
                     router,
@@ -581,7 +577,8 @@ struct Block {
 }
 
 /// Where a sparse layer's router and experts sit in its block's parameters (the router, then
-/// each expert's gate, up and down projections; LoRA's factors last), and how it routes.
+/// the experts' stacked `gate_up_proj` and `down_proj`; LoRA's factors last), and how it
+/// routes.
 #[derive(Clone, Copy, Debug)]
 struct SparseSlots {
     router: usize,
@@ -763,7 +760,6 @@ impl Block {
         };
         let h = self.norm(params, pre_mlp, &x);
         if let Some(moe) = &self.moe {
-            let experts = &params[moe.experts..moe.experts + 3 * moe.mlp.num_experts as usize];
             let jitter_seed = ctx
                 .dropout_seed
                 .map(|s| s.wrapping_add((self.index as u64 + 1).wrapping_mul(0x9E37_79B9)));
@@ -772,7 +768,10 @@ impl Block {
             return x + moe.mlp.forward(
                 &h,
                 &params[moe.router],
-                experts,
+                StackedExperts {
+                    gate_up: &params[moe.experts],
+                    down: &params[moe.experts + 1],
+                },
                 &adapters,
                 jitter_seed,
                 log,

@@ -1,10 +1,15 @@
 //! A mixture of experts' sparse MLP, as transformers computes `MixtralSparseMoeBlock` and
 //! `Qwen3MoeSparseMoeBlock`: the router's logits, their softmax in fp32, each token's top-k
 //! experts (the scores renormalised where the family does), and the experts' SwiGLU MLPs run on
-//! the tokens grouped by expert: one matrix product per expert and projection, no loop over
-//! tokens. The grouping is a stable sort of the (token, slot) assignments and its inverse
-//! permutation, so forward and backward are deterministic (every gather and scatter moves each
-//! row once; the sum over a token's k experts is a plain reduction).
+//! the tokens grouped by expert, no loop over tokens. The experts are stacked as transformers 5
+//! keeps them (`gate_up_proj` `[experts, 2 inter, hidden]`, `down_proj` `[experts, hidden,
+//! inter]`), so that each projection of every expert is one grouped matrix product
+//! (`torch._grouped_mm`, with the group ends computed on the device: no host read, one kernel
+//! per projection); shapes it cannot take (a row not a multiple of 16 bytes, fp64) run one
+//! product per expert instead, with the same values. The grouping is a stable sort of the
+//! (token, slot) assignments and its inverse permutation, so forward and backward are
+//! deterministic (every gather and scatter moves each row once; the sum over a token's k
+//! experts is a plain reduction).
 //!
 //! LoRA adapts the router and the experts as PEFT does on transformers 5's fused experts
 //! ([`MoeAdapters`]): each adapted parameter's `W + scale·B_e·A_e`, applied as the low-rank
@@ -103,6 +108,45 @@ impl LoraPair<'_> {
         let (a, b) = self.of_expert(e, experts);
         linear(&linear(x, &a), &b) * self.scale
     }
+
+    /// [`LoraPair::update`] of every expert at once over rows grouped by expert (`ends`: each
+    /// group's end): `A` as `[experts, in, r]`, `B` as `[experts, r, out]`.
+    fn grouped_update(&self, x: &Tensor, ends: &Tensor, experts: i64) -> Tensor {
+        let (r, inp) = (self.a.size()[0] / experts, self.a.size()[1]);
+        let out = self.b.size()[0];
+        let a = self.a.view([experts, r, inp]).transpose(1, 2);
+        let b = self
+            .b
+            .view([out, r, experts])
+            .permute([2, 1, 0])
+            .contiguous();
+        grouped_mm(&grouped_mm(x, &a, ends), &b, ends) * self.scale
+    }
+}
+
+/// `x`'s rows in groups (group `g` ends at row `ends[g]`, int32), group `g` times `w[g]`
+/// (`[groups, in, out]`).
+fn grouped_mm(x: &Tensor, w: &Tensor, ends: &Tensor) -> Tensor {
+    x.internal_grouped_mm::<&Tensor>(w, Some(ends), None, None)
+}
+
+/// Whether `torch._grouped_mm` takes a layer of this dtype and these widths: fp32, bf16 or fp16,
+/// every row of its operands a multiple of 16 bytes.
+fn grouped_mm_takes(kind: Kind, widths: &[i64]) -> bool {
+    let bytes = match kind {
+        Kind::Float => 4,
+        Kind::BFloat16 | Kind::Half => 2,
+        _ => return false,
+    };
+    widths.iter().all(|w| (w * bytes) % 16 == 0)
+}
+
+/// A sparse layer's experts, stacked: `gate_up` `[experts, 2 inter, hidden]` (each expert's
+/// gate rows, then its up rows) and `down` `[experts, hidden, inter]`.
+#[derive(Clone, Copy, Debug)]
+pub struct StackedExperts<'a> {
+    pub gate_up: &'a Tensor,
+    pub down: &'a Tensor,
 }
 
 /// A sparse layer's LoRA adapters, each absent where the job does not adapt it.
@@ -119,15 +163,14 @@ pub struct MoeAdapters<'a> {
 
 impl SparseMlp {
     /// The layer's output for `x` (`[B, T, hidden]`), in `x`'s dtype. `router` is `[experts,
-    /// hidden]`; `experts` holds each expert's gate, up and down projections in turn;
-    /// `adapters` their LoRA factors. `jitter_seed`: training (the noise is drawn from it),
-    /// `None` in evaluation and generation. With `log`, the layer's routing statistics are
-    /// recorded as layer `layer`.
+    /// hidden]`; `experts` the stacked experts; `adapters` their LoRA factors. `jitter_seed`:
+    /// training (the noise is drawn from it), `None` in evaluation and generation. With `log`,
+    /// the layer's routing statistics are recorded as layer `layer`.
     pub fn forward(
         &self,
         x: &Tensor,
         router: &Tensor,
-        experts: &[Tensor],
+        experts: StackedExperts,
         adapters: &MoeAdapters,
         jitter_seed: Option<u64>,
         log: Option<(&RouterLog, usize)>,
@@ -179,7 +222,7 @@ impl SparseMlp {
         &self,
         rows: &Tensor,
         chosen: &Tensor,
-        experts: &[Tensor],
+        experts: StackedExperts,
         adapters: &MoeAdapters,
     ) -> Tensor {
         let (n, hidden) = (rows.size()[0], rows.size()[1]);
@@ -193,11 +236,53 @@ impl SparseMlp {
             .expand([n, k, hidden], false)
             .reshape([n * k, hidden]);
         let grouped = expanded.index_select(0, &order);
-        let counts = Vec::<i64>::try_from(
-            flat.bincount::<Tensor>(None, self.num_experts)
-                .to_device(tch::Device::Cpu),
-        )
-        .expect("expert counts");
+        let counts = flat.bincount::<Tensor>(None, self.num_experts);
+        let inter = experts.down.size()[2];
+        let sorted = if grouped_mm_takes(grouped.kind(), &[hidden, inter]) {
+            self.grouped_experts(&grouped, &counts, experts, adapters)
+        } else {
+            self.expert_by_expert(&grouped, &counts, experts, adapters)
+        };
+        sorted.index_select(0, &order.argsort(0, false))
+    }
+
+    /// The experts' MLPs over `grouped` (rows sorted by expert, `counts` per expert) as two
+    /// grouped products, the LoRA updates as grouped products too: nothing read to the host.
+    fn grouped_experts(
+        &self,
+        grouped: &Tensor,
+        counts: &Tensor,
+        StackedExperts { gate_up, down }: StackedExperts,
+        adapters: &MoeAdapters,
+    ) -> Tensor {
+        let ends = counts.cumsum(0, Kind::Int);
+        let experts = self.num_experts;
+        let inter = down.size()[2];
+        let plain = grouped_mm(grouped, &gate_up.transpose(1, 2), &ends);
+        let fused = match &adapters.gate_up {
+            Some(lora) => plain + lora.grouped_update(grouped, &ends, experts),
+            None => plain,
+        };
+        let gated = swiglu(&fused.narrow(1, 0, inter), &fused.narrow(1, inter, inter));
+        let out = grouped_mm(&gated, &down.transpose(1, 2), &ends);
+        match &adapters.down {
+            Some(lora) => out + lora.grouped_update(&gated, &ends, experts),
+            None => out,
+        }
+    }
+
+    /// [`SparseMlp::grouped_experts`] one expert at a time (the counts read to the host), for
+    /// what the grouped product does not take.
+    fn expert_by_expert(
+        &self,
+        grouped: &Tensor,
+        counts: &Tensor,
+        StackedExperts { gate_up, down }: StackedExperts,
+        adapters: &MoeAdapters,
+    ) -> Tensor {
+        let counts =
+            Vec::<i64>::try_from(counts.to_device(tch::Device::Cpu)).expect("expert counts");
+        let inter = down.size()[2];
         let mut outputs = Vec::with_capacity(counts.len());
         let mut start = 0;
         for (e, &count) in counts.iter().enumerate() {
@@ -205,30 +290,21 @@ impl SparseMlp {
                 continue;
             }
             let x = grouped.narrow(0, start, count);
-            let w = &experts[3 * e..3 * e + 3];
             let (e, n) = (e as i64, self.num_experts);
-            let (gate, up) = (linear(&x, &w[0]), linear(&x, &w[1]));
-            let (gate, up) = match &adapters.gate_up {
-                Some(lora) => {
-                    let update = lora.update(&x, e, n);
-                    let inter = gate.size()[1];
-                    (
-                        gate + update.narrow(1, 0, inter),
-                        up + update.narrow(1, inter, inter),
-                    )
-                }
-                None => (gate, up),
+            let plain = linear(&x, &gate_up.get(e));
+            let fused = match &adapters.gate_up {
+                Some(lora) => plain + lora.update(&x, e, n),
+                None => plain,
             };
-            let gated = swiglu(&gate, &up);
-            let out = linear(&gated, &w[2]);
+            let gated = swiglu(&fused.narrow(1, 0, inter), &fused.narrow(1, inter, inter));
+            let out = linear(&gated, &down.get(e));
             outputs.push(match &adapters.down {
                 Some(lora) => out + lora.update(&gated, e, n),
                 None => out,
             });
             start += count;
         }
-        let sorted = Tensor::cat(&outputs, 0);
-        sorted.index_select(0, &order.argsort(0, false))
+        Tensor::cat(&outputs, 0)
     }
 
     /// What the load-balancing loss reads of this layer, as `load_balancing_loss_func` computes
@@ -295,51 +371,131 @@ mod tests {
         }
     }
 
-    fn weights() -> (Tensor, Tensor, Vec<Tensor>) {
+    /// An input `[2, 6, 8]`, a router over 5 experts, and the experts stacked: `gate_up`
+    /// `[5, 24, 8]` (inter 12), `down` `[5, 8, 12]`.
+    fn weights() -> (Tensor, Tensor, Tensor, Tensor) {
         tch::manual_seed(7);
-        let x = Tensor::randn([2, 6, 8], (Kind::Float, Device::Cpu));
-        let router = Tensor::randn([5, 8], (Kind::Float, Device::Cpu));
-        let experts = (0..5)
-            .flat_map(|_| {
-                [
-                    Tensor::randn([12, 8], (Kind::Float, Device::Cpu)) * 0.3,
-                    Tensor::randn([12, 8], (Kind::Float, Device::Cpu)) * 0.3,
-                    Tensor::randn([8, 12], (Kind::Float, Device::Cpu)) * 0.3,
-                ]
-            })
-            .collect();
-        (x, router, experts)
+        let opts = (Kind::Float, Device::Cpu);
+        let x = Tensor::randn([2, 6, 8], opts);
+        let router = Tensor::randn([5, 8], opts);
+        let gate_up = Tensor::randn([5, 24, 8], opts) * 0.3;
+        let down = Tensor::randn([5, 8, 12], opts) * 0.3;
+        (x, router, gate_up, down)
     }
 
-    /// The grouped dispatch equals routing each token by itself.
+    /// The grouped dispatch equals routing each token by itself, on both paths (fp32 takes the
+    /// grouped products, fp64 one product per expert).
     #[test]
     fn grouped_dispatch_equals_a_loop_over_tokens() {
-        let (x, router, experts) = weights();
-        for norm in [false, true] {
-            let mlp = layer(0.0, norm);
-            let got = mlp.forward(&x, &router, &experts, &MoeAdapters::default(), None, None);
-            let rows = x.reshape([-1, 8]);
-            let mut want = Vec::new();
-            for t in 0..rows.size()[0] {
-                let r = rows.get(t);
-                let probs = linear(&r, &router).softmax(-1, Kind::Float);
-                let (mut s, e) = probs.topk(2, -1, true, true);
-                if norm {
-                    s = &s / s.sum(Kind::Float);
+        let (x, router, gate_up, down) = weights();
+        for kind in [Kind::Float, Kind::Double] {
+            let (x, router) = (x.to_kind(kind), router.to_kind(kind));
+            let (gate_up, down) = (gate_up.to_kind(kind), down.to_kind(kind));
+            for norm in [false, true] {
+                let mlp = layer(0.0, norm);
+                let got = mlp.forward(
+                    &x,
+                    &router,
+                    StackedExperts {
+                        gate_up: &gate_up,
+                        down: &down,
+                    },
+                    &MoeAdapters::default(),
+                    None,
+                    None,
+                );
+                let rows = x.reshape([-1, 8]);
+                let mut want = Vec::new();
+                for t in 0..rows.size()[0] {
+                    let r = rows.get(t);
+                    let probs = linear(&r, &router).softmax(-1, Kind::Float);
+                    let (mut s, e) = probs.topk(2, -1, true, true);
+                    if norm {
+                        s = &s / s.sum(Kind::Float);
+                    }
+                    let mut out = r.zeros_like();
+                    for j in 0..2 {
+                        let e = e.int64_value(&[j]);
+                        let (gate, up) = (
+                            gate_up.get(e).narrow(0, 0, 12),
+                            gate_up.get(e).narrow(0, 12, 12),
+                        );
+                        let y = linear(&swiglu(&linear(&r, &gate), &linear(&r, &up)), &down.get(e));
+                        out += y * s.double_value(&[j]);
+                    }
+                    want.push(out);
                 }
-                let mut out = r.zeros_like();
-                for j in 0..2 {
-                    let e = e.int64_value(&[j]) as usize;
-                    let w = &experts[3 * e..3 * e + 3];
-                    let y = linear(&swiglu(&linear(&r, &w[0]), &linear(&r, &w[1])), &w[2]);
-                    out += y * s.double_value(&[j]);
-                }
-                want.push(out);
+                let want = Tensor::stack(&want, 0).view([2, 6, 8]);
+                let err = (&got - &want).abs().max().double_value(&[]);
+                assert!(err < 1e-5, "{kind:?} norm_topk_prob {norm}: {err}");
             }
-            let want = Tensor::stack(&want, 0).view([2, 6, 8]);
-            let err = (&got - &want).abs().max().double_value(&[]);
-            assert!(err < 1e-5, "norm_topk_prob {norm}: {err}");
         }
+    }
+
+    /// The grouped products give the values and the gradients (input, experts, LoRA factors)
+    /// of one product per expert, with an expert that no token chose.
+    #[test]
+    fn grouped_products_equal_expert_by_expert() {
+        let (x, _, gate_up, down) = weights();
+        let opts = (Kind::Float, Device::Cpu);
+        let (e, inter, hidden, r) = (5i64, 12i64, 8i64, 3i64);
+        let leaves = [
+            x.reshape([-1, hidden]).narrow(0, 0, 11),
+            gate_up,
+            down,
+            Tensor::randn([2 * r * e, hidden], opts) * 0.2,
+            Tensor::randn([2 * inter, 2 * r * e], opts) * 0.2,
+            Tensor::randn([r * e, inter], opts) * 0.2,
+            Tensor::randn([hidden, r * e], opts) * 0.2,
+        ]
+        .map(|t| t.detach().set_requires_grad(true));
+        // Rows sorted by expert; expert 2 gets none.
+        let counts = Tensor::from_slice(&[3i64, 4, 0, 1, 3]);
+        let mlp = layer(0.0, true);
+        let weight = Tensor::randn([11, hidden], opts);
+        let run = |grouped: bool| {
+            let [rows, gu, dn, gu_a, gu_b, dn_a, dn_b] = &leaves;
+            let adapters = MoeAdapters {
+                router: None,
+                gate_up: Some(LoraPair {
+                    a: gu_a,
+                    b: gu_b,
+                    scale: 0.5,
+                }),
+                down: Some(LoraPair {
+                    a: dn_a,
+                    b: dn_b,
+                    scale: 1.5,
+                }),
+            };
+            let experts = StackedExperts {
+                gate_up: gu,
+                down: dn,
+            };
+            let out = match grouped {
+                true => mlp.grouped_experts(rows, &counts, experts, &adapters),
+                false => mlp.expert_by_expert(rows, &counts, experts, &adapters),
+            };
+            let loss = (&out * &weight).sum(Kind::Float);
+            let grads = Tensor::run_backward(&[loss], &leaves, false, false);
+            (out, grads)
+        };
+        let (ours, our_grads) = run(true);
+        let (theirs, their_grads) = run(false);
+        let close = |a: &Tensor, b: &Tensor, what: &str| {
+            let err = (a - b).abs().max().double_value(&[]);
+            let scale = b.abs().max().double_value(&[]);
+            assert!(
+                scale > 0.0 && err <= 1e-6 * scale,
+                "{what}: {err} of {scale}"
+            );
+        };
+        close(&ours, &theirs, "output");
+        for (k, (a, b)) in our_grads.iter().zip(&their_grads).enumerate() {
+            close(a, b, &format!("gradient of leaf {k}"));
+        }
+        let unchosen = our_grads[1].get(2).abs().max().double_value(&[]);
+        assert_eq!(unchosen, 0.0, "an expert no row chose gets no gradient");
     }
 
     /// The adapters equal PEFT's merged parameters: `W + scale·delta` with PEFT's
@@ -347,7 +503,11 @@ mod tests {
     /// parameter (gate rows then up rows of `gate_up_proj`), and `W + scale·B@A` for the router.
     #[test]
     fn adapters_equal_pefts_merged_parameters() {
-        let (x, router, experts) = weights();
+        let (x, router, gate_up, down) = weights();
+        let stacked = StackedExperts {
+            gate_up: &gate_up,
+            down: &down,
+        };
         let (e, inter, hidden, r) = (5i64, 12i64, 8i64, 3i64);
         let opts = (Kind::Float, Device::Cpu);
         let gu = (
@@ -384,26 +544,19 @@ mod tests {
             let b = b.reshape([b.size()[0], rank, e]);
             Tensor::einsum("ore,eri->eoi", &[b, a], None::<&[i64]>)
         };
-        let (d_gu, d_dn) = (delta(&gu, 2 * r) * 0.5, delta(&dn, r) * 1.5);
-        let merged: Vec<Tensor> = (0..e)
-            .flat_map(|k| {
-                let w = &experts[3 * k as usize..3 * k as usize + 3];
-                let g = d_gu.get(k);
-                [
-                    &w[0] + g.narrow(0, 0, inter),
-                    &w[1] + g.narrow(0, inter, inter),
-                    &w[2] + d_dn.get(k),
-                ]
-            })
-            .collect();
+        let merged_gate_up = &gate_up + delta(&gu, 2 * r) * 0.5;
+        let merged_down = &down + delta(&dn, r) * 1.5;
         let merged_router = &router + rt.1.matmul(&rt.0) * 2.0;
         for norm in [false, true] {
             let mlp = layer(0.0, norm);
-            let ours = mlp.forward(&x, &router, &experts, &adapters, None, None);
+            let ours = mlp.forward(&x, &router, stacked, &adapters, None, None);
             let theirs = mlp.forward(
                 &x,
                 &merged_router,
-                &merged,
+                StackedExperts {
+                    gate_up: &merged_gate_up,
+                    down: &merged_down,
+                },
                 &MoeAdapters::default(),
                 None,
                 None,
@@ -414,7 +567,17 @@ mod tests {
                 err < 1e-5 * scale,
                 "norm_topk_prob {norm}: {err} of {scale}"
             );
-            let plain = mlp.forward(&x, &router, &experts, &MoeAdapters::default(), None, None);
+            let plain = mlp.forward(
+                &x,
+                &router,
+                StackedExperts {
+                    gate_up: &gate_up,
+                    down: &down,
+                },
+                &MoeAdapters::default(),
+                None,
+                None,
+            );
             let moved = (&ours - &plain).abs().max().double_value(&[]);
             assert!(
                 moved > 0.1 * scale,
@@ -426,9 +589,14 @@ mod tests {
     /// Jitter applies in training only (a seed), the same for the same seed.
     #[test]
     fn router_jitter_only_in_training() {
-        let (x, router, experts) = weights();
+        let (x, router, gate_up, down) = weights();
+        let stacked = StackedExperts {
+            gate_up: &gate_up,
+            down: &down,
+        };
         let run = |mlp: &SparseMlp, seed: Option<u64>| {
-            mlp.forward(&x, &router, &experts, &MoeAdapters::default(), seed, None)
+            let none = MoeAdapters::default();
+            mlp.forward(&x, &router, stacked, &none, seed, None)
         };
         let plain = run(&layer(0.0, true), None);
         let jittery = layer(0.4, true);
@@ -441,13 +609,16 @@ mod tests {
     /// The loss over recorded layers is transformers' formula, and its gradient is the counts'.
     #[test]
     fn load_balancing_matches_its_formula() {
-        let (x, router, experts) = weights();
+        let (x, router, gate_up, down) = weights();
         let log = RouterLog::default();
         let mlp = layer(0.0, true);
         let _ = mlp.forward(
             &x,
             &router,
-            &experts,
+            StackedExperts {
+                gate_up: &gate_up,
+                down: &down,
+            },
             &MoeAdapters::default(),
             None,
             Some((&log, 0)),
@@ -456,7 +627,10 @@ mod tests {
         let _ = mlp.forward(
             &x,
             &router2,
-            &experts,
+            StackedExperts {
+                gate_up: &gate_up,
+                down: &down,
+            },
             &MoeAdapters::default(),
             None,
             Some((&log, 3)),
