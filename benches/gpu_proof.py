@@ -21,7 +21,8 @@ Subcommands (each under ~9 minutes on an H200):
   NCCL on the GPU) against `trainer/dist=none`; one LoRA step (`peft=lora` from a PEFT-made adapter with a
   non-zero B) against PEFT; the host's waits for the GPU per training step (at most one, its
   figures read together: `FLOTILLA_CUDA_SYNC_DEBUG=warn`, runs of 2 and 6 steps at bf16-mixed and
-  16-mixed); `flotilla generate` greedy ids on --device against the CPU and
+  16-mixed); a sparse layer's experts as grouped products against one product per expert
+  (`flotilla bench experts`, a Qwen3-30B-A3B layer in bf16); `flotilla generate` greedy ids on --device against the CPU and
   against transformers' `generate` on --device (a tiny model trained briefly on the built-in
   arithmetic data); and a job far too large for the GPU (llama-1b, micro batch 64 x 2048,
   bf16-mixed, `compute.check_memory=false`) run to its out-of-memory failure, with `plan --memory`'s
@@ -422,6 +423,7 @@ def correctness(p):
     lora_step(p, preset, init, tokens, stream, seq, gbs, mbs, steps, dev, flotilla)
     host_syncs_check(p, cuda, findings, preset, tokens, seq, gbs, mbs, base)
     packed_attention_check(p, cuda, findings)
+    experts_check(p)
     generate_check(p, cuda, findings)
     oom_check(p, cuda, findings)
     p.say("", "Findings:", "") if findings else None
@@ -522,6 +524,31 @@ def packed_attention_check(p, cuda, findings):
                 f"{c['gradients']:.2e} (tol 2e-2, 3e-2); forward+backward "
                 f"{c['time_flash'] * 1e3:.2f} ms by bounds, {c['time_masked'] * 1e3:.2f} ms "
                 "masked")
+
+
+def experts_check(p):
+    """A sparse layer's experts as grouped products (`torch._grouped_mm`: CUTLASS's grouped GEMM
+    in bf16 on a Hopper GPU) against one product per expert on the same routed rows:
+    `flotilla bench experts` at a Qwen3-30B-A3B layer's shape (a small one with --tiny)."""
+    a = p.args
+    shape = (["--tokens", "256", "--hidden", "64", "--inter", "32", "--experts", "16",
+              "--top-k", "4"] if a.tiny else [])
+    rc, out = p.run([os.path.join(a.flotilla_dir, "flotilla"), "bench", "experts",
+                     "--device", a.device, "--dtype", "bfloat16", "--repeat", "3"] + shape,
+                    tail=3)
+    line = [ln for ln in out.splitlines() if ln.startswith("{")]
+    what = "experts: grouped products = one product per expert"
+    if rc != 0 or not line:
+        p.check(what, False, "flotilla bench experts failed: " +
+                (out.strip().splitlines() or ["no output"])[-1][:300])
+        return
+    c = json.loads(line[-1])
+    p.check(what, c["output"] < 2e-2 and c["gradients"] < 3e-2,
+            f"bf16, {'256 tokens, 16 experts' if a.tiny else '4096 tokens, 128 experts of 768 over 2048, 8 a token'}"
+            f" ({c['unchosen_experts']} unchosen): output {c['output']:.2e}, gradients "
+            f"{c['gradients']:.2e} (tol 2e-2, 3e-2); forward+backward "
+            f"{c['time_grouped'] * 1e3:.2f} ms grouped, {c['time_per_expert'] * 1e3:.2f} ms "
+            "per expert")
 
 
 def generate_check(p, cuda, findings):

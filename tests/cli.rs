@@ -779,3 +779,51 @@ fn contradictions_and_mandatory_runtime_values_are_refused_before_anything_is_cr
         assert!(out.status.success(), "{overrides:?}: {}", stderr(&out));
     }
 }
+
+/// `bench experts` on a CPU: the grouped products give what one product per expert gives (up to
+/// rounding), with experts that no token chose; a width the grouped product cannot take is
+/// refused naming it and the rule.
+#[test]
+fn bench_experts_compares_the_grouped_and_per_expert_products() {
+    let args = [
+        "bench",
+        "experts",
+        "--device",
+        "cpu",
+        "--dtype",
+        "float32",
+        "--tokens",
+        "48",
+        "--hidden",
+        "32",
+        "--inter",
+        "16",
+        "--experts",
+        "64",
+        "--top-k",
+        "2",
+        "--repeat",
+        "1",
+    ];
+    let v = json(&flotilla(&args));
+    for key in ["output", "gradients"] {
+        let d = v[key].as_f64().unwrap();
+        assert!(d <= 1e-6, "{key}: {d} in {v}");
+    }
+    for key in ["time_grouped", "time_per_expert"] {
+        assert!(v[key].as_f64().unwrap() > 0.0, "{key} in {v}");
+    }
+    // 96 assignments over 64 experts.
+    let unchosen = v["unchosen_experts"].as_i64().unwrap();
+    assert!((1..64).contains(&unchosen), "{v}");
+
+    let mut bad = args.to_vec();
+    bad[9] = "30";
+    let o = flotilla(&bad);
+    assert!(!o.status.success());
+    let err = stderr(&o);
+    assert!(
+        err.contains("--hidden 30") && err.contains("multiple of 16 bytes"),
+        "{err}"
+    );
+}

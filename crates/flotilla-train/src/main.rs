@@ -11,7 +11,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 use flotilla_config::{ComposeOptions, Composer};
 use flotilla_train::commands::task_error::TaskError;
-use flotilla_train::commands::{attention_bench, comm_bench};
+use flotilla_train::commands::{attention_bench, comm_bench, experts_bench};
 
 /// Data preparation (tokenizing with offsets, rendering chat templates) allocates and frees
 /// many small strings and vectors on every core; mimalloc does this much faster than glibc's
@@ -142,6 +142,9 @@ enum BenchCommand {
     /// Packed attention by sequence bounds (flash, variable lengths) against the masked path
     /// on a GPU: differences of outputs and gradients, and times.
     Attention(attention_bench::AttentionBenchArgs),
+    /// A sparse layer's experts as grouped products against one product per expert: differences
+    /// of outputs and gradients, and times (CPU or GPU).
+    Experts(experts_bench::ExpertsBenchArgs),
 }
 
 fn main() -> ExitCode {
@@ -173,6 +176,9 @@ fn main() -> ExitCode {
         Command::Bench {
             what: BenchCommand::Attention(args),
         } => attention_bench::run(&args).map_err(TaskError::from),
+        Command::Bench {
+            what: BenchCommand::Experts(args),
+        } => experts_bench::run(&args).map_err(TaskError::from),
     };
     exit_with(result)
 }

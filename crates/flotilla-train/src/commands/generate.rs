@@ -115,7 +115,8 @@ pub fn parse_device(s: &str) -> Result<DeviceChoice, String> {
     }
 }
 
-fn parse_dtype(s: &str) -> Result<Kind, String> {
+/// Parses `--dtype`: float32, bfloat16 or float16 (fp32, bf16, fp16).
+pub fn parse_dtype(s: &str) -> Result<Kind, String> {
     match s {
         "float32" | "fp32" => Ok(Kind::Float),
         "bfloat16" | "bf16" => Ok(Kind::BFloat16),

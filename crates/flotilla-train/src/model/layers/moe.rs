@@ -283,6 +283,9 @@ impl SparseMlp {
         let counts =
             Vec::<i64>::try_from(counts.to_device(tch::Device::Cpu)).expect("expert counts");
         let inter = down.size()[2];
+        // One view per expert from one node (its backward stacks the experts' gradients once,
+        // where a `select` per expert would each build a zero gradient of the whole stack).
+        let (gate_ups, downs) = (gate_up.unbind(0), down.unbind(0));
         let mut outputs = Vec::with_capacity(counts.len());
         let mut start = 0;
         for (e, &count) in counts.iter().enumerate() {
@@ -291,13 +294,13 @@ impl SparseMlp {
             }
             let x = grouped.narrow(0, start, count);
             let (e, n) = (e as i64, self.num_experts);
-            let plain = linear(&x, &gate_up.get(e));
+            let plain = linear(&x, &gate_ups[e as usize]);
             let fused = match &adapters.gate_up {
                 Some(lora) => plain + lora.update(&x, e, n),
                 None => plain,
             };
             let gated = swiglu(&fused.narrow(1, 0, inter), &fused.narrow(1, inter, inter));
-            let out = linear(&gated, &down.get(e));
+            let out = linear(&gated, &downs[e as usize]);
             outputs.push(match &adapters.down {
                 Some(lora) => out + lora.update(&gated, e, n),
                 None => out,
@@ -354,6 +357,115 @@ pub fn load_balancing(
     let loss = (&counts * &probs).sum(Kind::Float) * (num_experts as f64 / (total * total));
     let grad = counts * (num_experts as f64 / (total * total));
     Some((loss, grad))
+}
+
+/// What [`compare_expert_paths`] measured.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct ExpertPathComparison {
+    /// max |grouped - per expert| / max |per expert| of the experts' outputs.
+    pub output: f64,
+    /// ... the largest of the input's, `gate_up`'s and `down`'s gradients'.
+    pub gradients: f64,
+    /// Forward and backward of the experts, seconds (the best of the repeats).
+    pub time_grouped: f64,
+    pub time_per_expert: f64,
+    /// Experts that no assignment chose.
+    pub unchosen_experts: i64,
+}
+
+/// The experts of one sparse layer (`experts` of width `inter` over `hidden`, each of `tokens`
+/// random tokens routed to `top_k` of them by a random router), in `kind` on `device`: the
+/// grouped products against one product per expert, on the same routed rows. Returns the
+/// largest differences of the outputs and of the gradients (input and experts), and each
+/// path's time of a forward and backward (the best of `repeat`).
+#[allow(clippy::too_many_arguments)]
+pub fn compare_expert_paths(
+    device: tch::Device,
+    kind: Kind,
+    tokens: i64,
+    hidden: i64,
+    inter: i64,
+    experts: i64,
+    top_k: i64,
+    repeat: usize,
+) -> ExpertPathComparison {
+    tch::manual_seed(5);
+    let opts = (kind, device);
+    let std = (hidden as f64).powf(-0.5);
+    let x = Tensor::randn([tokens, hidden], opts);
+    let router = Tensor::randn([experts, hidden], opts) * std;
+    let gate_up = (Tensor::randn([experts, 2 * inter, hidden], opts) * std).set_requires_grad(true);
+    let down = (Tensor::randn([experts, hidden, inter], opts) * (inter as f64).powf(-0.5))
+        .set_requires_grad(true);
+    let mlp = SparseMlp {
+        num_experts: experts,
+        top_k,
+        norm_topk_prob: true,
+        scores_in_compute_dtype: false,
+        jitter: 0.0,
+    };
+    // The routed rows, sorted by expert, as `run_experts` makes them.
+    let (grouped, counts) = tch::no_grad(|| {
+        let probs = linear(&x, &router).softmax(-1, Kind::Float);
+        let (_, chosen) = probs.topk(top_k, -1, true, true);
+        let flat = chosen.reshape([-1]);
+        let order = flat.argsort_stable(true, 0, false);
+        let rows = x
+            .unsqueeze(1)
+            .expand([tokens, top_k, hidden], false)
+            .reshape([tokens * top_k, hidden])
+            .index_select(0, &order);
+        (rows, flat.bincount::<Tensor>(None, experts))
+    });
+    let grouped = grouped.set_requires_grad(true);
+    let unchosen = counts.eq(0).sum(Kind::Int64).int64_value(&[]);
+    let seed = Tensor::randn([tokens * top_k, hidden], opts);
+    let stacked = StackedExperts {
+        gate_up: &gate_up,
+        down: &down,
+    };
+    let none = MoeAdapters::default();
+    let sync = || crate::cuda::synchronize(device);
+    let run = |grouped_path: bool| -> (Tensor, Vec<Tensor>, f64) {
+        let mut best = f64::INFINITY;
+        let mut last = None;
+        for _ in 0..repeat.max(1) {
+            sync();
+            let start = std::time::Instant::now();
+            let out = match grouped_path {
+                true => mlp.grouped_experts(&grouped, &counts, stacked, &none),
+                false => mlp.expert_by_expert(&grouped, &counts, stacked, &none),
+            };
+            let grads = Tensor::run_backward(
+                &[(&out * &seed).sum(Kind::Float)],
+                &[&grouped, &gate_up, &down],
+                false,
+                false,
+            );
+            sync();
+            best = best.min(start.elapsed().as_secs_f64());
+            last = Some((out, grads));
+        }
+        let (out, grads) = last.expect("at least one repeat");
+        (out, grads, best)
+    };
+    let (ours, our_grads, time_grouped) = run(true);
+    let (theirs, their_grads, time_per_expert) = run(false);
+    let relative = |a: &Tensor, b: &Tensor| {
+        let scale = b.abs().max().double_value(&[]).max(f64::MIN_POSITIVE);
+        (a - b).abs().max().double_value(&[]) / scale
+    };
+    ExpertPathComparison {
+        output: relative(&ours, &theirs),
+        gradients: our_grads
+            .iter()
+            .zip(&their_grads)
+            .map(|(a, b)| relative(a, b))
+            .fold(0.0, f64::max),
+        time_grouped,
+        time_per_expert,
+        unchosen_experts: unchosen,
+    }
 }
 
 #[cfg(test)]
