@@ -81,12 +81,20 @@ impl Trainer {
             add_into(&mut sum, loss)?;
             Ok(())
         })?;
-        let mut sum = match &sum {
-            Some(t) => read_together(&[t])?[0],
-            None => 0.0,
-        };
+        // The micro-batches' load-balancing losses summed on the device too: one read for both.
+        let mut aux_sum: Option<Tensor> = None;
+        for a in &aux {
+            add_into(&mut aux_sum, a.f_to_kind(Kind::Double)?)?;
+        }
+        let figures: Vec<&Tensor> = [&sum, &aux_sum].into_iter().flatten().collect();
+        let read = read_together(&figures)?;
+        let mut values = read.iter().copied();
+        let mut sum = sum.as_ref().map_or(0.0, |_| values.next().expect("read"));
+        let aux_total = aux_sum
+            .as_ref()
+            .map_or(0.0, |_| values.next().expect("read"));
         let aux_on = model.config().aux_loss_coef().is_some();
-        let mut aux_sums = (aux.iter().sum::<f64>(), aux.len() as f64);
+        let mut aux_sums = (aux_total, aux.len() as f64);
         drop(inputs);
         let mut correct_total = None;
         if let Some((task, max)) = eval.task {

@@ -558,7 +558,7 @@ pub fn forward_by_unit(
     params_for: &mut dyn FnMut(usize) -> Result<Vec<Tensor>, TrainError>,
     release: &mut dyn FnMut(usize) -> Result<(), TrainError>,
     on_logits: &mut dyn FnMut(usize, Tensor) -> Result<(), TrainError>,
-) -> Result<Vec<f64>, TrainError> {
+) -> Result<Vec<Tensor>, TrainError> {
     let _guard = tch::no_grad_guard();
     let units = model.units();
     let n = units.len();
@@ -585,9 +585,10 @@ pub fn forward_by_unit(
         drop(params);
         release(u)?;
     }
-    ctxs.iter()
+    Ok(ctxs
+        .iter()
         .filter_map(|c| eval_aux_loss(model, c))
-        .collect()
+        .collect())
 }
 
 /// The forward context of an evaluation input: a mixture whose load-balancing loss is on
@@ -601,10 +602,11 @@ pub fn eval_ctx(model: &CausalLm, input: &TokenInput) -> ForwardCtx {
     ctx
 }
 
-/// The unscaled load-balancing loss of the forward `ctx` recorded ([`eval_ctx`]), if any.
-pub fn eval_aux_loss(model: &CausalLm, ctx: &ForwardCtx) -> Option<Result<f64, TrainError>> {
+/// The unscaled load-balancing loss of the forward `ctx` recorded ([`eval_ctx`]), if any: an
+/// fp32 scalar on the device (read with the evaluation's other figures).
+pub fn eval_aux_loss(model: &CausalLm, ctx: &ForwardCtx) -> Option<Tensor> {
     let log = ctx.router_log.as_ref()?;
     let experts = model.config().moe.as_ref()?.num_experts as i64;
     let (value, _) = log.with_all(|s| load_balancing(s, experts))?;
-    Some(value.f_double_value(&[]).map_err(TrainError::from))
+    Some(value)
 }

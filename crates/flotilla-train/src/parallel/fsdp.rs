@@ -1026,7 +1026,7 @@ impl ParallelWeights for Fsdp {
         model: &CausalLm,
         inputs: &[TokenInput],
         on_logits: &mut dyn FnMut(usize, Tensor) -> Result<(), TrainError>,
-    ) -> Result<Vec<f64>, TrainError> {
+    ) -> Result<Vec<Tensor>, TrainError> {
         self.walk(model, inputs, false, on_logits)
     }
 
@@ -1071,7 +1071,7 @@ impl Fsdp {
         inputs: &[TokenInput],
         reference: bool,
         on_logits: &mut dyn FnMut(usize, Tensor) -> Result<(), TrainError>,
-    ) -> Result<Vec<f64>, TrainError> {
+    ) -> Result<Vec<Tensor>, TrainError> {
         let this = self;
         let kind = this.options.param_kind;
         let shard_of = |g: usize| -> &Tensor {

@@ -306,7 +306,7 @@ impl ParallelWeights for Replicated {
         model: &CausalLm,
         inputs: &[TokenInput],
         on_logits: &mut dyn FnMut(usize, Tensor) -> Result<(), TrainError>,
-    ) -> Result<Vec<f64>, TrainError> {
+    ) -> Result<Vec<Tensor>, TrainError> {
         let _guard = tch::no_grad_guard();
         match self.compute_kind {
             // In the compute dtype, as training's forward (HF Trainer and Lightning evaluate
@@ -317,9 +317,7 @@ impl ParallelWeights for Replicated {
                 for (i, x) in inputs.iter().enumerate() {
                     let ctx = eval_ctx(model, x);
                     on_logits(i, model.forward_with(&self.params, x, &ctx)?)?;
-                    if let Some(v) = eval_aux_loss(model, &ctx) {
-                        aux.push(v?);
-                    }
+                    aux.extend(eval_aux_loss(model, &ctx));
                 }
                 Ok(aux)
             }
@@ -336,7 +334,7 @@ fn forward_cast(
     kind: Option<Kind>,
     adapters_off: bool,
     on_logits: &mut dyn FnMut(usize, Tensor) -> Result<(), TrainError>,
-) -> Result<Vec<f64>, TrainError> {
+) -> Result<Vec<Tensor>, TrainError> {
     let mut params_for = |u: usize| -> Result<Vec<Tensor>, TrainError> {
         let unit = model.unit_params(u, params)?;
         match kind {

@@ -224,12 +224,13 @@ pub trait ParallelWeights {
     /// and gives `on_logits` each input's logits, one input at a time as each is done.
     /// Sharded weights walk the units once for all inputs, gathering a group at a time
     /// (collective: every rank calls it the same number of times, with any number of inputs,
-    /// none included). Returns each input's load-balancing loss (unscaled) when the model
-    /// computes one (a mixture with `output_router_logits`), else nothing.
+    /// none included). Returns each input's load-balancing loss (unscaled, an fp32 scalar on
+    /// the device, not read) when the model computes one (a mixture with
+    /// `output_router_logits`), else nothing.
     fn forward_eval(
         &mut self,
         model: &CausalLm,
         inputs: &[TokenInput],
         on_logits: &mut dyn FnMut(usize, Tensor) -> Result<(), TrainError>,
-    ) -> Result<Vec<f64>, TrainError>;
+    ) -> Result<Vec<Tensor>, TrainError>;
 }

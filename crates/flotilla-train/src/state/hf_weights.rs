@@ -13,7 +13,6 @@ use super::hf_shards::{hub_planned, ShardedWriter};
 use super::param_source::{FileSource, TensorSource};
 use crate::error::TrainError;
 use crate::model::hf_config::{io_err, kind_name, read_hf_config, weight_kind, HfConfigError};
-use crate::model::names::file_tensors_of;
 use crate::model::{finish_hf_dir, read_model_config, write_generation_config, SpecialIds};
 use crate::model::{CausalLm, ModelError, Params};
 
@@ -192,11 +191,9 @@ pub fn save_hf_dir(
     let max = opts.max_shard_bytes.unwrap_or(u64::MAX);
     let mut writer = ShardedWriter::create(dir, "model", order, max)?;
     for s in model.param_specs() {
-        // A parameter a file holds in parts (stacked experts) is read a part at a time.
-        for part in file_tensors_of(&s.name, &s.shape) {
-            let t = source.read_range(&s.name, part.offset, part.offset + part.numel())?;
-            writer.write(&part.name, &t)?;
-        }
+        // Whole (a merging source computes a parameter at once), then as the file holds it.
+        let t = source.read_range(&s.name, 0, s.numel() as i64)?;
+        writer.write_param(&s.name, &t.f_reshape(s.shape.as_slice())?)?;
     }
     writer.finish()?;
     finish_hf_dir(dir, model, kind, opts.base, &opts.special)?;

@@ -8,7 +8,7 @@
 //! checkpoint's, `checkpoint::files::ShardedSource`) and build from any source: an FSDP rank
 //! only its shards (`parallel::layout::GroupLayout::shard_from`), replicated weights every
 //! parameter whole ([`materialize`]).
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 
 use tch::{Device, Kind, Tensor};
@@ -93,6 +93,8 @@ pub struct FileSource {
     /// The parameters a Hugging Face weights file holds in parts (stacked experts, per expert),
     /// read from those parts where the files do not hold them whole.
     parts: HashMap<String, Vec<FileTensor>>,
+    /// The keys of those parts.
+    part_keys: HashSet<String>,
 }
 
 impl FileSource {
@@ -122,6 +124,7 @@ impl FileSource {
             prefix: prefix.to_string(),
             suffix: suffix.to_string(),
             parts: HashMap::new(),
+            part_keys: HashSet::new(),
         })
     }
 
@@ -132,6 +135,9 @@ impl FileSource {
         for s in model.param_specs() {
             let parts = file_tensors_of(&s.name, &s.shape);
             if parts.len() > 1 || parts[0].name != s.name {
+                for p in &parts {
+                    self.part_keys.insert(self.key(&p.name));
+                }
                 self.parts.insert(s.name.clone(), parts);
             }
         }
@@ -140,9 +146,7 @@ impl FileSource {
 
     /// Whether `key` is a part of a parameter ([`FileSource::with_parts_of`]).
     pub fn is_part(&self, key: &str) -> bool {
-        self.parts
-            .values()
-            .any(|parts| parts.iter().any(|p| self.key(&p.name) == key))
+        self.part_keys.contains(key)
     }
 
     /// Elements `lo..hi` of parameter `name`'s flattened tensor: from its tensor, or from the
