@@ -850,7 +850,7 @@ fn plan_memory_prints_the_terms_and_json_for_scripts() {
     for needle in [
         "8 ranks (1 node x 8), DDP, bf16-mixed, micro batch 1 x 4096 tokens",
         "AdamW moments (fp32)",
-        "logits (bf16, vocab 128256, chunks of 128 tokens)",
+        "logits (bf16, vocab 128256, chunks of 512 tokens)",
         "peak per GPU:",
         "DOES NOT FIT one NVIDIA H100",
         "host RAM per node:",
