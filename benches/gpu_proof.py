@@ -501,6 +501,17 @@ def host_syncs_check(p, cuda, findings, preset, tokens, seq, gbs, mbs, base):
                 "(at most 1: the step's figures)")
 
 
+def bench_json(p, what, args):
+    """`flotilla bench ARGS`' JSON object, or None with check WHAT failed on its error."""
+    rc, out = p.run([os.path.join(p.args.flotilla_dir, "flotilla"), "bench"] + args, tail=3)
+    line = [ln for ln in out.splitlines() if ln.startswith("{")]
+    if rc != 0 or not line:
+        p.check(what, False, f"flotilla bench {args[0]} failed: " +
+                (out.strip().splitlines() or ["no output"])[-1][:300])
+        return None
+    return json.loads(line[-1])
+
+
 def packed_attention_check(p, cuda, findings):
     """Packed rows on a GPU in half precision take flash attention by the sequences' bounds
     (a CUDA-only kernel): `flotilla bench attention` compares it with the masked path on the
@@ -509,21 +520,19 @@ def packed_attention_check(p, cuda, findings):
         findings.append("packed attention by sequence bounds: a CUDA kernel, checked on a GPU")
         return
     for window in ([], ["--window", "1024"]):
-        rc, out = p.run([os.path.join(p.args.flotilla_dir, "flotilla"), "bench", "attention",
-                         "--device", p.args.device, "--repeat", "3"] + window, tail=3)
-        line = [ln for ln in out.splitlines() if ln.startswith("{")]
         what = "packed attention by bounds = masked" + (" (window 1024)" if window else "")
-        if rc != 0 or not line:
-            p.check(what, False, "flotilla bench attention failed: " +
-                    (out.strip().splitlines() or ["no output"])[-1][:300])
+        c = bench_json(p, what, ["attention", "--device", p.args.device, "--repeat", "3"] + window)
+        if c is None:
             continue
-        c = json.loads(line[-1])
         p.check(what, c["output"] < 2e-2 and c["gradients"] < 3e-2,
                 f"bf16, 2 x 4096 tokens in {c['sequences']} sequences (longest "
                 f"{c['max_len']}), 32 heads over 8: output {c['output']:.2e}, gradients "
                 f"{c['gradients']:.2e} (tol 2e-2, 3e-2); forward+backward "
                 f"{c['time_flash'] * 1e3:.2f} ms by bounds, {c['time_masked'] * 1e3:.2f} ms "
                 "masked")
+
+
+SHAPE_30B_A3B = "4096 tokens, 128 experts of 768 over 2048, 8 a token"
 
 
 def experts_check(p):
@@ -533,18 +542,13 @@ def experts_check(p):
     a = p.args
     shape = (["--tokens", "256", "--hidden", "64", "--inter", "32", "--experts", "16",
               "--top-k", "4"] if a.tiny else [])
-    rc, out = p.run([os.path.join(a.flotilla_dir, "flotilla"), "bench", "experts",
-                     "--device", a.device, "--dtype", "bfloat16", "--repeat", "3"] + shape,
-                    tail=3)
-    line = [ln for ln in out.splitlines() if ln.startswith("{")]
     what = "experts: grouped products = one product per expert"
-    if rc != 0 or not line:
-        p.check(what, False, "flotilla bench experts failed: " +
-                (out.strip().splitlines() or ["no output"])[-1][:300])
+    c = bench_json(p, what, ["experts", "--device", a.device, "--dtype", "bfloat16",
+                             "--repeat", "3"] + shape)
+    if c is None:
         return
-    c = json.loads(line[-1])
     p.check(what, c["output"] < 2e-2 and c["gradients"] < 3e-2,
-            f"bf16, {'256 tokens, 16 experts' if a.tiny else '4096 tokens, 128 experts of 768 over 2048, 8 a token'}"
+            f"bf16, {'256 tokens, 16 experts' if a.tiny else SHAPE_30B_A3B}"
             f" ({c['unchosen_experts']} unchosen): output {c['output']:.2e}, gradients "
             f"{c['gradients']:.2e} (tol 2e-2, 3e-2); forward+backward "
             f"{c['time_grouped'] * 1e3:.2f} ms grouped, {c['time_per_expert'] * 1e3:.2f} ms "

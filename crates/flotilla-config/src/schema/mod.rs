@@ -30,6 +30,7 @@ mod checks;
 mod from_node;
 mod gpus;
 pub mod hf_config;
+mod loss_chunks;
 mod messages;
 mod moe;
 mod objective;

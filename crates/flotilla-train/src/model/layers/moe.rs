@@ -26,6 +26,7 @@ use tch::{Kind, Tensor};
 
 use super::linear::linear;
 use super::mlp::swiglu;
+use super::side_by_side::{differences, timed_forward_backward};
 
 /// How a family routes tokens to its experts.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -425,43 +426,17 @@ pub fn compare_expert_paths(
         down: &down,
     };
     let none = MoeAdapters::default();
-    let sync = || crate::cuda::synchronize(device);
-    let run = |grouped_path: bool| -> (Tensor, Vec<Tensor>, f64) {
-        let mut best = f64::INFINITY;
-        let mut last = None;
-        for _ in 0..repeat.max(1) {
-            sync();
-            let start = std::time::Instant::now();
-            let out = match grouped_path {
-                true => mlp.grouped_experts(&grouped, &counts, stacked, &none),
-                false => mlp.expert_by_expert(&grouped, &counts, stacked, &none),
-            };
-            let grads = Tensor::run_backward(
-                &[(&out * &seed).sum(Kind::Float)],
-                &[&grouped, &gate_up, &down],
-                false,
-                false,
-            );
-            sync();
-            best = best.min(start.elapsed().as_secs_f64());
-            last = Some((out, grads));
-        }
-        let (out, grads) = last.expect("at least one repeat");
-        (out, grads, best)
-    };
-    let (ours, our_grads, time_grouped) = run(true);
-    let (theirs, their_grads, time_per_expert) = run(false);
-    let relative = |a: &Tensor, b: &Tensor| {
-        let scale = b.abs().max().double_value(&[]).max(f64::MIN_POSITIVE);
-        (a - b).abs().max().double_value(&[]) / scale
-    };
+    let leaves = [&grouped, &gate_up, &down];
+    let grouped_path = || mlp.grouped_experts(&grouped, &counts, stacked, &none);
+    let per_expert = || mlp.expert_by_expert(&grouped, &counts, stacked, &none);
+    let (ours, our_grads, time_grouped) =
+        timed_forward_backward(device, repeat, &leaves, &seed, &grouped_path);
+    let (theirs, their_grads, time_per_expert) =
+        timed_forward_backward(device, repeat, &leaves, &seed, &per_expert);
+    let (output, gradients) = differences((&ours, &our_grads), (&theirs, &their_grads));
     ExpertPathComparison {
-        output: relative(&ours, &theirs),
-        gradients: our_grads
-            .iter()
-            .zip(&their_grads)
-            .map(|(a, b)| relative(a, b))
-            .fold(0.0, f64::max),
+        output,
+        gradients,
         time_grouped,
         time_per_expert,
         unchosen_experts: unchosen,
@@ -495,6 +470,19 @@ mod tests {
         (x, router, gate_up, down)
     }
 
+    /// `mlp`'s output for `x` without adapters (training when `seed` is given), its routing
+    /// recorded in `log`.
+    fn plain(
+        mlp: &SparseMlp,
+        (x, router): (&Tensor, &Tensor),
+        (gate_up, down): (&Tensor, &Tensor),
+        seed: Option<u64>,
+        log: Option<(&RouterLog, usize)>,
+    ) -> Tensor {
+        let experts = StackedExperts { gate_up, down };
+        mlp.forward(x, router, experts, &MoeAdapters::default(), seed, log)
+    }
+
     /// The grouped dispatch equals routing each token by itself, on both paths (fp32 takes the
     /// grouped products, fp64 one product per expert).
     #[test]
@@ -505,17 +493,7 @@ mod tests {
             let (gate_up, down) = (gate_up.to_kind(kind), down.to_kind(kind));
             for norm in [false, true] {
                 let mlp = layer(0.0, norm);
-                let got = mlp.forward(
-                    &x,
-                    &router,
-                    StackedExperts {
-                        gate_up: &gate_up,
-                        down: &down,
-                    },
-                    &MoeAdapters::default(),
-                    None,
-                    None,
-                );
+                let got = plain(&mlp, (&x, &router), (&gate_up, &down), None, None);
                 let rows = x.reshape([-1, 8]);
                 let mut want = Vec::new();
                 for t in 0..rows.size()[0] {
@@ -662,14 +640,10 @@ mod tests {
         for norm in [false, true] {
             let mlp = layer(0.0, norm);
             let ours = mlp.forward(&x, &router, stacked, &adapters, None, None);
-            let theirs = mlp.forward(
-                &x,
-                &merged_router,
-                StackedExperts {
-                    gate_up: &merged_gate_up,
-                    down: &merged_down,
-                },
-                &MoeAdapters::default(),
+            let theirs = plain(
+                &mlp,
+                (&x, &merged_router),
+                (&merged_gate_up, &merged_down),
                 None,
                 None,
             );
@@ -679,18 +653,8 @@ mod tests {
                 err < 1e-5 * scale,
                 "norm_topk_prob {norm}: {err} of {scale}"
             );
-            let plain = mlp.forward(
-                &x,
-                &router,
-                StackedExperts {
-                    gate_up: &gate_up,
-                    down: &down,
-                },
-                &MoeAdapters::default(),
-                None,
-                None,
-            );
-            let moved = (&ours - &plain).abs().max().double_value(&[]);
+            let unadapted = plain(&mlp, (&x, &router), (&gate_up, &down), None, None);
+            let moved = (&ours - &unadapted).abs().max().double_value(&[]);
             assert!(
                 moved > 0.1 * scale,
                 "the adapters change the output: {moved}"
@@ -702,20 +666,15 @@ mod tests {
     #[test]
     fn router_jitter_only_in_training() {
         let (x, router, gate_up, down) = weights();
-        let stacked = StackedExperts {
-            gate_up: &gate_up,
-            down: &down,
-        };
         let run = |mlp: &SparseMlp, seed: Option<u64>| {
-            let none = MoeAdapters::default();
-            mlp.forward(&x, &router, stacked, &none, seed, None)
+            plain(mlp, (&x, &router), (&gate_up, &down), seed, None)
         };
-        let plain = run(&layer(0.0, true), None);
+        let unjittered = run(&layer(0.0, true), None);
         let jittery = layer(0.4, true);
-        assert!(run(&jittery, None).equal(&plain));
+        assert!(run(&jittery, None).equal(&unjittered));
         let a = run(&jittery, Some(3));
         assert!(a.equal(&run(&jittery, Some(3))));
-        assert!(!a.equal(&plain));
+        assert!(!a.equal(&unjittered));
     }
 
     /// The loss over recorded layers is transformers' formula, and its gradient is the counts'.
@@ -724,26 +683,18 @@ mod tests {
         let (x, router, gate_up, down) = weights();
         let log = RouterLog::default();
         let mlp = layer(0.0, true);
-        let _ = mlp.forward(
-            &x,
-            &router,
-            StackedExperts {
-                gate_up: &gate_up,
-                down: &down,
-            },
-            &MoeAdapters::default(),
+        let _ = plain(
+            &mlp,
+            (&x, &router),
+            (&gate_up, &down),
             None,
             Some((&log, 0)),
         );
         let router2 = &router * 0.5;
-        let _ = mlp.forward(
-            &x,
-            &router2,
-            StackedExperts {
-                gate_up: &gate_up,
-                down: &down,
-            },
-            &MoeAdapters::default(),
+        let _ = plain(
+            &mlp,
+            (&x, &router2),
+            (&gate_up, &down),
             None,
             Some((&log, 3)),
         );

@@ -6,6 +6,8 @@
 
 use tch::{Device, Kind, Tensor};
 
+use super::side_by_side::{differences, timed_forward_backward};
+
 /// The sequences of a packed batch, laid end to end over its flattened rows: sequence `i` is
 /// rows `starts[i] .. starts[i + 1]` of the `B·T` tokens.
 #[derive(Debug)]
@@ -217,40 +219,15 @@ pub fn compare_with_masked(
             false,
         )
     };
-    let sync = || crate::cuda::synchronize(device);
-    let run = |f: &dyn Fn() -> Tensor| -> (Tensor, Vec<Tensor>, f64) {
-        let mut best = f64::INFINITY;
-        let mut last = None;
-        for _ in 0..repeat.max(1) {
-            sync();
-            let start = std::time::Instant::now();
-            let out = f();
-            let grads = Tensor::run_backward(
-                &[(&out * &seed).sum(Kind::Float)],
-                &[&q, &k, &v],
-                false,
-                false,
-            );
-            sync();
-            best = best.min(start.elapsed().as_secs_f64());
-            last = Some((out, grads));
-        }
-        let (out, grads) = last.expect("one run");
-        (out, grads, best)
-    };
-    let (out_f, grads_f, time_flash) = run(&flash);
-    let (out_m, grads_m, time_masked) = run(&masked);
-    let rel = |a: &Tensor, b: &Tensor| {
-        let scale = b.abs().max().double_value(&[]).max(1e-6);
-        (a - b).abs().max().double_value(&[]) / scale
-    };
+    let leaves = [&q, &k, &v];
+    let (out_f, grads_f, time_flash) =
+        timed_forward_backward(device, repeat, &leaves, &seed, &flash);
+    let (out_m, grads_m, time_masked) =
+        timed_forward_backward(device, repeat, &leaves, &seed, &masked);
+    let (output, gradients) = differences((&out_f, &grads_f), (&out_m, &grads_m));
     VarlenComparison {
-        output: rel(&out_f, &out_m),
-        gradients: grads_f
-            .iter()
-            .zip(&grads_m)
-            .map(|(a, b)| rel(a, b))
-            .fold(0.0, f64::max),
+        output,
+        gradients,
         time_flash,
         time_masked,
         sequences: bounds.cumulative.size()[0] - 1,
