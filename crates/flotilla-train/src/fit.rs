@@ -86,13 +86,11 @@ impl Trainer {
         for a in &aux {
             add_into(&mut aux_sum, a.f_to_kind(Kind::Double)?)?;
         }
-        let figures: Vec<&Tensor> = [&sum, &aux_sum].into_iter().flatten().collect();
-        let read = read_together(&figures)?;
-        let mut values = read.iter().copied();
-        let mut sum = sum.as_ref().map_or(0.0, |_| values.next().expect("read"));
-        let aux_total = aux_sum
-            .as_ref()
-            .map_or(0.0, |_| values.next().expect("read"));
+        let figures: Vec<&Tensor> = sum.iter().chain(&aux_sum).collect();
+        let mut read = read_together(&figures)?.into_iter();
+        let mut next = || read.next().expect("a value for every figure");
+        let mut sum = sum.map_or(0.0, |_| next());
+        let aux_total = aux_sum.map_or(0.0, |_| next());
         let aux_on = model.config().aux_loss_coef().is_some();
         let mut aux_sums = (aux_total, aux.len() as f64);
         drop(inputs);

@@ -3,8 +3,8 @@
 //! family with its own subset of a block's weights), [`LayerWeight`] (a weight of one
 //! decoder layer) and a sparse layer's router and stacked experts ([`MoeNames`],
 //! [`ExpertProj`]), with their Hugging Face names and the parsing of those names; and a
-//! parameter's tensors in a Hugging Face weights file ([`ParamName::file_tensors`]: itself, or
-//! a stacked expert parameter's per-expert tensors, as `save_pretrained` writes them). The
+//! parameter's tensors in a Hugging Face weights file ([`file_tensors_of`]: itself, or a
+//! stacked expert parameter's per-expert tensors, as `save_pretrained` writes them). The
 //! decoder (`decoder/`) builds its parameter table from them and the Hugging Face format
 //! (`state/`) reads and writes files under them; this module depends on neither.
 
@@ -121,14 +121,6 @@ pub enum ExpertWeight {
 
 impl ExpertWeight {
     pub const ALL: [ExpertWeight; 3] = [ExpertWeight::Gate, ExpertWeight::Up, ExpertWeight::Down];
-
-    /// The stacked parameter that holds this projection of every expert.
-    pub fn stacked(self) -> ExpertProj {
-        match self {
-            ExpertWeight::Gate | ExpertWeight::Up => ExpertProj::GateUp,
-            ExpertWeight::Down => ExpertProj::Down,
-        }
-    }
 }
 
 /// One tensor of a Hugging Face weights file that holds (part of) a parameter: its name, its
@@ -190,19 +182,6 @@ impl MoeNames {
             self.block(),
             self.expert(w)
         )
-    }
-
-    /// `(layer, expert, projection)` of a Hub file's per-expert tensor name.
-    fn parse_expert_file_name(self, name: &str) -> Option<(usize, i64, ExpertWeight)> {
-        let rest = name.strip_prefix("model.layers.")?;
-        let (i, rest) = rest.split_once('.')?;
-        let rest = rest.strip_prefix(self.block())?.strip_prefix(".experts.")?;
-        let (e, module) = rest.split_once('.')?;
-        let module = module.strip_suffix(".weight")?;
-        let w = ExpertWeight::ALL
-            .into_iter()
-            .find(|w| self.expert(*w) == module)?;
-        Some((i.parse().ok()?, e.parse().ok()?, w))
     }
 }
 
@@ -266,7 +245,7 @@ impl ExpertWrap {
 /// flotilla (parameter sets, FSDP groups, optimizer state), so this is the only mapping. The
 /// one parameter a Hub file does not hold whole is a stacked expert parameter, named as
 /// transformers 5 names its fused experts (under the family's block: Mixtral's
-/// `block_sparse_moe`) and held per expert in weights files ([`ParamName::file_tensors`]).
+/// `block_sparse_moe`) and held per expert in weights files ([`ParamName::file_parts`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum ParamName {
     /// `model.embed_tokens.weight`, `[vocab, hidden]`.
@@ -289,7 +268,7 @@ pub enum ParamName {
     /// Layer `i`'s experts' projections, stacked: `model.layers.{i}.mlp.experts.gate_up_proj`
     /// (`[experts, 2 moe_intermediate, hidden]`) or `…experts.down_proj` (`[experts, hidden,
     /// moe_intermediate]`), under `block_sparse_moe` for Mixtral. A Hub file holds them per
-    /// expert ([`ParamName::file_tensors`]).
+    /// expert ([`ParamName::file_parts`]).
     Experts(usize, ExpertProj, MoeNames),
     /// A LoRA factor of a sparse layer's fused expert parameter, under PEFT's name for it
     /// (`model.layers.{i}.mlp.experts[.base_layer].lora_A.weight`, both families): `A` is
@@ -339,10 +318,10 @@ impl ParamName {
         }
     }
 
-    /// The tensors that hold this parameter (of shape `shape`) in a Hugging Face weights file,
-    /// in the order of its flattened elements: the parameter itself, or a stacked expert
-    /// parameter's per-expert tensors (expert by expert; `gate_up_proj`'s gate, then up).
-    pub fn file_tensors(&self, shape: &[i64]) -> Vec<FileTensor> {
+    /// The tensors that hold this parameter (of shape `shape`) in a Hugging Face weights file
+    /// when it is not held whole: a stacked expert parameter's per-expert tensors, in the
+    /// order of its flattened elements (expert by expert; `gate_up_proj`'s gate, then up).
+    pub fn file_parts(&self, shape: &[i64]) -> Option<Vec<FileTensor>> {
         match self {
             ParamName::Experts(i, proj, names) if shape.len() == 3 => {
                 let parts = proj.parts();
@@ -361,23 +340,10 @@ impl ParamName {
                         offset += numel;
                     }
                 }
-                out
+                Some(out)
             }
-            _ => vec![FileTensor {
-                name: self.hf_name(),
-                shape: shape.to_vec(),
-                offset: 0,
-            }],
+            _ => None,
         }
-    }
-
-    /// The stacked expert parameter a Hub file's per-expert tensor `name` belongs to, with the
-    /// expert's index.
-    pub fn of_expert_file_tensor(name: &str) -> Option<(ParamName, i64)> {
-        MoeNames::BOTH.iter().find_map(|n| {
-            let (i, e, w) = n.parse_expert_file_name(name)?;
-            Some((ParamName::Experts(i, w.stacked(), *n), e))
-        })
     }
 
     /// Whether the parameter is a LoRA factor (of a linear layer, the experts or the router).
@@ -433,17 +399,18 @@ impl ParamName {
     }
 }
 
-/// The tensors that hold parameter `name` (of shape `shape`) in a Hugging Face weights file
-/// ([`ParamName::file_tensors`]; a name flotilla does not know is itself).
+/// The tensors that hold parameter `name` (of shape `shape`) in a Hugging Face weights file,
+/// in the order of its flattened elements: its parts ([`ParamName::file_parts`]), else itself.
 pub fn file_tensors_of(name: &str, shape: &[i64]) -> Vec<FileTensor> {
-    match ParamName::parse(name) {
-        Some(p) => p.file_tensors(shape),
-        None => vec![FileTensor {
-            name: name.to_string(),
-            shape: shape.to_vec(),
-            offset: 0,
-        }],
-    }
+    ParamName::parse(name)
+        .and_then(|p| p.file_parts(shape))
+        .unwrap_or_else(|| {
+            vec![FileTensor {
+                name: name.to_string(),
+                shape: shape.to_vec(),
+                offset: 0,
+            }]
+        })
 }
 
 #[cfg(test)]
@@ -509,12 +476,11 @@ mod tests {
     }
 
     /// A stacked expert parameter is its experts' tensors in a Hub file, expert by expert (gate
-    /// then up in `gate_up_proj`), each named back to the parameter; anything else is itself.
+    /// then up in `gate_up_proj`); anything else is itself.
     #[test]
     fn stacked_experts_are_per_expert_tensors_in_a_file() {
         let p = ParamName::Experts(1, ExpertProj::GateUp, MoeNames::Mixtral);
-        let got: Vec<(String, Vec<i64>, i64)> = p
-            .file_tensors(&[2, 6, 4])
+        let got: Vec<(String, Vec<i64>, i64)> = file_tensors_of(&p.hf_name(), &[2, 6, 4])
             .into_iter()
             .map(|t| (t.name, t.shape, t.offset))
             .collect();
@@ -530,29 +496,15 @@ mod tests {
             ]
         );
         let down = ParamName::Experts(0, ExpertProj::Down, MoeNames::Qwen);
-        let files = down.file_tensors(&[3, 4, 5]);
+        let files = down.file_parts(&[3, 4, 5]).unwrap();
         assert_eq!(files.len(), 3);
         assert_eq!(
             files[2].name,
             "model.layers.0.mlp.experts.2.down_proj.weight"
         );
         assert_eq!((files[2].shape.clone(), files[2].offset), (vec![4, 5], 40));
-        for t in p.file_tensors(&[2, 6, 4]).iter().chain(&files) {
-            let (of, _) = ParamName::of_expert_file_tensor(&t.name).unwrap();
-            assert_eq!(
-                of.hf_name(),
-                if t.name.contains("down") {
-                    down.hf_name()
-                } else {
-                    p.hf_name()
-                }
-            );
-        }
-        assert_eq!(
-            ParamName::of_expert_file_tensor("model.layers.0.mlp.experts.2.w1.weight"),
-            None
-        );
-        let embed = ParamName::Embed.file_tensors(&[10, 4]);
+        assert_eq!(ParamName::Embed.file_parts(&[10, 4]), None);
+        let embed = file_tensors_of("model.embed_tokens.weight", &[10, 4]);
         assert_eq!(
             embed,
             vec![FileTensor {

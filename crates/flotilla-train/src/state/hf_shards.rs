@@ -204,16 +204,9 @@ impl ShardedWriter {
     /// ([`file_tensors_of`](crate::model::names::file_tensors_of); the plan lists them so,
     /// [`hub_planned`]).
     pub fn write_param(&mut self, name: &str, tensor: &Tensor) -> Result<(), SafetensorsError> {
-        let parts = crate::model::names::file_tensors_of(name, &tensor.size());
-        if parts.len() == 1 && parts[0].name == name {
-            return self.write(name, tensor);
-        }
         let flat = tensor.reshape([-1]);
-        for part in parts {
-            let t = flat
-                .narrow(0, part.offset, part.numel())
-                .view(part.shape.as_slice());
-            self.write(&part.name, &t)?;
+        for part in crate::model::names::file_tensors_of(name, &tensor.size()) {
+            self.write(&part.name, &flat.narrow(0, part.offset, part.numel()))?;
         }
         Ok(())
     }

@@ -16,7 +16,8 @@ use crate::model::{CausalLm, ModelError};
 use crate::state::param_source::TensorSource;
 use flotilla_config::schema::LoraConfig;
 
-/// `w + scale · b @ a`, in fp32, whatever the inputs' dtypes.
+/// `w + scale · b @ a`, in fp32, whatever the inputs' dtypes (batched over a leading
+/// dimension, one product per slice, when the factors have one).
 pub fn merge_lora(w: &Tensor, a: &Tensor, b: &Tensor, scale: f64) -> Result<Tensor, TrainError> {
     let _guard = tch::no_grad_guard();
     let update = b
@@ -41,16 +42,13 @@ impl Factors {
         let Some(experts) = self.experts else {
             return merge_lora(w, a, b, self.scale);
         };
-        // PEFT's `einsum("o r e, e r i -> e o i")`: expert e's `B_e @ A_e`.
-        let _guard = tch::no_grad_guard();
+        // PEFT's `einsum("o r e, e r i -> e o i")`: expert e's `B_e @ A_e`, one batched product.
         let r = a.size()[0] / experts;
-        let a = a.f_to_kind(Kind::Float)?.f_reshape([experts, r, -1])?;
+        let a = a.f_reshape([experts, r, -1])?;
         let b = b
-            .f_to_kind(Kind::Float)?
             .f_reshape([b.size()[0], r, experts])?
             .f_permute([2, 0, 1])?;
-        let update = b.f_matmul(&a)?;
-        Ok(w.f_to_kind(Kind::Float)?.f_add(&(update * self.scale))?)
+        merge_lora(w, &a, &b, self.scale)
     }
 }
 

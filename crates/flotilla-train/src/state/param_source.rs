@@ -14,7 +14,7 @@ use std::path::PathBuf;
 use tch::{Device, Kind, Tensor};
 
 use crate::error::TrainError;
-use crate::model::names::{file_tensors_of, FileTensor};
+use crate::model::names::{FileTensor, ParamName};
 use crate::model::{is_float_kind, CausalLm, Init, ModelError, Params};
 use crate::safetensors_io::{SafetensorsError, SafetensorsFile};
 
@@ -129,17 +129,17 @@ impl FileSource {
     }
 
     /// Reads `model`'s parameters that a Hugging Face weights file holds in parts (a stacked
-    /// expert parameter as its experts' tensors, [`file_tensors_of`]) from those parts when
-    /// the files do not hold them whole.
+    /// expert parameter as its experts' tensors, [`ParamName::file_parts`]) from those parts
+    /// when the files do not hold them whole.
     pub fn with_parts_of(mut self, model: &CausalLm) -> Self {
         for s in model.param_specs() {
-            let parts = file_tensors_of(&s.name, &s.shape);
-            if parts.len() > 1 || parts[0].name != s.name {
-                for p in &parts {
-                    self.part_keys.insert(self.key(&p.name));
-                }
-                self.parts.insert(s.name.clone(), parts);
+            let Some(parts) = ParamName::parse(&s.name).and_then(|p| p.file_parts(&s.shape)) else {
+                continue;
+            };
+            for p in &parts {
+                self.part_keys.insert(self.key(&p.name));
             }
+            self.parts.insert(s.name.clone(), parts);
         }
         self
     }
@@ -153,32 +153,29 @@ impl FileSource {
     /// parts that hold it.
     pub fn read_param(&self, name: &str, lo: i64, hi: i64) -> Result<Tensor, ModelError> {
         let key = self.key(name);
-        if let Some(file) = self.find(&key) {
-            return Ok(file.read_range(&key, lo, hi)?);
-        }
-        let parts = self
-            .parts
-            .get(name)
-            .ok_or_else(|| ModelError::MissingParam { name: key.clone() })?;
+        let Some(parts) = self.parts.get(name).filter(|_| self.find(&key).is_none()) else {
+            return self.read_tensor(&key, lo, hi);
+        };
         let mut pieces = vec![];
         for part in parts {
             let (start, end) = (part.offset, part.offset + part.numel());
             let (a, b) = (lo.max(start), hi.min(end));
-            if a >= b {
-                continue;
+            if a < b {
+                pieces.push(self.read_tensor(&self.key(&part.name), a - start, b - start)?);
             }
-            let key = self.key(&part.name);
-            let file = self
-                .find(&key)
-                .ok_or_else(|| ModelError::MissingParam { name: key.clone() })?;
-            pieces.push(file.read_range(&key, a - start, b - start)?);
         }
         Ok(match pieces.len() {
             1 => pieces.pop().expect("one piece"),
-            _ => Tensor::f_cat(&pieces, 0).map_err(|e| ModelError::MissingParam {
-                name: format!("{key}: {e}"),
-            })?,
+            _ => Tensor::f_cat(&pieces, 0)?,
         })
+    }
+
+    /// Elements `lo..hi` of tensor `key`, flattened.
+    fn read_tensor(&self, key: &str, lo: i64, hi: i64) -> Result<Tensor, ModelError> {
+        let file = self
+            .find(key)
+            .ok_or_else(|| ModelError::MissingParam { name: key.into() })?;
+        Ok(file.read_range(key, lo, hi)?)
     }
 
     /// The file key of parameter `name`.

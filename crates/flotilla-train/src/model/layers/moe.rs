@@ -226,18 +226,8 @@ impl SparseMlp {
         experts: StackedExperts,
         adapters: &MoeAdapters,
     ) -> Tensor {
-        let (n, hidden) = (rows.size()[0], rows.size()[1]);
-        let k = self.top_k;
-        let flat = chosen.reshape([-1]);
-        let order = flat.argsort_stable(true, 0, false);
-        // Row j of the expanded input is token j / k; gathering it by `order` moves each row
-        // once (its gradient is a permutation back and a sum over the k copies).
-        let expanded = rows
-            .unsqueeze(1)
-            .expand([n, k, hidden], false)
-            .reshape([n * k, hidden]);
-        let grouped = expanded.index_select(0, &order);
-        let counts = flat.bincount::<Tensor>(None, self.num_experts);
+        let hidden = rows.size()[1];
+        let (grouped, order, counts) = self.sort_by_expert(rows, chosen);
         let inter = experts.down.size()[2];
         let sorted = if grouped_mm_takes(grouped.kind(), &[hidden, inter]) {
             self.grouped_experts(&grouped, &counts, experts, adapters)
@@ -245,6 +235,24 @@ impl SparseMlp {
             self.expert_by_expert(&grouped, &counts, experts, adapters)
         };
         sorted.index_select(0, &order.argsort(0, false))
+    }
+
+    /// The (token, slot) assignments' rows sorted by expert (stable), with the order that sorted
+    /// them and each expert's count: `rows` `[N, hidden]`, `chosen` `[N, k]` experts.
+    fn sort_by_expert(&self, rows: &Tensor, chosen: &Tensor) -> (Tensor, Tensor, Tensor) {
+        let (n, hidden) = (rows.size()[0], rows.size()[1]);
+        let k = self.top_k;
+        let flat = chosen.reshape([-1]);
+        let order = flat.argsort_stable(true, 0, false);
+        // Row j of the expanded input is token j / k; gathering it by `order` moves each row
+        // once (its gradient is a permutation back and a sum over the k copies).
+        let grouped = rows
+            .unsqueeze(1)
+            .expand([n, k, hidden], false)
+            .reshape([n * k, hidden])
+            .index_select(0, &order);
+        let counts = flat.bincount::<Tensor>(None, self.num_experts);
+        (grouped, order, counts)
     }
 
     /// The experts' MLPs over `grouped` (rows sorted by expert, `counts` per expert) as two
@@ -405,18 +413,11 @@ pub fn compare_expert_paths(
         scores_in_compute_dtype: false,
         jitter: 0.0,
     };
-    // The routed rows, sorted by expert, as `run_experts` makes them.
-    let (grouped, counts) = tch::no_grad(|| {
+    // The routed rows, sorted by expert, as `run_experts` sorts them.
+    let (grouped, _, counts) = tch::no_grad(|| {
         let probs = linear(&x, &router).softmax(-1, Kind::Float);
         let (_, chosen) = probs.topk(top_k, -1, true, true);
-        let flat = chosen.reshape([-1]);
-        let order = flat.argsort_stable(true, 0, false);
-        let rows = x
-            .unsqueeze(1)
-            .expand([tokens, top_k, hidden], false)
-            .reshape([tokens * top_k, hidden])
-            .index_select(0, &order);
-        (rows, flat.bincount::<Tensor>(None, experts))
+        mlp.sort_by_expert(&x, &chosen)
     });
     let grouped = grouped.set_requires_grad(true);
     let unchosen = counts.eq(0).sum(Kind::Int64).int64_value(&[]);
